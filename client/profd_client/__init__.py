@@ -1,0 +1,176 @@
+"""profd_client: let the node's profd daemon profile this training process.
+
+Two lines in a training script::
+
+    import profd_client
+    profd_client.attach()
+
+From then on ``profctl start ...`` on the node can capture exactly the requested steps on
+exactly the requested ranks. While nothing is being captured the cost per step is an integer
+increment and a compare. Nothing in this package raises into training code because the
+daemon is absent, slow, restarted or misbehaving.
+
+This package imports only the standard library, pyzmq, msgpack and (lazily) torch.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import sys
+from contextlib import AbstractContextManager
+from typing import Any
+
+from .agent import Agent
+from .identity import Identity, detect
+from .ranks import RankSpecError, parse_ranks
+from .steps import Stepper
+
+__all__ = ["attach", "current_step", "detach", "identity", "is_attached", "region", "step"]
+__version__ = "0.1.0"
+
+log = logging.getLogger("profd_client")
+
+_stepper: Stepper | None = None
+_agent: Agent | None = None
+_identity: Identity | None = None
+_hook: Any = None
+_NULL: AbstractContextManager[None] = contextlib.nullcontext()
+
+
+def attach(
+    *,
+    role: str | None = None,
+    job: str | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    step: str = "optimizer",
+    runtime_dir: str | None = None,
+    heartbeat: float | None = None,
+) -> bool:
+    """Register this process with the node's profd daemon; returns at once.
+
+    Args:
+        role: worker role (``actor``, ``rollout``, ...); default ``PROFD_ROLE`` or ``"main"``.
+        job: job name; default from torchrun/SLURM/``PROFD_JOB``.
+        rank: global rank; default from ``RANK``/``SLURM_PROCID``/MPI/``PROFD_RANK``.
+        world_size: default from ``WORLD_SIZE``/``SLURM_NTASKS``/MPI.
+        step: ``"optimizer"`` (every ``optimizer.step()`` ends a step) or ``"manual"``
+            (call :func:`step` yourself, e.g. in rollout/inference loops).
+        runtime_dir: where the daemon's sockets are; default as ``profd`` resolves it.
+        heartbeat: heartbeat interval in seconds (default ``PROFD_HEARTBEAT`` or 1).
+
+    Returns ``True`` if the agent started, ``False`` when disabled (``PROFD_DISABLE=1``) or
+    already attached. A daemon that is not running yet is not an error: the agent keeps
+    trying in the background.
+    """
+    global _stepper, _agent, _identity, _hook
+    if os.environ.get("PROFD_DISABLE", "").strip() not in ("", "0"):
+        return False
+    if _agent is not None:
+        return False
+    if step not in ("optimizer", "manual"):
+        raise ValueError(f"step must be 'optimizer' or 'manual', not {step!r}")
+    try:
+        ident = detect(job=job, role=role, rank=rank, world_size=world_size)
+        allowed = True
+        ranks_env = os.environ.get("PROFD_RANKS")
+        if ranks_env:
+            try:
+                allow = parse_ranks(ranks_env)
+                allowed = allow is None or ident.rank in allow
+            except RankSpecError as exc:
+                log.warning("profd_client: ignoring PROFD_RANKS: %s; profiling disabled", exc)
+                allowed = False
+        interval = heartbeat or float(os.environ.get("PROFD_HEARTBEAT", "1.0"))
+        st = Stepper(stem=f"{ident.role}-r{ident.rank}", notify=lambda: None)
+        agent = Agent(ident, st, step, allowed, runtime_dir, interval)
+        st._notify = agent.notify
+        if step == "optimizer":
+            _hook = _install_optimizer_hook(st)
+        _stepper, _agent, _identity = st, agent, ident
+        agent.start()
+        atexit.register(detach)
+        return True
+    except Exception as exc:  # attach must never break the training script
+        log.warning("profd_client: attach failed, profiling disabled: %r", exc)
+        return False
+
+
+def _install_optimizer_hook(st: Stepper) -> Any:
+    torch = sys.modules.get("torch")
+    if torch is None:
+        import torch
+    tick = st.tick
+
+    def _post_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
+        tick()
+
+    return torch.optim.Optimizer.register_optimizer_step_post_hook(_post_step)
+
+
+def step(n: int | None = None) -> None:
+    """End the current step (manual mode), or with ``n`` declare that ``n`` steps are done.
+
+    ``step(n)`` is for resumed runs: after ``step(1000)`` the next step is number 1001. It works
+    in either step mode. Without ``attach()`` (or with ``PROFD_DISABLE=1``) this does nothing.
+    """
+    st = _stepper
+    if st is None:
+        return
+    if n is None:
+        st.tick()
+    else:
+        st.set_step(int(n))
+
+
+def region(name: str) -> AbstractContextManager[None]:
+    """Mark a phase (``with profd_client.region("rollout"):``).
+
+    While a capture is running the block becomes a ``record_function`` range (and an NVTX
+    range where CUDA exists); a session started with ``--region NAME`` records one trace per
+    entry into the region. Otherwise this returns a shared no-op context manager.
+    """
+    st = _stepper
+    if st is None or st.live is None:
+        return _NULL
+    return st.region(name)
+
+
+def current_step() -> int:
+    """Number of steps completed so far (0 before the first, or when not attached)."""
+    st = _stepper
+    return 0 if st is None else st.count
+
+
+def identity() -> Identity | None:
+    """The identity this process registered with, or ``None`` when not attached."""
+    return _identity
+
+
+def is_attached() -> bool:
+    """True while the agent is registered with a live daemon."""
+    return _agent is not None and _agent.connected.is_set()
+
+
+def detach() -> None:
+    """Say goodbye to the daemon and stop the agent thread (also run at exit).
+
+    A capture still running is stopped and its trace is kept and delivered.
+    """
+    global _stepper, _agent, _hook
+    agent, st = _agent, _stepper
+    if agent is None or st is None:
+        return
+    try:
+        if st.live is not None:
+            st.post("shutdown", None)
+            st._boundary()
+        if _hook is not None:
+            _hook.remove()
+        agent.stop()
+    except Exception as exc:
+        log.debug("profd_client: detach error: %r", exc)
+    _stepper, _agent, _hook = None, None, None

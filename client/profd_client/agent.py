@@ -1,0 +1,250 @@
+"""The agent thread: owns the ZeroMQ socket to the daemon.
+
+It registers (``hello``), heartbeats, turns ``arm``/``disarm`` pushes into commands for the
+training thread, and delivers the training thread's reports, keeping each one until the
+daemon acks it. If the daemon stops answering for three heartbeat intervals the agent drops
+the socket and registers again, so a restarted daemon sees the process within a few seconds.
+Nothing here can raise into training code: every failure ends in a retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from . import protocol as P
+from .capture import torch_info
+from .identity import Identity
+from .locations import find_socket
+from .steps import Plan, Stepper
+
+log = logging.getLogger("profd_client")
+
+CLIENT_VERSION = "0.1.0"
+MISSED_HEARTBEATS = 3
+
+
+class Agent(threading.Thread):
+    def __init__(
+        self,
+        ident: Identity,
+        stepper: Stepper,
+        step_mode: str,
+        allowed: bool,
+        runtime_dir: str | None,
+        hb_interval: float,
+    ) -> None:
+        super().__init__(name="profd-agent", daemon=True)
+        self.ident = ident
+        self.stepper = stepper
+        self.step_mode = step_mode
+        self.allowed = allowed
+        self.runtime_dir = runtime_dir
+        self.hb_interval = hb_interval
+        self.stopping = threading.Event()
+        self.connected = threading.Event()  # set while welcomed by a daemon
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_w, False)
+        self._unacked: dict[int, dict[str, Any]] = {}
+        self._sock: Any = None
+        self._last_rx = 0.0
+        self._last_tx = 0.0
+        self._welcomed = False
+        self._last_step = 0
+        self._last_step_t = time.monotonic()
+        self._sps = 0.0
+
+    # Called from the training thread (slow path only) and from detach().
+    def notify(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except OSError:
+            pass  # pipe full: the agent is already due to wake
+
+    def stop(self, timeout: float = 1.0) -> None:
+        self.stopping.set()
+        self.notify()
+        self.join(timeout)
+
+    # --- thread ---------------------------------------------------------------------------------
+    def run(self) -> None:
+        try:
+            import zmq
+        except Exception as exc:  # pragma: no cover - pyzmq is a hard dependency
+            log.warning("profd_client: pyzmq unavailable (%s); profiling disabled", exc)
+            return
+        ctx = zmq.Context.instance()
+        poller = zmq.Poller()
+        poller.register(self._wake_r, zmq.POLLIN)
+        self._connect(zmq, ctx, poller)
+        while not self.stopping.is_set():
+            try:
+                self._loop_once(zmq, ctx, poller)
+            except Exception as exc:  # keep serving: a bad frame must not end the agent
+                log.debug("profd_client agent error: %r", exc)
+                time.sleep(self.hb_interval)
+        self._goodbye(zmq)
+
+    def _loop_once(self, zmq: Any, ctx: Any, poller: Any) -> None:
+        now = time.monotonic()
+        wait = max(0.0, self._last_tx + self.hb_interval - now)
+        events = dict(poller.poll(wait * 1000.0))
+        if self._wake_r in events:
+            try:
+                os.read(self._wake_r, 4096)
+            except BlockingIOError:
+                pass
+        if self._sock in events:
+            for _ in range(256):
+                try:
+                    frame = self._sock.recv(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._handle(frame)
+        self._flush_outbox()
+        now = time.monotonic()
+        if now - self._last_tx >= self.hb_interval:
+            if self._welcomed:
+                self._send(P.encode(P.HEARTBEAT, **self._heartbeat()))
+            else:
+                self._send(self._hello())
+            self._last_tx = now
+        if self._welcomed and now - self._last_rx > MISSED_HEARTBEATS * self.hb_interval:
+            log.info("profd_client: daemon silent; re-registering")
+            self._connect(zmq, ctx, poller)
+
+    def _connect(self, zmq: Any, ctx: Any, poller: Any) -> None:
+        if self._sock is not None:
+            poller.unregister(self._sock)
+            self._sock.close(0)
+        path, _ = find_socket(P.AGENT_SOCKET, self.runtime_dir)
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a daemon that is not there
+        s.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME_BYTES)
+        s.setsockopt(zmq.RECONNECT_IVL, 100)
+        s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
+        s.connect(f"ipc://{path}")
+        poller.register(s, zmq.POLLIN)
+        self._sock = s
+        self._welcomed = False
+        self.connected.clear()
+        self._last_tx = 0.0  # say hello at once
+
+    def _send(self, frame: bytes) -> bool:
+        import zmq
+
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+            return True
+        except zmq.ZMQError:
+            return False
+
+    def _hello(self) -> bytes:
+        i = self.ident
+        tv, dev = torch_info()
+        return P.encode(
+            P.HELLO,
+            pid=i.pid,
+            host=i.host,
+            job=i.job,
+            role=i.role,
+            rank=i.rank,
+            local_rank=i.local_rank,
+            world_size=i.world_size,
+            step=self.stepper.count,
+            step_mode=self.step_mode,
+            allowed=self.allowed,
+            client_version=CLIENT_VERSION,
+            torch=tv,
+            device=dev,
+            sessions=self.stepper.busy_sessions(),
+        )
+
+    def _heartbeat(self) -> dict[str, Any]:
+        step = self.stepper.count
+        now = time.monotonic()
+        dt = now - self._last_step_t
+        if dt >= 0.5:
+            self._sps = max(0.0, (step - self._last_step) / dt)
+            self._last_step, self._last_step_t = step, now
+        return {"step": step, "sps": round(self._sps, 3), "state": self.stepper.state()}
+
+    def _handle(self, frame: bytes) -> None:
+        try:
+            msg = P.decode(frame, P.CLIENT_INBOUND)
+        except P.ProtocolError as exc:
+            log.debug("profd_client: dropped bad frame from daemon: %s", exc)
+            return
+        self._last_rx = time.monotonic()
+        t = msg["t"]
+        if t == P.WELCOME:
+            self._welcomed = True
+            self.connected.set()
+            for m in list(self._unacked.values()):
+                self._send(P.encode(**m))
+        elif t == P.ARM:
+            self._arm(msg)
+        elif t == P.DISARM:
+            self.stepper.post("disarm", (msg["session"], msg["keep"]))
+        elif t == P.ACK:
+            self._unacked.pop(msg["id"], None)
+        elif t == P.ERROR and msg["code"] == "unknown_client":
+            self._welcomed = False
+            self._send(self._hello())
+
+    def _arm(self, msg: dict[str, Any]) -> None:
+        session = msg["session"]
+        try:
+            if not self.allowed:
+                raise P.ProtocolError("not_allowed", "rank excluded by PROFD_RANKS")
+            if msg["backend"] not in P.BACKENDS:
+                raise P.ProtocolError("field", f"unknown backend {msg['backend']!r}")
+            plan = Plan(
+                session=session,
+                job=msg["job"],
+                backend=msg["backend"],
+                cycles=P.cycles(msg["cycles"]),
+                options=P.options(msg["options"]),
+                incoming=Path(msg["incoming"]),
+                region=msg.get("region"),
+            )
+        except P.ProtocolError as exc:
+            self._send(
+                P.encode(
+                    P.PROGRESS, id=0, session=session, state="failed", step=self.stepper.count,
+                    error=str(exc),
+                )
+            )
+            return
+        self.stepper.post("arm", plan)
+        self._send(P.encode(P.ARMED, session=session, cycles=[list(c) for c in plan.cycles]))
+
+    def _flush_outbox(self) -> None:
+        out = self.stepper.outbox
+        while out:
+            m = out.popleft()
+            self._unacked[m["id"]] = m
+            if self._welcomed:
+                self._send(P.encode(**m))
+
+    def _goodbye(self, zmq: Any) -> None:
+        # Give reports from a capture cut short by exit a moment to reach the daemon.
+        self._flush_outbox()
+        deadline = time.monotonic() + 1.0
+        while self._unacked and self._welcomed and time.monotonic() < deadline:
+            if self._sock.poll(50):
+                try:
+                    self._handle(self._sock.recv(zmq.NOBLOCK))
+                except zmq.Again:
+                    pass
+        if self._welcomed:
+            self._send(P.encode(P.BYE))
+        try:
+            self._sock.close(100)
+        except Exception:
+            pass

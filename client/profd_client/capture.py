@@ -1,0 +1,151 @@
+"""One torch.profiler capture, driven from the training thread at step boundaries.
+
+The training thread only starts the profiler, calls ``step()`` at boundaries, stops it and
+writes the raw (uncompressed) Chrome trace; kineto writes that file from C++, which is far
+cheaper than torch's Python gzip export. Compression, fixing and summarising happen in the
+daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+
+@dataclass
+class CaptureResult:
+    files: list[dict[str, str]]
+    steps: list[int]
+    started_at: float
+    ended_at: float
+    stall_ms: float
+    error: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def torch_info() -> tuple[str | None, str | None]:
+    """(torch version, device description) without initialising CUDA needlessly."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return None, None
+    device = "cpu"
+    try:
+        if torch.cuda.is_available():
+            device = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
+    except Exception:
+        device = "cpu"
+    return str(torch.__version__), device
+
+
+class TorchCapture:
+    """torch.profiler for steps ``[start, stop)`` after ``warmup`` warm-up steps."""
+
+    def __init__(
+        self,
+        options: dict[str, Any],
+        out_dir: Path,
+        stem: str,
+        warmup_start: int,
+        start: int,
+    ) -> None:
+        self.options = options
+        self.out_dir = out_dir
+        self.stem = stem
+        self.warmup_start = warmup_start
+        self.start_step = start
+        self.started_at = 0.0
+        self.prof: Any = None
+        self.snapshot = False
+        self.notes: list[str] = []
+
+    def start(self) -> None:
+        import torch
+        from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+        acts = []
+        for a in self.options.get("activities", ["cpu", "cuda"]):
+            if a == "cpu":
+                acts.append(ProfilerActivity.CPU)
+            elif a == "cuda":
+                if torch.cuda.is_available():
+                    acts.append(ProfilerActivity.CUDA)
+                else:
+                    self.notes.append("cuda activity requested but CUDA is not available")
+        if not acts:
+            acts.append(ProfilerActivity.CPU)
+        first = self.start_step
+
+        def schedule(step: int) -> ProfilerAction:
+            return ProfilerAction.WARMUP if step < first else ProfilerAction.RECORD
+
+        self.prof = profile(
+            activities=acts,
+            schedule=schedule,
+            record_shapes=bool(self.options.get("record_shapes")),
+            profile_memory=bool(self.options.get("profile_memory")),
+            with_stack=bool(self.options.get("with_stack")),
+            with_flops=bool(self.options.get("with_flops")),
+            with_modules=bool(self.options.get("with_modules")),
+        )
+        # ProfilerStep#N markers carry the global step number of the step about to run.
+        self.prof.step_num = self.warmup_start
+        if self.options.get("memory_snapshot"):
+            if torch.cuda.is_available():
+                torch.cuda.memory._record_memory_history(max_entries=100_000)
+                self.snapshot = True
+            else:
+                self.notes.append("memory snapshot needs CUDA; none on this process")
+        self.started_at = time.time()
+        self.prof.start()
+
+    def step(self) -> None:
+        self.prof.step()
+
+    def finish(self, last_step: int) -> CaptureResult:
+        """Stop and write the raw trace; the returned stall is what training waited."""
+        t0 = time.perf_counter()
+        files: list[dict[str, str]] = []
+        error = None
+        try:
+            self.prof.stop()
+            os.makedirs(self.out_dir, exist_ok=True)
+            trace = self.out_dir / f"{self.stem}.pt.trace.json"
+            self.prof.export_chrome_trace(str(trace))
+            files.append({"kind": "trace", "path": str(trace)})
+            if self.snapshot:
+                import torch
+
+                snap = self.out_dir / f"{self.stem}.memory.pickle"
+                torch.cuda.memory._dump_snapshot(str(snap))
+                torch.cuda.memory._record_memory_history(enabled=None)
+                files.append({"kind": "memory", "path": str(snap)})
+        except Exception as exc:  # a failed export must not reach training code
+            error = f"export failed: {type(exc).__name__}: {exc}"
+        stall_ms = (time.perf_counter() - t0) * 1000.0
+        return CaptureResult(
+            files=files,
+            steps=list(range(self.start_step, last_step + 1)),
+            started_at=self.started_at,
+            ended_at=time.time(),
+            stall_ms=stall_ms,
+            error=error,
+            notes=self.notes,
+        )
+
+    def abandon(self) -> None:
+        try:
+            self.prof.stop()
+        except Exception:
+            pass
+        if self.snapshot:
+            try:
+                import torch
+
+                torch.cuda.memory._record_memory_history(enabled=None)
+            except Exception:
+                pass

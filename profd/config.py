@@ -1,0 +1,202 @@
+"""Daemon configuration: flags, else ``PROFD_*`` environment, else TOML file, else defaults.
+
+``profd run`` and ``profctl`` both resolve locations through :func:`load`, so exporting one
+variable (``PROFD_RUNTIME_DIR``) points both at the same daemon.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profd_client.locations import runtime_dir as resolve_runtime_dir
+from profd_client.locations import under_systemd
+
+DEFAULT_CONFIG = Path("/etc/profd/profd.toml")
+
+
+class ConfigError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class S3Config:
+    url: str | None = None  # s3://bucket/prefix
+    endpoint_url: str | None = None
+    region: str | None = None
+    addressing_style: str | None = None  # "path" for most S3-compatible stores
+    checksum_when_required: bool = False
+    multipart_threshold: int = 64 << 20
+    multipart_chunksize: int = 16 << 20
+    max_bandwidth: int | None = None  # bytes/s, shared with NCCL on the NIC
+    storage_class: str | None = None
+    sse: str | None = None  # "AES256" or "aws:kms"
+    sse_kms_key_id: str | None = None
+    workers: int = 2
+    max_attempts: int = 8
+    backoff_base: float = 1.0
+    backoff_max: float = 60.0
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.url)
+
+    def bucket_prefix(self) -> tuple[str, str]:
+        if not self.url or not self.url.startswith("s3://"):
+            raise ConfigError(f"s3 url must look like s3://bucket/prefix, got {self.url!r}")
+        rest = self.url[5:]
+        bucket, _, prefix = rest.partition("/")
+        if not bucket:
+            raise ConfigError(f"s3 url has no bucket: {self.url!r}")
+        return bucket, prefix.strip("/")
+
+
+@dataclass(frozen=True)
+class AutoRule:
+    """A standing ``[[auto]]`` rule: a start spec applied to every matching client on attach."""
+
+    spec: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
+class Config:
+    runtime_dir: Path
+    state_dir: Path
+    spool_dir: Path
+    config_file: Path | None = None
+    group: str | None = None
+    heartbeat_interval: float = 1.0
+    sample_interval: float = 3.0
+    pipeline_workers: int = 2
+    max_spool_bytes: int | None = None
+    log_level: str = "info"
+    s3: S3Config = field(default_factory=S3Config)
+    auto: tuple[AutoRule, ...] = ()
+
+    @property
+    def index_path(self) -> Path:
+        return self.state_dir / "index.db"
+
+
+def _default_state_dir() -> Path:
+    if under_systemd():
+        sd = os.environ.get("STATE_DIRECTORY")
+        return Path(sd.split(":")[0]) if sd else Path("/var/lib/profd")
+    xdg = os.environ.get("XDG_STATE_HOME")
+    base = Path(xdg) if xdg else Path.home() / ".local" / "state"
+    return base / "profd"
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {path}") from None
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"config file {path}: {exc}") from None
+
+
+def _size(value: object, name: str) -> int | None:
+    """Sizes accept plain bytes or strings like ``"20GB"``/``"512MiB"``."""
+    if value is None:
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        text = value.strip().upper().replace("IB", "B")
+        units = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "B": 1}
+        for suffix, mult in units.items():
+            if text.endswith(suffix):
+                try:
+                    return int(float(text[: -len(suffix)]) * mult)
+                except ValueError:
+                    break
+        if text.isdigit():
+            return int(text)
+    raise ConfigError(f"{name}: not a size: {value!r}")
+
+
+def _s3(table: Mapping[str, Any], url: str | None, endpoint: str | None) -> S3Config:
+    known = set(S3Config.__dataclass_fields__)
+    unknown = set(table) - known
+    if unknown:
+        raise ConfigError(f"[s3]: unknown keys {sorted(unknown)}")
+    kw: dict[str, Any] = dict(table)
+    for k in ("multipart_threshold", "multipart_chunksize", "max_bandwidth"):
+        if k in kw:
+            kw[k] = _size(kw[k], f"s3.{k}")
+    if url:
+        kw["url"] = url
+    if endpoint:
+        kw["endpoint_url"] = endpoint
+    cfg = S3Config(**kw)
+    if cfg.url:
+        cfg.bucket_prefix()
+    return cfg
+
+
+def load(
+    config_file: str | os.PathLike[str] | None = None,
+    *,
+    runtime_dir: str | os.PathLike[str] | None = None,
+    state_dir: str | os.PathLike[str] | None = None,
+    spool_dir: str | os.PathLike[str] | None = None,
+    s3_url: str | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    e = os.environ if env is None else env
+    path: Path | None = None
+    if config_file:
+        path = Path(config_file)
+    elif e.get("PROFD_CONFIG"):
+        path = Path(e["PROFD_CONFIG"])
+    elif DEFAULT_CONFIG.exists():
+        path = DEFAULT_CONFIG
+    data = _read_toml(path) if path else {}
+    daemon = data.get("daemon", {})
+    if not isinstance(daemon, dict):
+        raise ConfigError("[daemon] must be a table")
+
+    def pick(flag: object, env_name: str, key: str) -> str | None:
+        if flag:
+            return str(flag)
+        if e.get(env_name):
+            return e[env_name]
+        v = daemon.get(key)
+        return str(v) if v else None
+
+    rdir = pick(runtime_dir, "PROFD_RUNTIME_DIR", "runtime_dir")
+    sdir = Path(pick(state_dir, "PROFD_STATE_DIR", "state_dir") or _default_state_dir())
+    spdir = pick(spool_dir, "PROFD_SPOOL_DIR", "spool_dir")
+    s3_table = data.get("s3", {})
+    if not isinstance(s3_table, dict):
+        raise ConfigError("[s3] must be a table")
+    auto = data.get("auto", [])
+    if not isinstance(auto, list) or not all(isinstance(a, dict) for a in auto):
+        raise ConfigError("[[auto]] must be an array of tables")
+    try:
+        return Config(
+            runtime_dir=resolve_runtime_dir(rdir),
+            state_dir=sdir,
+            spool_dir=Path(spdir) if spdir else sdir / "spool",
+            config_file=path,
+            group=daemon.get("group"),
+            heartbeat_interval=float(daemon.get("heartbeat_interval", 1.0)),
+            sample_interval=float(daemon.get("sample_interval", 3.0)),
+            pipeline_workers=int(daemon.get("pipeline_workers", 2)),
+            max_spool_bytes=_size(
+                e.get("PROFD_MAX_SPOOL_BYTES") or daemon.get("max_spool_bytes"), "max_spool_bytes"
+            ),
+            log_level=str(daemon.get("log_level", "info")),
+            s3=_s3(s3_table, s3_url or e.get("PROFD_S3_URL"), e.get("PROFD_S3_ENDPOINT_URL")),
+            auto=tuple(AutoRule(spec=a) for a in auto),
+        )
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"config: {exc}") from None
