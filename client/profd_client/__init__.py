@@ -108,7 +108,9 @@ def _install_optimizer_hook(st: Stepper) -> Any:
     def _post_step(_opt: Any, _args: Any, _kwargs: Any) -> None:
         tick()
 
-    return torch.optim.Optimizer.register_optimizer_step_post_hook(_post_step)
+    from torch.optim.optimizer import register_optimizer_step_post_hook
+
+    return register_optimizer_step_post_hook(_post_step)
 
 
 def step(n: int | None = None) -> None:

@@ -39,7 +39,7 @@ class Agent(threading.Thread):
         hb_interval: float,
     ) -> None:
         super().__init__(name="profd-agent", daemon=True)
-        self.ident = ident
+        self.who = ident
         self.stepper = stepper
         self.step_mode = step_mode
         self.allowed = allowed
@@ -145,7 +145,7 @@ class Agent(threading.Thread):
             return False
 
     def _hello(self) -> bytes:
-        i = self.ident
+        i = self.who
         tv, dev = torch_info()
         return P.encode(
             P.HELLO,

@@ -183,14 +183,14 @@ def decode(frame: bytes, accept: frozenset[str]) -> dict[str, Any]:
             frame,
             raw=False,
             strict_map_key=True,
-            max_buffer_size=len(frame) or 1,
             max_str_len=1 << 20,
             max_bin_len=1 << 20,
             max_array_len=1 << 17,
             max_map_len=1 << 12,
             max_ext_len=0,
         )
-    except Exception as exc:  # msgpack raises several unrelated types
+    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
+            msgpack.StackError, RecursionError) as exc:  # msgpack raises several types
         raise ProtocolError("malformed", f"not msgpack: {type(exc).__name__}") from None
     return validate(msg, accept)
 
@@ -273,6 +273,18 @@ def options(value: Mapping[str, Any]) -> dict[str, Any]:
         else:
             raise ProtocolError("field", f"unknown option {k!r}")
     return out
+
+
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+=@:")
+
+
+def safe_name(value: str, what: str) -> str:
+    """Names that become path components (job, role, session) must stay one component."""
+    if not value or len(value) > 200 or value[0] == "." or not set(value) <= _SAFE:
+        raise ProtocolError(
+            "field", f"{what} {value[:60]!r} must be 1-200 of [A-Za-z0-9._-+=@:], not starting '.'"
+        )
+    return value
 
 
 ACTIVITIES: Final = frozenset({"cpu", "cuda"})

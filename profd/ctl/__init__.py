@@ -1,0 +1,1 @@
+"""profctl: the operator command line. One module per command under ``commands/``."""

@@ -1,0 +1,51 @@
+"""profctl ps: attached training processes."""
+
+from __future__ import annotations
+
+import time
+
+import click
+
+from profd_client import protocol as P
+
+from ..main import Env, command
+from ..render import Column, emit_json, opt, size, table
+
+COLUMNS: list[Column] = [
+    ("HOST", lambda r: r["host"]),
+    ("PID", lambda r: r["pid"]),
+    ("JOB", lambda r: r["job"]),
+    ("ROLE", lambda r: r["role"]),
+    ("RANK", lambda r: f"{r['rank']}/{r['world_size']}"),
+    ("STEP", lambda r: r["step"]),
+    ("STEPS/S", lambda r: f"{r['steps_per_s']:.1f}"),
+    ("STATE", lambda r: r["state"] + ("" if r["allowed"] else " (excluded)")),
+    ("CPU%", lambda r: opt(r["cpu_percent"], "{:.0f}")),
+    ("RSS", lambda r: size(r["rss_bytes"])),
+    ("GPU%", lambda r: opt(r["gpu_util"], "{:.0f}")),
+    ("GPU MEM", lambda r: size(r["gpu_mem_bytes"])),
+]
+
+
+@click.command()
+@click.option("--job", help="Only this job.")
+@click.option("--role", help="Only roles matching this glob.")
+@click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
+@click.option("--interval", default=1.0, show_default=True, help="Refresh interval for --watch.")
+@click.pass_obj
+@command
+def ps(env: Env, job: str | None, role: str | None, watch: bool, interval: float) -> None:
+    """Attached processes: host pid job role rank/world step steps/s state cpu% rss gpu."""
+    while True:
+        rows = env.conn.request(P.C_PS, job=job, role=role)
+        if env.json:
+            emit_json(rows)
+        else:
+            text = table(rows, COLUMNS) if rows else "no attached processes"
+            if watch:
+                # Clear and redraw in place, like top.
+                click.echo("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + f"{len(rows)} attached")
+            click.echo(text)
+        if not watch:
+            return
+        time.sleep(interval)

@@ -1,0 +1,49 @@
+"""profctl's side of control.sock: one request, one reply, clear errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from profd_client import protocol as P
+from profd_client.locations import find_socket
+
+from .errors import CtlError, NoDaemon
+
+DEFAULT_TIMEOUT_MS = 10_000
+
+
+class Connection:
+    def __init__(self, runtime_dir: str | None, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
+        self.path, self.looked = find_socket(P.CONTROL_SOCKET, runtime_dir)
+        self.timeout_ms = timeout_ms
+        self._sock: Any = None
+
+    def _missing(self) -> NoDaemon:
+        where = ", ".join(str(p) for p in self.looked)
+        return NoDaemon(f"no profd daemon running (looked for {where})")
+
+    def request(self, t: str, **fields: Any) -> Any:
+        import zmq
+
+        if not Path(self.path).exists():
+            raise self._missing()
+        if self._sock is None:
+            self._sock = zmq.Context.instance().socket(zmq.REQ)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_REPLY_BYTES)
+            self._sock.connect(f"ipc://{self.path}")
+        self._sock.send(P.encode(t, **fields))
+        if not self._sock.poll(self.timeout_ms):
+            self._sock.close(0)
+            self._sock = None
+            raise NoDaemon(f"profd at {self.path} did not answer in {self.timeout_ms / 1000:.0f}s")
+        msg = P.decode(self._sock.recv(), P.REPLY_INBOUND)
+        if msg["t"] == P.ERROR:
+            raise CtlError(msg["msg"], code=msg["code"])
+        return msg.get("data")
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None

@@ -1,0 +1,68 @@
+"""Human output for profctl: tables, sizes, times. ``--json`` bypasses all of this."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+Column = tuple[str, Callable[[dict[str, Any]], Any]]
+
+
+def size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if v < 1024 or unit == "TiB":
+            return f"{v:.0f}{unit}" if unit == "B" else f"{v:.1f}{unit}"
+        v /= 1024
+    return str(n)
+
+
+def ago(ts: float | None) -> str:
+    if not ts:
+        return "-"
+    d = max(0.0, time.time() - ts)
+    if d < 90:
+        return f"{d:.0f}s ago"
+    if d < 5400:
+        return f"{d / 60:.0f}m ago"
+    if d < 129600:
+        return f"{d / 3600:.1f}h ago"
+    return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
+
+
+def opt(v: Any, fmt: str = "{}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    cells = [[str(h) for h, _ in columns]]
+    cells += [[str(f(r)) for _, f in columns] for r in rows]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    return "\n".join(lines)
+
+
+def emit_json(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def steps_text(steps: Sequence[int]) -> str:
+    """``[3, 4, 5, 9]`` -> ``3-5,9``."""
+    out: list[str] = []
+    run: list[int] = []
+    for n in steps:
+        if run and n == run[-1] + 1:
+            run.append(n)
+            continue
+        if run:
+            out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+        run = [n]
+    if run:
+        out.append(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}")
+    return ",".join(out)

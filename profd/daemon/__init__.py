@@ -1,0 +1,1 @@
+"""The daemon: one event loop owns the registry of clients and the sessions."""

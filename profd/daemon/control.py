@@ -1,0 +1,327 @@
+"""Requests from profctl on ``control.sock``: the only socket that can start sessions."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from profd_client import protocol as P
+
+from .. import __version__
+from ..store.index import TraceFilter
+from . import schedule as sch
+from .registry import Client
+from .selector import Selector, SelectorError, describe_attached
+from .sessions import TARGET_TERMINAL, Session, Target, new_session_id
+
+if TYPE_CHECKING:
+    from .loop import Daemon
+
+log = logging.getLogger("profd.control")
+
+#: How far ahead ``--next`` looks, in seconds of each target's step rate, so the arm message
+#: reaches every rank before its first step starts.
+NEXT_LEAD_S = 0.5
+START_KEYS = frozenset(
+    {
+        "job", "roles", "ranks", "host", "pids", "steps", "next", "at_step", "active",
+        "warmup", "repeat", "roundup", "options", "region", "label", "backend",
+    }
+)
+
+
+class Refused(Exception):
+    """A request that cannot be served; the message is the one-line reason."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class ControlHandler:
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+        self.auto_sessions: dict[tuple[int, str], str] = {}
+        self.rejected = 0
+
+    def handle(self, frames: list[bytes]) -> None:
+        # REQ peers send [id, b"", payload]; anything else is answered in the same envelope.
+        if len(frames) < 2:
+            self.rejected += 1
+            return
+        envelope, frame = frames[:-1], frames[-1]
+        try:
+            msg = P.decode(frame, P.CONTROL_INBOUND)
+            reply = P.ok(self.dispatch(msg))
+        except P.ProtocolError as exc:
+            self.rejected += 1
+            reply = P.error(exc.code, str(exc))
+        except Refused as exc:
+            reply = P.error(exc.code, str(exc))
+        except Exception as exc:
+            log.exception("control request failed")
+            reply = P.error("internal", f"{type(exc).__name__}: {exc}")
+        try:
+            self.d.control_sock.send_multipart([*envelope, reply], flags=1)  # NOBLOCK
+        except Exception as exc:
+            log.debug("control reply failed: %s", exc)
+
+    def dispatch(self, m: dict[str, Any]) -> Any:
+        t = m["t"]
+        if t == P.C_STATUS:
+            return self.status()
+        if t == P.C_PS:
+            return self.ps(m.get("job"), m.get("role"))
+        if t == P.C_START:
+            return self.start(m["spec"])
+        if t in (P.C_STOP, P.C_CANCEL):
+            return self.stop(m["session"], keep=t == P.C_STOP)
+        if t == P.C_SESSIONS:
+            return self.d.index.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
+        if t == P.C_SHOW:
+            s = self.d.index.session(m["session"])
+            if s is None:
+                raise Refused("unknown_session", f"no session {m['session']!r}")
+            s["steps"] = sch.steps_of([tuple(c) for c in s["cycles"]])  # type: ignore[misc]
+            return s
+        if t == P.C_TRACES:
+            try:
+                flt = TraceFilter.from_map(m["filters"])
+            except (TypeError, ValueError) as exc:
+                raise Refused("bad_filter", str(exc)) from None
+            return self.d.index.traces(flt)
+        if t == P.C_RETRY:
+            n = self.d.index.requeue(m.get("session"))
+            if self.d.uploads is not None:
+                self.d.uploads.kick()
+            return {"requeued": n}
+        raise Refused("type", f"unhandled request {t}")
+
+    # --- status and ps ------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        d = self.d
+        total, unsafe = d.index.spool_usage()
+        live = d.sessions.live()
+        out: dict[str, Any] = {
+            "version": __version__,
+            "pid": os.getpid(),
+            "host": d.host,
+            "uptime_s": round(time.time() - d.started, 1),
+            "runtime_dir": str(d.cfg.runtime_dir),
+            "state_dir": str(d.cfg.state_dir),
+            "spool_dir": str(d.spool),
+            "clients": len(d.registry),
+            "sessions": {
+                "live": len(live),
+                "by_state": {st: sum(s.state == st for s in live) for st in {s.state for s in live}},
+            },
+            "pipeline": {"in_flight": d.captures.in_flight},
+            "spool": {
+                "bytes": total,
+                "bytes_not_uploaded": unsafe,
+                "max_bytes": d.cfg.max_spool_bytes,
+            },
+            "queue": d.index.queue_stats(),
+            "rejected_messages": self.rejected + d.agents.rejected,
+            "s3": {"configured": False},
+        }
+        if d.uploads is not None:
+            out["s3"] = d.uploads.status()
+        return out
+
+    def ps(self, job: str | None, role: str | None) -> list[dict[str, Any]]:
+        sel = Selector(job=job, roles=(role,) if role else ())
+        rows = [c.row() for c in d_sorted(self.d.registry) if sel.matches(c)]
+        return rows
+
+    # --- sessions ------------------------------------------------------------------------------
+    def start(self, spec: Mapping[str, Any], auto_rule: int | None = None) -> dict[str, Any]:
+        unknown = set(spec) - START_KEYS
+        if unknown:
+            raise Refused("bad_request", f"unknown start fields {sorted(unknown)}")
+        try:
+            sel = Selector.from_spec(spec)
+            sched = sch.parse(spec)
+            options = P.options(spec.get("options") or {})
+        except (SelectorError, sch.ScheduleError, P.ProtocolError) as exc:
+            raise Refused("bad_request", str(exc)) from None
+        backend = spec.get("backend") or "torch"
+        if backend not in P.BACKENDS:
+            raise Refused("bad_request", f"unknown backend {backend!r}: use torch or nsys")
+        region = spec.get("region") or None
+        label = spec.get("label") or None
+        self.check_quota()
+        try:
+            targets = sel.select(self.d.registry)
+        except SelectorError as exc:
+            raise Refused("no_match", str(exc)) from None
+        if not targets:
+            raise Refused(
+                "no_match",
+                f"no attached process matches {sel.describe()}; "
+                + describe_attached(self.d.registry),
+            )
+        jobs = sorted({c.job for c in targets})
+        if len(jobs) > 1:
+            raise Refused("no_match", f"selector matches several jobs ({', '.join(jobs)}): add --job")
+        cycles = self.resolve(sched, targets)
+        s = Session(
+            id=new_session_id(),
+            job=jobs[0],
+            request=dict(spec),
+            cycles=cycles,
+            backend=backend,
+            options=options,
+            region=region,
+            label=label,
+            auto_rule=auto_rule,
+        )
+        for c in targets:
+            s.targets[c.key] = Target.of(c)
+        self.d.sessions.add(s)
+        for c in targets:
+            self.arm(s, c)
+        log.info(
+            "session %s: %s steps %s on %d target(s)",
+            s.id, sel.describe(), sch.describe(cycles), len(targets),
+        )
+        return self.started(s)
+
+    def started(self, s: Session) -> dict[str, Any]:
+        return {
+            "session": s.id,
+            "job": s.job,
+            "steps": sch.steps_of(s.cycles),
+            "cycles": [list(c) for c in s.cycles],
+            "state": s.state,
+            "targets": [
+                {"host": t.host, "pid": t.pid, "role": t.role, "rank": t.rank}
+                for t in s.targets.values()
+            ],
+        }
+
+    def resolve(self, sched: sch.Schedule, targets: list[Client]) -> list[sch.Cycle]:
+        now = time.monotonic()
+        earliest = 1
+        for c in targets:
+            est = c.estimated_step(now)
+            lead = math.ceil(est + c.sps * NEXT_LEAD_S) + 2
+            earliest = max(earliest, lead, self.d.sessions.busy_until(c.key))
+        try:
+            cycles = sch.resolve(sched, earliest)
+        except sch.ScheduleError as exc:
+            raise Refused("bad_request", str(exc)) from None
+        if sched.explicit:
+            first = cycles[0][0]
+            for c in targets:
+                est = c.estimated_step(now)
+                if first <= est + 1:
+                    raise Refused(
+                        "steps_passed",
+                        f"steps {sch.describe(cycles)} already passed for {c.role} rank {c.rank}"
+                        f" (pid {c.pid}, at step {int(est)})",
+                    )
+                busy = self.d.sessions.busy_until(c.key)
+                if busy > first:
+                    raise Refused(
+                        "busy",
+                        f"{c.role} rank {c.rank} is busy until step {busy}; "
+                        "use --next to queue after it",
+                    )
+        return cycles
+
+    def arm(self, s: Session, c: Client) -> None:
+        incoming = self.d.captures.incoming_dir(s.job, s.id)
+        self.d.send_agent(
+            c.ident,
+            P.encode(
+                P.ARM,
+                session=s.id,
+                job=s.job,
+                backend=s.backend,
+                cycles=[list(x) for x in s.cycles],
+                options=s.options,
+                region=s.region,
+                incoming=str(incoming),
+            ),
+        )
+
+    def stop(self, session_id: str, keep: bool) -> dict[str, Any]:
+        s = self.d.sessions.get(session_id)
+        if s is None:
+            row = self.d.index.session(session_id)
+            if row is None:
+                raise Refused("unknown_session", f"no session {session_id!r}")
+            raise Refused("finished", f"session {row['id']} already ended: {row['state']}")
+        for t in s.targets.values():
+            if t.state in TARGET_TERMINAL or t.client_final is not None:
+                continue
+            c = self.d.registry.by_key.get(t.key)
+            if c is None:
+                t.gone = True
+                t.settle()
+                continue
+            self.d.send_agent(c.ident, P.encode(P.DISARM, session=s.id, keep=keep))
+        if not keep:
+            s.error = "cancelled by operator"
+        self.d.save(s)
+        return {"session": s.id, "state": s.state}
+
+    # --- standing rules ----------------------------------------------------------------------
+    def apply_auto_rules(self, c: Client) -> None:
+        for i, rule in enumerate(self.d.cfg.auto):
+            spec = dict(rule.spec)
+            try:
+                sel = Selector.from_spec(spec)
+            except SelectorError as exc:
+                log.error("[[auto]] rule %d: %s", i, exc)
+                continue
+            if not (sel.matches(c) and c.allowed):
+                continue
+            sid = self.auto_sessions.get((i, c.job))
+            s = self.d.sessions.get(sid) if sid else None
+            if s is None:
+                try:
+                    spec["job"] = c.job
+                    spec.setdefault("label", f"auto:{i}")
+                    spec["pids"] = [c.pid]
+                    res = self.start(spec, auto_rule=i)
+                except Refused as exc:
+                    log.warning("[[auto]] rule %d on pid %s: %s", i, c.pid, exc)
+                    continue
+                self.auto_sessions[(i, c.job)] = res["session"]
+                continue
+            # Later ranks of the same job join the rule's session: same steps on every rank.
+            if c.key in s.targets:
+                continue
+            s.targets[c.key] = t = Target.of(c)
+            if s.cycles[0][0] <= c.step + 1:
+                t.client_final = "failed"
+                t.error = f"attached at step {c.step}, after the rule's first step"
+                t.settle()
+                self.d.save(s, t)
+                continue
+            self.d.save(s, t)
+            self.arm(s, c)
+
+    def check_quota(self) -> None:
+        cap = self.d.cfg.max_spool_bytes
+        if cap is None:
+            return
+        if self.d.uploads is not None:
+            self.d.uploads.prune()
+        total, unsafe = self.d.index.spool_usage()
+        if unsafe >= cap:
+            raise Refused(
+                "spool_full",
+                f"spool quota full: {unsafe} bytes not yet uploaded >= max_spool_bytes {cap};"
+                " nothing will be deleted until it is uploaded (check S3 with profctl status)",
+            )
+
+
+def d_sorted(clients: Any) -> list[Client]:
+    return sorted(clients, key=lambda c: (c.job, c.role, c.rank, c.host, c.pid))

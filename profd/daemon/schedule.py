@@ -1,0 +1,132 @@
+"""Schedules: every form the user can write, resolved to absolute step cycles.
+
+Steps are 1-indexed: step k is the k-th step. ``--steps A:B`` captures A..B-1 (NeMo RL's
+rule). A cycle is ``(warmup_start, start, stop)``; the daemon sends the same cycles to every
+targeted rank, so all ranks capture the same steps without synchronised clocks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+Cycle = tuple[int, int, int]
+
+
+class ScheduleError(ValueError):
+    pass
+
+
+@dataclass(frozen=True)
+class Schedule:
+    kind: str  # range | list | next | at
+    start: int = 0  # range/at: first captured step
+    stop: int = 0  # range: first step not captured
+    steps: tuple[int, ...] = ()  # list
+    active: int = 1
+    warmup: int = 0
+    repeat: int = 1
+    roundup: int = 1
+
+    @property
+    def explicit(self) -> bool:
+        """Explicit schedules name steps; ``next`` is resolved against the targets."""
+        return self.kind != "next"
+
+
+def _int(value: Any, what: str, minimum: int) -> int:
+    if isinstance(value, bool):
+        raise ScheduleError(f"{what} must be an integer, got {value!r}")
+    try:
+        n = int(str(value).strip())
+    except ValueError:
+        raise ScheduleError(f"{what} must be an integer, got {value!r}") from None
+    if n < minimum:
+        raise ScheduleError(f"{what} must be >= {minimum}, got {n}")
+    return n
+
+
+def parse(spec: Mapping[str, Any]) -> Schedule:
+    """From a start spec: ``steps`` ("A:B" or "1,2,5"), ``at_step``, ``next`` and modifiers."""
+    steps = spec.get("steps")
+    at = spec.get("at_step")
+    forms = [n for n, v in (("--steps", steps), ("--at-step", at)) if v is not None]
+    if spec.get("next"):
+        forms.append("--next")
+    if len(forms) > 1:
+        raise ScheduleError(f"use one of --steps, --next, --at-step (got {' and '.join(forms)})")
+    warmup = _int(spec.get("warmup", 0), "--warmup", 0)
+    repeat = _int(spec.get("repeat", 1), "--repeat", 1)
+    roundup = _int(spec.get("roundup", 1), "--roundup", 1)
+    active_given = spec.get("active") is not None
+    active = _int(spec.get("active", 1), "--active", 1)
+    if steps is not None:
+        if active_given:
+            raise ScheduleError("--active goes with --next or --at-step; --steps names the steps")
+        text = str(steps).strip()
+        if ":" in text:
+            a_txt, _, b_txt = text.partition(":")
+            try:
+                a, b = int(a_txt), int(b_txt)
+            except ValueError:
+                raise ScheduleError(f"--steps {text}: start and stop must be integers") from None
+            if a < 1:
+                raise ScheduleError(f"--steps {text}: steps are 1-indexed, start must be >= 1")
+            if a >= b:
+                raise ScheduleError(f"--steps {text}: start must be less than stop")
+            sched = Schedule("range", start=a, stop=b, warmup=warmup, repeat=repeat)
+        else:
+            items = [s for s in text.split(",") if s.strip()]
+            if not items:
+                raise ScheduleError("--steps is empty")
+            nums = sorted({_int(s, f"--steps item {s.strip()!r}", 1) for s in items})
+            if repeat != 1:
+                raise ScheduleError("--repeat does not apply to a --steps list")
+            sched = Schedule("list", steps=tuple(nums), warmup=warmup)
+        if roundup != 1:
+            raise ScheduleError("--roundup goes with --next or --at-step")
+        return sched
+    if at is not None:
+        n = _int(at, "--at-step", 1)
+        return Schedule("at", start=n, active=active, warmup=warmup, repeat=repeat, roundup=roundup)
+    return Schedule("next", active=active, warmup=warmup, repeat=repeat, roundup=roundup)
+
+
+def resolve(s: Schedule, earliest: int = 1) -> list[Cycle]:
+    """Absolute cycles. ``earliest`` is the first step every target can still start (``next``)."""
+    w = s.warmup
+    if s.kind == "list":
+        cycles = [(n - w, n, n + 1) for n in s.steps]
+        for (_, _, prev_stop), (ws, n, _) in zip(cycles, cycles[1:], strict=False):
+            if ws < prev_stop:
+                raise ScheduleError(f"--warmup {w} overlaps the capture before step {n}")
+        _check_warmup(cycles[0], w)
+        return cycles
+    if s.kind == "range":
+        first, length = s.start, s.stop - s.start
+    else:
+        first = s.start if s.kind == "at" else earliest + w
+        first = max(first, 1 + w) if s.kind == "next" else first
+        if s.roundup > 1:
+            first = -(-first // s.roundup) * s.roundup
+        length = s.active
+    cycles = []
+    for i in range(s.repeat):
+        a = first + i * (length + w)
+        cycles.append((a - w, a, a + length))
+    _check_warmup(cycles[0], w)
+    return cycles
+
+
+def _check_warmup(c: Cycle, w: int) -> None:
+    if c[0] < 1:
+        raise ScheduleError(f"--warmup {w} needs the first captured step to be > {w}")
+
+
+def describe(cycles: list[Cycle]) -> str:
+    return ", ".join(f"{a}:{b}" if b - a > 1 else str(a) for _, a, b in cycles)
+
+
+def steps_of(cycles: list[Cycle]) -> list[int]:
+    return [n for _, a, b in cycles for n in range(a, b)]

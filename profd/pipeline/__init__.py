@@ -1,0 +1,1 @@
+"""Post-processing of raw profiler output (runs in the daemon's worker processes)."""

@@ -1,0 +1,1 @@
+"""Durable state: the SQLite index, the spool and S3."""

@@ -1,0 +1,438 @@
+"""The SQLite index: sessions, targets, traces, their files, and the upload queue.
+
+One file (``index.db``) in WAL mode so profctl-side readers and the daemon's upload workers
+never block the event loop's writes. The event loop owns sessions/targets/traces rows; upload
+workers own the upload columns of ``files`` rows. Every connection is thread-local in use:
+open one :class:`Index` per thread.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS sessions (
+    id TEXT PRIMARY KEY,
+    job TEXT NOT NULL,
+    state TEXT NOT NULL,
+    backend TEXT NOT NULL,
+    label TEXT,
+    region TEXT,
+    request TEXT NOT NULL,      -- json: the start spec as given
+    cycles TEXT NOT NULL,       -- json: [[warmup, start, stop], ...]
+    error TEXT,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sessions_job ON sessions(job, created_at);
+CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state, created_at);
+CREATE TABLE IF NOT EXISTS targets (
+    session TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    job TEXT NOT NULL,
+    role TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    world_size INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    error TEXT,
+    traces INTEGER NOT NULL DEFAULT 0,
+    updated_at REAL NOT NULL,
+    PRIMARY KEY (session, host, pid)
+);
+CREATE TABLE IF NOT EXISTS traces (
+    id INTEGER PRIMARY KEY,
+    session TEXT NOT NULL,
+    job TEXT NOT NULL,
+    host TEXT NOT NULL,
+    pid INTEGER NOT NULL,
+    role TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    cycle INTEGER NOT NULL,
+    region TEXT,
+    steps TEXT NOT NULL,        -- json list of global step numbers
+    path TEXT NOT NULL,         -- the .pt.trace.json.gz
+    bytes INTEGER NOT NULL,
+    state TEXT NOT NULL,
+    stall_ms REAL,
+    step_ms_p50 REAL,
+    step_ms_max REAL,
+    torch TEXT,
+    device TEXT,
+    created_at REAL NOT NULL,
+    UNIQUE (session, host, pid, cycle)
+);
+CREATE INDEX IF NOT EXISTS traces_job ON traces(job, created_at);
+CREATE INDEX IF NOT EXISTS traces_session ON traces(session, rank);
+CREATE INDEX IF NOT EXISTS traces_rank ON traces(rank, created_at);
+CREATE INDEX IF NOT EXISTS traces_created ON traces(created_at);
+CREATE TABLE IF NOT EXISTS files (
+    id INTEGER PRIMARY KEY,
+    session TEXT NOT NULL,
+    job TEXT NOT NULL,
+    trace_id INTEGER,           -- NULL for session.json
+    kind TEXT NOT NULL,         -- trace | summary | memory | session
+    path TEXT NOT NULL UNIQUE,
+    rel TEXT NOT NULL,          -- path relative to the spool: the S3 key below the prefix
+    bytes INTEGER NOT NULL,
+    created_at REAL NOT NULL,
+    upload_state TEXT NOT NULL, -- local | pending | uploading | uploaded | failed
+    s3_uri TEXT,
+    attempts INTEGER NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,
+    last_error TEXT,
+    uploaded_at REAL,
+    deleted INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS files_trace ON files(trace_id);
+CREATE INDEX IF NOT EXISTS files_session ON files(session);
+CREATE INDEX IF NOT EXISTS files_queue ON files(upload_state, next_attempt_at);
+CREATE TABLE IF NOT EXISTS inbox (
+    key TEXT PRIMARY KEY,       -- session/host/pid/cycle: a report is processed once
+    message TEXT NOT NULL,      -- json: the client's captured report plus its identity
+    received_at REAL NOT NULL,
+    done INTEGER NOT NULL DEFAULT 0
+);
+"""
+
+TERMINAL_SESSION_STATES = frozenset({"done", "partial", "failed", "cancelled"})
+
+
+@dataclass(frozen=True)
+class TraceFilter:
+    job: str | None = None
+    session: str | None = None
+    rank: int | None = None
+    role: str | None = None  # fnmatch glob
+    host: str | None = None
+    state: str | None = None
+    since: float | None = None  # unix time
+    until: float | None = None
+    limit: int = 100
+
+    @classmethod
+    def from_map(cls, m: Mapping[str, Any]) -> TraceFilter:
+        known = set(cls.__dataclass_fields__)
+        bad = set(m) - known
+        if bad:
+            raise ValueError(f"unknown trace filters {sorted(bad)}")
+        return cls(**{k: v for k, v in m.items() if v is not None})
+
+
+def _glob_to_like(pattern: str) -> str:
+    out = []
+    for ch in pattern:
+        if ch in "%_\\":
+            out.append("\\" + ch)
+        elif ch == "*":
+            out.append("%")
+        elif ch == "?":
+            out.append("_")
+        else:
+            out.append(ch)
+    return "".join(out)
+
+
+class Index:
+    def __init__(self, path: Path, readonly: bool = False) -> None:
+        self.path = path
+        if readonly:
+            self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")
+            self.db.executescript(SCHEMA)
+            self.db.execute(
+                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+            )
+        self.db.row_factory = sqlite3.Row
+
+    def close(self) -> None:
+        self.db.close()
+
+    # --- sessions and targets (event loop) -------------------------------------------------
+    def save_session(self, row: Mapping[str, Any]) -> None:
+        self.db.execute(
+            "INSERT INTO sessions (id, job, state, backend, label, region, request, cycles,"
+            " error, created_at, updated_at) VALUES (:id, :job, :state, :backend, :label,"
+            " :region, :request, :cycles, :error, :created_at, :updated_at)"
+            " ON CONFLICT(id) DO UPDATE SET state=excluded.state, error=excluded.error,"
+            " cycles=excluded.cycles, updated_at=excluded.updated_at",
+            {**row, "request": json.dumps(row["request"]), "cycles": json.dumps(row["cycles"])},
+        )
+
+    def save_target(self, row: Mapping[str, Any]) -> None:
+        self.db.execute(
+            "INSERT INTO targets (session, host, pid, job, role, rank, world_size, state, error,"
+            " traces, updated_at) VALUES (:session, :host, :pid, :job, :role, :rank,"
+            " :world_size, :state, :error, :traces, :updated_at)"
+            " ON CONFLICT(session, host, pid) DO UPDATE SET state=excluded.state,"
+            " error=excluded.error, traces=excluded.traces, updated_at=excluded.updated_at",
+            row,
+        )
+
+    def sessions(
+        self, state: str | None = None, job: str | None = None, limit: int = 50
+    ) -> list[dict[str, Any]]:
+        where, args = [], []
+        if state:
+            where.append("state = ?")
+            args.append(state)
+        if job:
+            where.append("job = ?")
+            args.append(job)
+        sql = "SELECT * FROM sessions"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY created_at DESC LIMIT ?"
+        rows = self.db.execute(sql, [*args, limit]).fetchall()
+        return [self._session_dict(r) for r in rows]
+
+    def session(self, session_id: str) -> dict[str, Any] | None:
+        r = self.db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        if r is None:
+            # Unique prefixes are accepted like git's short hashes.
+            rows = self.db.execute(
+                "SELECT * FROM sessions WHERE id LIKE ? LIMIT 2", (session_id + "%",)
+            ).fetchall()
+            if len(rows) != 1:
+                return None
+            r = rows[0]
+        d = self._session_dict(r)
+        d["targets"] = [
+            dict(t)
+            for t in self.db.execute(
+                "SELECT * FROM targets WHERE session = ? ORDER BY rank, pid", (d["id"],)
+            )
+        ]
+        return d
+
+    def open_sessions(self) -> list[dict[str, Any]]:
+        rows = self.db.execute(
+            "SELECT id FROM sessions WHERE state NOT IN ('done','partial','failed','cancelled')"
+        ).fetchall()
+        out = []
+        for r in rows:
+            s = self.session(r["id"])
+            if s is not None:
+                out.append(s)
+        return out
+
+    @staticmethod
+    def _session_dict(r: sqlite3.Row) -> dict[str, Any]:
+        d = dict(r)
+        d["request"] = json.loads(d["request"])
+        d["cycles"] = json.loads(d["cycles"])
+        return d
+
+    # --- captures inbox (event loop) ------------------------------------------------------------
+    def inbox_put(self, key: str, message: Mapping[str, Any]) -> bool:
+        """Persist a client report before acking it; False if it was already received."""
+        cur = self.db.execute(
+            "INSERT OR IGNORE INTO inbox (key, message, received_at) VALUES (?, ?, ?)",
+            (key, json.dumps(message), time.time()),
+        )
+        return cur.rowcount == 1
+
+    def inbox_done(self, key: str) -> None:
+        self.db.execute("UPDATE inbox SET done = 1 WHERE key = ?", (key,))
+
+    def inbox_pending(self) -> list[tuple[str, dict[str, Any]]]:
+        rows = self.db.execute("SELECT key, message FROM inbox WHERE done = 0").fetchall()
+        return [(r["key"], json.loads(r["message"])) for r in rows]
+
+    # --- traces and files -------------------------------------------------------------------
+    def add_trace(self, row: Mapping[str, Any], files: Sequence[Mapping[str, Any]]) -> int:
+        """Index one capture and its files in one transaction; returns the trace id."""
+        with self._tx():
+            cur = self.db.execute(
+                "INSERT OR REPLACE INTO traces (session, job, host, pid, role, rank, cycle,"
+                " region, steps, path, bytes, state, stall_ms, step_ms_p50, step_ms_max, torch,"
+                " device, created_at) VALUES (:session, :job, :host, :pid, :role, :rank, :cycle,"
+                " :region, :steps, :path, :bytes, :state, :stall_ms, :step_ms_p50, :step_ms_max,"
+                " :torch, :device, :created_at)",
+                {**row, "steps": json.dumps(row["steps"])},
+            )
+            trace_id = int(cur.lastrowid or 0)
+            for f in files:
+                self._add_file(f, trace_id)
+        return trace_id
+
+    def add_file(self, f: Mapping[str, Any]) -> None:
+        self._add_file(f, None)
+
+    def _add_file(self, f: Mapping[str, Any], trace_id: int | None) -> None:
+        self.db.execute(
+            "INSERT INTO files (session, job, trace_id, kind, path, rel, bytes, created_at,"
+            " upload_state) VALUES (:session, :job, :trace_id, :kind, :path, :rel, :bytes,"
+            " :created_at, :upload_state) ON CONFLICT(path) DO UPDATE SET bytes=excluded.bytes,"
+            " upload_state=CASE WHEN excluded.upload_state='pending' THEN 'pending'"
+            " ELSE files.upload_state END, attempts=0, next_attempt_at=0, deleted=0",
+            {"created_at": time.time(), **f, "trace_id": trace_id},
+        )
+
+    def traces(self, flt: TraceFilter) -> list[dict[str, Any]]:
+        where: list[str] = []
+        args: list[Any] = []
+        for col in ("job", "session", "rank", "host", "state"):
+            v = getattr(flt, col)
+            if v is not None:
+                where.append(f"t.{col} = ?")
+                args.append(v)
+        if flt.role:
+            where.append("t.role LIKE ? ESCAPE '\\'")
+            args.append(_glob_to_like(flt.role))
+        if flt.since is not None:
+            where.append("t.created_at >= ?")
+            args.append(flt.since)
+        if flt.until is not None:
+            where.append("t.created_at < ?")
+            args.append(flt.until)
+        sql = "SELECT t.* FROM traces t"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY t.created_at DESC, t.rank LIMIT ?"
+        rows = [dict(r) for r in self.db.execute(sql, [*args, flt.limit])]
+        if not rows:
+            return rows
+        by_id = {r["id"]: r for r in rows}
+        for r in rows:
+            r["steps"] = json.loads(r["steps"])
+            r["files"] = []
+        marks = ",".join("?" * len(by_id))
+        for f in self.db.execute(
+            f"SELECT trace_id, kind, path, bytes, upload_state, s3_uri, last_error, deleted"
+            f" FROM files WHERE trace_id IN ({marks}) ORDER BY id",
+            list(by_id),
+        ):
+            by_id[f["trace_id"]]["files"].append(
+                {k: f[k] for k in f.keys() if k != "trace_id"}  # noqa: SIM118
+            )
+        for r in rows:
+            trace_file = next((f for f in r["files"] if f["kind"] == "trace"), None)
+            states = {f["upload_state"] for f in r["files"]}
+            r["upload_state"] = _combined_upload_state(states)
+            r["s3_uri"] = trace_file["s3_uri"] if trace_file else None
+        return rows
+
+    # --- upload queue (upload workers) --------------------------------------------------------
+    def claim_upload(self, now: float) -> dict[str, Any] | None:
+        """Take the next due upload; ``session`` files wait until the rest of their session."""
+        with self._tx():
+            r = self.db.execute(
+                "SELECT * FROM files f WHERE upload_state = 'pending' AND next_attempt_at <= ?"
+                " AND deleted = 0 AND (kind != 'session' OR NOT EXISTS (SELECT 1 FROM files g"
+                " WHERE g.session = f.session AND g.kind != 'session'"
+                " AND g.upload_state IN ('pending', 'uploading', 'failed')))"
+                " ORDER BY (kind = 'session'), id LIMIT 1",
+                (now,),
+            ).fetchone()
+            if r is None:
+                return None
+            self.db.execute(
+                "UPDATE files SET upload_state = 'uploading', attempts = attempts + 1"
+                " WHERE id = ?",
+                (r["id"],),
+            )
+            d = dict(r)
+            d["attempts"] += 1
+            return d
+
+    def upload_done(self, file_id: int, s3_uri: str) -> None:
+        self.db.execute(
+            "UPDATE files SET upload_state = 'uploaded', s3_uri = ?, uploaded_at = ?,"
+            " last_error = NULL WHERE id = ?",
+            (s3_uri, time.time(), file_id),
+        )
+
+    def upload_retry(self, file_id: int, error: str, at: float, give_up: bool) -> None:
+        self.db.execute(
+            "UPDATE files SET upload_state = ?, last_error = ?, next_attempt_at = ? WHERE id = ?",
+            ("failed" if give_up else "pending", error, at, file_id),
+        )
+
+    def requeue(self, session: str | None = None, include_failed: bool = True) -> int:
+        """Uploads interrupted by a dead daemon (and failed ones) go back to the queue."""
+        states = ("uploading", "failed") if include_failed else ("uploading",)
+        marks = ",".join("?" * len(states))
+        sql = (
+            f"UPDATE files SET upload_state = 'pending', next_attempt_at = 0,"
+            f" attempts = CASE WHEN upload_state = 'failed' THEN 0 ELSE attempts END"
+            f" WHERE upload_state IN ({marks}) AND deleted = 0"
+        )
+        args: list[Any] = list(states)
+        if session:
+            sql += " AND session = ?"
+            args.append(session)
+        return self.db.execute(sql, args).rowcount
+
+    def queue_stats(self) -> dict[str, int]:
+        r = self.db.execute(
+            "SELECT"
+            " SUM(upload_state IN ('pending','uploading')) AS queued,"
+            " SUM(upload_state = 'failed') AS failed,"
+            " SUM(CASE WHEN upload_state IN ('pending','uploading','failed') THEN bytes END)"
+            "   AS bytes_pending,"
+            " SUM(upload_state = 'uploaded') AS uploaded"
+            " FROM files WHERE deleted = 0"
+        ).fetchone()
+        return {k: int(r[k] or 0) for k in ("queued", "failed", "bytes_pending", "uploaded")}
+
+    def session_files(self, session: str) -> list[dict[str, Any]]:
+        return [
+            dict(r)
+            for r in self.db.execute("SELECT * FROM files WHERE session = ? ORDER BY id", (session,))
+        ]
+
+    # --- spool quota ---------------------------------------------------------------------------
+    def spool_usage(self) -> tuple[int, int]:
+        """(bytes held in the spool, of which not yet safely uploaded)."""
+        r = self.db.execute(
+            "SELECT SUM(bytes) AS total, SUM(CASE WHEN upload_state != 'uploaded' THEN bytes END)"
+            " AS unsafe FROM files WHERE deleted = 0"
+        ).fetchone()
+        return int(r["total"] or 0), int(r["unsafe"] or 0)
+
+    def prunable(self) -> Iterable[dict[str, Any]]:
+        """Verified-uploaded files still on disk, oldest first."""
+        for r in self.db.execute(
+            "SELECT id, path, bytes FROM files WHERE upload_state = 'uploaded' AND deleted = 0"
+            " ORDER BY uploaded_at, id"
+        ).fetchall():
+            yield dict(r)
+
+    def mark_deleted(self, file_id: int) -> None:
+        self.db.execute("UPDATE files SET deleted = 1 WHERE id = ?", (file_id,))
+
+    # --- helpers -----------------------------------------------------------------------------
+    def _tx(self) -> _Tx:
+        return _Tx(self.db)
+
+
+class _Tx:
+    def __init__(self, db: sqlite3.Connection) -> None:
+        self.db = db
+
+    def __enter__(self) -> None:
+        self.db.execute("BEGIN IMMEDIATE")
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def _combined_upload_state(states: set[str]) -> str:
+    for s in ("failed", "uploading", "pending", "local"):
+        if s in states:
+            return s
+    return "uploaded" if states else "local"

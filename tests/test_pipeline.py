@@ -1,0 +1,298 @@
+"""Tests for profd.pipeline.process against real torch.profiler output (no mocks)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import multiprocessing
+import os
+import re
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from profd.pipeline.process import (
+    PipelineError,
+    ProcessedTrace,
+    cpu_op_stats,
+    inject_rank,
+    process_trace,
+    summarize_steps,
+)
+
+# torch-tb-profiler's worker/span file-name pattern.
+TB_PROFILER_RE = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def real_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One kineto trace with ProfilerStep#7 and #8, generated once and copied per test."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+    path = tmp_path_factory.mktemp("torch") / "raw.pt.trace.json"
+    prof = profile(activities=[ProfilerActivity.CPU], schedule=lambda step: ProfilerAction.RECORD)
+    prof.step_num = 7
+    a = torch.randn(64, 64)
+    prof.start()
+    for _ in range(3):
+        a = torch.mm(a, a).relu_()
+    prof.step()
+    for _ in range(3):
+        a = torch.mm(a, a).relu_()
+    prof.stop()  # no step() first: a third, empty ProfilerStep#9 would be opened
+    prof.export_chrome_trace(str(path))
+    return path
+
+
+@pytest.fixture
+def raw(real_trace: Path, tmp_path: Path) -> Path:
+    dest = tmp_path / "spool" / "raw.json"
+    dest.parent.mkdir()
+    shutil.copyfile(real_trace, dest)
+    return dest
+
+
+def load_gz(path: str) -> dict[str, Any]:
+    with gzip.open(path, "rt", encoding="utf-8") as fh:
+        doc: dict[str, Any] = json.load(fh)
+    return doc
+
+
+def leftovers(directory: Path) -> list[str]:
+    return [p.name for p in directory.iterdir() if ".tmp-" in p.name]
+
+
+def test_process_real_trace(raw: Path, tmp_path: Path) -> None:
+    final = tmp_path / "final" / "session1"  # does not exist yet
+    extra = raw.parent / "job_r3.memory.pickle"
+    extra.write_bytes(b"\x80\x04snapshot")
+    raw_size = raw.stat().st_size
+
+    result = process_trace(
+        str(raw),
+        str(final),
+        "job_r3",
+        rank=3,
+        world_size=8,
+        extra_files=[("memory", str(extra))],
+        header={"session": "session1", "job": "job"},
+    )
+
+    assert isinstance(result, ProcessedTrace)
+    assert result.trace_path == str(final / "job_r3.pt.trace.json.gz")
+    assert TB_PROFILER_RE.match(os.path.basename(result.trace_path))
+    assert result.steps_found == (7, 8)
+    assert result.raw_bytes == raw_size
+    assert result.step_ms_p50 is not None and result.step_ms_p50 > 0
+    assert result.step_ms_p90 is not None and result.step_ms_max is not None
+    assert result.step_ms_p50 <= result.step_ms_p90 <= result.step_ms_max
+
+    kinds = {f.kind: f for f in result.files}
+    assert set(kinds) == {"trace", "summary", "memory"}
+    for f in result.files:
+        assert os.path.isabs(f.path)
+        assert os.path.getsize(f.path) == f.bytes
+    assert kinds["memory"].path == str(final / "job_r3.memory.pickle")
+    assert Path(kinds["memory"].path).read_bytes() == b"\x80\x04snapshot"
+    assert not extra.exists()
+    assert not raw.exists()
+    assert leftovers(final) == []
+
+    doc = load_gz(result.trace_path)
+    assert doc["distributedInfo"] == {"rank": 3, "world_size": 8}
+    names = {e.get("name") for e in doc["traceEvents"]}
+    assert {"ProfilerStep#7", "ProfilerStep#8", "aten::mm"} <= names
+    # HTA finds ranks with this regex, line by line; compact JSON ("rank":3) would not match.
+    with gzip.open(result.trace_path, "rt") as fh:
+        assert re.search(r'"rank":\s+(\d+)', fh.readline()).group(1) == "3"  # type: ignore[union-attr]
+
+    summary = Path(kinds["summary"].path).read_text()
+    assert summary.index("session:") < summary.index("job:") < summary.index("step time")
+    assert "session1" in summary
+    assert "count 2" in summary
+    assert re.search(r"^\s+7\s+\d+\.\d{3}$", summary, re.M)
+    assert re.search(r"^\s+8\s+\d+\.\d{3}$", summary, re.M)
+    assert re.search(r"^aten::mm\s+6\s", summary, re.M)
+    assert "ProfilerStep#" not in summary.split("## CPU operators")[1]
+    assert "GPU" not in summary  # CPU-only trace: no kernel table
+
+
+def test_existing_distributed_info_preserved(raw: Path, tmp_path: Path) -> None:
+    doc = json.loads(raw.read_text())
+    info = {"backend": "nccl", "rank": 5, "world_size": 16, "pg_count": 2}
+    raw.write_text(json.dumps({"distributedInfo": info, **doc}))
+
+    result = process_trace(str(raw), str(tmp_path / "out"), "w5", rank=1, world_size=2)
+
+    assert load_gz(result.trace_path)["distributedInfo"] == info
+
+
+def test_distributed_info_without_rank_gets_rank(raw: Path, tmp_path: Path) -> None:
+    doc = json.loads(raw.read_text())
+    doc["distributedInfo"] = {"backend": "gloo"}
+    raw.write_text(json.dumps(doc))
+
+    result = process_trace(str(raw), str(tmp_path / "out"), "w2", rank=2, world_size=4)
+
+    info = load_gz(result.trace_path)["distributedInfo"]
+    assert info == {"backend": "gloo", "rank": 2, "world_size": 4}
+
+
+def test_inject_rank() -> None:
+    doc: dict[str, Any] = {"traceEvents": []}
+    assert inject_rank(doc, 1, 2) is True
+    assert doc["distributedInfo"] == {"rank": 1, "world_size": 2}
+    assert inject_rank(doc, 7, 9) is False
+    assert doc["distributedInfo"] == {"rank": 1, "world_size": 2}
+    partial: dict[str, Any] = {"distributedInfo": {"backend": "nccl", "world_size": 64}}
+    assert inject_rank(partial, 4, 8) is True
+    assert partial["distributedInfo"] == {"backend": "nccl", "world_size": 64, "rank": 4}
+
+
+@pytest.mark.parametrize("cut", [0.5, 0.999])
+def test_truncated_trace_raises_and_keeps_raw(raw: Path, tmp_path: Path, cut: float) -> None:
+    data = raw.read_bytes()
+    raw.write_bytes(data[: int(len(data) * cut)])
+    final = tmp_path / "out"
+    extra = raw.parent / "x.memory.pickle"
+    extra.write_bytes(b"m")
+
+    with pytest.raises(PipelineError) as info:
+        process_trace(str(raw), str(final), "bad", 0, 1, extra_files=[("memory", str(extra))])
+
+    assert "\n" not in str(info.value)
+    assert raw.exists() and raw.stat().st_size == int(len(data) * cut)
+    assert extra.exists()
+    assert not final.exists() or list(final.iterdir()) == []
+
+
+def test_not_a_trace_raises(tmp_path: Path) -> None:
+    raw = tmp_path / "raw.json"
+    raw.write_text('{"hello": 1}')
+    with pytest.raises(PipelineError):
+        process_trace(str(raw), str(tmp_path / "out"), "x", 0, 1)
+    assert raw.exists()
+
+
+def test_missing_extra_file_raises_before_writing(raw: Path, tmp_path: Path) -> None:
+    final = tmp_path / "out"
+    with pytest.raises(PipelineError, match=r"nope\.pickle"):
+        process_trace(
+            str(raw), str(final), "x", 0, 1, extra_files=[("memory", str(tmp_path / "nope.pickle"))]
+        )
+    assert raw.exists()
+    assert not final.exists()
+
+
+def test_retry_after_extra_already_moved(raw: Path, tmp_path: Path) -> None:
+    # An earlier attempt may have moved the extra before failing; the retry must not trip on it.
+    final = tmp_path / "out"
+    final.mkdir()
+    (final / "x.memory.pickle").write_bytes(b"m")
+    src = raw.parent / "x.memory.pickle"
+
+    result = process_trace(str(raw), str(final), "x", 0, 1, extra_files=[("memory", str(src))])
+
+    assert [f.kind for f in result.files] == ["trace", "summary", "memory"]
+    assert leftovers(final) == []
+
+
+def test_overwrites_previous_output(raw: Path, real_trace: Path, tmp_path: Path) -> None:
+    final = tmp_path / "out"
+    process_trace(str(raw), str(final), "x", 0, 1)
+    shutil.copyfile(real_trace, raw)
+    result = process_trace(str(raw), str(final), "x", 1, 2)
+    assert load_gz(result.trace_path)["distributedInfo"]["rank"] == 1
+    assert sorted(p.name for p in final.iterdir()) == ["x.pt.trace.json.gz", "x.summary.txt"]
+
+
+def test_summarize_steps_percentiles() -> None:
+    events = [
+        {"ph": "X", "name": f"ProfilerStep#{n}", "ts": n * 1000.0, "dur": d, "cat": "x"}
+        for n, d in [(3, 10_000.0), (1, 30_000.0), (2, 20_000.0)]
+    ]
+    events.append({"ph": "i", "name": "ProfilerStep#9", "ts": 0.0})  # not a complete event
+    events.append({"ph": "X", "name": "ProfilerStep#oops", "ts": 0.0, "dur": 1.0})
+    stats = summarize_steps(events)
+    assert stats.steps == (1, 2, 3)
+    assert stats.durations_ms == ((1, 30.0), (2, 20.0), (3, 10.0))
+    assert stats.p50_ms == pytest.approx(20.0)
+    assert stats.p90_ms == pytest.approx(28.0)
+    assert stats.max_ms == pytest.approx(30.0)
+    assert summarize_steps([]).p50_ms is None
+
+
+def test_self_time_nesting() -> None:
+    def x(name: str, ts: float, dur: float, tid: int = 1, cat: str = "cpu_op") -> dict[str, Any]:
+        return {"ph": "X", "cat": cat, "name": name, "pid": 1, "tid": tid, "ts": ts, "dur": dur}
+
+    events = [
+        x("ProfilerStep#1", 0, 100, cat="user_annotation"),
+        x("outer", 10, 50),
+        x("inner", 10, 20),  # same start as its parent
+        x("inner", 35, 10.0000001),  # overshoots its parent's end by float noise
+        x("leaf", 36, 4),  # grandchild: subtracted from inner only
+        x("outer", 70, 10),
+        x("other_thread", 10, 50, tid=2),
+        x("runtime", 12, 1, cat="cuda_runtime"),  # not a CPU op category
+    ]
+    stats = {s.name: s for s in cpu_op_stats(events)}
+    assert set(stats) == {"outer", "inner", "leaf", "other_thread"}
+    assert stats["outer"].calls == 2
+    assert stats["outer"].self_us == pytest.approx(50 - 30 + 10)
+    assert stats["outer"].total_us == pytest.approx(60)
+    assert stats["inner"].self_us == pytest.approx(20 + 10 - 4)
+    assert stats["leaf"].self_us == pytest.approx(4)
+    assert stats["other_thread"].self_us == pytest.approx(50)
+    assert cpu_op_stats(events)[0].name == "other_thread"  # sorted by self time
+
+
+def test_gpu_kernel_table(raw: Path, tmp_path: Path) -> None:
+    doc = json.loads(raw.read_text())
+    for i, cat in enumerate(["kernel", "kernel", "gpu_memcpy", "gpu_memset"]):
+        name = "sgemm_" + "x" * 80 if cat == "kernel" else f"Memcpy {cat}"
+        doc["traceEvents"].append(
+            {"ph": "X", "cat": cat, "name": name, "pid": 0, "tid": 7, "ts": i * 10.0, "dur": 5.0}
+        )
+    raw.write_text(json.dumps(doc))
+
+    result = process_trace(str(raw), str(tmp_path / "out"), "g", 0, 1, top_n=2)
+
+    summary = Path(result.files[1].path).read_text()
+    gpu = summary.split("## GPU kernels")[1]
+    assert "GPU ops (top 2 of 3 by self time)" in gpu
+    assert re.search(r"^sgemm_x+\.\.\.\s+2\s+0\.010\s", gpu, re.M)
+    assert max(len(line.split("  ")[0]) for line in gpu.splitlines()[2:4]) <= 60
+
+
+def test_no_torch_import_and_runs_in_spawn_worker(raw: Path, tmp_path: Path) -> None:
+    code = "import sys, profd.pipeline.process; assert 'torch' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
+        result = pool.submit(process_trace, str(raw), str(tmp_path / "out"), "s", 0, 1).result()
+    assert result.steps_found == (7, 8)
+    assert not raw.exists()
+
+
+@pytest.mark.filterwarnings("ignore:The inplace keyword")  # HTA vs newer pandas, not ours
+def test_hta_loads_output(raw: Path, tmp_path: Path) -> None:
+    pytest.importorskip("hta")
+    from hta.trace_analysis import TraceAnalysis
+
+    final = tmp_path / "hta"
+    extra = raw.parent / "w.memory.pickle"
+    extra.write_bytes(b"m")
+    process_trace(str(raw), str(final), "w", 5, 8, extra_files=[("memory", str(extra))])
+
+    analyzer = TraceAnalysis(trace_dir=str(final))
+    # 5, not 0: HTA files any trace whose rank it cannot find under rank 0.
+    assert list(analyzer.t.traces.keys()) == [5]
