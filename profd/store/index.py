@@ -377,6 +377,15 @@ class Index:
             args.append(session)
         return self.db.execute(sql, args).rowcount
 
+    def next_upload_due(self, now: float) -> float | None:
+        """When the earliest backed-off upload becomes due (None if nothing waits on a timer)."""
+        r = self.db.execute(
+            "SELECT MIN(next_attempt_at) AS at FROM files"
+            " WHERE upload_state = 'pending' AND deleted = 0 AND next_attempt_at > ?",
+            (now,),
+        ).fetchone()
+        return float(r["at"]) if r["at"] is not None else None
+
     def queue_stats(self) -> dict[str, int]:
         r = self.db.execute(
             "SELECT"

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 from .ps import ps
+from .sessions import sessions, show
+from .start import start
 from .status import status
+from .stop import cancel, stop
+from .traces import traces
 
-ALL = [status, ps]
+ALL = [status, ps, start, stop, cancel, sessions, show, traces]

@@ -1,0 +1,372 @@
+"""Shared helpers for the profd benchmarks: machine facts, statistics, results, a real daemon.
+
+Every benchmark writes ``{out}/{name}.json`` with the same top-level keys (see
+:func:`write_result`); ``bench/run.py`` reads them back and prints one table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import platform
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH = ROOT / "bench"
+RESULTS = BENCH / "results"
+BIN = Path(sys.executable).parent
+RESULT_KEYS = ("name", "quick", "date", "machine", "params", "rows", "details", "wall_s")
+
+
+# --- command line ---------------------------------------------------------------------------
+def parser(doc: str | None) -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=(doc or "").strip().splitlines()[0])
+    p.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    p.add_argument("--out", default=str(RESULTS), help="directory for the JSON result")
+    return p
+
+
+# --- machine ----------------------------------------------------------------------------------
+def machine() -> dict[str, Any]:
+    cpu = "unknown"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    mem_gib = None
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                mem_gib = round(int(line.split()[1]) / (1 << 20), 1)
+    except OSError:
+        pass
+    torch_version = None
+    try:
+        from importlib.metadata import version
+
+        torch_version = version("torch")
+    except Exception:
+        pass
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "mem_gib": mem_gib,
+        "python": platform.python_version(),
+        "torch": torch_version,
+        "kernel": platform.release(),
+        "loadavg": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+# --- statistics -----------------------------------------------------------------------------
+def pct(values: Sequence[float], q: float) -> float:
+    """Percentile with linear interpolation (numpy's default); q in [0, 100]."""
+    v = sorted(values)
+    if not v:
+        return math.nan
+    pos = (len(v) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def summary(values: Sequence[float], nd: int = 3) -> dict[str, Any]:
+    if not values:
+        return {"n": 0}
+    return {
+        "n": len(values),
+        "min": round(min(values), nd),
+        "p10": round(pct(values, 10), nd),
+        "p50": round(pct(values, 50), nd),
+        "p90": round(pct(values, 90), nd),
+        "p99": round(pct(values, 99), nd),
+        "max": round(max(values), nd),
+    }
+
+
+# --- results ----------------------------------------------------------------------------------
+def row(
+    metric: str,
+    target: str,
+    measured: float | None,
+    unit: str,
+    baseline: float | None = None,
+    baseline_what: str = "",
+    ratio: float | None = None,
+    met: bool | None = None,
+    spread: str = "",
+) -> dict[str, Any]:
+    """One line of the results table. ``ratio`` is measured/baseline unless given."""
+    if ratio is None and measured is not None and baseline:
+        ratio = measured / baseline
+    return {
+        "metric": metric,
+        "target": target,
+        "measured": None if measured is None else round(float(measured), 4),
+        "unit": unit,
+        "spread": spread,
+        "baseline": None if baseline is None else round(float(baseline), 4),
+        "baseline_what": baseline_what,
+        "ratio": None if ratio is None else round(float(ratio), 4),
+        "met": met,
+    }
+
+
+def write_result(
+    name: str,
+    out: str | Path,
+    quick: bool,
+    params: dict[str, Any],
+    rows: list[dict[str, Any]],
+    details: dict[str, Any],
+    started: float,
+) -> Path:
+    d = Path(out)
+    d.mkdir(parents=True, exist_ok=True)
+    res = {
+        "name": name,
+        "quick": quick,
+        "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "machine": machine(),
+        "params": params,
+        "rows": rows,
+        "details": details,
+        "wall_s": round(time.monotonic() - started, 1),
+    }
+    path = d / f"{name}.json"
+    path.write_text(json.dumps(res, indent=2, default=str) + "\n")
+    print_rows(rows)
+    print(f"wrote {path}", file=sys.stderr)
+    return path
+
+
+def fmt(v: Any) -> str:
+    if v is None:
+        return "-"
+    if isinstance(v, bool):
+        return "yes" if v else "NO"
+    if isinstance(v, float):
+        if v == 0:
+            return "0"
+        a = abs(v)
+        if a >= 100:
+            return f"{v:.0f}"
+        if a >= 1:
+            return f"{v:.2f}"
+        return f"{v:.3g}"
+    return str(v)
+
+
+def print_rows(rows: Iterable[dict[str, Any]], file: Any = None) -> None:
+    out = file or sys.stdout
+    head = ("metric", "target", "measured", "spread", "baseline", "ratio", "met")
+    table = [head]
+    for r in rows:
+        table.append(
+            (
+                r["metric"],
+                r["target"],
+                f"{fmt(r['measured'])} {r['unit']}",
+                r.get("spread", ""),
+                f"{fmt(r['baseline'])} ({r['baseline_what']})" if r["baseline_what"] else "-",
+                fmt(r["ratio"]),
+                fmt(r["met"]),
+            )
+        )
+    widths = [max(len(str(t[i])) for t in table) for i in range(len(head))]
+    for i, t in enumerate(table):
+        print("  ".join(str(c).ljust(w) for c, w in zip(t, widths, strict=True)), file=out)
+        if i == 0:
+            print("  ".join("-" * w for w in widths), file=out)
+
+
+# --- a real daemon ----------------------------------------------------------------------------
+def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(every)
+
+
+@dataclass
+class Daemon:
+    """A real ``profd run`` subprocess in its own temporary directories."""
+
+    root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="profd-bench-")))
+    heartbeat: float = 1.0
+    extra_env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    _conn: Any = None
+
+    @property
+    def runtime_dir(self) -> Path:
+        return self.root / "run"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.root / "state"
+
+    @property
+    def spool(self) -> Path:
+        return self.state_dir / "spool"
+
+    def env(self) -> dict[str, str]:
+        e = dict(os.environ)
+        e.pop("PROFD_CONFIG", None)
+        e.update(
+            PROFD_RUNTIME_DIR=str(self.runtime_dir),
+            PROFD_STATE_DIR=str(self.state_dir),
+            PROFD_HEARTBEAT=str(self.heartbeat),
+        )
+        e.update(self.extra_env)
+        return e
+
+    def start(self) -> Daemon:
+        cfg = self.root / "profd.toml"
+        cfg.write_text(f"[daemon]\nheartbeat_interval = {self.heartbeat}\n")
+        env = self.env()
+        env["PROFD_CONFIG"] = str(cfg)
+        logf = (self.root / "profd.log").open("ab")
+        self.proc = subprocess.Popen(
+            [str(BIN / "profd"), "run"], env=env, stdout=logf, stderr=logf
+        )
+        wait_for(lambda: (self.runtime_dir / "control.sock").exists(), 30, "daemon socket")
+        wait_for(self._answers, 30, "daemon to answer", every=0.1)
+        return self
+
+    def _answers(self) -> bool:
+        try:
+            self.request("status")
+            return True
+        except Exception:
+            self.close_conn()
+            return False
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def conn(self) -> Any:
+        if self._conn is None:
+            from profd.ctl.connection import Connection
+
+            self._conn = Connection(str(self.runtime_dir), timeout_ms=60_000)
+        return self._conn
+
+    def close_conn(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def request(self, t: str, **fields: Any) -> Any:
+        return self.conn().request(t, **fields)
+
+    def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [str(BIN / "profctl"), *args],
+            env=self.env(),
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
+
+    def ctl_json(self, *args: str, timeout: float = 120) -> Any:
+        r = self.ctl("--json", *args, timeout=timeout)
+        if r.returncode != 0:
+            raise RuntimeError(f"profctl {args} failed ({r.returncode}): {r.stderr}{r.stdout}")
+        return json.loads(r.stdout)
+
+    def stop(self, keep: bool = False) -> None:
+        self.close_conn()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+        if not keep:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Daemon:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn_worker(
+    script: Path, args: Sequence[str], env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
+    """A worker speaking JSON lines: commands on stdin, one JSON reply per line on stdout."""
+    return subprocess.Popen(
+        [sys.executable, str(script), *args],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        bufsize=1,
+        env=env,
+    )
+
+
+def ask(w: subprocess.Popen[str], cmd: dict[str, Any]) -> Any:
+    """Send one command to a worker and wait for its one-line JSON reply."""
+    assert w.stdin is not None and w.stdout is not None
+    w.stdin.write(json.dumps(cmd) + "\n")
+    w.stdin.flush()
+    return read_reply(w)
+
+
+def read_reply(w: subprocess.Popen[str]) -> Any:
+    """The next JSON line from a worker (other lines are echoed to stderr)."""
+    assert w.stdout is not None
+    while True:
+        line = w.stdout.readline()
+        if not line:
+            raise RuntimeError(f"worker {w.args} exited (rc {w.wait()})")
+        line = line.strip()
+        if line.startswith("{"):
+            return json.loads(line)
+        print(line, file=sys.stderr)
+
+
+def finish_workers(ws: Iterable[subprocess.Popen[str]]) -> None:
+    for w in ws:
+        try:
+            if w.stdin is not None:
+                w.stdin.close()
+        except OSError:
+            pass
+    for w in ws:
+        try:
+            w.wait(20)
+        except subprocess.TimeoutExpired:
+            w.kill()
+            w.wait()

@@ -1,0 +1,91 @@
+"""profctl start: ask for a capture; optionally follow it to the end (--wait)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from profd_client import protocol as P
+
+from ..main import Env, command
+from ..render import emit_json, steps_text
+from .wait import follow
+
+
+
+@click.command()
+@click.option("--job", help="Target job (required when several jobs are attached).")
+@click.option("--role", "roles", multiple=True, help="Role glob (fnmatch); repeatable.")
+@click.option("--ranks", help="Ranks: 0,2-5 or all (default: every allowed rank).")
+@click.option("--host", help="Only processes on this host.")
+@click.option("--pid", "pids", type=int, multiple=True, help="Only this pid; repeatable.")
+@click.option("--steps", help="A:B (1-indexed, B excluded) or a list 1,2,5.")
+@click.option("--next", "next_", is_flag=True, help="The first step every target can make (default).")
+@click.option("--at-step", type=int, help="Start at this step.")
+@click.option("--active", type=int, help="Steps per cycle with --next/--at-step (default 1).")
+@click.option("--warmup", type=int, help="Warm-up steps before each cycle (not recorded).")
+@click.option("--repeat", type=int, help="Number of cycles.")
+@click.option("--roundup", type=int, help="Start at a multiple of N (--next/--at-step).")
+@click.option("--activities", default="cpu,cuda", show_default=True, help="cpu,cuda")
+@click.option("--record-shapes", is_flag=True)
+@click.option("--profile-memory", is_flag=True)
+@click.option("--with-stack", is_flag=True)
+@click.option("--with-flops", is_flag=True)
+@click.option("--with-modules", is_flag=True)
+@click.option("--memory-snapshot", is_flag=True, help="CUDA memory snapshot for memory_viz.")
+@click.option("--region", help="One trace per entry into profd_client.region(NAME).")
+@click.option("--label", help="Free text stored with the session.")
+@click.option("--backend", type=click.Choice(["torch", "nsys"]), default="torch", show_default=True)
+@click.option("--wait", "wait_", is_flag=True, help="Follow progress until the session ends.")
+@click.option("--timeout", type=float, default=0, help="With --wait: give up after N seconds.")
+@click.pass_obj
+@command
+def start(env: Env, **kw: Any) -> None:
+    """Capture steps on matching ranks; prints the session id and resolved steps."""
+    spec: dict[str, Any] = {
+        "job": kw["job"],
+        "roles": list(kw["roles"]) or None,
+        "ranks": kw["ranks"],
+        "host": kw["host"],
+        "pids": list(kw["pids"]) or None,
+        "steps": kw["steps"],
+        "next": kw["next_"] or None,
+        "at_step": kw["at_step"],
+        "active": kw["active"],
+        "warmup": kw["warmup"],
+        "repeat": kw["repeat"],
+        "roundup": kw["roundup"],
+        "region": kw["region"],
+        "label": kw["label"],
+        "backend": kw["backend"],
+        "options": {
+            "activities": [a.strip() for a in kw["activities"].split(",") if a.strip()],
+            **{
+                k: True
+                for k in (
+                    "record_shapes", "profile_memory", "with_stack", "with_flops",
+                    "with_modules", "memory_snapshot",
+                )
+                if kw[k]
+            },
+        },
+    }
+    spec = {k: v for k, v in spec.items() if v is not None}
+    res = env.conn.request(P.C_START, spec=spec)
+    if not env.json:
+        targets = ", ".join(f"{t['role']}:{t['rank']}" for t in res["targets"])
+        click.echo(f"session {res['session']}  job {res['job']}")
+        click.echo(f"steps   {steps_text(res['steps'])}  ({len(res['cycles'])} cycle(s))")
+        click.echo(f"targets {targets}")
+    if kw["wait_"]:
+        final = follow(env, res["session"], kw["timeout"], quiet=env.json)
+        res["state"] = final["state"]
+        res["final"] = final
+        if env.json:
+            emit_json(res)
+        if final["state"] not in ("done",):
+            raise SystemExit(1)
+        return
+    if env.json:
+        emit_json(res)

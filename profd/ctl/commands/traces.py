@@ -1,0 +1,68 @@
+"""profctl traces: query the index (one row per rank per cycle)."""
+
+from __future__ import annotations
+
+import re
+import time
+from typing import Any
+
+import click
+
+from profd_client import protocol as P
+
+from ..errors import CtlError
+from ..main import Env, command
+from ..render import Column, ago, emit_json, opt, size, steps_text, table
+
+COLUMNS: list[Column] = [
+    ("SESSION", lambda r: r["session"]),
+    ("ROLE", lambda r: r["role"]),
+    ("RANK", lambda r: r["rank"]),
+    ("CYCLE", lambda r: r["cycle"]),
+    ("STEPS", lambda r: steps_text(r["steps"])),
+    ("SIZE", lambda r: size(r["bytes"])),
+    ("STALL", lambda r: opt(r["stall_ms"], "{:.0f}ms")),
+    ("UPLOAD", lambda r: r["upload_state"]),
+    ("CREATED", lambda r: ago(r["created_at"])),
+    ("PATH", lambda r: r["s3_uri"] or r["path"]),
+]
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+def parse_since(text: str) -> float:
+    """``90s``, ``30m``, ``2h``, ``7d`` ago, or a unix timestamp."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw])\s*", text)
+    if m:
+        return time.time() - float(m.group(1)) * _UNITS[m.group(2)]
+    try:
+        return float(text)
+    except ValueError:
+        raise CtlError(f"--since {text!r}: use a duration like 30m, 2h, 7d") from None
+
+
+@click.command()
+@click.option("--job")
+@click.option("--session")
+@click.option("--rank", type=int)
+@click.option("--role", help="Role glob.")
+@click.option("--host")
+@click.option("--since", help="Only newer than this: 30m, 2h, 7d.")
+@click.option("--limit", default=100, show_default=True)
+@click.option("--s3", "s3_url", help="List straight from S3 manifests (no daemon needed).")
+@click.pass_obj
+@command
+def traces(env: Env, s3_url: str | None, since: str | None, **kw: Any) -> None:
+    """Captured traces, newest first."""
+    if s3_url:
+        from .s3list import list_from_s3
+
+        rows = list_from_s3(s3_url, since=parse_since(since) if since else None, **kw)
+    else:
+        filters = {k: v for k, v in kw.items() if v is not None}
+        if since:
+            filters["since"] = parse_since(since)
+        rows = env.conn.request(P.C_TRACES, filters=filters)
+    if env.json:
+        emit_json(rows)
+    else:
+        click.echo(table(rows, COLUMNS) if rows else "no traces")

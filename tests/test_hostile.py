@@ -1,0 +1,167 @@
+"""Hostile input on both sockets: every bad frame gets an error reply or is dropped, and
+the daemon keeps serving well-formed requests afterwards."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import msgpack
+import pytest
+import zmq
+from conftest import Daemon
+
+from profd_client import protocol as P
+
+HELLO = {
+    "v": 1, "t": "hello", "pid": os.getpid(), "host": "hostile-test", "job": "j", "role": "r",
+    "rank": 0, "local_rank": 0, "world_size": 1, "step": 0, "step_mode": "manual",
+    "allowed": True, "client_version": "test",
+}
+
+
+def pack(m: object) -> bytes:
+    return msgpack.packb(m, use_bin_type=True)
+
+
+@pytest.fixture
+def ctx():
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
+
+
+def dealer(ctx: zmq.Context, d: Daemon, name: str) -> zmq.Socket:
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"ipc://{d.runtime_dir / name}")
+    return s
+
+
+def req(ctx: zmq.Context, d: Daemon) -> zmq.Socket:
+    s = ctx.socket(zmq.REQ)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"ipc://{d.runtime_dir / 'control.sock'}")
+    return s
+
+
+def reply(s: zmq.Socket, timeout_ms: int = 3000) -> dict | None:
+    if not s.poll(timeout_ms):
+        return None
+    return msgpack.unpackb(s.recv_multipart()[-1], raw=False)
+
+
+def assert_serving(ctx: zmq.Context, d: Daemon) -> None:
+    s = req(ctx, d)
+    s.send(pack({"v": 1, "t": "status"}))
+    r = reply(s, 5000)
+    assert r is not None and r["t"] == "ok", r
+    a = dealer(ctx, d, "agent.sock")
+    a.send(pack(HELLO))
+    w = reply(a, 5000)
+    assert w is not None and w["t"] == "welcome", w
+    s.close()
+    a.close()
+
+
+BAD_FRAMES = [
+    b"",
+    b"\xc1",  # never-used msgpack byte
+    bytes(range(256)),
+    pack([1, 2, 3]),
+    pack("hello"),
+    pack({"t": "hello"}),  # no version
+    pack({"v": 99, "t": "status"}),
+    pack({"v": "1", "t": "status"}),
+    pack({"v": 1}),
+    pack({"v": 1, "t": 5}),
+    pack({"v": 1, "t": "no-such-type"}),
+    pack({**HELLO, "rank": "zero"}),
+    pack({**HELLO, "rank": True}),
+    pack({k: v for k, v in HELLO.items() if k != "pid"}),
+    pack({**HELLO, "job": "../../etc"}),
+    pack({1: 2}),
+    pack({"v": 1, "t": "start", "spec": "x"}),
+    pack({"v": 1, "t": "traces", "filters": {"bogus": 1}}),
+    b"\xdd\xff\xff\xff\xff",  # array header claiming 4G items
+    b"\xdf\xff\xff\xff\xff",  # map header claiming 4G entries
+]
+
+
+@pytest.mark.parametrize("sock", ["agent.sock", "control.sock"])
+def test_bad_frames_get_errors_or_are_dropped(daemon: Daemon, ctx, sock: str) -> None:
+    for frame in BAD_FRAMES:
+        if sock == "control.sock":
+            s = req(ctx, daemon)
+            s.send(frame)
+            r = reply(s)
+            # REQ must get an answer to stay usable: every bad request gets an error reply.
+            assert r is not None and r["t"] == "error", (frame[:40], r)
+            s.close()
+        else:
+            s = dealer(ctx, daemon, sock)
+            s.send(frame)
+            r = reply(s, 1000)
+            assert r is None or r["t"] in ("error", "welcome"), (frame[:40], r)
+            if frame == BAD_FRAMES[-6]:
+                assert r is not None and r["t"] == "error"
+            s.close()
+    rnd = random.Random(1234)
+    s = dealer(ctx, daemon, sock)
+    for _ in range(300):
+        s.send(bytes(rnd.getrandbits(8) for _ in range(rnd.randint(0, 200))))
+    s.close()
+    assert_serving(ctx, daemon)
+
+
+def test_agent_peers_cannot_start_sessions(daemon: Daemon, ctx) -> None:
+    a = dealer(ctx, daemon, "agent.sock")
+    a.send(pack(HELLO))
+    assert reply(a)["t"] == "welcome"
+    a.send(pack({"v": 1, "t": "start", "spec": {"steps": "3:5"}}))
+    r = reply(a)
+    assert r is not None and r["t"] == "error" and r["code"] == "type"
+    assert daemon.ctl_json("sessions") == []
+
+
+def test_unknown_client_is_told_to_register(daemon: Daemon, ctx) -> None:
+    a = dealer(ctx, daemon, "agent.sock")
+    a.send(pack({"v": 1, "t": "hb", "step": 5}))
+    r = reply(a)
+    assert r == {"v": 1, "t": "error", "code": "unknown_client", "msg": "say hello first"}
+
+
+def test_oversized_frame_is_dropped(daemon: Daemon, ctx) -> None:
+    for name in ("agent.sock", "control.sock"):
+        s = dealer(ctx, daemon, name)
+        s.send(b"x" * (P.MAX_FRAME_BYTES + 1024))
+        assert reply(s, 1000) is None
+        s.close()
+    assert_serving(ctx, daemon)
+
+
+def test_burst_of_10000_messages(daemon: Daemon, ctx) -> None:
+    a = dealer(ctx, daemon, "agent.sock")
+    a.setsockopt(zmq.SNDHWM, 0)
+    a.setsockopt(zmq.RCVHWM, 0)
+    a.send(pack(HELLO))
+    assert reply(a)["t"] == "welcome"
+    hb = pack({"v": 1, "t": "hb", "step": 1, "sps": 1.0})
+    for i in range(10_000):
+        a.send(hb if i % 2 else b"\x00garbage")
+    got = 0
+    while a.poll(3000):
+        a.recv()
+        got += 1
+        if got == 10_000:
+            break
+    assert got == 10_000  # every frame answered: a heartbeat or an error
+    c = dealer(ctx, daemon, "control.sock")
+    for _ in range(10_000):
+        c.send_multipart([b"", b"\x00garbage"])
+    n = 0
+    while c.poll(3000) and n < 10_000:
+        c.recv_multipart()
+        n += 1
+    assert n == 10_000
+    assert_serving(ctx, daemon)
