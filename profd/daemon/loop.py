@@ -212,6 +212,19 @@ class Daemon:
                 path=str(Path(res.trace_path).relative_to(self.spool)),
                 stall_ms=j.report.get("stall_ms"),
                 step_ms_p50=res.step_ms_p50,
+                # session.json is the S3 index (profctl traces --s3): enough to list and
+                # pull a session's files without the node's SQLite index.
+                bytes=next((f.bytes for f in res.files if f.path == res.trace_path), 0),
+                state="ok" if not j.report.get("error") else "partial",
+                created_at=time.time(),
+                files=[
+                    {
+                        "kind": f.kind,
+                        "path": str(Path(f.path).relative_to(self.spool)),
+                        "bytes": f.bytes,
+                    }
+                    for f in res.files
+                ],
             )
         else:
             t.error = error

@@ -12,7 +12,6 @@ import hashlib
 import logging
 import re
 import zlib
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -128,7 +127,7 @@ def extra_args(cfg: S3Config, path: Path) -> dict[str, str]:
 
 def part_size(chunksize: int, size: int) -> int:
     """The part size s3transfer will really use for a file of ``size`` bytes."""
-    from s3transfer.utils import ChunksizeAdjuster
+    from s3transfer.utils import ChunksizeAdjuster  # type: ignore[import-untyped]
 
     return int(ChunksizeAdjuster().adjust_chunksize(chunksize, size))
 
@@ -174,26 +173,20 @@ def digest(path: Path, size: int, threshold: int, chunksize: int) -> Digest:
     return Digest(f"{etag}-{len(parts)}", None)
 
 
-def upload(
-    client: Any,
-    cfg: S3Config,
-    path: Path,
-    bucket: str,
-    key: str,
-    *,
-    concurrency: int = 10,
-    progress: Callable[[int], None] | None = None,
-) -> None:
-    """One managed transfer: multipart above the threshold; the object appears only when
-    the last step (PutObject or CompleteMultipartUpload) succeeds, never half-written."""
-    client.upload_file(
-        str(path),
-        bucket,
-        key,
-        ExtraArgs=extra_args(cfg, path) or None,
-        Config=transfer_config(cfg, concurrency),
-        Callback=progress,
-    )
+def transfer_manager(client: Any, cfg: S3Config, concurrency: int = 10) -> Any:
+    """One manager per daemon, shared by every upload worker, so ``max_bandwidth`` caps the
+    node's total upload rate rather than each transfer's."""
+    from s3transfer.manager import TransferManager  # type: ignore[import-untyped]
+
+    return TransferManager(client, transfer_config(cfg, concurrency))
+
+
+def upload(manager: Any, cfg: S3Config, path: Path, bucket: str, key: str) -> None:
+    """One managed transfer: multipart above the threshold. The object appears only when the
+    last request (PutObject or CompleteMultipartUpload) succeeds, never half-written; a
+    failed or cancelled multipart upload is aborted by s3transfer."""
+    future = manager.upload(str(path), bucket, key, extra_args=extra_args(cfg, path) or None)
+    future.result()
 
 
 def verify(client: Any, cfg: S3Config, path: Path, bucket: str, key: str) -> dict[str, Any]:

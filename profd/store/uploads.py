@@ -1,0 +1,307 @@
+"""The S3 uploader: worker threads draining the ``files`` upload queue in the index.
+
+The queue is rows in SQLite, so every state change survives a crash: a row is ``uploading``
+only while a worker holds it, and the next daemon puts such rows back to ``pending``. An
+object becomes visible in S3 only when its PutObject or CompleteMultipartUpload succeeds, so
+a daemon killed mid-upload leaves no complete-looking object; the retry uploads it again from
+the start and aborts the orphaned multipart upload.
+
+Workers never touch the event loop's state; ``status()`` and ``prune()`` are called on the
+event loop thread and only read cached values or use their own index connection.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..config import Config
+from ..daemon.reactor import Reactor
+from . import s3
+from .index import Index
+
+log = logging.getLogger("profd.uploads")
+
+#: How long an idle worker sleeps when nothing is due and nobody kicks it.
+IDLE_WAIT_S = 30.0
+#: HeadBucket probe period while S3 answers, and while it does not (or is unknown).
+PROBE_OK_S = 15.0
+PROBE_DOWN_S = 2.0
+STOP_JOIN_S = 5.0
+
+
+class LocalFileMissing(Exception):
+    pass
+
+
+class Uploads:
+    def __init__(self, cfg: Config, reactor: Reactor) -> None:
+        self.cfg = cfg
+        self.s3cfg = cfg.s3
+        self.bucket, self.prefix = cfg.s3.bucket_prefix()
+        self.reactor = reactor
+        self.workers = max(1, cfg.s3.workers)
+        self.concurrency = 10  # part uploads in flight, shared by all workers
+        self._cv = threading.Condition()
+        self._gen = 0
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._local = threading.local()
+        self._client_lock = threading.Lock()
+        self._client_obj: Any = None
+        self._manager: Any = None
+        self._prune_lock = threading.Lock()
+        self._health_lock = threading.Lock()
+        self._reachable: bool | None = None
+        self._error: str | None = None
+        self._checked_at: float | None = None
+        self._cred_source: str | None = None
+        self._active = 0
+        s3.quiet_sdk_logs()
+
+    # --- lifecycle (event loop thread) ---------------------------------------------------------
+    def start(self) -> None:
+        idx = self._index()
+        n = idx.requeue(include_failed=True)
+        if n:
+            log.info("requeued %d upload(s) left unfinished or failed by an earlier run", n)
+        log.info(
+            "uploading to %s (endpoint %s, %d worker(s))",
+            self.s3cfg.url, s3.safe_endpoint(self.s3cfg.endpoint_url) or "AWS", self.workers,
+        )
+        for i in range(self.workers):
+            t = threading.Thread(target=self._work, name=f"profd-upload-{i}", daemon=True)
+            t.start()
+            self._threads.append(t)
+        t = threading.Thread(target=self._probe_loop, name="profd-s3-probe", daemon=True)
+        t.start()
+        self._threads.append(t)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.kick()
+        # Transfers in flight are cancelled (s3transfer aborts their multipart uploads); their
+        # rows go back to the queue and the next daemon uploads them again.
+        with self._client_lock:
+            manager = self._manager
+        if manager is not None:
+            try:
+                manager.shutdown(cancel=True, cancel_msg="profd is shutting down")
+            except Exception as exc:
+                log.debug("transfer manager shutdown: %s", s3.describe(exc))
+        deadline = time.monotonic() + STOP_JOIN_S
+        for t in self._threads:
+            t.join(max(0.0, deadline - time.monotonic()))
+        busy = [t.name for t in self._threads if t.is_alive()]
+        if busy:
+            log.info("left %d upload(s) in flight; they restart with the next daemon", len(busy))
+
+    def kick(self) -> None:
+        with self._cv:
+            self._gen += 1
+            self._cv.notify_all()
+
+    def status(self) -> dict[str, Any]:
+        with self._health_lock:
+            return {
+                "configured": True,
+                "url": self.s3cfg.url,
+                "bucket": self.bucket,
+                "prefix": self.prefix,
+                "endpoint_url": s3.safe_endpoint(self.s3cfg.endpoint_url),
+                "region": self.s3cfg.region,
+                "reachable": self._reachable,
+                "error": self._error,
+                "checked_at": self._checked_at,
+                "workers": self.workers,
+                "active": self._active,
+                "credentials": self._cred_source,  # where they came from, never the values
+            }
+
+    # --- quota ---------------------------------------------------------------------------------
+    def prune(self) -> int:
+        """Delete verified-uploaded files, oldest first, until the spool fits its quota."""
+        cap = self.cfg.max_spool_bytes
+        if cap is None:
+            return 0
+        idx = self._index()
+        with self._prune_lock:
+            total, _ = idx.spool_usage()
+            if total <= cap:
+                return 0
+            n = freed = 0
+            for f in idx.prunable():
+                if total <= cap:
+                    break
+                path = Path(f["path"])
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError as exc:
+                    log.warning("could not prune %s: %s", path, exc)
+                    continue
+                idx.mark_deleted(f["id"])
+                total -= f["bytes"]
+                freed += f["bytes"]
+                n += 1
+                if path.name == "session.json":
+                    self._remove_empty_dirs(path.parent)
+        if n:
+            log.info(
+                "pruned %d uploaded file(s), %d bytes, to stay under max_spool_bytes %d",
+                n, freed, cap,
+            )
+        return n
+
+    def _remove_empty_dirs(self, session_dir: Path) -> None:
+        # Only once session.json is gone: the session is finished, so no pipeline worker can
+        # still be writing into these directories.
+        with contextlib.suppress(OSError):
+            for d in session_dir.iterdir():
+                if d.is_dir():
+                    with contextlib.suppress(OSError):
+                        d.rmdir()
+            session_dir.rmdir()
+
+    # --- workers -------------------------------------------------------------------------------
+    def _index(self) -> Index:
+        idx: Index | None = getattr(self._local, "index", None)
+        if idx is None:
+            idx = self._local.index = Index(self.cfg.index_path)
+        return idx
+
+    def _client(self) -> Any:
+        with self._client_lock:
+            if self._client_obj is None:
+                s3.remember_secrets()
+                self._cred_source = s3.credential_source()
+                self._client_obj = s3.make_client(
+                    self.s3cfg, pool=self.concurrency + self.workers + 2
+                )
+                self._manager = s3.transfer_manager(
+                    self._client_obj, self.s3cfg, self.concurrency
+                )
+            return self._client_obj
+
+    def _work(self) -> None:
+        idx = self._index()
+        while not self._stopping.is_set():
+            with self._cv:
+                seen = self._gen
+            try:
+                now = time.time()
+                row = idx.claim_upload(now)
+                if row is not None:
+                    self._upload(idx, row)
+                    continue
+                self.prune()
+                due = idx.next_upload_due(now)
+            except Exception:
+                log.exception("upload worker error")
+                self._stopping.wait(1.0)
+                continue
+            wait = IDLE_WAIT_S if due is None else min(IDLE_WAIT_S, max(0.05, due - time.time()))
+            with self._cv:
+                if self._gen == seen and not self._stopping.is_set():
+                    self._cv.wait(wait)
+        idx.close()
+
+    def _upload(self, idx: Index, row: dict[str, Any]) -> None:
+        path = Path(row["path"])
+        key = s3.join_key(self.prefix, row["rel"])
+        attempt, limit = int(row["attempts"]), self.s3cfg.max_attempts
+        with self._health_lock:
+            self._active += 1
+        t0 = time.monotonic()
+        try:
+            client = self._client()
+            if not path.is_file():
+                raise LocalFileMissing(f"local file {path} is missing")
+            if attempt > 1:
+                aborted = s3.abort_stale(client, self.bucket, key)
+                if aborted:
+                    log.info("aborted %d unfinished multipart upload(s) of %s", aborted, key)
+            s3.upload(self._manager, self.s3cfg, path, self.bucket, key)
+            checked = s3.verify(client, self.s3cfg, path, self.bucket, key)
+        except Exception as exc:
+            if self._stopping.is_set():
+                idx.upload_retry(row["id"], "interrupted by daemon shutdown", 0.0, False)
+                log.info("upload of %s interrupted by shutdown", row["rel"])
+                return
+            err = s3.describe(exc)
+            give_up = isinstance(exc, LocalFileMissing) or attempt >= limit
+            delay = min(
+                self.s3cfg.backoff_max,
+                self.s3cfg.backoff_base * 2 ** (attempt - 1) * (1 + 0.25 * random.random()),
+            )
+            idx.upload_retry(row["id"], err, time.time() + delay, give_up)
+            if s3.is_unreachable(exc):
+                self._health(False, err)
+            elif not isinstance(exc, LocalFileMissing):
+                self._health(True, err)
+            log.warning(
+                "upload of %s failed (attempt %d/%d): %s; %s",
+                row["rel"], attempt, limit, err,
+                "giving up (profctl retry requeues it)" if give_up else f"retry in {delay:.1f}s",
+            )
+        else:
+            idx.upload_done(row["id"], s3.uri(self.bucket, key))
+            self._health(True, None)
+            log.debug(
+                "uploaded %s (%d bytes, verified %s) in %.2fs",
+                key, checked["size"], "+".join(checked["checked"]), time.monotonic() - t0,
+            )
+            if row["kind"] == "session":
+                log.info("session %s complete in %s", row["session"], s3.uri(self.bucket, key))
+        finally:
+            with self._health_lock:
+                self._active -= 1
+            # A finished file may unblock its session.json for another worker.
+            self.kick()
+
+    # --- reachability ----------------------------------------------------------------------------
+    def _health(self, reachable: bool | None, error: str | None) -> None:
+        with self._health_lock:
+            self._reachable = reachable
+            self._error = error
+            self._checked_at = time.time()
+
+    def _probe_loop(self) -> None:
+        client: Any = None
+        while not self._stopping.is_set():
+            try:
+                self._client()  # resolves credentials off the event loop
+                if client is None:
+                    client = s3.make_client(self.s3cfg, probe=True, pool=1)
+                self._probe(client)
+            except Exception as exc:
+                self._health(False, s3.describe(exc))
+            self._stopping.wait(PROBE_OK_S if self._reachable else PROBE_DOWN_S)
+
+    def _probe(self, client: Any) -> None:
+        from botocore.exceptions import ClientError, NoCredentialsError
+
+        try:
+            client.head_bucket(Bucket=self.bucket)
+        except NoCredentialsError:
+            self._health(False, "no credentials found in boto3's standard chain")
+        except ClientError as exc:
+            code = str(exc.response.get("Error", {}).get("Code", ""))
+            if code in ("403", "AccessDenied", "Forbidden"):
+                # HeadBucket needs s3:ListBucket, which an upload-only role may lack.
+                self._health(True, "HeadBucket denied (uploads may still work)")
+            elif code in ("404", "NoSuchBucket", "NotFound"):
+                self._health(False, f"bucket {self.bucket!r} does not exist")
+            else:
+                self._health(False, s3.describe(exc))
+        except Exception as exc:
+            self._health(False, s3.describe(exc))
+        else:
+            # Keep the last upload error visible until an upload succeeds.
+            with self._health_lock:
+                was_down = self._reachable is not True
+            self._health(True, None if was_down else self._error)
