@@ -25,7 +25,7 @@ TORCH = "torch==2.13.0"
 
 
 def ensure_env() -> None:
-    if sys.version_info < (3, 11):
+    if sys.version_info < (3, 11):  # noqa: UP036 - dev.py may be run by an older python3
         raise SystemExit("profd needs Python 3.11 or newer")
     stamp = VENV / ".profd-installed"
     want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()

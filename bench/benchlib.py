@@ -370,3 +370,57 @@ def finish_workers(ws: Iterable[subprocess.Popen[str]]) -> None:
         except subprocess.TimeoutExpired:
             w.kill()
             w.wait()
+
+
+class SimFleet:
+    """``n`` simulated clients spread over ``procs`` worker processes (bench/simclients.py)."""
+
+    def __init__(
+        self,
+        daemon: Daemon,
+        n: int,
+        procs: int,
+        job: str,
+        hb: float = 1.0,
+        rate: float = 10.0,
+        work: bool = False,
+        rank_base: int = 0,
+        world: int | None = None,
+        role: str = "sim",
+        proc_base: int = 0,
+    ) -> None:
+        self.n = n
+        procs = max(1, min(procs, n))
+        per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+        env = daemon.env()
+        env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+        self.workers: list[subprocess.Popen[str]] = []
+        base = rank_base
+        for i, k in enumerate(per):
+            args = [
+                "--proc", str(proc_base + i), "--count", str(k), "--rank-base", str(base),
+                "--world", str(world or n), "--job", job, "--role", role, "--hb", str(hb),
+                "--rate", str(rate), "--runtime-dir", str(daemon.runtime_dir),
+            ]
+            if work:
+                args.append("--work")
+            self.workers.append(spawn_worker(BENCH / "simclients.py", args, env=env))
+            base += k
+        for w in self.workers:
+            read_reply(w)
+
+    def connected(self) -> int:
+        return sum(ask(w, {"op": "status"})["connected"] for w in self.workers)
+
+    def wait_connected(self, timeout: float = 120) -> None:
+        wait_for(lambda: self.connected() >= self.n, timeout, f"{self.n} clients", every=0.5)
+
+    def arms(self, session: str) -> list[float]:
+        out: list[float] = []
+        for w in self.workers:
+            out.extend(ask(w, {"op": "arms", "session": session})["times"])
+        return out
+
+    def close(self) -> None:
+        finish_workers(self.workers)
+        self.workers = []

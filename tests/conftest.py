@@ -115,8 +115,11 @@ class Daemon:
 
     def wait_attached(self, n: int, timeout: float = 60, min_step: int = 0) -> list[dict[str, Any]]:
         return wait_for(
-            lambda: (lambda rows: rows if len(rows) >= n and all(
-                r["step"] >= min_step for r in rows) else None)(self.ps()),
+            lambda: (
+                lambda rows: (
+                    rows if len(rows) >= n and all(r["step"] >= min_step for r in rows) else None
+                )
+            )(self.ps()),
             timeout,
             f"{n} attached processes at step >= {min_step}",
         )

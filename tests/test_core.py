@@ -17,8 +17,17 @@ def test_ps_shows_both_ranks_with_advancing_steps(daemon: Daemon, torchrun) -> N
     rows = daemon.wait_attached(2, min_step=1)
     assert sorted(r["rank"] for r in rows) == [0, 1]
     for r in rows:
-        for key in ("host", "pid", "job", "role", "rank", "world_size", "step", "steps_per_s",
-                    "state"):
+        for key in (
+            "host",
+            "pid",
+            "job",
+            "role",
+            "rank",
+            "world_size",
+            "step",
+            "steps_per_s",
+            "state",
+        ):
             assert key in r
         assert r["role"] == "main"
         assert r["world_size"] == 2
@@ -27,14 +36,30 @@ def test_ps_shows_both_ranks_with_advancing_steps(daemon: Daemon, torchrun) -> N
     assert len({r["job"] for r in rows}) == 1
     first = {r["rank"]: r["step"] for r in rows}
     later = wait_for(
-        lambda: (lambda rs: rs if len(rs) == 2 and all(
-            r["step"] > first[r["rank"]] and r["steps_per_s"] > 0 for r in rs) else None)(
-            daemon.ps()),
-        30, "steps to advance",
+        lambda: (
+            lambda rs: (
+                rs
+                if len(rs) == 2
+                and all(r["step"] > first[r["rank"]] and r["steps_per_s"] > 0 for r in rs)
+                else None
+            )
+        )(daemon.ps()),
+        30,
+        "steps to advance",
     )
-    assert all(r["cpu_percent"] is not None for r in wait_for(
-        lambda: (lambda rs: rs if rs and all(r["rss_bytes"] for r in rs) else None)(daemon.ps()),
-        30, "cpu/rss samples")) or later
+    assert (
+        all(
+            r["cpu_percent"] is not None
+            for r in wait_for(
+                lambda: (lambda rs: rs if rs and all(r["rss_bytes"] for r in rs) else None)(
+                    daemon.ps()
+                ),
+                30,
+                "cpu/rss samples",
+            )
+        )
+        or later
+    )
     # Filters and the human table.
     assert daemon.ctl_json("ps", "--role", "ma*") != []
     assert daemon.ctl_json("ps", "--role", "actor") == []

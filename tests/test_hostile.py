@@ -10,13 +10,22 @@ import msgpack
 import pytest
 import zmq
 from conftest import Daemon
-
 from profd_client import protocol as P
 
 HELLO = {
-    "v": 1, "t": "hello", "pid": os.getpid(), "host": "hostile-test", "job": "j", "role": "r",
-    "rank": 0, "local_rank": 0, "world_size": 1, "step": 0, "step_mode": "manual",
-    "allowed": True, "client_version": "test",
+    "v": 1,
+    "t": "hello",
+    "pid": os.getpid(),
+    "host": "hostile-test",
+    "job": "j",
+    "role": "r",
+    "rank": 0,
+    "local_rank": 0,
+    "world_size": 1,
+    "step": 0,
+    "step_mode": "manual",
+    "allowed": True,
+    "client_version": "test",
 }
 
 

@@ -77,7 +77,7 @@ class Agent(threading.Thread):
         except Exception as exc:  # pragma: no cover - pyzmq is a hard dependency
             log.warning("profd_client: pyzmq unavailable (%s); profiling disabled", exc)
             return
-        ctx = zmq.Context.instance()
+        ctx: Any = zmq.Context.instance()
         poller = zmq.Poller()
         poller.register(self._wake_r, zmq.POLLIN)
         self._connect(zmq, ctx, poller)
@@ -92,7 +92,7 @@ class Agent(threading.Thread):
     def _loop_once(self, zmq: Any, ctx: Any, poller: Any) -> None:
         now = time.monotonic()
         wait = max(0.0, self._last_tx + self.hb_interval - now)
-        events = dict(poller.poll(wait * 1000.0))
+        events = dict(poller.poll(int(wait * 1000.0)))
         if self._wake_r in events:
             try:
                 os.read(self._wake_r, 4096)
@@ -216,7 +216,11 @@ class Agent(threading.Thread):
         except P.ProtocolError as exc:
             self._send(
                 P.encode(
-                    P.PROGRESS, id=0, session=session, state="failed", step=self.stepper.count,
+                    P.PROGRESS,
+                    id=0,
+                    session=session,
+                    state="failed",
+                    step=self.stepper.count,
                     error=str(exc),
                 )
             )

@@ -125,7 +125,7 @@ class TorchCapture:
                 import torch
 
                 snap = self.out_dir / f"{self.stem}.memory.pickle"
-                torch.cuda.memory._dump_snapshot(str(snap))
+                torch.cuda.memory._dump_snapshot(str(snap))  # type: ignore[no-untyped-call]
                 torch.cuda.memory._record_memory_history(enabled=None)
                 files.append({"kind": "memory", "path": str(snap)})
         except Exception as exc:  # a failed export must not reach training code

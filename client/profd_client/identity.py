@@ -63,7 +63,9 @@ def detect(
         ws = _first_int(
             e, "PROFD_WORLD_SIZE", "WORLD_SIZE", "SLURM_NTASKS", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"
         )
-    lr = _first_int(e, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID")
+    lr = _first_int(
+        e, "LOCAL_RANK", "SLURM_LOCALID", "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"
+    )
     return Identity(
         job=job or e.get("PROFD_JOB") or _default_job(e),
         role=role or e.get("PROFD_ROLE") or "main",

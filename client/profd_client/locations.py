@@ -42,7 +42,9 @@ def runtime_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     return default_runtime_dirs()[0]
 
 
-def find_socket(name: str, explicit: str | os.PathLike[str] | None = None) -> tuple[Path, list[Path]]:
+def find_socket(
+    name: str, explicit: str | os.PathLike[str] | None = None
+) -> tuple[Path, list[Path]]:
     """The socket to connect to, and every place looked at (for error messages).
 
     With no explicit dir, the first candidate whose socket exists wins, so a training job

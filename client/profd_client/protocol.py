@@ -189,8 +189,14 @@ def decode(frame: bytes, accept: frozenset[str]) -> dict[str, Any]:
             max_map_len=1 << 12,
             max_ext_len=0,
         )
-    except (ValueError, TypeError, msgpack.ExtraData, msgpack.FormatError,
-            msgpack.StackError, RecursionError) as exc:  # msgpack raises several types
+    except (
+        ValueError,
+        TypeError,
+        msgpack.ExtraData,
+        msgpack.FormatError,
+        msgpack.StackError,
+        RecursionError,
+    ) as exc:  # msgpack raises several types
         raise ProtocolError("malformed", f"not msgpack: {type(exc).__name__}") from None
     return validate(msg, accept)
 

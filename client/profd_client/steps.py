@@ -205,10 +205,10 @@ class Stepper:
 
     def _maybe_done(self, plan: Plan) -> None:
         live = self.live
-        if plan.pending_start() == NEVER and plan in self._plans:
-            if live is None or live.plan is not plan:
-                self._plans.remove(plan)
-                self._progress(plan.session, "done", None)
+        idle = live is None or live.plan is not plan
+        if idle and plan.pending_start() == NEVER and plan in self._plans:
+            self._plans.remove(plan)
+            self._progress(plan.session, "done", None)
 
     # --- regions --------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -275,7 +275,13 @@ class Stepper:
 
     def _progress(self, session: str, state: str, error: str | None) -> None:
         self._send(
-            {"t": P.PROGRESS, "session": session, "state": state, "step": self.count, "error": error}
+            {
+                "t": P.PROGRESS,
+                "session": session,
+                "state": state,
+                "step": self.count,
+                "error": error,
+            }
         )
 
     def _send(self, msg: dict[str, Any]) -> None:

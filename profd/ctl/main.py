@@ -39,7 +39,11 @@ def json_option(f: F) -> F:
             ctx.find_object(Env).json = True  # type: ignore[union-attr]
 
     return click.option(
-        "--json", "json_", is_flag=True, expose_value=False, callback=set_json,
+        "--json",
+        "json_",
+        is_flag=True,
+        expose_value=False,
+        callback=set_json,
         help="Print one JSON document on stdout.",
     )(f)
 
@@ -60,7 +64,7 @@ def command(f: F) -> F:
         except KeyboardInterrupt:
             sys.exit(130)
 
-    return json_option(wrapper)  # type: ignore[arg-type]
+    return json_option(wrapper)  # type: ignore[return-value,arg-type]
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})

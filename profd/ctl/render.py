@@ -43,7 +43,9 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
     cells = [[str(h) for h, _ in columns]]
     cells += [[str(f(r)) for _, f in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells
+    ]
     return "\n".join(lines)
 
 

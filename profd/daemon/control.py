@@ -28,8 +28,22 @@ log = logging.getLogger("profd.control")
 NEXT_LEAD_S = 0.5
 START_KEYS = frozenset(
     {
-        "job", "roles", "ranks", "host", "pids", "steps", "next", "at_step", "active",
-        "warmup", "repeat", "roundup", "options", "region", "label", "backend",
+        "job",
+        "roles",
+        "ranks",
+        "host",
+        "pids",
+        "steps",
+        "next",
+        "at_step",
+        "active",
+        "warmup",
+        "repeat",
+        "roundup",
+        "options",
+        "region",
+        "label",
+        "backend",
     }
 )
 
@@ -117,7 +131,9 @@ class ControlHandler:
             "clients": len(d.registry),
             "sessions": {
                 "live": len(live),
-                "by_state": {st: sum(s.state == st for s in live) for st in {s.state for s in live}},
+                "by_state": {
+                    st: sum(s.state == st for s in live) for st in {s.state for s in live}
+                },
             },
             "pipeline": {"in_flight": d.captures.in_flight},
             "spool": {
@@ -167,7 +183,9 @@ class ControlHandler:
             )
         jobs = sorted({c.job for c in targets})
         if len(jobs) > 1:
-            raise Refused("no_match", f"selector matches several jobs ({', '.join(jobs)}): add --job")
+            raise Refused(
+                "no_match", f"selector matches several jobs ({', '.join(jobs)}): add --job"
+            )
         cycles = self.resolve(sched, targets)
         s = Session(
             id=new_session_id(),
@@ -187,7 +205,10 @@ class ControlHandler:
             self.arm(s, c)
         log.info(
             "session %s: %s steps %s on %d target(s)",
-            s.id, sel.describe(), sch.describe(cycles), len(targets),
+            s.id,
+            sel.describe(),
+            sch.describe(cycles),
+            len(targets),
         )
         return self.started(s)
 
@@ -314,7 +335,7 @@ class ControlHandler:
             return
         if self.d.uploads is not None:
             self.d.uploads.prune()
-        total, unsafe = self.d.index.spool_usage()
+        _, unsafe = self.d.index.spool_usage()
         if unsafe >= cap:
             raise Refused(
                 "spool_full",

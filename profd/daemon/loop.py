@@ -15,7 +15,6 @@ from types import FrameType
 from typing import Any
 
 import zmq
-
 from profd_client import protocol as P
 
 from .. import __version__
@@ -56,7 +55,7 @@ class Daemon:
         self.control = ControlHandler(self)
         self.uploads: Any = None  # set by the S3 layer when configured
         self.orphans: dict[tuple[str, int], float] = {}
-        self.ctx = zmq.Context.instance()
+        self.ctx: Any = zmq.Context.instance()
         self.agent_sock: Any = None
         self.control_sock: Any = None
 
@@ -93,7 +92,10 @@ class Daemon:
             self.uploads.start()
         log.info(
             "profd %s listening on %s (state %s, spool %s)",
-            __version__, self.cfg.runtime_dir, self.cfg.state_dir, self.spool,
+            __version__,
+            self.cfg.runtime_dir,
+            self.cfg.state_dir,
+            self.spool,
         )
         try:
             self._loop()
@@ -146,7 +148,7 @@ class Daemon:
         next_tick = time.monotonic() + hb
         while not self.stopping:
             timeout = max(0.0, next_tick - time.monotonic())
-            events = dict(poller.poll(timeout * 1000.0))
+            events = dict(poller.poll(int(timeout * 1000.0)))
             if self.reactor.fd in events:
                 self.reactor.run_pending()
             if self.agent_sock in events:

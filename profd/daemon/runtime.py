@@ -6,6 +6,7 @@ import grp
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 from profd_client import protocol as P
 
@@ -40,7 +41,7 @@ def daemon_alive(path: Path, timeout_ms: int = 500) -> bool:
     sock_path = path / P.CONTROL_SOCKET
     if not sock_path.exists():
         return False
-    ctx = zmq.Context.instance()
+    ctx: Any = zmq.Context.instance()
     s = ctx.socket(zmq.REQ)
     s.setsockopt(zmq.LINGER, 0)
     try:

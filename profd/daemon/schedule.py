@@ -7,6 +7,7 @@ targeted rank, so all ranks capture the same steps without synchronised clocks.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -98,7 +99,7 @@ def resolve(s: Schedule, earliest: int = 1) -> list[Cycle]:
     w = s.warmup
     if s.kind == "list":
         cycles = [(n - w, n, n + 1) for n in s.steps]
-        for (_, _, prev_stop), (ws, n, _) in zip(cycles, cycles[1:], strict=False):
+        for (_, _, prev_stop), (ws, n, _) in itertools.pairwise(cycles):
             if ws < prev_stop:
                 raise ScheduleError(f"--warmup {w} overlaps the capture before step {n}")
         _check_warmup(cycles[0], w)

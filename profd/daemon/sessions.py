@@ -233,8 +233,15 @@ class Sessions:
             )
             for t in row["targets"]:
                 tgt = Target(
-                    t["host"], t["pid"], t["job"], t["role"], t["rank"], t["world_size"],
-                    state=t["state"], error=t["error"], traces=t["traces"],
+                    t["host"],
+                    t["pid"],
+                    t["job"],
+                    t["role"],
+                    t["rank"],
+                    t["world_size"],
+                    state=t["state"],
+                    error=t["error"],
+                    traces=t["traces"],
                 )
                 s.targets[tgt.key] = tgt
             self.by_id[s.id] = s

@@ -69,8 +69,12 @@ def main() -> None:
     job = None
     try:
         for _ in range(100):
-            if subprocess.run([str(BIN / "profctl"), "status"], env=env,
-                              capture_output=True).returncode == 0:
+            if (
+                subprocess.run(
+                    [str(BIN / "profctl"), "status"], env=env, capture_output=True
+                ).returncode
+                == 0
+            ):
                 break
             time.sleep(0.1)
         ctl(env, "status")
@@ -78,15 +82,30 @@ def main() -> None:
         job_log = (root / "job.log").open("w")
         job = subprocess.Popen(
             [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=2", str(JOB)],
-            env=env, stdout=job_log, stderr=subprocess.STDOUT,
+            env=env,
+            stdout=job_log,
+            stderr=subprocess.STDOUT,
         )
         wait_for_ranks(env, 2)
         say("attached processes, live")
         ctl(env, "ps")
         say("capture the next 3 steps on both ranks, and wait for the result")
-        ctl(env, "start", "--role", "trainer", "--ranks", "all", "--next", "--active", "3",
-            "--record-shapes", "--wait")
-        session = json.loads(ctl(env, "sessions", "--json", "--limit", "1", quiet=True).stdout)[0]["id"]
+        ctl(
+            env,
+            "start",
+            "--role",
+            "trainer",
+            "--ranks",
+            "all",
+            "--next",
+            "--active",
+            "3",
+            "--record-shapes",
+            "--wait",
+        )
+        session = json.loads(ctl(env, "sessions", "--json", "--limit", "1", quiet=True).stdout)[0][
+            "id"
+        ]
         say("sessions")
         ctl(env, "sessions")
         say("indexed traces")

@@ -341,8 +341,7 @@ class Index:
             if r is None:
                 return None
             self.db.execute(
-                "UPDATE files SET upload_state = 'uploading', attempts = attempts + 1"
-                " WHERE id = ?",
+                "UPDATE files SET upload_state = 'uploading', attempts = attempts + 1 WHERE id = ?",
                 (r["id"],),
             )
             d = dict(r)
@@ -401,7 +400,9 @@ class Index:
     def session_files(self, session: str) -> list[dict[str, Any]]:
         return [
             dict(r)
-            for r in self.db.execute("SELECT * FROM files WHERE session = ? ORDER BY id", (session,))
+            for r in self.db.execute(
+                "SELECT * FROM files WHERE session = ? ORDER BY id", (session,)
+            )
         ]
 
     # --- spool quota ---------------------------------------------------------------------------

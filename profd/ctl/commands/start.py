@@ -5,13 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 import click
-
 from profd_client import protocol as P
 
 from ..main import Env, command
 from ..render import emit_json, steps_text
 from .wait import follow
-
 
 
 @click.command()
@@ -21,7 +19,9 @@ from .wait import follow
 @click.option("--host", help="Only processes on this host.")
 @click.option("--pid", "pids", type=int, multiple=True, help="Only this pid; repeatable.")
 @click.option("--steps", help="A:B (1-indexed, B excluded) or a list 1,2,5.")
-@click.option("--next", "next_", is_flag=True, help="The first step every target can make (default).")
+@click.option(
+    "--next", "next_", is_flag=True, help="The first step every target can make (default)."
+)
 @click.option("--at-step", type=int, help="Start at this step.")
 @click.option("--active", type=int, help="Steps per cycle with --next/--at-step (default 1).")
 @click.option("--warmup", type=int, help="Warm-up steps before each cycle (not recorded).")
@@ -41,7 +41,7 @@ from .wait import follow
 @click.option("--timeout", type=float, default=0, help="With --wait: give up after N seconds.")
 @click.pass_obj
 @command
-def start(env: Env, **kw: Any) -> None:
+def start(env: Env, /, **kw: Any) -> None:
     """Capture steps on matching ranks; prints the session id and resolved steps."""
     spec: dict[str, Any] = {
         "job": kw["job"],
@@ -64,8 +64,12 @@ def start(env: Env, **kw: Any) -> None:
             **{
                 k: True
                 for k in (
-                    "record_shapes", "profile_memory", "with_stack", "with_flops",
-                    "with_modules", "memory_snapshot",
+                    "record_shapes",
+                    "profile_memory",
+                    "with_stack",
+                    "with_flops",
+                    "with_modules",
+                    "memory_snapshot",
                 )
                 if kw[k]
             },

@@ -7,7 +7,6 @@ import time
 from typing import Any
 
 import click
-
 from profd_client import protocol as P
 
 from ..errors import CtlError
@@ -51,7 +50,7 @@ def parse_since(text: str) -> float:
 @click.option("--s3", "s3_url", help="List straight from S3 manifests (no daemon needed).")
 @click.pass_obj
 @command
-def traces(env: Env, s3_url: str | None, since: str | None, **kw: Any) -> None:
+def traces(env: Env, /, s3_url: str | None, since: str | None, **kw: Any) -> None:
     """Captured traces, newest first."""
     if s3_url:
         from .s3list import list_from_s3

@@ -6,7 +6,6 @@ import time
 from typing import Any
 
 import click
-
 from profd_client import protocol as P
 
 from ..errors import CtlError
@@ -20,7 +19,7 @@ def follow(env: Env, session: str, timeout: float, quiet: bool = False) -> dict[
     deadline = time.monotonic() + timeout if timeout else None
     last = ""
     while True:
-        s = env.conn.request(P.C_SHOW, session=session)
+        s: dict[str, Any] = env.conn.request(P.C_SHOW, session=session)
         line = f"{s['state']}: " + " ".join(
             f"{t['role']}:{t['rank']}={t['state']}" for t in s["targets"]
         )
@@ -30,7 +29,9 @@ def follow(env: Env, session: str, timeout: float, quiet: bool = False) -> dict[
         if s["state"] in TERMINAL:
             for t in s["targets"]:
                 if t["error"]:
-                    click.echo(f"  {t['role']}:{t['rank']} (pid {t['pid']}): {t['error']}", err=True)
+                    click.echo(
+                        f"  {t['role']}:{t['rank']} (pid {t['pid']}): {t['error']}", err=True
+                    )
             return s
         if deadline is not None and time.monotonic() > deadline:
             raise CtlError(f"timed out waiting for session {session} (state {s['state']})")

@@ -1,0 +1,246 @@
+"""profctl pull: copy a session's files into ``DIR/{session}/``, one ``c{cycle}/`` per cycle.
+
+Files come from the local spool when they are still there, else from S3. With no daemon, or
+a session this node does not know, ``--s3`` (or the daemon's own S3 location) finds the
+session by its ``session.json`` in S3. The layout is the spool's minus the job directory, so
+HTA and TensorBoard open ``DIR/{session}/c0`` directly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import click
+
+from profd_client import protocol as P
+
+from ...store import s3
+from ..errors import CtlError, NoDaemon
+from ..main import Env, command
+from ..render import emit_json, size
+from .s3list import child_dirs, ctl_s3, s3_error
+
+_COPY_BUF = 1 << 20
+
+
+@dataclass
+class Item:
+    dest: str  # relative to DIR: {session}/c0/main-r0.pt.trace.json.gz
+    bytes: int | None
+    local: Path | None  # copy from here when it still exists
+    s3_uri: str | None  # else download from here
+
+
+@dataclass
+class Plan:
+    session: str
+    job: str
+    items: list[Item]
+    s3_url: str | None = None
+    note: str | None = None
+
+
+def below_job(rel: str) -> str:
+    """``job/session/c0/x`` -> ``session/c0/x``, refusing anything that climbs out."""
+    parts = PurePosixPath(rel).parts
+    if len(parts) < 3 or any(p in ("..", "", "/") for p in parts):
+        raise CtlError(f"unexpected file path {rel!r}")
+    return str(PurePosixPath(*parts[1:]))
+
+
+def plan_from_daemon(env: Env, session: str) -> Plan:
+    st = env.conn.request(P.C_STATUS)
+    s = env.conn.request(P.C_SHOW, session=session)
+    rows = env.conn.request(P.C_TRACES, filters={"session": s["id"], "limit": 100000})
+    spool = Path(st["spool_dir"])
+    s3_url = st["s3"].get("url") if st["s3"].get("configured") else None
+    items: list[Item] = []
+    for r in rows:
+        for f in r["files"]:
+            local = Path(f["path"])
+            items.append(
+                Item(
+                    dest=below_job(str(local.relative_to(spool))),
+                    bytes=f["bytes"],
+                    local=None if f["deleted"] else local,
+                    s3_uri=f["s3_uri"],
+                )
+            )
+    manifest = spool / s["job"] / s["id"] / "session.json"
+    note = None
+    if manifest.exists():
+        items.append(Item(f"{s['id']}/session.json", None, manifest, None))
+    elif s3_url and s["state"] in ("done", "partial", "failed", "cancelled"):
+        bucket, prefix = s3.split_url(s3_url)
+        key = s3.join_key(prefix, f"{s['job']}/{s['id']}/session.json")
+        items.append(Item(f"{s['id']}/session.json", None, None, s3.uri(bucket, key)))
+    else:
+        note = f"session {s['id']} is {s['state']}: no session.json yet"
+    return Plan(s["id"], s["job"], items, s3_url, note)
+
+
+def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
+    bucket, prefix = s3.split_url(s3_url)
+    base = f"{prefix}/" if prefix else ""
+    try:
+        hits = []
+        for job in child_dirs(client, bucket, base):
+            for sid in child_dirs(client, bucket, f"{base}{job}/{session}"):
+                hits.append((job, sid))
+        complete = [h for h in hits if _exists(client, bucket, f"{base}{h[0]}/{h[1]}/session.json")]
+        if len(complete) > 1 and session in {sid for _, sid in complete}:
+            complete = [h for h in complete if h[1] == session]
+        if not complete:
+            what = "is not complete" if hits else "not found"
+            raise CtlError(
+                f"session {session!r} {what} in {s3_url} (no session.json)",
+                code="unknown_session",
+            )
+        if len(complete) > 1:
+            names = ", ".join(f"{j}/{s}" for j, s in complete)
+            raise CtlError(f"session {session!r} is ambiguous in {s3_url}: {names}")
+        job, sid = complete[0]
+        items = []
+        pages = client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=f"{base}{job}/{sid}/"
+        )
+        for page in pages:
+            for obj in page.get("Contents", []):
+                key = obj["Key"]
+                if key.endswith("/"):
+                    continue
+                items.append(
+                    Item(below_job(key[len(base) :]), int(obj["Size"]), None, s3.uri(bucket, key))
+                )
+    except CtlError:
+        raise
+    except Exception as exc:
+        raise s3_error(exc) from None
+    return Plan(sid, job, items, s3_url)
+
+
+def _exists(client: Any, bucket: str, key: str) -> bool:
+    from botocore.exceptions import ClientError
+
+    try:
+        client.head_object(Bucket=bucket, Key=key)
+    except ClientError as exc:
+        if exc.response.get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            return False
+        raise
+    return True
+
+
+def copy_local(src: Path, tmp: Path, progress: Callable[[int], None]) -> None:
+    with src.open("rb") as fi, tmp.open("wb") as fo:
+        while True:
+            buf = fi.read(_COPY_BUF)
+            if not buf:
+                break
+            fo.write(buf)
+            progress(len(buf))
+
+
+def fetch(plan: Plan, out: Path, client_for: Callable[[], Any], quiet: bool) -> list[dict[str, Any]]:
+    root = out.resolve()
+    known = sum(i.bytes or 0 for i in plan.items)
+    done: list[dict[str, Any]] = []
+    with click.progressbar(
+        length=max(known, 1), label=f"pulling {plan.session}", file=sys.stderr
+    ) as bar:
+        update = (lambda n: None) if quiet else bar.update
+        for it in plan.items:
+            dest = (root / it.dest).resolve()
+            if root not in dest.parents:
+                raise CtlError(f"refusing to write outside {root}: {it.dest}")
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            tmp = dest.with_name(f".{dest.name}.part")
+            try:
+                if it.local is not None and it.local.is_file():
+                    copy_local(it.local, tmp, update)
+                    source, origin = "spool", str(it.local)
+                elif it.s3_uri:
+                    bucket, key = s3.parse_uri(it.s3_uri)
+                    try:
+                        client_for().download_file(bucket, key, str(tmp), Callback=update)
+                    except CtlError:
+                        raise
+                    except Exception as exc:
+                        raise s3_error(exc) from None
+                    source, origin = "s3", it.s3_uri
+                else:
+                    raise CtlError(f"{it.dest}: not in the spool and not uploaded to S3")
+                got = tmp.stat().st_size
+                if it.bytes is not None and got != it.bytes:
+                    raise CtlError(f"{it.dest}: got {got} bytes from {origin}, expected {it.bytes}")
+                os.replace(tmp, dest)
+            finally:
+                tmp.unlink(missing_ok=True)
+            done.append({"path": str(dest), "bytes": got, "source": source, "from": origin})
+    return done
+
+
+@click.command()
+@click.argument("session")
+@click.option(
+    "-o", "--output", "out_dir", default=".", show_default=True,
+    type=click.Path(file_okay=False), help="Files go to DIR/SESSION/.",
+)
+@click.option("--s3", "s3_url", help="s3://bucket/prefix to pull from when the daemon cannot.")
+@click.pass_obj
+@command
+def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
+    """Copy a session's traces (spool, else S3) into DIR, one directory per cycle."""
+    plan: Plan | None = None
+    daemon_s3: str | None = None
+    try:
+        plan = plan_from_daemon(env, session)
+    except NoDaemon:
+        if not s3_url:
+            raise
+    except CtlError as exc:
+        if exc.code != "unknown_session":
+            raise
+        try:
+            daemon_s3 = env.conn.request(P.C_STATUS)["s3"].get("url")
+        except CtlError:
+            daemon_s3 = None
+        if not (s3_url or daemon_s3):
+            raise
+    clients: dict[str, Any] = {}
+
+    def client_for() -> Any:
+        if "c" not in clients:
+            clients["c"] = ctl_s3(s3_url or (plan.s3_url if plan else None) or daemon_s3)[0]
+        return clients["c"]
+
+    if plan is None:
+        url = s3_url or daemon_s3
+        assert url is not None
+        plan = plan_from_s3(client_for(), url, session)
+    if plan.note:
+        click.echo(f"profctl: {plan.note}", err=True)
+    if not plan.items:
+        raise CtlError(f"session {plan.session} has no files", code="empty")
+    files = fetch(plan, Path(out_dir), client_for, quiet=env.json)
+    total = sum(f["bytes"] for f in files)
+    dest = Path(out_dir).resolve() / plan.session
+    if env.json:
+        emit_json(
+            {
+                "session": plan.session,
+                "job": plan.job,
+                "dir": str(dest),
+                "files": files,
+                "bytes": total,
+                "from_spool": sum(f["source"] == "spool" for f in files),
+                "from_s3": sum(f["source"] == "s3" for f in files),
+            }
+        )
+    else:
+        click.echo(f"pulled {len(files)} file(s), {size(total)}, into {dest}")
