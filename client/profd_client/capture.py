@@ -35,8 +35,12 @@ def torch_info() -> tuple[str | None, str | None]:
         return None, None
     device = "cpu"
     try:
+        # Never initialise CUDA from here: the agent thread runs before the training code has
+        # picked its device, and a context on GPU 0 for every rank wastes memory there.
         if torch.cuda.is_available():
-            device = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
+            device = "cuda"
+            if torch.cuda.is_initialized():
+                device = f"cuda:{torch.cuda.current_device()} {torch.cuda.get_device_name()}"
     except Exception:
         device = "cpu"
     return str(torch.__version__), device

@@ -168,6 +168,12 @@ class ControlHandler:
         backend = spec.get("backend") or "torch"
         if backend not in P.BACKENDS:
             raise Refused("bad_request", f"unknown backend {backend!r}: use torch or nsys")
+        if backend == "nsys":
+            raise Refused(
+                "unsupported",
+                "the nsys backend is not implemented yet; use the torch backend"
+                " (--activities cpu,cuda), which records CUDA kernels and NVTX regions too",
+            )
         region = spec.get("region") or None
         label = spec.get("label") or None
         self.check_quota()
@@ -181,6 +187,15 @@ class ControlHandler:
                 f"no attached process matches {sel.describe()}; "
                 + describe_attached(self.d.registry),
             )
+        if options.get("memory_snapshot"):
+            no_cuda = [c for c in targets if not (c.device or "").startswith("cuda")]
+            if no_cuda:
+                c = no_cuda[0]
+                raise Refused(
+                    "unsupported",
+                    f"--memory-snapshot needs CUDA: {c.role} rank {c.rank} (pid {c.pid})"
+                    f" runs on {c.device or 'cpu'}",
+                )
         jobs = sorted({c.job for c in targets})
         if len(jobs) > 1:
             raise Refused(

@@ -208,6 +208,8 @@ class Daemon:
             return
         t.outstanding = max(0, t.outstanding - 1)
         result: dict[str, Any] = {"cycle": j.cycle, "steps": j.report.get("steps", [])}
+        if j.report.get("notes"):
+            result["notes"] = j.report["notes"]
         if res is not None:
             t.traces += 1
             result.update(

@@ -216,9 +216,7 @@ def verify(client: Any, cfg: S3Config, path: Path, bucket: str, key: str) -> dic
                 checked.append("etag")
         if remote_crc and d.crc32 and crc_full and "-" not in str(remote_crc):
             if remote_crc != d.crc32:
-                raise VerifyError(
-                    f"s3://{bucket}/{key}: CRC32 {remote_crc} in S3, {d.crc32} local"
-                )
+                raise VerifyError(f"s3://{bucket}/{key}: CRC32 {remote_crc} in S3, {d.crc32} local")
             checked.append("crc32")
     return {"size": size, "etag": etag, "checked": checked}
 

@@ -72,7 +72,9 @@ class Uploads:
             log.info("requeued %d upload(s) left unfinished or failed by an earlier run", n)
         log.info(
             "uploading to %s (endpoint %s, %d worker(s))",
-            self.s3cfg.url, s3.safe_endpoint(self.s3cfg.endpoint_url) or "AWS", self.workers,
+            self.s3cfg.url,
+            s3.safe_endpoint(self.s3cfg.endpoint_url) or "AWS",
+            self.workers,
         )
         for i in range(self.workers):
             t = threading.Thread(target=self._work, name=f"profd-upload-{i}", daemon=True)
@@ -153,7 +155,9 @@ class Uploads:
         if n:
             log.info(
                 "pruned %d uploaded file(s), %d bytes, to stay under max_spool_bytes %d",
-                n, freed, cap,
+                n,
+                freed,
+                cap,
             )
         return n
 
@@ -182,9 +186,7 @@ class Uploads:
                 self._client_obj = s3.make_client(
                     self.s3cfg, pool=self.concurrency + self.workers + 2
                 )
-                self._manager = s3.transfer_manager(
-                    self._client_obj, self.s3cfg, self.concurrency
-                )
+                self._manager = s3.transfer_manager(self._client_obj, self.s3cfg, self.concurrency)
             return self._client_obj
 
     def _work(self) -> None:
@@ -245,7 +247,10 @@ class Uploads:
                 self._health(True, err)
             log.warning(
                 "upload of %s failed (attempt %d/%d): %s; %s",
-                row["rel"], attempt, limit, err,
+                row["rel"],
+                attempt,
+                limit,
+                err,
                 "giving up (profctl retry requeues it)" if give_up else f"retry in {delay:.1f}s",
             )
         else:
@@ -253,7 +258,10 @@ class Uploads:
             self._health(True, None)
             log.debug(
                 "uploaded %s (%d bytes, verified %s) in %.2fs",
-                key, checked["size"], "+".join(checked["checked"]), time.monotonic() - t0,
+                key,
+                checked["size"],
+                "+".join(checked["checked"]),
+                time.monotonic() - t0,
             )
             if row["kind"] == "session":
                 log.info("session %s complete in %s", row["session"], s3.uri(self.bucket, key))

@@ -8,6 +8,7 @@ HTA and TensorBoard open ``DIR/{session}/c0`` directly.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Callable
@@ -16,7 +17,6 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import click
-
 from profd_client import protocol as P
 
 from ...store import s3
@@ -146,14 +146,21 @@ def copy_local(src: Path, tmp: Path, progress: Callable[[int], None]) -> None:
             progress(len(buf))
 
 
-def fetch(plan: Plan, out: Path, client_for: Callable[[], Any], quiet: bool) -> list[dict[str, Any]]:
+def fetch(
+    plan: Plan, out: Path, client_for: Callable[[], Any], quiet: bool
+) -> list[dict[str, Any]]:
     root = out.resolve()
     known = sum(i.bytes or 0 for i in plan.items)
     done: list[dict[str, Any]] = []
-    with click.progressbar(
-        length=max(known, 1), label=f"pulling {plan.session}", file=sys.stderr
-    ) as bar:
-        update = (lambda n: None) if quiet else bar.update
+    bar: Any = (
+        contextlib.nullcontext(None)
+        if quiet
+        else click.progressbar(
+            length=max(known, 1), label=f"pulling {plan.session}", file=sys.stderr
+        )
+    )
+    with bar as b:
+        update: Callable[[int], None] = (lambda n: None) if b is None else b.update
         for it in plan.items:
             dest = (root / it.dest).resolve()
             if root not in dest.parents:
@@ -188,8 +195,13 @@ def fetch(plan: Plan, out: Path, client_for: Callable[[], Any], quiet: bool) -> 
 @click.command()
 @click.argument("session")
 @click.option(
-    "-o", "--output", "out_dir", default=".", show_default=True,
-    type=click.Path(file_okay=False), help="Files go to DIR/SESSION/.",
+    "-o",
+    "--output",
+    "out_dir",
+    default=".",
+    show_default=True,
+    type=click.Path(file_okay=False),
+    help="Files go to DIR/SESSION/.",
 )
 @click.option("--s3", "s3_url", help="s3://bucket/prefix to pull from when the daemon cannot.")
 @click.pass_obj

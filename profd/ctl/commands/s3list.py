@@ -172,9 +172,7 @@ def list_from_s3(
     try:
         pairs = find_sessions(client, bucket, prefix, job, session, since)
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
-            manifests = list(
-                pool.map(lambda p: read_manifest(client, bucket, prefix, *p), pairs)
-            )
+            manifests = list(pool.map(lambda p: read_manifest(client, bucket, prefix, *p), pairs))
     except CtlError:
         raise
     except Exception as exc:
