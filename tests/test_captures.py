@@ -107,7 +107,8 @@ def by_rank(rows: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
 def launch(d: Daemon, log: Path, script: str = "workers.py", nproc: int = 2, **env: str) -> Job:
     """``torchrun`` as the ``torchrun`` fixture does it, usable from module-scoped fixtures."""
     e = d.env()
-    e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **env)
+    # A crash inside torch/kineto shows up in the job log with a Python stack.
+    e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **env)
     proc = subprocess.Popen(
         [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", str(JOBS / script)],
         env=e,

@@ -67,7 +67,30 @@ def command(f: F) -> F:
     return json_option(wrapper)  # type: ignore[return-value,arg-type]
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class LazyGroup(click.Group):
+    """Imports a command's module only when it is invoked (or listed by --help)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        from .commands import COMMANDS
+
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
+        import importlib
+
+        from .commands import COMMANDS
+
+        target = COMMANDS.get(cmd_name)
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        cmd: click.Command = getattr(
+            importlib.import_module(f".commands.{module}", __package__), attr
+        )
+        return cmd
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="profctl")
 @click.option("--runtime-dir", envvar="PROFD_RUNTIME_DIR", help="The daemon's socket dir.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
@@ -75,16 +98,6 @@ def command(f: F) -> F:
 def cli(ctx: click.Context, runtime_dir: str | None, as_json: bool) -> None:
     """profctl: control the node's profd daemon."""
     ctx.obj = Env(runtime_dir=runtime_dir, json=as_json)
-
-
-def _register() -> None:
-    from .commands import ALL
-
-    for cmd in ALL:
-        cli.add_command(cmd)
-
-
-_register()
 
 
 def main() -> None:

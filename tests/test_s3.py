@@ -1,0 +1,290 @@
+"""S3 uploads, pull and listing (issue 4) against moto's standalone server over HTTP.
+
+Real daemon, real torchrun jobs, real profctl; the only stand-in is the S3 server itself.
+No assertion depends on how fast anything runs: waits have generous timeouts, and the one
+test that must interrupt an upload makes it slow with ``max_bandwidth`` and then checks that
+it really was interrupted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+from typing import Any
+
+from conftest import Daemon, wait_for
+from s3fixtures import ACCESS_KEY, BUCKET, SECRET_KEY, MotoServer, moto_server
+
+__all__ = ["moto_server"]  # the fixture, imported so pytest finds it
+
+PREFIX = "cluster-a/profiles"
+URL = f"s3://{BUCKET}/{PREFIX}"
+WAIT = 120.0
+MB = 1 << 20
+
+
+def s3_config(extra: str = "") -> str:
+    return f"""
+[s3]
+url = "{URL}"
+region = "us-east-1"
+addressing_style = "path"
+checksum_when_required = true
+backoff_base = 0.2
+backoff_max = 2.0
+max_attempts = 1000
+{extra}
+"""
+
+
+# --- helpers -----------------------------------------------------------------------------------
+def capture(d: Daemon, *args: str) -> dict[str, Any]:
+    res: dict[str, Any] = d.ctl_json("start", "--active", "2", *args, "--wait", timeout=WAIT)
+    assert res["state"] == "done", res
+    return res
+
+
+def traces(d: Daemon, sid: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = d.ctl_json("traces", "--session", sid)
+    return rows
+
+
+def files_of(d: Daemon, sid: str) -> list[dict[str, Any]]:
+    """Every file row of a session in the index, session.json included."""
+    db = sqlite3.connect(f"file:{d.state_dir / 'index.db'}?mode=ro", uri=True, timeout=30)
+    db.row_factory = sqlite3.Row
+    try:
+        return [dict(r) for r in db.execute("SELECT * FROM files WHERE session = ?", (sid,))]
+    finally:
+        db.close()
+
+
+def wait_uploaded(d: Daemon, sid: str, timeout: float = WAIT) -> list[dict[str, Any]]:
+    def done() -> list[dict[str, Any]] | None:
+        rows = files_of(d, sid)
+        kinds = {r["kind"] for r in rows}
+        ok = "session" in kinds and all(r["upload_state"] == "uploaded" for r in rows)
+        return rows if ok else None
+
+    rows: list[dict[str, Any]] = wait_for(done, timeout, f"session {sid} uploaded", every=0.3)
+    return rows
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def status(d: Daemon) -> dict[str, Any]:
+    st: dict[str, Any] = d.ctl_json("status")
+    return st
+
+
+def assert_no_credentials(text: str) -> None:
+    assert ACCESS_KEY not in text
+    assert SECRET_KEY not in text
+    assert SECRET_KEY.split("/")[1] not in text
+
+
+# --- tests -------------------------------------------------------------------------------------
+def test_capture_lands_in_s3_and_pulls_back(
+    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, tmp_path: Path
+) -> None:
+    d = daemon_factory(config=s3_config(), **moto_server.env())
+    torchrun("train.py", nproc=2, daemon=d, STEPS="100000")
+    d.wait_attached(2, timeout=WAIT, min_step=1)
+    res = capture(d)
+    sid, job = res["session"], res["job"]
+    files = wait_uploaded(d, sid)
+
+    # Keys mirror the spool, session.json included, and every object is the spool's file.
+    session_dir = d.spool / job / sid
+    local = tree(session_dir)
+    assert "session.json" in local
+    assert {"c0/main-r0.pt.trace.json.gz", "c0/main-r1.pt.trace.json.gz"} <= set(local)
+    objects = moto_server.keys(f"{PREFIX}/{job}/{sid}/")
+    assert set(objects) == {f"{PREFIX}/{job}/{sid}/{rel}" for rel in local}
+    for rel, data in local.items():
+        assert moto_server.get(f"{PREFIX}/{job}/{sid}/{rel}") == data
+    by_kind = {f["kind"] for f in files}
+    assert {"trace", "session"} <= by_kind
+    manifest = next(f for f in files if f["kind"] == "session")
+    # session.json is uploaded last: its presence means the session is complete in S3.
+    assert manifest["uploaded_at"] >= max(f["uploaded_at"] for f in files)
+
+    rows = traces(d, sid)
+    assert sorted(r["rank"] for r in rows) == [0, 1]
+    for r in rows:
+        assert r["upload_state"] == "uploaded"
+        assert r["s3_uri"] == f"{URL}/{job}/{sid}/c0/main-r{r['rank']}.pt.trace.json.gz"
+        for f in r["files"]:
+            assert f["upload_state"] == "uploaded"
+            assert f["s3_uri"].startswith(f"{URL}/{job}/{sid}/c0/main-r{r['rank']}.")
+
+    st = status(d)
+    assert st["s3"]["configured"] is True
+    assert st["s3"]["url"] == URL
+    assert st["queue"]["queued"] == 0 and st["queue"]["failed"] == 0
+    wait_for(lambda: status(d)["s3"]["reachable"] is True, 60, "S3 reachable in status")
+
+    # pull from the spool, then from S3 once the local copy is gone.
+    out = tmp_path / "pull-spool"
+    doc = d.ctl_json("pull", sid, "-o", str(out))
+    assert doc["from_spool"] == len(local) and doc["from_s3"] == 0
+    assert tree(out / sid) == local
+    shutil.rmtree(session_dir)
+    out = tmp_path / "pull-s3"
+    doc = d.ctl_json("pull", sid[:12], "-o", str(out))
+    assert doc["from_s3"] == len(local) and doc["session"] == sid
+    assert tree(out / sid) == local
+    r = d.ctl("pull", sid, "-o", str(tmp_path / "pull-human"))  # progress bar on stderr
+    assert r.returncode == 0, r.stderr
+    assert tree(tmp_path / "pull-human" / sid) == local
+
+    # With no daemon at all: list and pull straight from the S3 manifests.
+    daemon_rows = {r["rank"]: r for r in rows}
+    d.stop()
+    listed = d.ctl_json("traces", "--s3", URL)
+    assert sorted(r["rank"] for r in listed) == [0, 1]
+    for r in listed:
+        want = daemon_rows[r["rank"]]
+        for k in ("session", "job", "host", "pid", "role", "cycle", "steps", "bytes", "s3_uri"):
+            assert r[k] == want[k], k
+        assert r["upload_state"] == "uploaded"
+        assert {f["s3_uri"] for f in r["files"]} == {f["s3_uri"] for f in want["files"]}
+    assert d.ctl_json("traces", "--s3", URL, "--rank", "1")[0]["rank"] == 1
+    assert d.ctl_json("traces", "--s3", URL, "--job", "no-such-job") == []
+    out = tmp_path / "pull-direct"
+    doc = d.ctl_json("pull", sid, "-o", str(out), "--s3", URL)
+    assert doc["from_s3"] == len(local)
+    assert tree(out / sid) == local
+    r = d.ctl("pull", "20000101-000000-000000", "--s3", URL)
+    assert r.returncode != 0 and "not found" in r.stderr
+
+    # Credentials never show up in what the daemon says or logs.
+    assert_no_credentials(json.dumps(st))
+    assert_no_credentials(d.log.read_text(errors="replace"))
+
+
+def test_outage_then_quota(daemon_factory: Any, torchrun: Any, moto_server: MotoServer) -> None:
+    d = daemon_factory(config=s3_config(), **moto_server.env())
+    torchrun("train.py", nproc=2, daemon=d, STEPS="100000")
+    d.wait_attached(2, timeout=WAIT, min_step=1)
+    sids = []
+    for _ in range(2):
+        sids.append(capture(d)["session"])
+        wait_uploaded(d, sids[-1])
+    a, b = sids
+
+    # S3 goes away before a capture and comes back 20 s later.
+    moto_server.stop()
+    down_at = time.monotonic()
+    c = capture(d)["session"]
+    st = wait_for(
+        lambda: (lambda s: s if s["s3"]["reachable"] is False else None)(status(d)),
+        60,
+        "status to show S3 unreachable",
+    )
+    assert st["s3"]["error"]
+    assert st["queue"]["bytes_pending"] > 0
+    assert_no_credentials(json.dumps(st))
+    c_files = files_of(d, c)
+    assert c_files and all(f["upload_state"] != "uploaded" for f in c_files)
+    while time.monotonic() - down_at < 20:
+        assert all(Path(f["path"]).is_file() for f in c_files), "deleted while pending"
+        time.sleep(1)
+    moto_server.start()  # empty again: the fixture recreates the bucket
+    wait_uploaded(d, c)
+    for f in files_of(d, c):
+        assert Path(f["path"]).is_file()
+        assert moto_server.get(f"{PREFIX}/{f['rel']}") == Path(f["path"]).read_bytes()
+    wait_for(lambda: status(d)["s3"]["reachable"] is True, 60, "S3 reachable again")
+
+    # Quota: another outage leaves one session un-uploaded.
+    moto_server.stop()
+    e = capture(d)["session"]
+    size = {s: sum(f["bytes"] for f in files_of(d, s)) for s in (a, b, c, e)}
+    assert all(f["upload_state"] != "uploaded" for f in files_of(d, e))
+
+    def on_disk(s: str) -> list[bool]:
+        return [Path(f["path"]).is_file() for f in files_of(d, s)]
+
+    # Room for everything but the oldest uploaded session: exactly that one is pruned.
+    d.stop()
+    d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(size[b] + size[c] + size[e])
+    d.start()
+    wait_for(lambda: not any(on_disk(a)), 60, "oldest uploaded session pruned")
+    assert all(f["deleted"] == 1 for f in files_of(d, a))
+    assert all(on_disk(b)) and all(on_disk(c)) and all(on_disk(e))
+
+    # Un-uploaded data alone over the quota: uploaded files go, pending ones never do, and
+    # new captures are refused.
+    d.stop()
+    d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(size[e] // 2)
+    d.start()
+    d.wait_attached(2, timeout=WAIT)
+    wait_for(lambda: not any(on_disk(b) + on_disk(c)), 60, "uploaded sessions pruned")
+    r = d.ctl("start", "--active", "1")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "spool quota full" in r.stderr
+    assert all(on_disk(e))
+    st = status(d)
+    assert st["spool"]["bytes_not_uploaded"] == size[e]
+
+    # Once S3 is back the pending session uploads and only then leaves the spool.
+    moto_server.start()
+    wait_uploaded(d, e)
+    for f in files_of(d, e):
+        assert moto_server.get(f"{PREFIX}/{f['rel']}")
+    wait_for(lambda: not any(on_disk(e)), 60, "uploaded session pruned to fit the quota")
+
+
+def test_multipart_upload_survives_sigkill(
+    daemon_factory: Any, torchrun: Any, moto_server: MotoServer
+) -> None:
+    part = 5 * MB
+    multipart = 'multipart_threshold = "5MB"\nmultipart_chunksize = "5MB"\nworkers = 1\n'
+    d = daemon_factory(config=s3_config(multipart + 'max_bandwidth = "2MB"'), **moto_server.env())
+    torchrun("bigtrace.py", nproc=1, daemon=d, BIG_EVENTS="6000")
+    d.wait_attached(1, timeout=WAIT, min_step=1)
+    res = d.ctl_json("start", "--active", "3", "--wait", timeout=WAIT)
+    assert res["state"] == "done", res
+    sid, job = res["session"], res["job"]
+    trace = next(f for f in files_of(d, sid) if f["kind"] == "trace")
+    data = Path(trace["path"]).read_bytes()
+    assert len(data) > 2 * part  # at least three parts
+    key = f"{PREFIX}/{trace['rel']}"
+    assert key == f"{PREFIX}/{job}/{sid}/c0/main-r0.pt.trace.json.gz"
+    s3c = moto_server.client()
+
+    def in_flight() -> list[dict[str, Any]]:
+        ups = s3c.list_multipart_uploads(Bucket=BUCKET, Prefix=key).get("Uploads", [])
+        return [u for u in ups if u["Key"] == key]
+
+    wait_for(in_flight, WAIT, "the multipart upload to start", every=0.05)
+    time.sleep(1.0)
+    assert key not in moto_server.keys(), "upload finished before the kill: raise the size"
+    d.kill9()
+    assert key not in moto_server.keys(), "a killed upload left an object"
+    assert next(f for f in files_of(d, sid) if f["id"] == trace["id"])["upload_state"] == (
+        "uploading"
+    )
+
+    d.config.write_text(s3_config(multipart))  # full speed after the restart
+    d.start()
+    wait_uploaded(d, sid)
+    head = s3c.head_object(Bucket=BUCKET, Key=key)
+    assert head["ContentLength"] == len(data)
+    assert head["ETag"].strip('"').endswith(f"-{math.ceil(len(data) / part)}")
+    assert moto_server.get(key) == data
+    assert in_flight() == [], "the killed daemon's multipart upload was not aborted"
+    rows = [f for f in files_of(d, sid) if f["rel"] == trace["rel"]]
+    assert len(rows) == 1 and rows[0]["upload_state"] == "uploaded"
+    assert rows[0]["s3_uri"] == f"s3://{BUCKET}/{key}"
+    assert rows[0]["attempts"] >= 2
+    log = d.log.read_text(errors="replace")
+    assert f"uploaded {key} ({len(data)} bytes, verified size+etag)" in log
+    assert traces(d, sid)[0]["upload_state"] == "uploaded"
