@@ -157,7 +157,9 @@ def alignment(d: B.Daemon, quick: bool) -> dict[str, Any]:
             a = ahead(3.0)
             specs.append({"steps": f"{a},{a + 2},{a + 5}"})
         sessions = []
-        for spec in specs:
+        for i, spec in enumerate(specs):
+            if i:
+                time.sleep(2.0)  # an operator's gap between two commands
             if "at_step" in spec:
                 spec["at_step"] = ahead(3.0)
             spec = {**spec, "job": job, "options": {"activities": ["cpu"]}}
@@ -188,10 +190,21 @@ def alignment(d: B.Daemon, quick: bool) -> dict[str, Any]:
             )
         total = sum(len(s["targets"]) for s in sessions)
         aligned = sum(t["aligned"] for s in sessions for t in s["targets"])
+        captured = [
+            c for s in sessions for t in s["targets"] for c in t["cycles"] if c["index_steps"]
+        ]
         return {
             "targets": total,
             "aligned": aligned,
             "fraction": aligned / total if total else 0.0,
+            "captured_cycles": len(captured),
+            "captured_cycles_exact": sum(c["ok"] for c in captured),
+            "failures": [
+                {"spec": s["spec"], "rank": t["rank"], "host": t["host"], "error": t["error"]}
+                for s in sessions
+                for t in s["targets"]
+                if not t["aligned"]
+            ],
             "torchrun_ranks": nreal,
             "sim_clients": nsim,
             "sessions": sessions,
@@ -215,6 +228,9 @@ def main() -> None:
             lat[n] = latency(d, n, rounds, procs)
             print(f"N={n}: {lat[n]['per_client_ms']}", file=sys.stderr)
         align = alignment(d, quick)
+    except BaseException:
+        print(d.log_tail(), file=sys.stderr)
+        raise
     finally:
         d.stop()
     rows = []
@@ -254,6 +270,17 @@ def main() -> None:
             met=align["fraction"] == 1.0,
             spread=f"{align['aligned']}/{align['targets']} targets, "
             f"{len(align['sessions'])} sessions",
+        )
+    )
+    cc = align["captured_cycles"]
+    rows.append(
+        B.row(
+            "alignment: captured cycles on the requested steps",
+            "1.0",
+            align["captured_cycles_exact"] / cc if cc else 0.0,
+            "fraction",
+            met=cc > 0 and align["captured_cycles_exact"] == cc,
+            spread=f"{align['captured_cycles_exact']}/{cc} cycles (index steps and markers)",
         )
     )
     details = {

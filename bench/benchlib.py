@@ -309,6 +309,12 @@ class Daemon:
         if not keep:
             shutil.rmtree(self.root, ignore_errors=True)
 
+    def log_tail(self, n: int = 4000) -> str:
+        try:
+            return (self.root / "profd.log").read_text(errors="replace")[-n:]
+        except OSError:
+            return ""
+
     def __enter__(self) -> Daemon:
         return self.start()
 

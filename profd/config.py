@@ -140,6 +140,17 @@ def _s3(table: Mapping[str, Any], url: str | None, endpoint: str | None) -> S3Co
     return cfg
 
 
+def configured_runtime_dir(config_file: str | None = None) -> str | None:
+    """``[daemon] runtime_dir`` from the config file profd would read, for profctl."""
+    path = config_file or os.environ.get("PROFD_CONFIG")
+    p = Path(path) if path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
+    if p is None:
+        return None
+    daemon = _read_toml(p).get("daemon", {})
+    value = daemon.get("runtime_dir") if isinstance(daemon, dict) else None
+    return str(value) if value else None
+
+
 def load(
     config_file: str | os.PathLike[str] | None = None,
     *,

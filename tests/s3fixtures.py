@@ -111,7 +111,7 @@ class MotoServer:
             config=Config(s3={"addressing_style": "path"}, retries={"max_attempts": 2}),
         )
 
-    def keys(self, prefix: str = "") -> dict[str, int]:
+    def objects(self, prefix: str = "") -> dict[str, int]:
         """Every complete object under ``prefix``: key -> size."""
         out: dict[str, int] = {}
         pages = (

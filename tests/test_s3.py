@@ -105,7 +105,7 @@ def test_capture_lands_in_s3_and_pulls_back(
     local = tree(session_dir)
     assert "session.json" in local
     assert {"c0/main-r0.pt.trace.json.gz", "c0/main-r1.pt.trace.json.gz"} <= set(local)
-    objects = moto_server.keys(f"{PREFIX}/{job}/{sid}/")
+    objects = moto_server.objects(f"{PREFIX}/{job}/{sid}/")
     assert set(objects) == {f"{PREFIX}/{job}/{sid}/{rel}" for rel in local}
     for rel, data in local.items():
         assert moto_server.get(f"{PREFIX}/{job}/{sid}/{rel}") == data
@@ -266,9 +266,9 @@ def test_multipart_upload_survives_sigkill(
 
     wait_for(in_flight, WAIT, "the multipart upload to start", every=0.05)
     time.sleep(1.0)
-    assert key not in moto_server.keys(), "upload finished before the kill: raise the size"
+    assert key not in moto_server.objects(), "upload finished before the kill: raise the size"
     d.kill9()
-    assert key not in moto_server.keys(), "a killed upload left an object"
+    assert key not in moto_server.objects(), "a killed upload left an object"
     assert next(f for f in files_of(d, sid) if f["id"] == trace["id"])["upload_state"] == (
         "uploading"
     )

@@ -183,6 +183,8 @@ class Agent(threading.Thread):
         self._last_rx = time.monotonic()
         t = msg["t"]
         if t == P.WELCOME:
+            # The daemon drops clients after missing *its* heartbeat interval: follow it.
+            self.hb_interval = max(0.05, float(msg["hb_interval"]))
             self._welcomed = True
             self.connected.set()
             for m in list(self._unacked.values()):

@@ -82,9 +82,13 @@ class TorchCapture:
                     self.notes.append("cuda activity requested but CUDA is not available")
         if not acts:
             acts.append(ProfilerActivity.CPU)
-        first = self.start_step
+        first, warm = self.start_step, self.warmup_start
 
         def schedule(step: int) -> ProfilerAction:
+            # profile() asks for step 0 in its constructor, before step_num can be set to the
+            # global step; steps are 1-indexed, so 0 stands for the first step we run.
+            if step == 0:
+                step = warm
             return ProfilerAction.WARMUP if step < first else ProfilerAction.RECORD
 
         self.prof = profile(

@@ -93,10 +93,26 @@ class LazyGroup(click.Group):
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="profctl")
 @click.option("--runtime-dir", envvar="PROFD_RUNTIME_DIR", help="The daemon's socket dir.")
+@click.option(
+    "--config", "config_file", envvar="PROFD_CONFIG", help="profd.toml to read runtime_dir from."
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
 @click.pass_context
-def cli(ctx: click.Context, runtime_dir: str | None, as_json: bool) -> None:
-    """profctl: control the node's profd daemon."""
+def cli(
+    ctx: click.Context, runtime_dir: str | None, config_file: str | None, as_json: bool
+) -> None:
+    """profctl: control the node's profd daemon.
+
+    The daemon is found the way `profd run` places it: --runtime-dir, else PROFD_RUNTIME_DIR,
+    else [daemon] runtime_dir in the config file, else the defaults.
+    """
+    if runtime_dir is None:
+        from ..config import ConfigError, configured_runtime_dir
+
+        try:
+            runtime_dir = configured_runtime_dir(config_file)
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
     ctx.obj = Env(runtime_dir=runtime_dir, json=as_json)
 
 

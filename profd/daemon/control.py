@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from profd_client import protocol as P
 
 from .. import __version__
+from ..config import ConfigError
 from ..store.index import TraceFilter
 from . import schedule as sch
 from .registry import Client
@@ -256,10 +257,15 @@ class ControlHandler:
             for c in targets:
                 est = c.estimated_step(now)
                 if first <= est + 1:
+                    # A plan takes effect at a step boundary, so the step running now (est+1)
+                    # is too late as well; step 1 starts inside attach() and is never armable.
+                    what = "already passed" if first <= est else "starts before it can be armed"
+                    warm = f" (with --warmup the first step is {first})" if sched.warmup else ""
                     raise Refused(
                         "steps_passed",
-                        f"steps {sch.describe(cycles)} already passed for {c.role} rank {c.rank}"
-                        f" (pid {c.pid}, at step {int(est)})",
+                        f"steps {sch.describe(cycles)} {what} for {c.role} rank {c.rank}"
+                        f" (pid {c.pid}, at step {int(est)}; the earliest step is"
+                        f" {int(est) + 2}){warm}",
                     )
                 busy = self.d.sessions.busy_until(c.key)
                 if busy > first:
@@ -308,6 +314,23 @@ class ControlHandler:
         return {"session": s.id, "state": s.state}
 
     # --- standing rules ----------------------------------------------------------------------
+    def check_auto_rules(self) -> None:
+        """Bad ``[[auto]]`` rules stop the daemon at start, not silently at attach time."""
+        for i, rule in enumerate(self.d.cfg.auto, 1):
+            spec = dict(rule.spec)
+            unknown = set(spec) - START_KEYS
+            try:
+                if unknown:
+                    raise ValueError(f"unknown keys {sorted(unknown)}")
+                Selector.from_spec(spec)
+                sched = sch.parse(spec)
+                if not sched.explicit:
+                    raise ValueError("needs steps or at_step: --next would differ per rank")
+                sch.resolve(sched)
+                P.options(spec.get("options") or {})
+            except (ValueError, P.ProtocolError) as exc:
+                raise ConfigError(f"[[auto]] rule {i}: {exc}") from None
+
     def apply_auto_rules(self, c: Client) -> None:
         for i, rule in enumerate(self.d.cfg.auto):
             spec = dict(rule.spec)

@@ -53,6 +53,7 @@ class Daemon:
         self.captures = Captures(self.spool, self.reactor, cfg.pipeline_workers, self.on_processed)
         self.agents = AgentHandler(self)
         self.control = ControlHandler(self)
+        self.control.check_auto_rules()
         self.uploads: Any = None  # set by the S3 layer when configured
         self.orphans: dict[tuple[str, int], float] = {}
         self.ctx: Any = zmq.Context.instance()
