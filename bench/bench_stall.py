@@ -1,0 +1,201 @@
+"""Training stall at capture end: profd's client versus torch.profiler + gzip trace handler.
+
+Both capture the same steps (1 warm-up + 2 recorded) of the same loop with the same options
+(CPU activity, record_shapes, with_stack), in the same process, alternating which goes
+first. profd: the real training-thread path, a :class:`profd_client.steps.Stepper` with an
+armed plan (what the agent thread posts on ARM); the stall is the wall time of the
+``tick()`` that ends the capture (stops the profiler and writes the raw trace into the
+spool; gzip and the rest happen in the daemon). Baseline: ``torch.profiler.profile`` with
+``on_trace_ready=tensorboard_trace_handler(dir, use_gzip=True)``; the stall is the wall time
+of the ``prof.step()`` that ends the active window (it stops, exports and gzips) plus the
+following ``prof.stop()``. Small and large (tens of MB) traces: many small ops per step.
+
+Target: profd stall <= 0.6x the baseline's.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib as B  # noqa: E402
+
+OPTIONS = {"activities": ["cpu"], "record_shapes": True, "with_stack": True}
+WARMUP, ACTIVE = 1, 2
+
+
+def dir_bytes(d: Path) -> int:
+    return sum(p.stat().st_size for p in d.rglob("*") if p.is_file())
+
+
+def make_work(n_ops: int) -> Any:
+    import torch
+
+    x0 = torch.randn(8, 8)
+
+    def work() -> None:
+        x = x0
+        for _ in range(n_ops):
+            x = x * 1.0001 + 0.5
+
+    return work
+
+
+def run_profd(work: Any, tmp: Path) -> dict[str, Any]:
+    from profd_client.steps import Plan, Stepper
+
+    st = Stepper("main-r0", notify=lambda: None)
+    for _ in range(3):
+        work()
+        st.tick()
+    c = st.count
+    w, a = c + 2, c + 2 + WARMUP
+    plan = Plan(
+        session="bench", job="bench-stall", backend="torch", cycles=[(w, a, a + ACTIVE)],
+        options=dict(OPTIONS), incoming=tmp,
+    )
+    st.post("arm", plan)
+    ticks = []
+    gc.collect()
+    for _ in range(1 + WARMUP + ACTIVE + 1):
+        work()
+        t0 = time.perf_counter()
+        st.tick()
+        ticks.append((time.perf_counter() - t0) * 1000)
+    reports = [m for m in st.outbox if m["t"] == "captured"]
+    assert reports and not reports[0]["error"], reports
+    rep = reports[0]
+    assert rep["steps"] == list(range(a, a + ACTIVE)), rep["steps"]
+    # The tick that closes the window is the one that stopped the profiler and wrote the file.
+    end_tick = ticks[1 + WARMUP + ACTIVE - 1]
+    return {
+        "stall_ms": end_tick,
+        "client_reported_stall_ms": rep["stall_ms"],
+        "bytes": dir_bytes(tmp),
+        "file": "raw .pt.trace.json (gzip happens in the daemon)",
+        "other_ticks_ms": [round(t, 3) for i, t in enumerate(ticks) if i != 1 + WARMUP + ACTIVE - 1],
+    }
+
+
+def run_torch(work: Any, tmp: Path) -> dict[str, Any]:
+    import torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    prof = profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=schedule(wait=0, warmup=WARMUP, active=ACTIVE, repeat=1),
+        on_trace_ready=tensorboard_trace_handler(str(tmp), use_gzip=True),
+        record_shapes=True,
+        with_stack=True,
+    )
+    del torch
+    gc.collect()
+    prof.start()
+    steps = []
+    for _ in range(WARMUP + ACTIVE):
+        work()
+        t0 = time.perf_counter()
+        prof.step()
+        steps.append((time.perf_counter() - t0) * 1000)
+    t0 = time.perf_counter()
+    prof.stop()
+    stop_ms = (time.perf_counter() - t0) * 1000
+    files = list(tmp.glob("*.pt.trace.json.gz"))
+    assert len(files) == 1, files
+    return {
+        "stall_ms": steps[-1] + stop_ms,
+        "bytes": dir_bytes(tmp),
+        "file": "gzipped .pt.trace.json.gz",
+        "other_steps_ms": [round(t, 3) for t in steps[:-1]],
+    }
+
+
+def raw_size(work: Any) -> int:
+    """Size of the uncompressed trace for these steps (what profd writes)."""
+    return 0
+
+
+def main() -> None:
+    args = B.parser(__doc__).parse_args()
+    started = time.monotonic()
+    import torch
+
+    torch.set_num_threads(1)
+    quick = args.quick
+    sizes = (
+        {"small": (20, 2), "large": (1500, 1)}
+        if quick
+        else {"small": (100, 7), "large": (12000, 3)}
+    )  # ops per step (2 torch ops each), repetitions
+    base = Path(tempfile.mkdtemp(prefix="profd-bench-stall-"))
+    res: dict[str, dict[str, list[dict[str, Any]]]] = {}
+    try:
+        for name, (n_ops, reps) in sizes.items():
+            work = make_work(n_ops)
+            for _ in range(3):
+                work()
+            res[name] = {"profd": [], "torch": []}
+            for r in range(reps):
+                order = ("profd", "torch") if r % 2 == 0 else ("torch", "profd")
+                for v in order:
+                    tmp = base / f"{name}-{v}-{r}"
+                    tmp.mkdir()
+                    fn = run_profd if v == "profd" else run_torch
+                    res[name][v].append(fn(work, tmp))
+                    shutil.rmtree(tmp, ignore_errors=True)
+            print(
+                f"{name}: profd {[round(x['stall_ms']) for x in res[name]['profd']]} ms, "
+                f"torch {[round(x['stall_ms']) for x in res[name]['torch']]} ms",
+                file=sys.stderr,
+            )
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    rows = []
+    details: dict[str, Any] = {}
+    for name, (n_ops, reps) in sizes.items():
+        p = [x["stall_ms"] for x in res[name]["profd"]]
+        t = [x["stall_ms"] for x in res[name]["torch"]]
+        ps, ts = B.summary(p, 1), B.summary(t, 1)
+        pb = B.pct([x["bytes"] for x in res[name]["profd"]], 50)
+        tb = B.pct([x["bytes"] for x in res[name]["torch"]], 50)
+        rows.append(
+            B.row(
+                f"stall at capture end, {name} trace ({pb / 1e6:.1f} MB raw)",
+                "<= 0.6x baseline",
+                ps["p50"],
+                "ms",
+                baseline=ts["p50"],
+                baseline_what=f"torch.profiler+gzip handler, {tb / 1e6:.1f} MB gz",
+                met=ps["p50"] <= 0.6 * ts["p50"],
+                spread=f"profd {ps['min']}..{ps['max']}, torch {ts['min']}..{ts['max']} ms",
+            )
+        )
+        details[name] = {
+            "ops_per_step": 2 * n_ops,
+            "repetitions": reps,
+            "profd_stall_ms": ps,
+            "torch_stall_ms": ts,
+            "profd_raw_bytes_p50": pb,
+            "torch_gz_bytes_p50": tb,
+            "runs": res[name],
+        }
+    params = {
+        "options": OPTIONS,
+        "warmup": WARMUP,
+        "active": ACTIVE,
+        "sizes_ops_reps": sizes,
+        "threads": 1,
+        "tmp_fs": os.statvfs(tempfile.gettempdir()).f_bsize,
+    }
+    B.write_result("stall", args.out, quick, params, rows, details, started)
+
+
+if __name__ == "__main__":
+    main()
