@@ -376,6 +376,15 @@ class Index:
             args.append(session)
         return self.db.execute(sql, args).rowcount
 
+    def uploading(self) -> list[dict[str, Any]]:
+        """Rows a worker held: at start-up, the uploads a dead daemon was in the middle of."""
+        return [
+            dict(r)
+            for r in self.db.execute(
+                "SELECT id, rel FROM files WHERE upload_state = 'uploading' AND deleted = 0"
+            )
+        ]
+
     def next_upload_due(self, now: float) -> float | None:
         """When the earliest backed-off upload becomes due (None if nothing waits on a timer)."""
         r = self.db.execute(

@@ -62,11 +62,14 @@ class Uploads:
         self._checked_at: float | None = None
         self._cred_source: str | None = None
         self._active = 0
+        #: Files a killed daemon was uploading: their multipart uploads may still be open.
+        self._interrupted: set[int] = set()
         s3.quiet_sdk_logs()
 
     # --- lifecycle (event loop thread) ---------------------------------------------------------
     def start(self) -> None:
         idx = self._index()
+        self._interrupted = {r["id"] for r in idx.uploading()}
         n = idx.requeue(include_failed=True)
         if n:
             log.info("requeued %d upload(s) left unfinished or failed by an earlier run", n)
@@ -223,7 +226,7 @@ class Uploads:
             client = self._client()
             if not path.is_file():
                 raise LocalFileMissing(f"local file {path} is missing")
-            if attempt > 1:
+            if row["id"] in self._interrupted:
                 aborted = s3.abort_stale(client, self.bucket, key)
                 if aborted:
                     log.info("aborted %d unfinished multipart upload(s) of %s", aborted, key)
@@ -255,6 +258,7 @@ class Uploads:
             )
         else:
             idx.upload_done(row["id"], s3.uri(self.bucket, key))
+            self._interrupted.discard(row["id"])
             self._health(True, None)
             log.debug(
                 "uploaded %s (%d bytes, verified %s) in %.2fs",
