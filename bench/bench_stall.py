@@ -117,11 +117,6 @@ def run_torch(work: Any, tmp: Path) -> dict[str, Any]:
     }
 
 
-def raw_size(work: Any) -> int:
-    """Size of the uncompressed trace for these steps (what profd writes)."""
-    return 0
-
-
 def main() -> None:
     args = B.parser(__doc__).parse_args()
     started = time.monotonic()
@@ -132,7 +127,7 @@ def main() -> None:
     sizes = (
         {"small": (20, 2), "large": (1500, 1)}
         if quick
-        else {"small": (100, 7), "large": (12000, 3)}
+        else {"small": (100, 7), "large": (5000, 3)}
     )  # ops per step (2 torch ops each), repetitions
     base = Path(tempfile.mkdtemp(prefix="profd-bench-stall-"))
     res: dict[str, dict[str, list[dict[str, Any]]]] = {}

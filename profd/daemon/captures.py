@@ -58,7 +58,7 @@ class Captures:
         spool: Path,
         reactor: Reactor,
         workers: int,
-        on_done: Callable[[Job, ProcessedTrace | None, str | None], None],
+        on_done: Callable[[Job, ProcessedTrace | None, str | None, bool], None],
     ) -> None:
         self.spool = spool
         self.reactor = reactor
@@ -124,16 +124,18 @@ class Captures:
         try:
             res = fut.result()
         except PipelineError as exc:
-            self.on_done(j, None, f"pipeline: {exc}")
+            self.on_done(j, None, f"pipeline: {exc}", False)
             return
         except Exception as exc:
-            log.error("pipeline crashed on %s: %r", j.key, exc)
-            self.on_done(j, None, f"pipeline error: {type(exc).__name__}: {exc}")
+            # A full disk or a killed worker: the raw trace is still in place, so the next
+            # daemon start tries again (the inbox row stays open).
+            log.error("pipeline failed on %s: %r", j.key, exc)
+            self.on_done(j, None, f"pipeline error: {type(exc).__name__}: {exc}", True)
             return
-        self.on_done(j, res, None)
+        self.on_done(j, res, None, False)
 
     def _fail(self, j: Job, error: str) -> None:
-        self.on_done(j, None, error)
+        self.on_done(j, None, error, False)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=True, cancel_futures=False)

@@ -199,12 +199,15 @@ class Daemon:
                 continue
             c.cpu, c.rss, c.gpu_util, c.gpu_mem = s.cpu, s.rss, s.gpu_util, s.gpu_mem
 
-    def on_processed(self, j: Job, res: ProcessedTrace | None, error: str | None) -> None:
+    def on_processed(
+        self, j: Job, res: ProcessedTrace | None, error: str | None, retryable: bool
+    ) -> None:
         s = self.sessions.get(j.session)
         t = s.targets.get((j.host, j.pid)) if s is not None else None
         if res is not None:
             self.index_trace(j, res)
-        self.index.inbox_done(j.key)
+        if not retryable:
+            self.index.inbox_done(j.key)
         if s is None or t is None:
             return
         t.outstanding = max(0, t.outstanding - 1)
@@ -284,6 +287,7 @@ class Daemon:
         manifest = self.sessions.save(s, *targets)
         if manifest is not None:
             log.info("session %s %s", s.id, s.state)
+            _remove_empty_tree(self.captures.incoming_dir(s.job, s.id))
             self.index.add_file(
                 {
                     "session": s.id,
@@ -312,3 +316,19 @@ class Daemon:
             t.error = t.error or why
             t.settle()
             self.save(s, t)
+
+
+def _remove_empty_tree(root: Path) -> None:
+    """Drop a session's emptied ``.incoming`` dirs; anything still holding a file stays."""
+    if not root.is_dir():
+        return
+    for d in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+        try:
+            d.rmdir()
+        except OSError:
+            pass
+    for d in (root, root.parent):
+        try:
+            d.rmdir()
+        except OSError:
+            return

@@ -1,0 +1,205 @@
+"""Daemon cost with many attached clients: CPU%, RSS and ``profctl ps`` latency.
+
+A real daemon (1 s heartbeats); first idle (0 clients), then with N simulated clients
+(bench/simclients.py: real Agent + Stepper code, 1 Hz heartbeats, 10 steps/s) in a few
+worker processes. CPU% of one core = (user+system CPU time of the daemon process, children
+included) / wall time, over the whole window and per 1 s slice; RSS sampled every second
+(daemon plus children). ``profctl ps`` latency: the full ``profctl --json ps`` command as a
+user runs it (a new Python process each time), and the raw control request round trip on
+one connection. The simulated clients run on the same machine and compete for its cores.
+
+Targets at 1024 clients: <= 5% of one core, <= 150 MB RSS, ``profctl ps`` <= 100 ms.
+Baseline: dynolog cannot list attached processes at all, so ps is compared with the same
+daemon idle (0 clients).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib as B  # noqa: E402
+
+
+def proc_tree(pid: int) -> list[psutil.Process]:
+    p = psutil.Process(pid)
+    return [p, *p.children(recursive=True)]
+
+
+def cpu_s(procs: list[psutil.Process]) -> float:
+    total = 0.0
+    for p in procs:
+        try:
+            t = p.cpu_times()
+            total += t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def rss(procs: list[psutil.Process]) -> int:
+    total = 0
+    for p in procs:
+        try:
+            total += p.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def sample(pid: int, window: float, extra_pids: list[int] | None = None) -> dict[str, Any]:
+    procs = proc_tree(pid)
+    extra = [psutil.Process(p) for p in extra_pids or []]
+    t0, c0, e0 = time.monotonic(), cpu_s(procs), cpu_s(extra)
+    slices, rss_s = [], [rss(procs)]
+    last_t, last_c = t0, c0
+    while time.monotonic() - t0 < window:
+        time.sleep(1.0)
+        procs = proc_tree(pid)
+        now, c = time.monotonic(), cpu_s(procs)
+        slices.append((c - last_c) / (now - last_t) * 100)
+        rss_s.append(rss(procs))
+        last_t, last_c = now, c
+    wall = time.monotonic() - t0
+    return {
+        "window_s": round(wall, 1),
+        "cpu_percent_of_one_core": round((last_c - c0) / wall * 100, 3),
+        "cpu_percent_per_1s": B.summary(slices, 2),
+        "rss_mb": B.summary([r / 1e6 for r in rss_s], 1),
+        "clients_cpu_percent": round((cpu_s(extra) - e0) / wall * 100, 1) if extra else None,
+        "loadavg": [round(x, 2) for x in psutil.getloadavg()],
+    }
+
+
+def ps_latency(d: B.Daemon, cli_runs: int, raw_runs: int) -> dict[str, Any]:
+    cli = []
+    n_rows = None
+    for _ in range(cli_runs):
+        t0 = time.perf_counter()
+        r = d.ctl("--json", "ps")
+        cli.append((time.perf_counter() - t0) * 1000)
+        assert r.returncode == 0, r.stderr
+        n_rows = r.stdout.count('"pid"')
+    raw = []
+    d.request("ps")
+    for _ in range(raw_runs):
+        t0 = time.perf_counter()
+        rows = d.request("ps")
+        raw.append((time.perf_counter() - t0) * 1000)
+    return {
+        "rows": len(rows),
+        "cli_rows": n_rows,
+        "cli_ms": B.summary(cli, 1),
+        "raw_request_ms": B.summary(raw, 2),
+    }
+
+
+def python_floor(runs: int) -> dict[str, Any]:
+    """Interpreter start + profctl's imports: the floor under any Python CLI's latency."""
+    out = {}
+    for name, code in (("python -c pass", "pass"), ("import profctl modules",
+                       "import profd.ctl.main")):
+        ts = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            subprocess.run([sys.executable, "-c", code], check=True)
+            ts.append((time.perf_counter() - t0) * 1000)
+        out[name] = B.summary(ts, 1)
+    return out
+
+
+def main() -> None:
+    ap = B.parser(__doc__)
+    ap.add_argument("--clients", type=int, default=None)
+    args = ap.parse_args()
+    started = time.monotonic()
+    quick = args.quick
+    n = args.clients or (64 if quick else 1024)
+    window = 4.0 if quick else 30.0
+    cli_runs, raw_runs = (3, 20) if quick else (20, 200)
+    d = B.Daemon(heartbeat=1.0).start()
+    fleet = None
+    try:
+        time.sleep(1.0)
+        idle = sample(d.pid, window / 2 if not quick else 2.0)
+        idle_ps = ps_latency(d, cli_runs, raw_runs)
+        fleet = B.SimFleet(d, n, 4, job="bench-daemon", hb=1.0, rate=10.0)
+        fleet.wait_connected(300)
+        B.wait_for(lambda: d.request("status")["clients"] >= n, 120, "daemon to see clients")
+        time.sleep(3.0)
+        busy = sample(d.pid, window, extra_pids=[w.pid for w in fleet.workers])
+        assert d.request("status")["clients"] >= n
+        busy_ps = ps_latency(d, cli_runs, raw_runs)
+        floor = python_floor(cli_runs)
+    except BaseException:
+        print(d.log_tail(), file=sys.stderr)
+        raise
+    finally:
+        if fleet is not None:
+            fleet.close()
+        d.stop()
+    rows = [
+        B.row(
+            f"daemon CPU, {n} clients @1 Hz heartbeats",
+            "<= 5% of one core",
+            busy["cpu_percent_of_one_core"],
+            "% core",
+            baseline=idle["cpu_percent_of_one_core"],
+            baseline_what="same daemon, 0 clients",
+            ratio=None,
+            met=busy["cpu_percent_of_one_core"] <= 5.0 if n >= 1024 else None,
+            spread=f"per-1s p10..p90 {busy['cpu_percent_per_1s']['p10']}.."
+            f"{busy['cpu_percent_per_1s']['p90']}",
+        ),
+        B.row(
+            f"daemon RSS, {n} clients",
+            "<= 150 MB",
+            busy["rss_mb"]["max"],
+            "MB",
+            baseline=idle["rss_mb"]["max"],
+            baseline_what="0 clients",
+            met=busy["rss_mb"]["max"] <= 150 if n >= 1024 else None,
+            spread="max of 1 s samples",
+        ),
+        B.row(
+            f"profctl --json ps wall, {n} clients (p50)",
+            "<= 100 ms",
+            busy_ps["cli_ms"]["p50"],
+            "ms",
+            baseline=idle_ps["cli_ms"]["p50"],
+            baseline_what="0 clients",
+            met=busy_ps["cli_ms"]["p50"] <= 100 if n >= 1024 else None,
+            spread=f"p99 {busy_ps['cli_ms']['p99']} ms; python+imports floor "
+            f"{floor['import profctl modules']['p50']} ms",
+        ),
+        B.row(
+            f"ps control request round trip, {n} clients (p50)",
+            "(part of ps <= 100 ms)",
+            busy_ps["raw_request_ms"]["p50"],
+            "ms",
+            baseline=idle_ps["raw_request_ms"]["p50"],
+            baseline_what="0 clients",
+            spread=f"p99 {busy_ps['raw_request_ms']['p99']} ms",
+        ),
+    ]
+    details = {
+        "clients": n,
+        "idle": idle,
+        "busy": busy,
+        "ps_idle": idle_ps,
+        "ps_busy": busy_ps,
+        "python_floor_ms": floor,
+        "baseline": "dynolog has no way to list attached processes; compared with 0 clients",
+    }
+    params = {"clients": n, "window_s": window, "cli_runs": cli_runs, "raw_runs": raw_runs}
+    B.write_result("daemon", args.out, quick, params, rows, details, started)
+
+
+if __name__ == "__main__":
+    main()
