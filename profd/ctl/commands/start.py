@@ -61,18 +61,8 @@ def start(env: Env, /, **kw: Any) -> None:
         "backend": kw["backend"],
         "options": {
             "activities": [a.strip() for a in kw["activities"].split(",") if a.strip()],
-            **{
-                k: True
-                for k in (
-                    "record_shapes",
-                    "profile_memory",
-                    "with_stack",
-                    "with_flops",
-                    "with_modules",
-                    "memory_snapshot",
-                )
-                if kw[k]
-            },
+            # Each boolean option has a flag of the same name (--record-shapes ...).
+            **{k: True for k in sorted(P.BOOL_OPTIONS) if kw[k]},
         },
     }
     spec = {k: v for k, v in spec.items() if v is not None}
