@@ -104,6 +104,8 @@ class TorchCapture:
         self.prof.step_num = self.warmup_start
         # profile() evaluated the schedule at step 0, before step_num was moved; left alone, a
         # capture without warm-up would spend its first step in WARMUP and record nothing of it.
+        self.prof.current_action = schedule(self.warmup_start)
+        self.prof._prev_schedule_action = self.prof.current_action
         if self.options.get("memory_snapshot"):
             if torch.cuda.is_available():
                 torch.cuda.memory._record_memory_history(max_entries=100_000)

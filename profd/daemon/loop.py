@@ -15,6 +15,7 @@ from types import FrameType
 from typing import Any
 
 import zmq
+
 from profd_client import protocol as P
 
 from .. import __version__

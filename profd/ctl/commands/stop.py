@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import click
+
 from profd_client import protocol as P
 
 from ..main import Env, command
 from ..render import emit_json
+
+
+def _end(env: Env, request: str, session: str, verb: str) -> None:
+    res = env.conn.request(request, session=session)
+    emit_json(res) if env.json else click.echo(f"session {res['session']}: {verb}")
 
 
 @click.command()
@@ -15,8 +21,7 @@ from ..render import emit_json
 @command
 def stop(env: Env, session: str) -> None:
     """Stop SESSION now; a capture in progress is kept and processed."""
-    res = env.conn.request(P.C_STOP, session=session)
-    emit_json(res) if env.json else click.echo(f"session {res['session']}: stopping")
+    _end(env, P.C_STOP, session, "stopping")
 
 
 @click.command()
@@ -25,5 +30,4 @@ def stop(env: Env, session: str) -> None:
 @command
 def cancel(env: Env, session: str) -> None:
     """Cancel SESSION; a capture in progress is discarded."""
-    res = env.conn.request(P.C_CANCEL, session=session)
-    emit_json(res) if env.json else click.echo(f"session {res['session']}: cancelling")
+    _end(env, P.C_CANCEL, session, "cancelling")
