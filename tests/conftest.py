@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -167,9 +168,20 @@ class Job:
             raise
 
     def kill(self) -> None:
+        # torchrun starts its workers in sessions of their own, so killing the launcher's
+        # process group would orphan them: kill the whole tree.
+        try:
+            tree = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.wait()
 
     def output(self) -> str:
         return self.out.read_text(errors="replace")

@@ -21,13 +21,13 @@ import logging
 import os
 import sys
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+# None of these import zmq or torch; importing them here keeps attach() itself cheap.
+from .agent import Agent
 from .identity import Identity, detect
-
-if TYPE_CHECKING:
-    from .agent import Agent
-    from .steps import Stepper
+from .ranks import RankSpecError, parse_ranks
+from .steps import Stepper
 
 __all__ = ["attach", "current_step", "detach", "identity", "is_attached", "region", "step"]
 __version__ = "0.1.0"
@@ -75,12 +75,6 @@ def attach(
     if step not in ("optimizer", "manual"):
         raise ValueError(f"step must be 'optimizer' or 'manual', not {step!r}")
     try:
-        # Imported here so ``import profd_client`` (and profctl, which shares the protocol
-        # module) stays cheap; attach() is called once.
-        from .agent import Agent
-        from .ranks import RankSpecError, parse_ranks
-        from .steps import Stepper
-
         ident = detect(job=job, role=role, rank=rank, world_size=world_size)
         allowed = True
         ranks_env = os.environ.get("PROFD_RANKS")

@@ -8,7 +8,9 @@ daemon.
 
 from __future__ import annotations
 
+import gc
 import os
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -124,6 +126,7 @@ class TorchCapture:
         files: list[dict[str, str]] = []
         error = None
         try:
+            _end_enclosing_optimizer_scope()
             self.prof.stop()
             os.makedirs(self.out_dir, exist_ok=True)
             trace = self.out_dir / f"{self.stem}.pt.trace.json"
@@ -151,6 +154,7 @@ class TorchCapture:
 
     def abandon(self) -> None:
         try:
+            _end_enclosing_optimizer_scope()
             self.prof.stop()
         except Exception:
             pass
@@ -161,3 +165,40 @@ class TorchCapture:
                 torch.cuda.memory._record_memory_history(enabled=None)
             except Exception:
                 pass
+
+
+def _end_enclosing_optimizer_scope() -> None:
+    """End the ``Optimizer.step#...`` record_function we may be running inside.
+
+    Step boundaries come from the global optimizer post-hook, which torch calls inside the
+    ``record_function("Optimizer.step#...")`` of that step. That range was opened while the
+    profiler was recording; stopping the profiler before it closes and closing it afterwards
+    corrupts the heap (seen as segfaults in later gc runs). Ending the range here, while the
+    profiler still runs, and making its ``__exit__`` a no-op avoids that; the trace shows the
+    optimizer step ending where the capture stops. The gc scan runs only when the stack really
+    is inside an optimizer step, once per capture.
+    """
+    f = sys._getframe(1)
+    while f is not None:
+        code = f.f_code
+        if code.co_name == "wrapper" and code.co_filename.endswith(_OPTIMIZER_FILE):
+            break
+        f = f.f_back  # type: ignore[assignment]
+    else:
+        return
+    import torch
+    from torch.autograd.profiler import record_function
+
+    for obj in gc.get_referrers(record_function):
+        if (
+            isinstance(obj, record_function)
+            and obj.name.startswith("Optimizer.step#")
+            and obj.run_callbacks_on_exit
+            and obj.record is not None
+        ):
+            obj.run_callbacks_on_exit = False
+            with torch._C.DisableTorchFunctionSubclass():
+                torch.ops.profiler._record_function_exit._RecordFunction(obj.record)
+
+
+_OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")
