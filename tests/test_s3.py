@@ -8,14 +8,19 @@ it really was interrupted.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import os
 import shutil
+import signal
 import sqlite3
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import pytest
 from conftest import Daemon, wait_for
 from s3fixtures import ACCESS_KEY, BUCKET, SECRET_KEY, MotoServer, moto_server
 
@@ -25,6 +30,30 @@ PREFIX = "cluster-a/profiles"
 URL = f"s3://{BUCKET}/{PREFIX}"
 WAIT = 120.0
 MB = 1 << 20
+#: Long enough for any test, finite so a job that escapes ``reap`` still ends (~10 min).
+LONG_JOB_STEPS = "30000"
+
+
+@pytest.fixture
+def reap() -> Iterator[list[int]]:
+    """Worker pids to kill at the end. torchrun's workers run in their own sessions, so
+    killing torchrun's process group leaves them running; these jobs never end by
+    themselves, because a test needs them alive across daemon restarts."""
+    pids: list[int] = []
+    yield pids
+    for pid in pids:
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"tests/jobs/" in cmd:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def attached(d: Daemon, n: int, reap: list[int], min_step: int = 1) -> None:
+    rows = d.wait_attached(n, timeout=WAIT, min_step=min_step)
+    reap.extend(r["pid"] for r in rows)
 
 
 def s3_config(extra: str = "") -> str:
@@ -91,11 +120,11 @@ def assert_no_credentials(text: str) -> None:
 
 # --- tests -------------------------------------------------------------------------------------
 def test_capture_lands_in_s3_and_pulls_back(
-    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, tmp_path: Path
+    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, tmp_path: Path, reap: list[int]
 ) -> None:
     d = daemon_factory(config=s3_config(), **moto_server.env())
-    torchrun("train.py", nproc=2, daemon=d, STEPS="100000")
-    d.wait_attached(2, timeout=WAIT, min_step=1)
+    torchrun("train.py", nproc=2, daemon=d, STEPS=LONG_JOB_STEPS)
+    attached(d, 2, reap)
     res = capture(d)
     sid, job = res["session"], res["job"]
     files = wait_uploaded(d, sid)
@@ -129,6 +158,8 @@ def test_capture_lands_in_s3_and_pulls_back(
     assert st["s3"]["url"] == URL
     assert st["queue"]["queued"] == 0 and st["queue"]["failed"] == 0
     wait_for(lambda: status(d)["s3"]["reachable"] is True, 60, "S3 reachable in status")
+    human = d.ctl("status")
+    assert human.returncode == 0 and f"{URL}  reachable" in human.stdout
 
     # pull from the spool, then from S3 once the local copy is gone.
     out = tmp_path / "pull-spool"
@@ -169,10 +200,12 @@ def test_capture_lands_in_s3_and_pulls_back(
     assert_no_credentials(d.log.read_text(errors="replace"))
 
 
-def test_outage_then_quota(daemon_factory: Any, torchrun: Any, moto_server: MotoServer) -> None:
+def test_outage_then_quota(
+    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, reap: list[int]
+) -> None:
     d = daemon_factory(config=s3_config(), **moto_server.env())
-    torchrun("train.py", nproc=2, daemon=d, STEPS="100000")
-    d.wait_attached(2, timeout=WAIT, min_step=1)
+    torchrun("train.py", nproc=2, daemon=d, STEPS=LONG_JOB_STEPS)
+    attached(d, 2, reap)
     sids = []
     for _ in range(2):
         sids.append(capture(d)["session"])
@@ -207,6 +240,7 @@ def test_outage_then_quota(daemon_factory: Any, torchrun: Any, moto_server: Moto
     moto_server.stop()
     e = capture(d)["session"]
     size = {s: sum(f["bytes"] for f in files_of(d, s)) for s in (a, b, c, e)}
+    assert d.ctl_json("retry", e[:-2])["requeued"] >= 0  # short ids resolve; nothing breaks
     assert all(f["upload_state"] != "uploaded" for f in files_of(d, e))
 
     def on_disk(s: str) -> list[bool]:
@@ -248,13 +282,13 @@ def test_outage_then_quota(daemon_factory: Any, torchrun: Any, moto_server: Moto
 
 
 def test_multipart_upload_survives_sigkill(
-    daemon_factory: Any, torchrun: Any, moto_server: MotoServer
+    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, reap: list[int]
 ) -> None:
     part = 5 * MB
     multipart = 'multipart_threshold = "5MB"\nmultipart_chunksize = "5MB"\nworkers = 1\n'
     d = daemon_factory(config=s3_config(multipart + 'max_bandwidth = "2MB"'), **moto_server.env())
-    torchrun("bigtrace.py", nproc=1, daemon=d, BIG_EVENTS="6000")
-    d.wait_attached(1, timeout=WAIT, min_step=1)
+    torchrun("bigtrace.py", nproc=1, daemon=d, BIG_EVENTS="6000", STEP_SLEEP="0.1", STEPS="5000")
+    attached(d, 1, reap, min_step=3)
     res = d.ctl_json("start", "--active", "3", "--wait", timeout=WAIT)
     assert res["state"] == "done", res
     sid, job = res["session"], res["job"]

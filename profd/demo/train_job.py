@@ -3,9 +3,10 @@
 import os
 import time
 
-import profd_client
 import torch
 import torch.distributed as dist
+
+import profd_client
 
 profd_client.attach(role=os.environ.get("DEMO_ROLE", "trainer"))
 

@@ -12,6 +12,7 @@ import hashlib
 import logging
 import re
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -181,11 +182,21 @@ def transfer_manager(client: Any, cfg: S3Config, concurrency: int = 10) -> Any:
     return TransferManager(client, transfer_config(cfg, concurrency))
 
 
-def upload(manager: Any, cfg: S3Config, path: Path, bucket: str, key: str) -> None:
+def upload(
+    manager: Any,
+    cfg: S3Config,
+    path: Path,
+    bucket: str,
+    key: str,
+    started: Callable[[Any], None] | None = None,
+) -> None:
     """One managed transfer: multipart above the threshold. The object appears only when the
     last request (PutObject or CompleteMultipartUpload) succeeds, never half-written; a
-    failed or cancelled multipart upload is aborted by s3transfer."""
+    failed or cancelled multipart upload is aborted by s3transfer. ``started`` gets the
+    transfer future, whose ``cancel()`` interrupts it."""
     future = manager.upload(str(path), bucket, key, extra_args=extra_args(cfg, path) or None)
+    if started is not None:
+        started(future)
     future.result()
 
 

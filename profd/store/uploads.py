@@ -55,6 +55,7 @@ class Uploads:
         self._client_lock = threading.Lock()
         self._client_obj: Any = None
         self._manager: Any = None
+        self._inflight: set[Any] = set()
         self._prune_lock = threading.Lock()
         self._health_lock = threading.Lock()
         self._reachable: bool | None = None
@@ -94,17 +95,26 @@ class Uploads:
         # rows go back to the queue and the next daemon uploads them again.
         with self._client_lock:
             manager = self._manager
-        if manager is not None:
+            inflight = list(self._inflight)
+        # TransferManager.shutdown(cancel=True) is broken in some s3transfer releases (it
+        # passes its arguments in the wrong order), so cancel each transfer ourselves.
+        for future in inflight:
             try:
-                manager.shutdown(cancel=True, cancel_msg="profd is shutting down")
+                future.cancel()
             except Exception as exc:
-                log.debug("transfer manager shutdown: %s", s3.describe(exc))
+                log.debug("cancelling an upload: %s", s3.describe(exc))
+        if manager is not None:
+            threading.Thread(target=manager.shutdown, name="profd-s3-shutdown", daemon=True).start()
         deadline = time.monotonic() + STOP_JOIN_S
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
         busy = [t.name for t in self._threads if t.is_alive()]
         if busy:
-            log.info("left %d upload(s) in flight; they restart with the next daemon", len(busy))
+            log.info(
+                "%d upload thread(s) still busy at shutdown; unfinished uploads restart with"
+                " the next daemon",
+                len(busy),
+            )
 
     def kick(self) -> None:
         with self._cv:
@@ -230,7 +240,7 @@ class Uploads:
                 aborted = s3.abort_stale(client, self.bucket, key)
                 if aborted:
                     log.info("aborted %d unfinished multipart upload(s) of %s", aborted, key)
-            s3.upload(self._manager, self.s3cfg, path, self.bucket, key)
+            s3.upload(self._manager, self.s3cfg, path, self.bucket, key, self._started)
             checked = s3.verify(client, self.s3cfg, path, self.bucket, key)
         except Exception as exc:
             if self._stopping.is_set():
@@ -270,10 +280,21 @@ class Uploads:
             if row["kind"] == "session":
                 log.info("session %s complete in %s", row["session"], s3.uri(self.bucket, key))
         finally:
+            with self._client_lock:
+                self._drop_done()
             with self._health_lock:
                 self._active -= 1
             # A finished file may unblock its session.json for another worker.
             self.kick()
+
+    def _started(self, future: Any) -> None:
+        with self._client_lock:
+            self._inflight.add(future)
+            if self._stopping.is_set():
+                future.cancel()  # stop() ran between claim and submit
+
+    def _drop_done(self) -> None:
+        self._inflight = {f for f in self._inflight if not f.done()}
 
     # --- reachability ----------------------------------------------------------------------------
     def _health(self, reachable: bool | None, error: str | None) -> None:

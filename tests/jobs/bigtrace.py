@@ -10,9 +10,10 @@ import base64
 import os
 import time
 
-import profd_client
 import torch
 import torch.distributed as dist
+
+import profd_client
 
 profd_client.attach()
 dist.init_process_group("gloo")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import click
+
 from profd_client import protocol as P
 
 from ..main import Env, command

@@ -17,6 +17,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import click
+
 from profd_client import protocol as P
 
 from ...store import s3

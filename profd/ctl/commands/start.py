@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import click
+
 from profd_client import protocol as P
 
 from ..main import Env, command

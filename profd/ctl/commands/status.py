@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import click
+
 from profd_client import protocol as P
 
 from ..main import Env, command

@@ -6,6 +6,7 @@ import time
 from typing import Any
 
 import click
+
 from profd_client import protocol as P
 
 from ..errors import CtlError
