@@ -10,6 +10,7 @@ import msgpack
 import pytest
 import zmq
 from conftest import Daemon
+
 from profd_client import protocol as P
 
 HELLO = {

@@ -8,7 +8,6 @@ daemon.
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 import time
@@ -104,10 +103,6 @@ class TorchCapture:
         )
         # ProfilerStep#N markers carry the global step number of the step about to run.
         self.prof.step_num = self.warmup_start
-        # profile() evaluated the schedule at step 0, before step_num was moved; left alone, a
-        # capture without warm-up would spend its first step in WARMUP and record nothing of it.
-        self.prof.current_action = schedule(self.warmup_start)
-        self.prof._prev_schedule_action = self.prof.current_action
         if self.options.get("memory_snapshot"):
             if torch.cuda.is_available():
                 torch.cuda.memory._record_memory_history(max_entries=100_000)
@@ -115,6 +110,7 @@ class TorchCapture:
             else:
                 self.notes.append("memory snapshot needs CUDA; none on this process")
         self.started_at = time.time()
+        _scopes.install()
         self.prof.start()
 
     def step(self) -> None:
@@ -126,8 +122,9 @@ class TorchCapture:
         files: list[dict[str, str]] = []
         error = None
         try:
-            _end_enclosing_optimizer_scope()
+            _scopes.end_enclosing()
             self.prof.stop()
+            _scopes.uninstall()
             os.makedirs(self.out_dir, exist_ok=True)
             trace = self.out_dir / f"{self.stem}.pt.trace.json"
             self.prof.export_chrome_trace(str(trace))
@@ -141,6 +138,8 @@ class TorchCapture:
                 files.append({"kind": "memory", "path": str(snap)})
         except Exception as exc:  # a failed export must not reach training code
             error = f"export failed: {type(exc).__name__}: {exc}"
+        finally:
+            _scopes.uninstall()
         stall_ms = (time.perf_counter() - t0) * 1000.0
         return CaptureResult(
             files=files,
@@ -154,10 +153,11 @@ class TorchCapture:
 
     def abandon(self) -> None:
         try:
-            _end_enclosing_optimizer_scope()
+            _scopes.end_enclosing()
             self.prof.stop()
         except Exception:
             pass
+        _scopes.uninstall()
         if self.snapshot:
             try:
                 import torch
@@ -167,38 +167,68 @@ class TorchCapture:
                 pass
 
 
-def _end_enclosing_optimizer_scope() -> None:
-    """End the ``Optimizer.step#...`` record_function we may be running inside.
+class _OptimizerScopes:
+    """Remembers the latest ``Optimizer.step#...`` record_function entered during a capture.
 
     Step boundaries come from the global optimizer post-hook, which torch calls inside the
     ``record_function("Optimizer.step#...")`` of that step. That range was opened while the
-    profiler was recording; stopping the profiler before it closes and closing it afterwards
-    corrupts the heap (seen as segfaults in later gc runs). Ending the range here, while the
-    profiler still runs, and making its ``__exit__`` a no-op avoids that; the trace shows the
-    optimizer step ending where the capture stops. The gc scan runs only when the stack really
-    is inside an optimizer step, once per capture.
+    profiler was recording; stopping the profiler before it closes, and closing it afterwards,
+    corrupts the heap (seen as segfaults in later gc runs). So during a capture (only: the
+    idle path is untouched) ``record_function.__enter__`` is wrapped to remember the range,
+    and :meth:`end_enclosing` ends it while the profiler still runs and turns its own exit
+    into a no-op. The trace shows that optimizer step ending where the capture stops.
     """
-    f = sys._getframe(1)
-    while f is not None:
-        code = f.f_code
-        if code.co_name == "wrapper" and code.co_filename.endswith(_OPTIMIZER_FILE):
-            break
-        f = f.f_back  # type: ignore[assignment]
-    else:
-        return
-    import torch
-    from torch.autograd.profiler import record_function
 
-    for obj in gc.get_referrers(record_function):
-        if (
-            isinstance(obj, record_function)
-            and obj.name.startswith("Optimizer.step#")
-            and obj.run_callbacks_on_exit
-            and obj.record is not None
-        ):
-            obj.run_callbacks_on_exit = False
-            with torch._C.DisableTorchFunctionSubclass():
-                torch.ops.profiler._record_function_exit._RecordFunction(obj.record)
+    def __init__(self) -> None:
+        self.latest: Any = None
+        self._orig: Any = None
+
+    def install(self) -> None:
+        from torch.autograd.profiler import record_function
+
+        if self._orig is not None:
+            return
+        orig = record_function.__enter__
+        scopes = self
+
+        # type: ignore[no-untyped-call]
+        def enter(rf: Any) -> Any:
+            out = orig(rf)  # type: ignore[no-untyped-call]
+            if rf.name.startswith("Optimizer.step#"):
+                scopes.latest = rf
+            return out
+
+        self._orig = orig
+        record_function.__enter__ = enter  # type: ignore[method-assign]
+
+    def uninstall(self) -> None:
+        from torch.autograd.profiler import record_function
+
+        if self._orig is not None:
+            record_function.__enter__ = self._orig  # type: ignore[method-assign]
+            self._orig = None
+        self.latest = None
+
+    def end_enclosing(self) -> None:
+        rf = self.latest
+        if rf is None or not rf.run_callbacks_on_exit or rf.record is None:
+            return
+        f: Any = sys._getframe(1)
+        while f is not None:
+            code = f.f_code
+            if code.co_name == "wrapper" and code.co_filename.endswith(_OPTIMIZER_FILE):
+                break
+            f = f.f_back
+        else:
+            return  # not inside an optimizer step (manual stepping, region exit, detach)
+        import torch
+
+        rf.run_callbacks_on_exit = False
+        with torch._C.DisableTorchFunctionSubclass():
+            torch.ops.profiler._record_function_exit._RecordFunction(rf.record)
+
+
+_scopes = _OptimizerScopes()
 
 
 _OPTIMIZER_FILE = os.path.join("torch", "optim", "optimizer.py")

@@ -34,6 +34,9 @@ for _ in range(steps):
     opt.zero_grad()
     time.sleep(pause)
 dist.barrier()
-print("RESULT " + json.dumps({"rank": rank, "steps": profd_client.current_step(),
-                              "attach_ms": attach_ms}), flush=True)
+print(
+    "RESULT "
+    + json.dumps({"rank": rank, "steps": profd_client.current_step(), "attach_ms": attach_ms}),
+    flush=True,
+)
 dist.destroy_process_group()

@@ -50,7 +50,10 @@ steps = int(os.environ.get("STEPS", "200"))
 pause = float(os.environ.get("STEP_SLEEP", "0.05"))
 
 gate = os.environ.get("GATE")
+give_up = time.monotonic() + 600  # a test that died must not leave workers behind forever
 while gate and not os.path.exists(gate):
+    if time.monotonic() > give_up:
+        raise SystemExit("gate never opened")
     time.sleep(0.05)
 
 for _ in range(steps):
@@ -68,8 +71,7 @@ for _ in range(steps):
     time.sleep(pause)
 
 print(
-    "RESULT "
-    + json.dumps({"rank": rank, "role": role, "steps": profd_client.current_step()}),
+    "RESULT " + json.dumps({"rank": rank, "role": role, "steps": profd_client.current_step()}),
     flush=True,
 )
 if use_ddp:
