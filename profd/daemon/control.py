@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 log = logging.getLogger("profd.control")
 
 #: How far ahead ``--next`` looks, in seconds of each target's step rate, so the arm message
-#: reaches every rank before its first step starts.
-NEXT_LEAD_S = 0.5
-#: Steps of lead for a client that has not reported a step rate yet.
+#: reaches every rank before its first step starts, even on a loaded node.
+NEXT_LEAD_S = 1.0
+#: Minimum steps of lead, also for a client that has not reported a step rate yet.
 UNKNOWN_RATE_LEAD = 10
 START_KEYS = frozenset(
     {
@@ -248,8 +248,8 @@ class ControlHandler:
         earliest = 1
         for c in targets:
             est = c.estimated_step(now)
-            # Until a client has reported a step rate, assume it may be stepping fast.
-            ahead = c.sps * NEXT_LEAD_S if c.sps > 0 else UNKNOWN_RATE_LEAD
+            # At least UNKNOWN_RATE_LEAD steps: a rate of 0 may just not be reported yet.
+            ahead = max(c.sps * NEXT_LEAD_S, UNKNOWN_RATE_LEAD)
             lead = math.ceil(est + ahead) + 2
             earliest = max(earliest, lead, self.d.sessions.busy_until(c.key))
         try:
