@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("profd.agents")
 
+_HEARTBEAT = P.encode(P.HEARTBEAT)  # the same bytes for every reply
 TERMINAL_REPORTS = frozenset({"done", "failed", "stopped", "cancelled"})
 
 
@@ -66,7 +67,7 @@ class AgentHandler:
                 c.sps = float(msg["sps"])
             if "state" in msg:
                 c.state = msg["state"][:32]
-            self.d.send_agent(ident, P.encode(P.HEARTBEAT))
+            self.d.send_agent(ident, _HEARTBEAT)
         elif t == P.ARMED:
             self.armed(c, msg["session"])
         elif t == P.PROGRESS:

@@ -89,6 +89,8 @@ class ControlHandler:
 
     def dispatch(self, m: dict[str, Any]) -> Any:
         t = m["t"]
+        if t in (P.C_SESSIONS, P.C_SHOW, P.C_TRACES):
+            self.d.flush()  # answer reads from an index that has every change so far
         if t == P.C_STATUS:
             return self.status()
         if t == P.C_PS:

@@ -129,6 +129,7 @@ class Daemon:
         self.captures.shutdown()
         while self.reactor.run_pending():
             pass
+        self.flush()
         self.index.close()
         log.info("stopped")
 
@@ -157,9 +158,11 @@ class Daemon:
                 self._drain(self.agent_sock, self.agents.handle)
             if self.control_sock in events:
                 self._drain(self.control_sock, self.control.handle)
+            self.flush()
             now = time.monotonic()
             if now >= next_tick:
                 self.tick(now)
+                self.flush()
                 next_tick = now + hb
 
     def _drain(self, sock: Any, handle: Any) -> None:
@@ -285,8 +288,16 @@ class Daemon:
 
     # --- sessions -------------------------------------------------------------------------------
     def save(self, s: Session, *targets: Target) -> None:
-        manifest = self.sessions.save(s, *targets)
-        if manifest is not None:
+        self.sessions.save(s, *targets)
+
+    def flush(self) -> None:
+        """Persist this iteration's session changes; index finished sessions' manifests."""
+        try:
+            finished = self.sessions.flush()
+        except Exception as exc:  # the index is unwritable now; changes wait for the next try
+            log.error("cannot write the index: %r", exc)
+            return
+        for s, manifest in finished:
             log.info("session %s %s", s.id, s.state)
             _remove_empty_tree(self.captures.incoming_dir(s.job, s.id))
             self.index.add_file(

@@ -161,12 +161,19 @@ class Session:
 
 
 class Sessions:
-    """In-memory sessions mirrored to the index on every change."""
+    """In-memory sessions, mirrored to the index write-behind.
+
+    Handlers call :meth:`save` for every change; the event loop calls :meth:`flush` once per
+    iteration, which derives session states and writes every changed row in one transaction.
+    A 1024-rank session thus costs one commit per burst of acks, not one per ack.
+    """
 
     def __init__(self, index: Index, spool: Path) -> None:
         self.index = index
         self.spool = spool
         self.by_id: dict[str, Session] = {}
+        # Session id -> (session, changed target keys; None means all of them).
+        self._dirty: dict[str, tuple[Session, set[tuple[str, int]] | None]] = {}
 
     def add(self, s: Session) -> None:
         self.by_id[s.id] = s
@@ -182,16 +189,40 @@ class Sessions:
     def live(self) -> list[Session]:
         return [s for s in self.by_id.values() if not s.terminal]
 
-    def save(self, s: Session, *targets: Target) -> Path | None:
-        """Persist; returns the ``session.json`` path when this change finished the session."""
-        was_terminal = s.terminal
-        s.recompute()
-        for t in targets or tuple(s.targets.values()):
-            self.index.save_target(t.row(s.id))
-        self.index.save_session(s.row())
-        if s.terminal and not was_terminal:
-            return self.finish(s)
-        return None
+    def save(self, s: Session, *targets: Target) -> None:
+        """Mark a change for the next :meth:`flush` (no targets: every target changed)."""
+        _, keys = self._dirty.get(s.id, (s, set()))
+        if not targets or keys is None:
+            self._dirty[s.id] = (s, None)
+        else:
+            keys.update(t.key for t in targets)
+            self._dirty[s.id] = (s, keys)
+
+    def flush(self) -> list[tuple[Session, Path]]:
+        """Write every change; returns the sessions this flush finished, with their manifest."""
+        if not self._dirty:
+            return []
+        dirty, self._dirty = self._dirty, {}
+        finished = []
+        states = {sid: s.state for sid, (s, _) in dirty.items()}
+        try:
+            with self.index.transaction():
+                for s, keys in dirty.values():
+                    was_terminal = s.terminal
+                    s.recompute()
+                    targets = s.targets.values() if keys is None else [s.targets[k] for k in keys]
+                    for t in targets:
+                        self.index.save_target(t.row(s.id))
+                    self.index.save_session(s.row())
+                    if s.terminal and not was_terminal:
+                        finished.append(s)
+        except Exception:
+            # A full disk or a locked database: keep every change for the next flush.
+            for sid, (s, _) in dirty.items():
+                s.state = states[sid]
+                self._dirty.setdefault(sid, (s, None))
+            raise
+        return [(s, self.finish(s)) for s in finished]
 
     def finish(self, s: Session) -> Path:
         """Write ``session.json`` and forget the session from memory (the index keeps it)."""

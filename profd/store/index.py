@@ -302,7 +302,9 @@ class Index:
         sql = "SELECT t.* FROM traces t"
         if where:
             sql += " WHERE " + " AND ".join(where)
-        sql += " ORDER BY t.created_at DESC, t.rank LIMIT ?"
+        # Ties broken by rowid, the implicit last column of every index, so the job/rank
+        # indexes deliver rows already in order and no sort step is needed.
+        sql += " ORDER BY t.created_at DESC, t.id DESC LIMIT ?"
         rows = [dict(r) for r in self.db.execute(sql, [*args, flt.limit])]
         if not rows:
             return rows
@@ -435,6 +437,10 @@ class Index:
         self.db.execute("UPDATE files SET deleted = 1 WHERE id = ?", (file_id,))
 
     # --- helpers -----------------------------------------------------------------------------
+    def transaction(self) -> _Tx:
+        """One commit for many writes (the event loop's write-behind flush)."""
+        return _Tx(self.db)
+
     def _tx(self) -> _Tx:
         return _Tx(self.db)
 

@@ -200,9 +200,17 @@ def upload(
     future.result()
 
 
-def verify(client: Any, cfg: S3Config, path: Path, bucket: str, key: str) -> dict[str, Any]:
+def verify(
+    client: Any,
+    cfg: S3Config,
+    path: Path,
+    bucket: str,
+    key: str,
+    local: Callable[[], Digest] | None = None,
+) -> dict[str, Any]:
     """Compare the stored object with the local file: size always, then the checksums the
-    store gives us. Returns what was checked; raises :class:`VerifyError` on a mismatch."""
+    store gives us. Returns what was checked; raises :class:`VerifyError` on a mismatch.
+    ``local`` supplies the file's digest when the caller computed it during the upload."""
     size = path.stat().st_size
     head = client.head_object(Bucket=bucket, Key=key, ChecksumMode="ENABLED")
     remote = int(head.get("ContentLength", -1))
@@ -215,7 +223,11 @@ def verify(client: Any, cfg: S3Config, path: Path, bucket: str, key: str) -> dic
     remote_crc = head.get("ChecksumCRC32")
     crc_full = head.get("ChecksumType") in (None, "FULL_OBJECT")
     if etag_is_md5 or remote_crc:
-        d = digest(path, size, cfg.multipart_threshold, cfg.multipart_chunksize)
+        d = (
+            local()
+            if local is not None
+            else digest(path, size, cfg.multipart_threshold, cfg.multipart_chunksize)
+        )
         if etag_is_md5:
             want_parts = d.md5.partition("-")[2]
             got_parts = etag.partition("-")[2]

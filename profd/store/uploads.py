@@ -12,6 +12,7 @@ event loop thread and only read cached values or use their own index connection.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import logging
 import random
@@ -65,6 +66,9 @@ class Uploads:
         self._active = 0
         #: Files a killed daemon was uploading: their multipart uploads may still be open.
         self._interrupted: set[int] = set()
+        self._hasher = concurrent.futures.ThreadPoolExecutor(
+            max_workers=self.workers, thread_name_prefix="profd-hash"
+        )
         s3.quiet_sdk_logs()
 
     # --- lifecycle (event loop thread) ---------------------------------------------------------
@@ -108,6 +112,7 @@ class Uploads:
         deadline = time.monotonic() + STOP_JOIN_S
         for t in self._threads:
             t.join(max(0.0, deadline - time.monotonic()))
+        self._hasher.shutdown(wait=False, cancel_futures=True)
         busy = [t.name for t in self._threads if t.is_alive()]
         if busy:
             log.info(
@@ -240,8 +245,15 @@ class Uploads:
                 aborted = s3.abort_stale(client, self.bucket, key)
                 if aborted:
                     log.info("aborted %d unfinished multipart upload(s) of %s", aborted, key)
-            s3.upload(self._manager, self.s3cfg, path, self.bucket, key, self._started)
-            checked = s3.verify(client, self.s3cfg, path, self.bucket, key)
+            # Hash the file while it uploads (hashlib and zlib release the GIL), so the
+            # verification read overlaps the network instead of following it.
+            size = path.stat().st_size
+            cfg = self.s3cfg
+            hashed = self._hasher.submit(
+                s3.digest, path, size, cfg.multipart_threshold, cfg.multipart_chunksize
+            )
+            s3.upload(self._manager, cfg, path, self.bucket, key, self._started)
+            checked = s3.verify(client, cfg, path, self.bucket, key, local=hashed.result)
         except Exception as exc:
             if self._stopping.is_set():
                 idx.upload_retry(row["id"], "interrupted by daemon shutdown", 0.0, False)
