@@ -24,7 +24,7 @@ from typing import Any
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib as B  # noqa: E402
+import benchlib as B
 
 
 def proc_tree(pid: int) -> list[psutil.Process]:
@@ -103,8 +103,10 @@ def ps_latency(d: B.Daemon, cli_runs: int, raw_runs: int) -> dict[str, Any]:
 def python_floor(runs: int) -> dict[str, Any]:
     """Interpreter start + profctl's imports: the floor under any Python CLI's latency."""
     out = {}
-    for name, code in (("python -c pass", "pass"), ("import profctl modules",
-                       "import profd.ctl.main")):
+    for name, code in (
+        ("python -c pass", "pass"),
+        ("import profctl modules", "import profd.ctl.main"),
+    ):
         ts = []
         for _ in range(runs):
             t0 = time.perf_counter()
@@ -120,19 +122,19 @@ def main() -> None:
     args = ap.parse_args()
     started = time.monotonic()
     quick = args.quick
-    n = args.clients or (64 if quick else 1024)
-    window = 4.0 if quick else 30.0
-    cli_runs, raw_runs = (3, 20) if quick else (20, 200)
+    n = args.clients or (16 if quick else 1024)
+    window = 2.0 if quick else 30.0
+    cli_runs, raw_runs = (2, 20) if quick else (20, 200)
     d = B.Daemon(heartbeat=1.0).start()
     fleet = None
     try:
         time.sleep(1.0)
-        idle = sample(d.pid, window / 2 if not quick else 2.0)
+        idle = sample(d.pid, window / 2)
         idle_ps = ps_latency(d, cli_runs, raw_runs)
         fleet = B.SimFleet(d, n, 4, job="bench-daemon", hb=1.0, rate=10.0)
         fleet.wait_connected(300)
         B.wait_for(lambda: d.request("status")["clients"] >= n, 120, "daemon to see clients")
-        time.sleep(3.0)
+        time.sleep(1.0 if quick else 3.0)
         busy = sample(d.pid, window, extra_pids=[w.pid for w in fleet.workers])
         assert d.request("status")["clients"] >= n
         busy_ps = ps_latency(d, cli_runs, raw_runs)

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib as B  # noqa: E402
+import benchlib as B
 
 VARIANTS = ("none", "profd", "torchprof")
 LABEL = {
@@ -98,6 +98,8 @@ def worker(variant: str) -> None:
             print(json.dumps({"ok": True}), flush=True)
         elif cmd["op"] == "run":
             print(json.dumps({"s": run(cmd["key"], cmd["n"])}), flush=True)
+        elif cmd["op"] == "micro":
+            print(json.dumps(micro(cmd["quick"])), flush=True)
     if prof is not None:
         prof.stop()
 
@@ -117,8 +119,8 @@ def micro(quick: bool) -> dict[str, Any]:
     from profd_client.steps import Stepper
 
     torch.set_num_threads(1)
-    n = 200_000 if quick else 2_000_000
-    rep = 5 if quick else 9
+    n = 50_000 if quick else 2_000_000
+    rep = 3 if quick else 9
     out: dict[str, Any] = {}
     st = Stepper("main-r0", notify=lambda: None)
     out["tick_ns"] = best_ns(st.tick, n, rep)
@@ -137,7 +139,7 @@ def micro(quick: bool) -> dict[str, Any]:
     p = torch.nn.Parameter(torch.zeros(1))
     p.grad = torch.zeros(1)
     opt = torch.optim.SGD([p], lr=0.0)
-    m = 500 if quick else 5000
+    m = 200 if quick else 5000
     without, with_hook = [], []
     for _ in range(rep):
         without.append(min(timeit.repeat(opt.step, number=m, repeat=3)) / m * 1e9)
@@ -172,9 +174,7 @@ def main() -> None:
     step_targets = {"1ms": 0.001, "10ms": 0.010}
     batch = 64
     plan = (
-        {"1ms": (3, 50), "10ms": (3, 10)}
-        if quick
-        else {"1ms": (30, 1000), "10ms": (24, 100)}
+        {"1ms": (3, 50), "10ms": (3, 10)} if quick else {"1ms": (30, 1000), "10ms": (24, 100)}
     )  # rounds, steps per block
     daemon = B.Daemon().start()
     env = daemon.env()
@@ -185,10 +185,20 @@ def main() -> None:
             ws[v] = B.spawn_worker(Path(__file__), ["--worker", v], env=env)
         for v in VARIANTS:
             B.read_reply(ws[v])
-        dims = B.ask(ws["none"], {"op": "calibrate", "targets": step_targets, "batch": batch, "iters": 3 if quick else 12})
+        dims = B.ask(
+            ws["none"],
+            {
+                "op": "calibrate",
+                "targets": step_targets,
+                "batch": batch,
+                "iters": 1 if quick else 12,
+            },
+        )
         print(f"calibrated dims {dims} (batch {batch})", file=sys.stderr)
         for v in VARIANTS:
-            B.ask(ws[v], {"op": "build", "dims": dims, "batch": batch, "warmup": 20})
+            B.ask(
+                ws[v], {"op": "build", "dims": dims, "batch": batch, "warmup": 5 if quick else 50}
+            )
         per_step: dict[str, dict[str, list[float]]] = {k: {v: [] for v in VARIANTS} for k in plan}
         ratios: dict[str, dict[str, list[float]]] = {
             k: {"profd": [], "torchprof": []} for k in plan
@@ -206,10 +216,14 @@ def main() -> None:
                     ratios[key][v].append(got[v] / got["none"])
                     delta_us[key][v].append((got[v] - got["none"]) / n * 1e6)
         load_during = [round(x, 2) for x in os.getloadavg()]
+        # The hot path in isolation, in the worker that has no profd or profiler installed,
+        # after the loop blocks (so nothing else of ours runs meanwhile).
+        for v in ("profd", "torchprof"):
+            B.finish_workers([ws.pop(v)])
+        mb = B.ask(ws["none"], {"op": "micro", "quick": quick})
     finally:
         B.finish_workers(ws.values())
         daemon.stop()
-    mb = micro(quick)
 
     rows = []
     hook_ns = mb["hook_call_ns"][0]

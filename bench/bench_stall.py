@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib as B  # noqa: E402
+import benchlib as B
 
 OPTIONS = {"activities": ["cpu"], "record_shapes": True, "with_stack": True}
 WARMUP, ACTIVE = 1, 2
@@ -58,8 +58,12 @@ def run_profd(work: Any, tmp: Path) -> dict[str, Any]:
     c = st.count
     w, a = c + 2, c + 2 + WARMUP
     plan = Plan(
-        session="bench", job="bench-stall", backend="torch", cycles=[(w, a, a + ACTIVE)],
-        options=dict(OPTIONS), incoming=tmp,
+        session="bench",
+        job="bench-stall",
+        backend="torch",
+        cycles=[(w, a, a + ACTIVE)],
+        options=dict(OPTIONS),
+        incoming=tmp,
     )
     st.post("arm", plan)
     ticks = []
@@ -80,7 +84,9 @@ def run_profd(work: Any, tmp: Path) -> dict[str, Any]:
         "client_reported_stall_ms": rep["stall_ms"],
         "bytes": dir_bytes(tmp),
         "file": "raw .pt.trace.json (gzip happens in the daemon)",
-        "other_ticks_ms": [round(t, 3) for i, t in enumerate(ticks) if i != 1 + WARMUP + ACTIVE - 1],
+        "other_ticks_ms": [
+            round(t, 3) for i, t in enumerate(ticks) if i != 1 + WARMUP + ACTIVE - 1
+        ],
     }
 
 
@@ -125,9 +131,7 @@ def main() -> None:
     torch.set_num_threads(1)
     quick = args.quick
     sizes = (
-        {"small": (20, 2), "large": (1500, 1)}
-        if quick
-        else {"small": (100, 7), "large": (5000, 3)}
+        {"small": (20, 2), "large": (500, 1)} if quick else {"small": (100, 7), "large": (5000, 3)}
     )  # ops per step (2 torch ops each), repetitions
     base = Path(tempfile.mkdtemp(prefix="profd-bench-stall-"))
     res: dict[str, dict[str, list[dict[str, Any]]]] = {}

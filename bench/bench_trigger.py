@@ -17,6 +17,7 @@ index and the ``ProfilerStep#N`` markers inside its trace equal the requested st
 
 from __future__ import annotations
 
+import contextlib
 import gzip
 import json
 import os
@@ -28,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import benchlib as B  # noqa: E402
+import benchlib as B
 
 TERMINAL = {"done", "partial", "failed", "cancelled"}
 DYNOLOG_POLL_S = 5.0
@@ -60,15 +61,19 @@ def latency(d: B.Daemon, n: int, rounds: int, procs: int) -> dict[str, Any]:
             t_reply = time.monotonic()
             sid = res["session"]
             assert len(res["targets"]) == n, res["targets"]
-            got: list[float] = []
+            got: list[tuple[int, float]] = []
             deadline = time.monotonic() + 30
             while len(got) < n and time.monotonic() < deadline:
                 got.extend(fleet.arms(sid))
                 if len(got) < n:
                     time.sleep(0.01)
             if len(got) < n:
-                raise RuntimeError(f"only {len(got)}/{n} clients got ARM for {sid}")
-            lat = [(t - t0) * 1000 for t in got]
+                missing = sorted(set(range(n)) - {r for r, _ in got})
+                raise RuntimeError(
+                    f"only {len(got)}/{n} clients got ARM for {sid}; missing ranks "
+                    f"{missing[:20]}; client reconnects so far: {fleet.reconnects()[:50]}"
+                )
+            lat = [(t - t0) * 1000 for _, t in got]
             per_client.extend(lat)
             all_armed.append(max(lat))
             reply_ms.append((t_reply - t0) * 1000)
@@ -98,6 +103,26 @@ def latency(d: B.Daemon, n: int, rounds: int, procs: int) -> dict[str, Any]:
         B.wait_for(lambda: d.request("status")["clients"] == 0, 60, "clients to detach")
 
 
+def stop_torchrun(tr: subprocess.Popen[bytes]) -> None:
+    """End torchrun and its ranks (which elastic may start in sessions of their own)."""
+    import psutil
+
+    try:
+        kids = psutil.Process(tr.pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        kids = []
+    if tr.poll() is None:
+        tr.send_signal(signal.SIGTERM)
+        try:
+            tr.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(tr.pid, signal.SIGKILL)
+            tr.wait()
+    for k in kids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            k.kill()
+
+
 def trace_steps(path: str) -> list[int]:
     opener = gzip.open if path.endswith(".gz") else open
     with opener(path, "rt") as f:
@@ -112,32 +137,53 @@ def trace_steps(path: str) -> list[int]:
 
 def alignment(d: B.Daemon, quick: bool) -> dict[str, Any]:
     job = "bench-align"
-    nsim = 2 if quick else 4
+    nsim = 1 if quick else 4
     use_torchrun = not quick
     nreal = 2 if use_torchrun else 0
     world = nreal + nsim
     tr = None
     fleet = B.SimFleet(
-        d, nsim, nsim, job=job, hb=1.0, rate=25.0, work=True, rank_base=nreal, world=world,
+        d,
+        nsim,
+        nsim,
+        job=job,
+        hb=1.0,
+        rate=25.0,
+        work=True,
+        rank_base=nreal,
+        world=world,
         proc_base=100,
     )
     try:
         if use_torchrun:
             env = d.env()
             env.update(
-                OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PROFD_JOB=job,
-                PROFD_WORLD_SIZE=str(world), STEPS="1000000", STEP_SLEEP="0.03",
+                OMP_NUM_THREADS="1",
+                PYTHONUNBUFFERED="1",
+                PROFD_JOB=job,
+                PROFD_WORLD_SIZE=str(world),
+                STEPS="1000000",
+                STEP_SLEEP="0.03",
             )
             logf = (d.root / "torchrun.log").open("w")
             tr = subprocess.Popen(
-                [str(B.BIN / "torchrun"), "--standalone", "--nproc-per-node=2",
-                 str(B.ROOT / "tests" / "jobs" / "train.py")],
-                env=env, stdout=logf, stderr=subprocess.STDOUT, start_new_session=True,
+                [
+                    str(B.BIN / "torchrun"),
+                    "--standalone",
+                    "--nproc-per-node=2",
+                    str(B.ROOT / "tests" / "jobs" / "train.py"),
+                ],
+                env=env,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
             )
         fleet.wait_connected()
         B.wait_for(
-            lambda: len(d.request("ps", job=job)) >= world
-            and all(r["step"] >= 5 for r in d.request("ps", job=job)),
+            lambda: (
+                len(d.request("ps", job=job)) >= world
+                and all(r["step"] >= 5 for r in d.request("ps", job=job))
+            ),
             180,
             "all alignment targets attached and stepping",
             every=0.5,
@@ -148,20 +194,24 @@ def alignment(d: B.Daemon, quick: bool) -> dict[str, Any]:
             rows = d.request("ps", job=job)
             return max(int(r["step"] + r["steps_per_s"] * margin_s) for r in rows) + 5
 
-        specs: list[dict[str, Any]] = []
-        a = ahead(3.0)
-        specs.append({"steps": f"{a}:{a + 3}"})
-        specs.append({"next": True, "active": 2, "warmup": 1})
-        if not quick:
-            specs.append({"at_step": ahead(3.0), "active": 1, "repeat": 3})
+        # Explicit steps are computed when each session starts: the fastest rank sets them.
+        def steps_range() -> dict[str, Any]:
             a = ahead(3.0)
-            specs.append({"steps": f"{a},{a + 2},{a + 5}"})
+            return {"steps": f"{a}:{a + 3}"}
+
+        def steps_list() -> dict[str, Any]:
+            a = ahead(3.0)
+            return {"steps": f"{a},{a + 2},{a + 5}"}
+
+        specs: list[Any] = [steps_range, lambda: {"next": True, "active": 2, "warmup": 1}]
+        if not quick:
+            specs.append(lambda: {"at_step": ahead(3.0), "active": 1, "repeat": 3})
+            specs.append(steps_list)
         sessions = []
-        for i, spec in enumerate(specs):
+        for i, make_spec in enumerate(specs):
             if i:
                 time.sleep(2.0)  # an operator's gap between two commands
-            if "at_step" in spec:
-                spec["at_step"] = ahead(3.0)
+            spec = make_spec()
             spec = {**spec, "job": job, "options": {"activities": ["cpu"]}}
             res = d.request("start", spec=spec)
             show = wait_session(d, res["session"], 180)
@@ -176,17 +226,32 @@ def alignment(d: B.Daemon, quick: bool) -> dict[str, Any]:
                     idx = rr[0]["steps"] if rr else None
                     marks = trace_steps(rr[0]["path"]) if rr else None
                     cycles_ok.append(
-                        {"want": want, "index_steps": idx, "trace_markers": marks,
-                         "ok": idx == want and marks == want}
+                        {
+                            "want": want,
+                            "index_steps": idx,
+                            "trace_markers": marks,
+                            "ok": idx == want and marks == want,
+                            "stall_ms": rr[0]["stall_ms"] if rr else None,
+                        }
                     )
                 per_target.append(
-                    {"rank": t["rank"], "host": t["host"], "state": t["state"],
-                     "error": t["error"], "aligned": all(c["ok"] for c in cycles_ok),
-                     "cycles": cycles_ok}
+                    {
+                        "rank": t["rank"],
+                        "host": t["host"],
+                        "state": t["state"],
+                        "error": t["error"],
+                        "aligned": all(c["ok"] for c in cycles_ok),
+                        "cycles": cycles_ok,
+                    }
                 )
             sessions.append(
-                {"spec": spec, "session": res["session"], "state": show["state"],
-                 "cycles": show["cycles"], "targets": per_target}
+                {
+                    "spec": spec,
+                    "session": res["session"],
+                    "state": show["state"],
+                    "cycles": show["cycles"],
+                    "targets": per_target,
+                }
             )
         total = sum(len(s["targets"]) for s in sessions)
         aligned = sum(t["aligned"] for s in sessions for t in s["targets"])
@@ -198,6 +263,9 @@ def alignment(d: B.Daemon, quick: bool) -> dict[str, Any]:
             "aligned": aligned,
             "fraction": aligned / total if total else 0.0,
             "captured_cycles": len(captured),
+            "stall_ms_of_captured_cycles": B.summary(
+                [c["stall_ms"] for c in captured if c["stall_ms"] is not None], 1
+            ),
             "captured_cycles_exact": sum(c["ok"] for c in captured),
             "failures": [
                 {"spec": s["spec"], "rank": t["rank"], "host": t["host"], "error": t["error"]}
@@ -211,25 +279,31 @@ def alignment(d: B.Daemon, quick: bool) -> dict[str, Any]:
         }
     finally:
         fleet.close()
-        if tr is not None and tr.poll() is None:
-            os.killpg(tr.pid, signal.SIGKILL)
-            tr.wait()
+        if tr is not None:
+            stop_torchrun(tr)
 
 
 def main() -> None:
-    args = B.parser(__doc__).parse_args()
+    ap = B.parser(__doc__)
+    ap.add_argument("--sizes", help="N:rounds:procs,... (default 8, 128, 1024)")
+    ap.add_argument("--no-align", action="store_true", help="skip the alignment part")
+    args = ap.parse_args()
     started = time.monotonic()
     quick = args.quick
-    sizes = [(8, 3, 1), (64, 3, 2)] if quick else [(8, 30, 1), (128, 30, 2), (1024, 15, 4)]
+    sizes = [(8, 2, 1), (32, 2, 2)] if quick else [(8, 30, 1), (128, 30, 2), (1024, 15, 4)]
+    if args.sizes:
+        sizes = [tuple(int(x) for x in s.split(":")) for s in args.sizes.split(",")]
     d = B.Daemon(heartbeat=1.0).start()
     lat: dict[int, dict[str, Any]] = {}
     try:
         for n, rounds, procs in sizes:
             lat[n] = latency(d, n, rounds, procs)
             print(f"N={n}: {lat[n]['per_client_ms']}", file=sys.stderr)
-        align = alignment(d, quick)
+        align = None if args.no_align else alignment(d, quick)
     except BaseException:
         print(d.log_tail(), file=sys.stderr)
+        d.stop(keep=True)
+        print(f"daemon log kept in {d.root / 'profd.log'}", file=sys.stderr)
         raise
     finally:
         d.stop()
@@ -246,7 +320,8 @@ def main() -> None:
                 "ms",
                 baseline=dyn_p50,
                 baseline_what="dynolog 5 s poll, computed",
-                spread=f"all armed p50 {aa['p50']} ms",
+                spread=f"all armed p50 {aa['p50']} ms; start reply p50 "
+                f"{r['start_reply_ms']['p50']} ms",
             )
         )
         rows.append(
@@ -261,28 +336,29 @@ def main() -> None:
                 spread=f"all armed max {aa['max']} ms",
             )
         )
-    rows.append(
-        B.row(
-            "alignment: targets with exactly the requested steps",
-            "1.0 (every rank)",
-            align["fraction"],
-            "fraction",
-            met=align["fraction"] == 1.0,
-            spread=f"{align['aligned']}/{align['targets']} targets, "
-            f"{len(align['sessions'])} sessions",
+    if align is not None:
+        rows.append(
+            B.row(
+                "alignment: targets with exactly the requested steps",
+                "1.0 (every rank)",
+                align["fraction"],
+                "fraction",
+                met=align["fraction"] == 1.0,
+                spread=f"{align['aligned']}/{align['targets']} targets, "
+                f"{len(align['sessions'])} sessions",
+            )
         )
-    )
-    cc = align["captured_cycles"]
-    rows.append(
-        B.row(
-            "alignment: captured cycles on the requested steps",
-            "1.0",
-            align["captured_cycles_exact"] / cc if cc else 0.0,
-            "fraction",
-            met=cc > 0 and align["captured_cycles_exact"] == cc,
-            spread=f"{align['captured_cycles_exact']}/{cc} cycles (index steps and markers)",
+        cc = align["captured_cycles"]
+        rows.append(
+            B.row(
+                "alignment: captured cycles on the requested steps",
+                "1.0",
+                align["captured_cycles_exact"] / cc if cc else 0.0,
+                "fraction",
+                met=cc > 0 and align["captured_cycles_exact"] == cc,
+                spread=f"{align['captured_cycles_exact']}/{cc} cycles (index steps and markers)",
+            )
         )
-    )
     details = {
         "latency": lat,
         "alignment": align,

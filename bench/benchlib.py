@@ -195,6 +195,21 @@ def print_rows(rows: Iterable[dict[str, Any]], file: Any = None) -> None:
             print("  ".join("-" * w for w in widths), file=out)
 
 
+def markdown_rows(rows: Iterable[dict[str, Any]]) -> str:
+    lines = [
+        "| metric | target | profd | spread | baseline | ratio | met |",
+        "| --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        base = f"{fmt(r['baseline'])} ({r['baseline_what']})" if r["baseline_what"] else "-"
+        met = {True: "**met**", False: "**missed**", None: "-"}[r["met"]]
+        lines.append(
+            f"| {r['metric']} | {r['target']} | {fmt(r['measured'])} {r['unit']} | "
+            f"{r.get('spread', '')} | {base} | {fmt(r['ratio'])} | {met} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
 # --- a real daemon ----------------------------------------------------------------------------
 def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
@@ -246,9 +261,7 @@ class Daemon:
         env = self.env()
         env["PROFD_CONFIG"] = str(cfg)
         logf = (self.root / "profd.log").open("ab")
-        self.proc = subprocess.Popen(
-            [str(BIN / "profd"), "run"], env=env, stdout=logf, stderr=logf
-        )
+        self.proc = subprocess.Popen([str(BIN / "profd"), "run"], env=env, stdout=logf, stderr=logf)
         wait_for(lambda: (self.runtime_dir / "control.sock").exists(), 30, "daemon socket")
         wait_for(self._answers, 30, "daemon to answer", every=0.1)
         return self
@@ -404,9 +417,24 @@ class SimFleet:
         base = rank_base
         for i, k in enumerate(per):
             args = [
-                "--proc", str(proc_base + i), "--count", str(k), "--rank-base", str(base),
-                "--world", str(world or n), "--job", job, "--role", role, "--hb", str(hb),
-                "--rate", str(rate), "--runtime-dir", str(daemon.runtime_dir),
+                "--proc",
+                str(proc_base + i),
+                "--count",
+                str(k),
+                "--rank-base",
+                str(base),
+                "--world",
+                str(world or n),
+                "--job",
+                job,
+                "--role",
+                role,
+                "--hb",
+                str(hb),
+                "--rate",
+                str(rate),
+                "--runtime-dir",
+                str(daemon.runtime_dir),
             ]
             if work:
                 args.append("--work")
@@ -421,8 +449,14 @@ class SimFleet:
     def wait_connected(self, timeout: float = 120) -> None:
         wait_for(lambda: self.connected() >= self.n, timeout, f"{self.n} clients", every=0.5)
 
-    def arms(self, session: str) -> list[float]:
-        out: list[float] = []
+    def reconnects(self) -> list[int]:
+        out: list[int] = []
+        for w in self.workers:
+            out.extend(ask(w, {"op": "reconnects"})["n"])
+        return out
+
+    def arms(self, session: str) -> list[tuple[int, float]]:
+        out: list[tuple[int, float]] = []
         for w in self.workers:
             out.extend(ask(w, {"op": "arms", "session": session})["times"])
         return out

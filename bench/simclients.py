@@ -26,12 +26,20 @@ from profd_client.agent import Agent
 from profd_client.identity import Identity
 from profd_client.steps import Stepper
 
-ARMS: dict[str, list[float]] = defaultdict(list)
+ARMS: dict[str, list[tuple[int, float]]] = defaultdict(list)
+
+
+RECONNECTS: list[int] = []
 
 
 class TimedAgent(Agent):
+    def _connect(self, zmq: Any, ctx: Any, poller: Any) -> None:
+        if self._sock is not None:
+            RECONNECTS.append(self.who.rank)
+        super()._connect(zmq, ctx, poller)
+
     def _arm(self, msg: dict[str, Any]) -> None:
-        ARMS[msg["session"]].append(time.monotonic())
+        ARMS[msg["session"]].append((self.who.rank, time.monotonic()))
         super()._arm(msg)
 
 
@@ -110,6 +118,8 @@ def main() -> None:
             print(json.dumps({"connected": n, "count": len(pairs)}), flush=True)
         elif op == "arms":
             print(json.dumps({"times": list(ARMS.pop(cmd["session"], []))}), flush=True)
+        elif op == "reconnects":
+            print(json.dumps({"n": RECONNECTS}), flush=True)
         elif op == "steps":
             print(json.dumps({"steps": [st.count for st, _ in pairs]}), flush=True)
     stop.set()

@@ -138,11 +138,14 @@ class Stepper:
                 self._disarm(None, keep=True)
 
     def _arm(self, plan: Plan) -> None:
+        live = self.live
+        held = any(p.session == plan.session for p in self._plans)
+        if held or (live is not None and live.plan.session == plan.session):
+            return  # a repeated arm (re-sent after a reconnect): the plan is already here
         first = plan.cycles[0][0]
         if first <= self.count:
             self._progress(plan.session, "failed", f"steps already passed: at step {self.count}")
             return
-        self._plans = [p for p in self._plans if p.session != plan.session]
         self._plans.append(plan)
 
     def _disarm(self, session: str | None, keep: bool) -> None:

@@ -107,6 +107,12 @@ class AgentHandler:
                 daemon=__version__,
             ),
         )
+        # An arm lost with the old connection (or sent by a daemon that died before the ack)
+        # is sent again; a client ignores an arm for a session it already holds.
+        for s in self.d.sessions.live():
+            t = s.targets.get(c.key)
+            if t is not None and t.state == "pending" and t.client_final is None:
+                self.d.control.arm(s, c)
         if old is None:
             self.d.control.apply_auto_rules(c)
 

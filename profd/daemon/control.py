@@ -220,9 +220,10 @@ class ControlHandler:
         )
         for c in targets:
             s.targets[c.key] = Target.of(c)
-        self.d.sessions.add(s)
+        # Arm first: the index write happens in the loop's flush, after the reply.
         for c in targets:
             self.arm(s, c)
+        self.d.sessions.add(s)
         log.info(
             "session %s: %s steps %s on %d target(s)",
             s.id,
@@ -283,10 +284,8 @@ class ControlHandler:
         return cycles
 
     def arm(self, s: Session, c: Client) -> None:
-        incoming = self.d.captures.incoming_dir(s.job, s.id)
-        self.d.send_agent(
-            c.ident,
-            P.encode(
+        if s.arm_frame is None:
+            s.arm_frame = P.encode(
                 P.ARM,
                 session=s.id,
                 job=s.job,
@@ -294,9 +293,9 @@ class ControlHandler:
                 cycles=[list(x) for x in s.cycles],
                 options=s.options,
                 region=s.region,
-                incoming=str(incoming),
-            ),
-        )
+                incoming=str(self.d.captures.incoming_dir(s.job, s.id)),
+            )
+        self.d.send_agent(c.ident, s.arm_frame)
 
     def stop(self, session_id: str, keep: bool) -> dict[str, Any]:
         s = self.d.sessions.get(session_id)

@@ -103,6 +103,8 @@ class Session:
     error: str | None = None
     targets: dict[tuple[str, int], Target] = field(default_factory=dict)
     auto_rule: int | None = None
+    #: The ``arm`` frame is the same for every target: encoded once, on first use.
+    arm_frame: bytes | None = field(default=None, repr=False)
 
     @property
     def terminal(self) -> bool:

@@ -104,6 +104,7 @@ CREATE TABLE IF NOT EXISTS inbox (
 );
 """
 
+_FILE_COLS = ("kind", "path", "bytes", "upload_state", "s3_uri", "last_error", "deleted")
 TERMINAL_SESSION_STATES = frozenset({"done", "partial", "failed", "cancelled"})
 
 
@@ -305,7 +306,13 @@ class Index:
         # Ties broken by rowid, the implicit last column of every index, so the job/rank
         # indexes deliver rows already in order and no sort step is needed.
         sql += " ORDER BY t.created_at DESC, t.id DESC LIMIT ?"
-        rows = [dict(r) for r in self.db.execute(sql, [*args, flt.limit])]
+        # Plain tuples zipped with the column names once: sqlite3.Row costs more per row than
+        # the query itself at 100 rows.
+        cur = self.db.cursor()
+        cur.row_factory = None
+        cur.execute(sql, [*args, flt.limit])
+        cols = [d[0] for d in cur.description]
+        rows = [dict(zip(cols, t, strict=True)) for t in cur.fetchall()]
         if not rows:
             return rows
         by_id = {r["id"]: r for r in rows}
@@ -313,14 +320,13 @@ class Index:
             r["steps"] = json.loads(r["steps"])
             r["files"] = []
         marks = ",".join("?" * len(by_id))
-        for f in self.db.execute(
-            f"SELECT trace_id, kind, path, bytes, upload_state, s3_uri, last_error, deleted"
-            f" FROM files WHERE trace_id IN ({marks}) ORDER BY id",
+        cur.execute(
+            f"SELECT trace_id, {', '.join(_FILE_COLS)} FROM files"
+            f" WHERE trace_id IN ({marks}) ORDER BY id",
             list(by_id),
-        ):
-            by_id[f["trace_id"]]["files"].append(
-                {k: f[k] for k in f.keys() if k != "trace_id"}  # noqa: SIM118
-            )
+        )
+        for trace_id, *values in cur.fetchall():
+            by_id[trace_id]["files"].append(dict(zip(_FILE_COLS, values, strict=True)))
         for r in rows:
             trace_file = next((f for f in r["files"] if f["kind"] == "trace"), None)
             states = {f["upload_state"] for f in r["files"]}
