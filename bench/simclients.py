@@ -27,6 +27,7 @@ from profd_client.identity import Identity
 from profd_client.steps import Stepper
 
 ARMS: dict[str, list[tuple[int, float]]] = defaultdict(list)
+ARMS_LOCK = threading.Lock()
 
 
 RECONNECTS: list[int] = []
@@ -39,7 +40,9 @@ class TimedAgent(Agent):
         super()._connect(zmq, ctx, poller)
 
     def _arm(self, msg: dict[str, Any]) -> None:
-        ARMS[msg["session"]].append((self.who.rank, time.monotonic()))
+        # Under the lock: an append racing the "arms" pop would land in a dropped list.
+        with ARMS_LOCK:
+            ARMS[msg["session"]].append((self.who.rank, time.monotonic()))
         super()._arm(msg)
 
 
@@ -117,7 +120,9 @@ def main() -> None:
             n = sum(ag.connected.is_set() for _, ag in pairs)
             print(json.dumps({"connected": n, "count": len(pairs)}), flush=True)
         elif op == "arms":
-            print(json.dumps({"times": list(ARMS.pop(cmd["session"], []))}), flush=True)
+            with ARMS_LOCK:
+                times = ARMS.pop(cmd["session"], [])
+            print(json.dumps({"times": times}), flush=True)
         elif op == "reconnects":
             print(json.dumps({"n": RECONNECTS}), flush=True)
         elif op == "steps":

@@ -191,6 +191,23 @@ class Daemon:
                 del self.orphans[key]
                 if key not in self.registry.by_key:
                     self.target_gone(key, "process did not come back after a daemon restart")
+        self.rearm_pending()
+
+    def rearm_pending(self) -> None:
+        """Send ``arm`` again to targets that have not acked it after a heartbeat interval.
+
+        Pushes are fire-and-forget to a routing id; a reconnect between the send and the
+        delivery loses one. Clients ignore an arm for a session they already hold.
+        """
+        now = time.time()
+        for s in self.sessions.live():
+            if now - s.created_at < self.cfg.heartbeat_interval:
+                continue
+            for t in s.targets.values():
+                if t.state == "pending" and t.client_final is None:
+                    c = self.registry.by_key.get(t.key)
+                    if c is not None:
+                        self.control.arm(s, c)
 
     # --- reports from workers -----------------------------------------------------------------
     def on_samples(self, samples: list[Sample]) -> None:
