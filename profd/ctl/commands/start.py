@@ -37,7 +37,13 @@ from .wait import follow
 @click.option("--memory-snapshot", is_flag=True, help="CUDA memory snapshot for memory_viz.")
 @click.option("--region", help="One trace per entry into profd_client.region(NAME).")
 @click.option("--label", help="Free text stored with the session.")
-@click.option("--backend", type=click.Choice(["torch", "nsys"]), default="torch", show_default=True)
+@click.option(
+    "--backend",
+    type=click.Choice(["torch", "nsys"]),
+    default="torch",
+    show_default=True,
+    help="nsys is reserved: the daemon refuses it until the Nsight backend exists.",
+)
 @click.option("--wait", "wait_", is_flag=True, help="Follow progress until the session ends.")
 @click.option("--timeout", type=float, default=0, help="With --wait: give up after N seconds.")
 @click.pass_obj
