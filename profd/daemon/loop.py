@@ -57,6 +57,7 @@ class Daemon:
         self.control.check_auto_rules()
         self.uploads: Any = None  # set by the S3 layer when configured
         self.orphans: dict[tuple[str, int], float] = {}
+        self.sample_pids: tuple[int, ...] = ()  # local pids, republished by tick()
         self.ctx: Any = zmq.Context.instance()
         self.agent_sock: Any = None
         self.control_sock: Any = None
@@ -86,7 +87,8 @@ class Daemon:
         self._restore()
         sampler = Sampler(
             self.cfg.sample_interval,
-            pids=lambda: [c.pid for c in self.registry if c.host == self.host],
+            # The sampler thread reads a snapshot the loop publishes, never the registry.
+            pids=lambda: list(self.sample_pids),
             report=lambda samples: self.reactor.call_soon(self.on_samples, samples),
         )
         sampler.start()
@@ -183,6 +185,7 @@ class Daemon:
             log.debug("send to client failed: %s", exc)
 
     def tick(self, now: float) -> None:
+        self.sample_pids = tuple(c.pid for c in self.registry if c.host == self.host)
         timeout = MISSED_HEARTBEATS * self.cfg.heartbeat_interval
         for c in self.registry.stale(now, timeout):
             self.drop_client(c, f"missed heartbeats for {timeout:.0f}s")
