@@ -56,6 +56,33 @@ class S3Config:
 
 
 @dataclass(frozen=True)
+class NsysConfig:
+    """``[nsys]``: where the Nsight Systems CLI is and how long to wait for its reports."""
+
+    path: str | None = None  # default: ``nsys`` on PATH
+    #: Seconds after the last rank ends a range before profd forces ``nsys stop``: nsys
+    #: writes a report only when its collection ends, and a big one takes minutes.
+    finalize_timeout: float = 300.0
+    #: Seconds any one nsys CLI call (start, stop, stats) may take.
+    command_timeout: float = 120.0
+
+
+def _nsys(table: Mapping[str, Any], env: Mapping[str, str]) -> NsysConfig:
+    unknown = set(table) - set(NsysConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"[nsys]: unknown keys {sorted(unknown)}")
+    kw: dict[str, Any] = dict(table)
+    if env.get("PROFD_NSYS"):
+        kw["path"] = env["PROFD_NSYS"]
+    if env.get("PROFD_NSYS_FINALIZE_TIMEOUT"):
+        kw["finalize_timeout"] = env["PROFD_NSYS_FINALIZE_TIMEOUT"]
+    for k in ("finalize_timeout", "command_timeout"):
+        if k in kw:
+            kw[k] = float(kw[k])
+    return NsysConfig(**kw)
+
+
+@dataclass(frozen=True)
 class AutoRule:
     """A standing ``[[auto]]`` rule: a start spec applied to every matching client on attach."""
 
@@ -75,6 +102,7 @@ class Config:
     max_spool_bytes: int | None = None
     log_level: str = "info"
     s3: S3Config = field(default_factory=S3Config)
+    nsys: NsysConfig = field(default_factory=NsysConfig)
     auto: tuple[AutoRule, ...] = ()
 
     @property
@@ -187,6 +215,9 @@ def load(
     s3_table = data.get("s3", {})
     if not isinstance(s3_table, dict):
         raise ConfigError("[s3] must be a table")
+    nsys_table = data.get("nsys", {})
+    if not isinstance(nsys_table, dict):
+        raise ConfigError("[nsys] must be a table")
     auto = data.get("auto", [])
     if not isinstance(auto, list) or not all(isinstance(a, dict) for a in auto):
         raise ConfigError("[[auto]] must be an array of tables")
@@ -205,6 +236,7 @@ def load(
             ),
             log_level=str(daemon.get("log_level", "info")),
             s3=_s3(s3_table, s3_url or e.get("PROFD_S3_URL"), e.get("PROFD_S3_ENDPOINT_URL")),
+            nsys=_nsys(nsys_table, e),
             auto=tuple(AutoRule(spec=a) for a in auto),
         )
     except (TypeError, ValueError) as exc:

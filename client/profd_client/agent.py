@@ -163,6 +163,7 @@ class Agent(threading.Thread):
             torch=tv,
             device=dev,
             sessions=self.stepper.busy_sessions(),
+            nsys_session=os.environ.get(P.NSYS_SESSION_ENV) or None,
         )
 
     def _heartbeat(self) -> dict[str, Any]:

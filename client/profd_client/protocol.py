@@ -95,6 +95,8 @@ SCHEMAS: Final[dict[str, dict[str, _Spec]]] = {
         # Sessions this process is still working on (armed plans), so a restarted daemon
         # knows the target is alive and busy.
         "sessions": (_LIST, False),
+        # The Nsight Systems session the process runs under (``profctl run --nsys``), if any.
+        "nsys_session": (_OPT_STR, False),
     },
     HEARTBEAT: {"step": (_INT, False), "sps": (_NUM, False), "state": (_STR, False)},
     ARMED: {"session": (_STR, True), "cycles": (_LIST, True)},
@@ -305,3 +307,5 @@ BOOL_OPTIONS: Final = frozenset(
     }
 )
 BACKENDS: Final = frozenset({"torch", "nsys"})
+#: Set by ``profctl run --nsys`` for the launched job: the nsys session to drive.
+NSYS_SESSION_ENV: Final = "PROFD_NSYS_SESSION"

@@ -23,6 +23,7 @@ from typing import Any
 
 from . import protocol as P
 from .capture import CaptureResult, TorchCapture, torch_info
+from .nsysrange import NsysRange
 
 NEVER = 1 << 62
 _ids = itertools.count(1)
@@ -56,7 +57,7 @@ class Live:
     cycle: int
     stop: int  # first step not captured
     # For region-scoped plans the window is open but a profiler runs only inside the region.
-    capture: TorchCapture | None = None
+    capture: TorchCapture | NsysRange | None = None
 
 
 class Stepper:
@@ -201,8 +202,19 @@ class Stepper:
             self.live = Live(plan=plan, cycle=cycle, stop=b)
             self._progress(plan.session, "capturing", None)
             return
-        cap = TorchCapture(plan.options, plan.incoming / f"c{cycle}", self.stem, w, a)
-        cap.start()
+        cap: TorchCapture | NsysRange
+        if plan.backend == "nsys":
+            cap = NsysRange(a)
+        else:
+            cap = TorchCapture(plan.options, plan.incoming / f"c{cycle}", self.stem, w, a)
+        try:
+            cap.start()
+        except Exception as exc:
+            # The same cause would fail every later cycle too: give the whole plan up.
+            self._plans.remove(plan)
+            what = "cudaProfilerStart" if plan.backend == "nsys" else "torch.profiler start"
+            self._progress(plan.session, "failed", f"{what} failed: {exc}")
+            return
         self.live = Live(plan=plan, cycle=cycle, stop=b, capture=cap)
         self._progress(plan.session, "capturing", None)
 

@@ -48,6 +48,8 @@ class AgentHandler:
             try:
                 P.safe_name(msg["job"], "job")
                 P.safe_name(msg["role"], "role")
+                if msg.get("nsys_session") is not None:
+                    P.safe_name(msg["nsys_session"], "nsys_session")
             except P.ProtocolError as exc:
                 self.rejected += 1
                 self.d.send_agent(ident, P.error(exc.code, str(exc)))
@@ -92,6 +94,7 @@ class AgentHandler:
             allowed=m["allowed"],
             torch=m.get("torch"),
             device=m.get("device"),
+            nsys_session=m.get("nsys_session"),
             step=m["step"],
         )
         old = self.d.registry.add(c)
@@ -111,7 +114,7 @@ class AgentHandler:
         # is sent again; a client ignores an arm for a session it already holds.
         for s in self.d.sessions.live():
             t = s.targets.get(c.key)
-            if t is not None and t.state == "pending" and t.client_final is None:
+            if t is not None and t.state == "pending" and t.client_final is None and not t.hold:
                 self.d.control.arm(s, c)
         if old is None:
             self.d.control.apply_auto_rules(c)
@@ -146,6 +149,13 @@ class AgentHandler:
         if s is None and row is None:
             self.d.send_agent(c.ident, P.encode(P.ACK, id=m["id"]))
             log.warning("dropping report for unknown session %r from pid %s", m["session"], c.pid)
+            return
+        if s is not None and s.backend == "nsys":
+            # nsys writes the report itself: the rank only says its range is over.
+            self.d.send_agent(c.ident, P.encode(P.ACK, id=m["id"]))
+            t = s.targets.get(c.key)
+            if t is not None:
+                self.d.nsys.cycle_reported(s, t, m)
             return
         # Paths come from the session, never from what the client claims.
         m["session"] = s.id if s is not None else row["id"]  # type: ignore[index]

@@ -29,6 +29,8 @@ log = logging.getLogger("profd.control")
 NEXT_LEAD_S = 1.0
 #: Minimum steps of lead, also for a client that has not reported a step rate yet.
 UNKNOWN_RATE_LEAD = 10
+#: Extra lead for ``--backend nsys``: ranks are armed only after ``nsys start`` returned.
+NSYS_START_LEAD_S = 5.0
 START_KEYS = frozenset(
     {
         "job",
@@ -173,12 +175,6 @@ class ControlHandler:
         backend = spec.get("backend") or "torch"
         if backend not in P.BACKENDS:
             raise Refused("bad_request", f"unknown backend {backend!r}: use torch or nsys")
-        if backend == "nsys":
-            raise Refused(
-                "unsupported",
-                "the nsys backend is not implemented yet; use the torch backend"
-                " (--activities cpu,cuda), which records CUDA kernels and NVTX regions too",
-            )
         region = spec.get("region") or None
         label = spec.get("label") or None
         self.check_quota()
@@ -201,12 +197,14 @@ class ControlHandler:
                     f"--memory-snapshot needs CUDA: {c.role} rank {c.rank} (pid {c.pid})"
                     f" runs on {c.device or 'cpu'}",
                 )
+        if backend == "nsys":
+            self.d.nsys.check(dict(spec), options, targets)
         jobs = sorted({c.job for c in targets})
         if len(jobs) > 1:
             raise Refused(
                 "no_match", f"selector matches several jobs ({', '.join(jobs)}): add --job"
             )
-        cycles = self.resolve(sched, targets)
+        cycles = self.resolve(sched, targets, backend)
         s = Session(
             id=new_session_id(),
             job=jobs[0],
@@ -220,10 +218,14 @@ class ControlHandler:
         )
         for c in targets:
             s.targets[c.key] = Target.of(c)
-        # Arm first: the index write happens in the loop's flush, after the reply.
-        for c in targets:
-            self.arm(s, c)
         self.d.sessions.add(s)
+        if backend == "nsys":
+            # Armed once nsys listens: see NsysRuns.
+            self.d.nsys.begin(s, targets, self.d.captures.incoming_dir(s.job, s.id))
+        else:
+            # Arm first: the index write happens in the loop's flush, after the reply.
+            for c in targets:
+                self.arm(s, c)
         log.info(
             "session %s: %s steps %s on %d target(s)",
             s.id,
@@ -246,13 +248,16 @@ class ControlHandler:
             ],
         }
 
-    def resolve(self, sched: sch.Schedule, targets: list[Client]) -> list[sch.Cycle]:
+    def resolve(
+        self, sched: sch.Schedule, targets: list[Client], backend: str = "torch"
+    ) -> list[sch.Cycle]:
         now = time.monotonic()
         earliest = 1
+        lead_s = NEXT_LEAD_S + (NSYS_START_LEAD_S if backend == "nsys" else 0.0)
         for c in targets:
             est = c.estimated_step(now)
             # At least UNKNOWN_RATE_LEAD steps: a rate of 0 may just not be reported yet.
-            ahead = max(c.sps * NEXT_LEAD_S, UNKNOWN_RATE_LEAD)
+            ahead = max(c.sps * lead_s, UNKNOWN_RATE_LEAD)
             lead = math.ceil(est + ahead) + 2
             earliest = max(earliest, lead, self.d.sessions.busy_until(c.key))
         try:

@@ -26,6 +26,7 @@ from . import runtime
 from .agents import AgentHandler
 from .captures import Captures, Job
 from .control import ControlHandler
+from .nsysruns import NsysRuns
 from .reactor import Reactor
 from .registry import Client, Registry
 from .sampler import Sample, Sampler
@@ -54,6 +55,7 @@ class Daemon:
         self.captures = Captures(self.spool, self.reactor, cfg.pipeline_workers, self.on_processed)
         self.agents = AgentHandler(self)
         self.control = ControlHandler(self)
+        self.nsys = NsysRuns(self)
         self.control.check_auto_rules()
         self.uploads: Any = None  # set by the S3 layer when configured
         self.orphans: dict[tuple[str, int], float] = {}
@@ -129,6 +131,7 @@ class Daemon:
         # Let running post-processing finish: its raw input is deleted only on success, and
         # the inbox row makes the next daemon redo anything cut off.
         self.captures.shutdown()
+        self.nsys.shutdown()
         while self.reactor.run_pending():
             pass
         self.flush()
@@ -138,6 +141,9 @@ class Daemon:
     def _restore(self) -> None:
         deadline = time.monotonic() + RESTORE_GRACE_S
         for s in self.sessions.restore():
+            if s.backend == "nsys":
+                self.nsys.restored(s)
+                continue
             for t in s.targets.values():
                 self.orphans[t.key] = deadline
         for key, msg in self.index.inbox_pending():
@@ -195,6 +201,7 @@ class Daemon:
                 if key not in self.registry.by_key:
                     self.target_gone(key, "process did not come back after a daemon restart")
         self.rearm_pending()
+        self.nsys.poll(now)
 
     def rearm_pending(self) -> None:
         """Send ``arm`` again to targets that have not acked it after a heartbeat interval.
@@ -207,7 +214,7 @@ class Daemon:
             if now - s.created_at < self.cfg.heartbeat_interval:
                 continue
             for t in s.targets.values():
-                if t.state == "pending" and t.client_final is None:
+                if t.state == "pending" and t.client_final is None and not t.hold:
                     c = self.registry.by_key.get(t.key)
                     if c is not None:
                         self.control.arm(s, c)
@@ -319,6 +326,8 @@ class Daemon:
             return
         for s, manifest in finished:
             log.info("session %s %s", s.id, s.state)
+            if s.backend == "nsys":
+                self.nsys.session_ended(s)
             _remove_empty_tree(self.captures.incoming_dir(s.job, s.id))
             self.index.add_file(
                 {

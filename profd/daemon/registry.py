@@ -21,6 +21,7 @@ class Client:
     allowed: bool
     torch: str | None
     device: str | None
+    nsys_session: str | None = None  # launched by ``profctl run --nsys``
     attached_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     step: int = 0
@@ -61,6 +62,7 @@ class Client:
             "gpu_mem_bytes": self.gpu_mem,
             "torch": self.torch,
             "device": self.device,
+            "nsys_session": self.nsys_session,
             "attached_at": self.attached_at,
         }
 

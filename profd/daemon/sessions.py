@@ -43,6 +43,7 @@ class Target:
     outstanding: int = 0  # captures reported and not yet through the pipeline
     client_final: str | None = None  # the client's terminal report
     gone: bool = False  # the process left or died
+    hold: bool = False  # not to be armed yet (an nsys collection is still starting)
     results: list[dict[str, Any]] = field(default_factory=list)
 
     @property

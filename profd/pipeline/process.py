@@ -265,6 +265,17 @@ def _op_table(title: str, stats: Sequence[OpStat], top_n: int) -> list[str]:
     return lines
 
 
+def header_lines(title: str, header: Mapping[str, str]) -> list[str]:
+    """A summary's title and aligned ``key: value`` lines, then a blank line."""
+    lines = [title]
+    width = max((len(k) for k in header), default=0)
+    for key, value in header.items():
+        # A stray newline in a caller's value would otherwise forge extra header lines.
+        lines.append(f"{key + ':':<{width + 1}} {' '.join(str(value).splitlines())}")
+    lines.append("")
+    return lines
+
+
 def render_summary(
     header: Mapping[str, str],
     steps: StepStats,
@@ -272,12 +283,7 @@ def render_summary(
     gpu_ops: Sequence[OpStat],
     top_n: int,
 ) -> str:
-    lines = ["# profd trace summary"]
-    width = max((len(k) for k in header), default=0)
-    for key, value in header.items():
-        # A stray newline in a caller's value would otherwise forge extra header lines.
-        lines.append(f"{key + ':':<{width + 1}} {' '.join(str(value).splitlines())}")
-    lines.append("")
+    lines = header_lines("# profd trace summary", header)
     lines.append("## step time (ProfilerStep#N)")
     lines.append(
         f"count {len(steps.durations_ms)}  p50 {_fmt_ms(steps.p50_ms)} ms  "

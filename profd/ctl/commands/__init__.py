@@ -14,4 +14,5 @@ COMMANDS: dict[str, str] = {
     "traces": "traces:traces",
     "pull": "pull:pull",
     "retry": "retry:retry",
+    "run": "run:run",
 }

@@ -42,7 +42,7 @@ from .wait import follow
     type=click.Choice(["torch", "nsys"]),
     default="torch",
     show_default=True,
-    help="nsys is reserved: the daemon refuses it until the Nsight backend exists.",
+    help="nsys needs the job launched with `profctl run --nsys -- CMD`.",
 )
 @click.option("--wait", "wait_", is_flag=True, help="Follow progress until the session ends.")
 @click.option("--timeout", type=float, default=0, help="With --wait: give up after N seconds.")

@@ -1,0 +1,389 @@
+"""nsys collections for ``--backend nsys`` sessions. Owned by the event loop.
+
+The targets of one profd session that run under the same ``nsys launch`` share one nsys
+collection (nsys collects per launched process tree), so they share one report per cycle:
+a :class:`Collection`. Its life:
+
+1. ``nsys start`` runs on a worker thread; targets are armed only once it succeeded, so no
+   rank calls ``cudaProfilerStart`` before nsys listens for it.
+2. Each rank reports the end of each cycle (``captured`` with no files). When every live
+   target of the collection has, the cycle waits for its report.
+3. ``tick`` polls the output path the daemon chose; a report whose size is stable is moved into
+   the cycle dir and summarised on a worker thread, then indexed for each target.
+4. A report that does not appear within ``[nsys] finalize_timeout`` gets ``nsys stop`` (nsys
+   finalises what it collected); if still nothing comes, the cycle fails with the path it
+   expected, never silently.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures as cf
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from profd_client import protocol as P
+
+from .. import nsys
+from ..pipeline.nsys_report import finish_report
+from ..pipeline.process import ProcessedTrace
+from .captures import Job
+from .control import Refused
+from .registry import Client
+from .sessions import TARGET_TERMINAL, Session, Target
+
+if TYPE_CHECKING:
+    from .loop import Daemon
+
+log = logging.getLogger("profd.nsys")
+
+Key = tuple[str, int]
+#: After ``nsys stop``: how long nsys may take to write what it had.
+STOP_GRACE_S = 30.0
+
+
+@dataclass
+class Collection:
+    session: str  # the profd session
+    job: str
+    nsys_session: str
+    base: Path  # the output path given to ``nsys start``
+    keys: list[Key]
+    ranges: int
+    started: bool = False
+    stopped: bool = False  # ``nsys stop`` was sent: no report comes after what it flushed
+    busy: bool = False  # an nsys command or a report move is in flight
+    reported: dict[int, dict[Key, dict[str, Any]]] = field(default_factory=dict)
+    ended: list[int] = field(default_factory=list)  # cycles whose range is over, in order
+    collected: int = 0  # reports taken so far; ended[collected] is the one awaited
+    deadline: float | None = None
+    sizes: dict[Path, int] = field(default_factory=dict)
+
+    def stem(self, s: Session) -> str:
+        if len(self.keys) == 1:
+            t = s.targets[self.keys[0]]
+            return f"{t.role}-r{t.rank}"
+        return f"nsys-{self.nsys_session}"
+
+
+class NsysRuns:
+    def __init__(self, daemon: Daemon) -> None:
+        self.d = daemon
+        self.cfg = daemon.cfg.nsys
+        self.by_session: dict[str, list[Collection]] = {}
+        self.pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="profd-nsys")
+
+    @property
+    def binary(self) -> str | None:
+        return nsys.find(self.cfg.path)
+
+    # --- start ---------------------------------------------------------------------------------
+    def check(self, spec: dict[str, Any], options: dict[str, Any], targets: list[Client]) -> None:
+        """Refuse what the nsys backend cannot do, with the reason, before anything starts."""
+        if self.binary is None:
+            where = self.cfg.path or "nsys on PATH"
+            raise Refused("unsupported", f"nsys not found ({where}): set [nsys] path or PROFD_NSYS")
+        if spec.get("region"):
+            raise Refused(
+                "unsupported",
+                "--region is torch-only for now; use --backend torch --region NAME",
+            )
+        if spec.get("warmup"):
+            raise Refused(
+                "bad_request", "--warmup is torch.profiler's; nsys records from the first step"
+            )
+        torch_only = sorted(k for k in P.BOOL_OPTIONS if options.get(k))
+        if torch_only:
+            flag = "--" + torch_only[0].replace("_", "-")
+            raise Refused(
+                "bad_request",
+                f"{flag} is a torch.profiler option; choose nsys's tracing with"
+                " `profctl run --nsys --nsys-trace ...`",
+            )
+        for c in targets:
+            if not c.nsys_session:
+                raise Refused(
+                    "unsupported",
+                    f"{c.role} rank {c.rank} (pid {c.pid}) does not run under nsys: launch"
+                    " the job with `profctl run --nsys -- <command>`",
+                )
+
+    def begin(self, s: Session, targets: list[Client], base_dir: Path) -> None:
+        groups: dict[str, list[Client]] = {}
+        for c in targets:
+            groups.setdefault(c.nsys_session or "", []).append(c)
+        colls = self.by_session.setdefault(s.id, [])
+        for name, members in sorted(groups.items()):
+            coll = Collection(
+                session=s.id,
+                job=s.job,
+                nsys_session=name,
+                base=base_dir / "nsys" / name,
+                keys=[c.key for c in members],
+                ranges=len(s.cycles),
+                busy=True,
+            )
+            colls.append(coll)
+            for c in members:
+                s.targets[c.key].hold = True
+            self._submit(coll, self._start, self._started)
+
+    def _start(self, coll: Collection, binary: str) -> str | None:
+        coll.base.parent.mkdir(parents=True, exist_ok=True)
+        argv = nsys.start_argv(binary, coll.nsys_session, coll.base, coll.ranges)
+        try:
+            nsys.run(argv, self.cfg.command_timeout)
+            return None
+        except nsys.NsysError as first:
+            # A collection left running (a daemon killed mid-session) blocks every later
+            # start in that nsys session: cancel it and try once more.
+            try:
+                nsys.run(nsys.cancel_argv(binary, coll.nsys_session), self.cfg.command_timeout)
+                nsys.run(argv, self.cfg.command_timeout)
+                return None
+            except nsys.NsysError:
+                return str(first)
+
+    def _started(self, coll: Collection, err: str | None) -> None:
+        coll.busy = False
+        s = self.d.sessions.get(coll.session)
+        if s is None:
+            return
+        coll.started = err is None
+        for key in coll.keys:
+            t = s.targets[key]
+            t.hold = False
+            if err is not None:
+                t.client_final = "failed"
+                t.error = f"nsys start failed: {err}"
+                t.settle()
+                self.d.save(s, t)
+                continue
+            c = self.d.registry.by_key.get(key)
+            if c is not None:
+                self.d.control.arm(s, c)
+        if err is None:
+            log.info("session %s: nsys collection on %s -> %s*", s.id, coll.nsys_session, coll.base)
+
+    # --- reports from the ranks ----------------------------------------------------------------
+    def cycle_reported(self, s: Session, t: Target, m: dict[str, Any]) -> None:
+        coll = self._collection(s.id, t.key)
+        if coll is None:
+            return
+        t.outstanding += 1
+        coll.reported.setdefault(int(m["cycle"]), {})[t.key] = m
+        self.d.save(s, t)
+        self._check_ended(s, coll, time.monotonic())
+
+    def _collection(self, session: str, key: Key) -> Collection | None:
+        for coll in self.by_session.get(session, ()):
+            if key in coll.keys:
+                return coll
+        return None
+
+    def _check_ended(self, s: Session, coll: Collection, now: float) -> None:
+        for cycle in sorted(coll.reported):
+            if cycle in coll.ended:
+                continue
+            done = coll.reported[cycle]
+            waiting = [k for k in coll.keys if k not in done and not _finished(s.targets[k])]
+            if waiting:
+                return  # cycles end in order: a later one cannot have ended first
+            coll.ended.append(cycle)
+            if coll.deadline is None:
+                coll.deadline = now + self.cfg.finalize_timeout
+
+    # --- polling for reports (the loop's tick) --------------------------------------------------
+    def poll(self, now: float) -> None:
+        for sid, colls in list(self.by_session.items()):
+            s = self.d.sessions.get(sid)
+            if s is None:
+                continue
+            for coll in colls:
+                if coll.busy or not coll.started:
+                    continue
+                self._check_ended(s, coll, now)
+                if coll.collected < len(coll.ended):
+                    self._look(s, coll, now)
+
+    def _look(self, s: Session, coll: Collection, now: float) -> None:
+        found = nsys.reports(coll.base)
+        if found:
+            # Collected reports are moved away, so the oldest one left is the one awaited.
+            report = found[0]
+            try:
+                size = report.stat().st_size
+            except OSError:
+                return
+            # nsys may still be writing: take a report once its size held for one tick.
+            if size > 0 and coll.sizes.get(report) == size:
+                coll.busy = True
+                cycle = coll.ended[coll.collected]
+                header = self._header(s, coll, cycle)
+                stem = coll.stem(s)
+                final = self.d.captures.final_dir(s.job, s.id, cycle)
+                self._submit(
+                    coll,
+                    lambda c, b: finish_report(
+                        b, report, final, stem, header, self.cfg.command_timeout
+                    ),
+                    lambda c, res: self._collected(c, cycle, res, None),
+                    on_error=lambda c, e: self._collected(c, cycle, None, e),
+                )
+            else:
+                coll.sizes[report] = size
+            return
+        if coll.deadline is None or now < coll.deadline:
+            return
+        if not coll.stopped:
+            coll.stopped = True
+            coll.busy = True
+            log.warning(
+                "session %s: no nsys report at %s* after %.0fs; running nsys stop",
+                s.id,
+                coll.base,
+                self.cfg.finalize_timeout,
+            )
+            self._submit(coll, self._stop, self._after_stop)
+            return
+        self._give_up(s, coll)
+
+    def _stop(self, coll: Collection, binary: str) -> str | None:
+        try:
+            nsys.run(nsys.stop_argv(binary, coll.nsys_session), self.cfg.command_timeout)
+            return None
+        except nsys.NsysError as exc:
+            return str(exc)
+
+    def _after_stop(self, coll: Collection, err: str | None) -> None:
+        coll.busy = False
+        coll.deadline = time.monotonic() + STOP_GRACE_S
+        if err:
+            log.warning("session %s: %s", coll.session, err)
+
+    def _give_up(self, s: Session, coll: Collection) -> None:
+        """Every ended cycle still without a report fails; after a stop none will come."""
+        while coll.collected < len(coll.ended):
+            cycle = coll.ended[coll.collected]
+            self._collected(
+                coll,
+                cycle,
+                None,
+                f"nsys report not written: expected {coll.base}*{nsys.REPORT_SUFFIX}"
+                " (nsys stop did not produce it)",
+            )
+
+    def _collected(
+        self, coll: Collection, cycle: int, res: ProcessedTrace | None, err: str | None
+    ) -> None:
+        coll.busy = False
+        coll.collected += 1
+        coll.deadline = (
+            time.monotonic() + self.cfg.finalize_timeout
+            if coll.collected < len(coll.ended)
+            else None
+        )
+        s = self.d.sessions.get(coll.session)
+        if s is None:
+            return
+        for key, m in coll.reported.get(cycle, {}).items():
+            t = s.targets[key]
+            j = Job(
+                key="",
+                session=s.id,
+                job=s.job,
+                host=t.host,
+                pid=t.pid,
+                role=t.role,
+                rank=t.rank,
+                world_size=t.world_size,
+                cycle=cycle,
+                report=m,
+            )
+            self.d.on_processed(j, res, err, False)
+
+    def _header(self, s: Session, coll: Collection, cycle: int) -> dict[str, str]:
+        ms = coll.reported[cycle]
+        steps = next(iter(ms.values())).get("steps", [])
+        targets = ", ".join(
+            f"{s.targets[k].role}:{s.targets[k].rank} (pid {k[1]})" for k in sorted(ms)
+        )
+        return {
+            "session": s.id,
+            "job": s.job,
+            "host": self.d.host,
+            "nsys_session": coll.nsys_session,
+            "cycle": str(cycle),
+            "steps": ",".join(map(str, steps)),
+            "targets": targets,
+        }
+
+    # --- session end and restarts ----------------------------------------------------------------
+    def session_ended(self, s: Session) -> None:
+        binary = self.binary
+        for coll in self.by_session.pop(s.id, ()):
+            if s.state == "cancelled":
+                for p in coll.base.parent.glob(coll.base.name + "*"):
+                    p.unlink(missing_ok=True)
+            if coll.started and not coll.stopped and coll.collected < coll.ranges and binary:
+                # Cycles were missed or ranks left: the collection still waits for ranges,
+                # and would refuse the next session's `nsys start`.
+                argv = nsys.cancel_argv(binary, coll.nsys_session)
+                self.pool.submit(_quiet, argv, self.cfg.command_timeout)
+
+    def restored(self, s: Session) -> None:
+        """A session left open by a killed daemon: its collection state is gone with it."""
+        base = self.d.captures.incoming_dir(s.job, s.id) / "nsys"
+        for t in s.targets.values():
+            if t.state in TARGET_TERMINAL:
+                continue
+            t.client_final = "failed"
+            t.gone = True
+            t.error = (
+                f"the daemon restarted during this nsys session; reports nsys wrote stay in {base}"
+            )
+            t.settle()
+            self.d.save(s, t)
+
+    def shutdown(self) -> None:
+        self.pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- plumbing ------------------------------------------------------------------------------
+    def _submit(
+        self,
+        coll: Collection,
+        work: Callable[[Collection, str], Any],
+        done: Callable[[Collection, Any], None],
+        on_error: Callable[[Collection, str], None] | None = None,
+    ) -> None:
+        """Run ``work`` on a worker thread; ``done`` (or ``on_error``) runs on the loop."""
+        binary = self.binary or (self.cfg.path or "nsys")
+
+        def finished(fut: cf.Future[Any]) -> None:
+            try:
+                res = fut.result()
+            except Exception as exc:
+                log.error("nsys work for session %s failed: %r", coll.session, exc)
+                msg = f"{type(exc).__name__}: {exc}"
+                if on_error is not None:
+                    self.d.reactor.call_soon(on_error, coll, msg)
+                else:
+                    self.d.reactor.call_soon(done, coll, msg)
+                return
+            self.d.reactor.call_soon(done, coll, res)
+
+        self.pool.submit(work, coll, binary).add_done_callback(finished)
+
+
+def _finished(t: Target) -> bool:
+    return t.state in TARGET_TERMINAL or t.client_final is not None or t.gone
+
+
+def _quiet(argv: list[str], timeout: float) -> None:
+    try:
+        nsys.run(argv, timeout)
+    except nsys.NsysError as exc:
+        log.info("%s", exc)

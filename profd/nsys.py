@@ -1,0 +1,134 @@
+"""The Nsight Systems CLI as profd drives it: command lines, a runner, report discovery.
+
+profd uses nsys's interactive sessions:
+
+* ``profctl run --nsys -- CMD`` runs ``nsys launch --session-new=NAME ... CMD``: the job runs
+  with nsys injected but collects nothing, and its clients report ``NAME`` to the daemon.
+* For a session with ``--backend nsys`` the daemon runs ``nsys start --session=NAME
+  --capture-range=cudaProfilerApi`` with an output path it chose inside its spool; the armed
+  ranks call ``cudaProfilerStart``/``cudaProfilerStop`` at the exact step boundaries.
+* nsys writes one report per capture range. The daemon picks the reports up from the path it
+  chose (never from a node-local temp dir it has to guess), and if a report does not appear
+  in time it runs ``nsys stop``, which makes nsys finalise what it collected.
+
+Nothing here imports torch; the calls are plain subprocesses with timeouts.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPORT_SUFFIX = ".nsys-rep"
+PARTIAL_SUFFIX = ".qdstrm"  # nsys's raw stream, converted into the report at the end
+DEFAULT_TRACE = "cuda,nvtx,osrt"
+STATS_REPORTS = ("nvtx_sum", "cuda_gpu_kern_sum")
+
+
+class NsysError(Exception):
+    """An nsys command failed; the message is one line with nsys's own words."""
+
+
+@dataclass(frozen=True)
+class Result:
+    rc: int
+    output: str
+
+    def tail(self, n: int = 300) -> str:
+        text = " ".join(self.output.split())
+        return text[-n:]
+
+
+def find(configured: str | None) -> str | None:
+    """The nsys binary: the configured path or name, else ``nsys`` on PATH."""
+    name = configured or "nsys"
+    if os.sep in name:
+        return name if os.access(name, os.X_OK) else None
+    return shutil.which(name)
+
+
+def launch_argv(
+    nsys: str,
+    session: str,
+    cmd: Sequence[str],
+    trace: str = DEFAULT_TRACE,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    return [nsys, "launch", f"--session-new={session}", f"--trace={trace}", *extra, *cmd]
+
+
+def start_argv(nsys: str, session: str, output: Path, ranges: int) -> list[str]:
+    # "stop" ends the collection after one range; repeat:N writes one report per range.
+    end = "stop" if ranges == 1 else f"repeat:{ranges}"
+    return [
+        nsys,
+        "start",
+        f"--session={session}",
+        "--capture-range=cudaProfilerApi",
+        f"--capture-range-end={end}",
+        f"--output={output}",
+        "--force-overwrite=true",
+    ]
+
+
+def stop_argv(nsys: str, session: str) -> list[str]:
+    return [nsys, "stop", f"--session={session}"]
+
+
+def cancel_argv(nsys: str, session: str) -> list[str]:
+    return [nsys, "cancel", f"--session={session}"]
+
+
+def stats_argv(nsys: str, report: Path) -> list[str]:
+    argv = [nsys, "stats", "--force-export=true"]
+    for r in STATS_REPORTS:
+        argv += ["--report", r]
+    return [*argv, str(report)]
+
+
+def run(argv: Sequence[str], timeout: float) -> Result:
+    """Run one nsys command; raises :class:`NsysError` when it cannot run or fails."""
+    try:
+        p = subprocess.run(
+            list(argv),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=timeout,
+        )
+    except FileNotFoundError:
+        raise NsysError(f"nsys not found at {argv[0]}") from None
+    except subprocess.TimeoutExpired:
+        raise NsysError(f"`nsys {argv[1]}` did not finish in {timeout:.0f}s") from None
+    res = Result(p.returncode, (p.stdout or "") + (p.stderr or ""))
+    if p.returncode != 0:
+        raise NsysError(f"`nsys {argv[1]}` exited {p.returncode}: {res.tail()}")
+    return res
+
+
+def reports(base: Path) -> list[Path]:
+    """Finished reports nsys wrote for output ``base``, in capture-range order.
+
+    With several ranges nsys numbers the reports; the first may carry no number. A report
+    whose raw ``.qdstrm`` stream is still beside it is being converted and is not listed.
+    """
+    pat = re.compile(re.escape(base.name) + r"(?:[._-](\d+))?" + re.escape(REPORT_SUFFIX) + "$")
+    found: list[tuple[int, Path]] = []
+    try:
+        entries = list(base.parent.iterdir())
+    except OSError:
+        return []
+    for p in entries:
+        m = pat.match(p.name)
+        if m is None:
+            continue
+        if p.with_name(p.name[: -len(REPORT_SUFFIX)] + PARTIAL_SUFFIX).exists():
+            continue
+        found.append((int(m.group(1) or 0), p))
+    return [p for _, p in sorted(found)]
