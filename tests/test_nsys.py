@@ -10,7 +10,6 @@ Everything else is real: the daemon, profctl, torchrun with gloo, the spool, the
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 import pytest
 from conftest import BIN, JOBS, Daemon, Job, wait_for
-from test_captures import open_gate_when_armed, start, start_and_wait, traces, wait_session
+from test_captures import open_gate_when_armed, start, traces, wait_session
 
 NSYS_DOUBLE = Path(__file__).resolve().parent / "doubles" / "nsys"
 WAIT = 120.0
@@ -193,6 +192,14 @@ def test_nsys_refusals_say_why_and_start_nothing(bench: NsysBench, tmp_path: Pat
         assert why in r.stderr and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert bench.d.ctl_json("sessions") == []
     assert bench.calls("start") == []
+
+    # One collection per launch at a time: a second session on it is refused, not queued
+    # (a second `nsys start` would fail, and must never cancel the first one's collection).
+    first = start(bench.d, "--backend", "nsys", "--job", "under", "--at-step", "380")
+    r = bench.d.ctl("start", "--backend", "nsys", "--job", "under", "--at-step", "390")
+    assert r.returncode == 1 and f"is collecting for session {first['session']}" in r.stderr
+    wait_for(lambda: len(bench.calls("start")) == 1, 30, "the first session's nsys start")
+    assert bench.d.ctl("cancel", first["session"]).returncode == 0
 
     # profctl run --nsys without an nsys binary: one line, exit 1, nothing launched.
     e = bench.env()

@@ -336,6 +336,10 @@ class ControlHandler:
                 sched = sch.parse(spec)
                 if not sched.explicit:
                     raise ValueError("needs steps or at_step: --next would differ per rank")
+                if spec.get("backend", "torch") != "torch":
+                    # Ranks join a rule's session one by one as they attach; an nsys
+                    # collection is started once per session, before arming.
+                    raise ValueError("supports the torch backend only")
                 sch.resolve(sched)
                 P.options(spec.get("options") or {})
             except (ValueError, P.ProtocolError) as exc:

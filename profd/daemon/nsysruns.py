@@ -55,6 +55,7 @@ class Collection:
     ranges: int
     started: bool = False
     stopped: bool = False  # ``nsys stop`` was sent: no report comes after what it flushed
+    dead: bool = False  # gave up on a report: later cycles fail rather than guess
     busy: bool = False  # an nsys command or a report move is in flight
     reported: dict[int, dict[Key, dict[str, Any]]] = field(default_factory=dict)
     ended: list[int] = field(default_factory=list)  # cycles whose range is over, in order
@@ -103,7 +104,19 @@ class NsysRuns:
                 f"{flag} is a torch.profiler option; choose nsys's tracing with"
                 " `profctl run --nsys --nsys-trace ...`",
             )
+        busy = {
+            coll.nsys_session: sid
+            for sid, colls in self.by_session.items()
+            for coll in colls
+            if coll.collected < coll.ranges and not coll.stopped
+        }
         for c in targets:
+            if c.nsys_session in busy:
+                raise Refused(
+                    "busy",
+                    f"nsys session {c.nsys_session} (pid {c.pid}) is collecting for session"
+                    f" {busy[c.nsys_session]}: nsys runs one collection per launch at a time",
+                )
             if not c.nsys_session:
                 raise Refused(
                     "unsupported",
@@ -210,6 +223,10 @@ class NsysRuns:
                     self._look(s, coll, now)
 
     def _look(self, s: Session, coll: Collection, now: float) -> None:
+        if coll.dead:
+            # After a give-up a late report could be mistaken for a later cycle's.
+            self._give_up(s, coll)
+            return
         found = nsys.reports(coll.base)
         if found:
             # Collected reports are moved away, so the oldest one left is the one awaited.
@@ -266,6 +283,7 @@ class NsysRuns:
 
     def _give_up(self, s: Session, coll: Collection) -> None:
         """Every ended cycle still without a report fails; after a stop none will come."""
+        coll.dead = True
         while coll.collected < len(coll.ended):
             cycle = coll.ended[coll.collected]
             self._collected(

@@ -328,7 +328,16 @@ class Index:
         for trace_id, *values in cur.fetchall():
             by_id[trace_id]["files"].append(dict(zip(_FILE_COLS, values, strict=True)))
         for r in rows:
-            trace_file = next((f for f in r["files"] if f["kind"] == "trace"), None)
+            if not r["files"]:
+                # An nsys report shared by several ranks of one launch is stored once, under
+                # the first rank's trace: the others find it by path.
+                cur.execute(
+                    f"SELECT {', '.join(_FILE_COLS)} FROM files WHERE trace_id ="
+                    " (SELECT trace_id FROM files WHERE path = ?) ORDER BY id",
+                    (r["path"],),
+                )
+                r["files"] = [dict(zip(_FILE_COLS, v, strict=True)) for v in cur.fetchall()]
+            trace_file = next((f for f in r["files"] if f["path"] == r["path"]), None)
             states = {f["upload_state"] for f in r["files"]}
             r["upload_state"] = _combined_upload_state(states)
             r["s3_uri"] = trace_file["s3_uri"] if trace_file else None

@@ -20,6 +20,8 @@ COLUMNS: list[Column] = [
     ("STEP", lambda r: r["step"]),
     ("STEPS/S", lambda r: f"{r['steps_per_s']:.1f}"),
     ("STATE", lambda r: r["state"] + ("" if r["allowed"] else " (excluded)")),
+    # Which jobs `--backend nsys` can capture: those started with `profctl run --nsys`.
+    ("NSYS", lambda r: "yes" if r.get("nsys_session") else "-"),
     ("CPU%", lambda r: opt(r["cpu_percent"], "{:.0f}")),
     ("RSS", lambda r: size(r["rss_bytes"])),
     ("GPU%", lambda r: opt(r["gpu_util"], "{:.0f}")),
