@@ -26,6 +26,27 @@ class CaptureResult:
     error: str | None = None
     notes: list[str] = field(default_factory=list)
 
+    @classmethod
+    def ending_now(
+        cls,
+        files: list[dict[str, str]],
+        steps: range,
+        started_at: float,
+        stop_began: float,
+        error: str | None,
+        notes: list[str],
+    ) -> CaptureResult:
+        """The result of a capture whose stop began at ``stop_began`` (perf_counter)."""
+        return cls(
+            files=files,
+            steps=list(steps),
+            started_at=started_at,
+            ended_at=time.time(),
+            stall_ms=(time.perf_counter() - stop_began) * 1000.0,
+            error=error,
+            notes=notes,
+        )
+
 
 def torch_info() -> tuple[str | None, str | None]:
     """(torch version, device description) without initialising CUDA needlessly."""
@@ -140,16 +161,8 @@ class TorchCapture:
             error = f"export failed: {type(exc).__name__}: {exc}"
         finally:
             _scopes.uninstall()
-        stall_ms = (time.perf_counter() - t0) * 1000.0
-        return CaptureResult(
-            files=files,
-            steps=list(range(self.start_step, last_step + 1)),
-            started_at=self.started_at,
-            ended_at=time.time(),
-            stall_ms=stall_ms,
-            error=error,
-            notes=self.notes,
-        )
+        steps = range(self.start_step, last_step + 1)
+        return CaptureResult.ending_now(files, steps, self.started_at, t0, error, self.notes)
 
     def abandon(self) -> None:
         try:

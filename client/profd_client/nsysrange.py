@@ -57,16 +57,8 @@ class NsysRange:
             self._torch.cuda.profiler.stop()
         except Exception as exc:  # a failed stop must not reach training code
             error = f"cudaProfilerStop failed: {type(exc).__name__}: {exc}"
-        stall_ms = (time.perf_counter() - t0) * 1000.0
-        return CaptureResult(
-            files=[],
-            steps=list(range(self.start_step, last_step + 1)),
-            started_at=self.started_at,
-            ended_at=time.time(),
-            stall_ms=stall_ms,
-            error=error,
-            notes=self.notes,
-        )
+        steps = range(self.start_step, last_step + 1)
+        return CaptureResult.ending_now([], steps, self.started_at, t0, error, self.notes)
 
     def abandon(self) -> None:
         # Stop anyway: an open range would keep nsys collecting until the process exits.
