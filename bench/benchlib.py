@@ -12,13 +12,12 @@ import math
 import os
 import platform
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -26,7 +25,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
-BIN = Path(sys.executable).parent
+# The daemon launcher the tests use too (tests/daemonproc.py).
+sys.path.insert(0, str(ROOT / "tests"))
+from daemonproc import DaemonProcess, wait_for  # noqa: E402
+
 RESULT_KEYS = ("name", "quick", "date", "machine", "params", "rows", "details", "wall_s")
 
 
@@ -211,57 +213,19 @@ def markdown_rows(rows: Iterable[dict[str, Any]]) -> str:
 
 
 # --- a real daemon ----------------------------------------------------------------------------
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
-
-
 @dataclass
-class Daemon:
-    """A real ``profd run`` subprocess in its own temporary directories."""
+class Daemon(DaemonProcess):
+    """A real ``profd run`` in a temporary dir, with the daemon's heartbeat set by config."""
 
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="profd-bench-")))
     heartbeat: float = 1.0
-    extra_env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
+    ctl_timeout: float = 120.0
     _conn: Any = None
 
-    @property
-    def runtime_dir(self) -> Path:
-        return self.root / "run"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.root / "state"
-
-    @property
-    def spool(self) -> Path:
-        return self.state_dir / "spool"
-
-    def env(self) -> dict[str, str]:
-        e = dict(os.environ)
-        e.pop("PROFD_CONFIG", None)
-        e.update(
-            PROFD_RUNTIME_DIR=str(self.runtime_dir),
-            PROFD_STATE_DIR=str(self.state_dir),
-            PROFD_HEARTBEAT=str(self.heartbeat),
-        )
-        e.update(self.extra_env)
-        return e
-
     def start(self) -> Daemon:
-        cfg = self.root / "profd.toml"
-        cfg.write_text(f"[daemon]\nheartbeat_interval = {self.heartbeat}\n")
-        env = self.env()
-        env["PROFD_CONFIG"] = str(cfg)
-        logf = (self.root / "profd.log").open("ab")
-        self.proc = subprocess.Popen([str(BIN / "profd"), "run"], env=env, stdout=logf, stderr=logf)
+        self.config = self.root / "profd.toml"
+        self.config.write_text(f"[daemon]\nheartbeat_interval = {self.heartbeat}\n")
+        self.launch()
         wait_for(lambda: (self.runtime_dir / "control.sock").exists(), 30, "daemon socket")
         wait_for(self._answers, 30, "daemon to answer", every=0.1)
         return self
@@ -294,37 +258,15 @@ class Daemon:
     def request(self, t: str, **fields: Any) -> Any:
         return self.conn().request(t, **fields)
 
-    def ctl(self, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(BIN / "profctl"), *args],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def ctl_json(self, *args: str, timeout: float = 120) -> Any:
-        r = self.ctl("--json", *args, timeout=timeout)
-        if r.returncode != 0:
-            raise RuntimeError(f"profctl {args} failed ({r.returncode}): {r.stderr}{r.stdout}")
-        return json.loads(r.stdout)
-
     def stop(self, keep: bool = False) -> None:
         self.close_conn()
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.proc = None
+        self.terminate()
         if not keep:
             shutil.rmtree(self.root, ignore_errors=True)
 
     def log_tail(self, n: int = 4000) -> str:
         try:
-            return (self.root / "profd.log").read_text(errors="replace")[-n:]
+            return self.log.read_text(errors="replace")[-n:]
         except OSError:
             return ""
 

@@ -7,108 +7,34 @@ import os
 import re
 import signal
 import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
+from daemonproc import BIN, DaemonProcess, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 JOBS = Path(__file__).resolve().parent / "jobs"
-BIN = Path(sys.executable).parent
-
-
-def wait_for(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        v = pred()
-        if v:
-            return v
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(every)
 
 
 @dataclass
-class Daemon:
-    """A real ``profd run`` subprocess with its own dirs."""
-
-    root: Path
-    config: Path | None = None
-    extra_env: dict[str, str] = field(default_factory=dict)
-    proc: subprocess.Popen[bytes] | None = None
-
-    @property
-    def runtime_dir(self) -> Path:
-        return self.root / "run"
-
-    @property
-    def state_dir(self) -> Path:
-        return self.root / "state"
-
-    @property
-    def spool(self) -> Path:
-        return self.state_dir / "spool"
-
-    @property
-    def log(self) -> Path:
-        return self.root / "profd.log"
-
-    def env(self) -> dict[str, str]:
-        e = dict(os.environ)
-        e.update(
-            PROFD_RUNTIME_DIR=str(self.runtime_dir),
-            PROFD_STATE_DIR=str(self.state_dir),
-            PROFD_HEARTBEAT="0.5",
-        )
-        e.pop("PROFD_CONFIG", None)
-        if self.config is not None:
-            e["PROFD_CONFIG"] = str(self.config)
-        e.update(self.extra_env)
-        return e
+class Daemon(DaemonProcess):
+    """A real ``profd run -v`` subprocess for one test."""
 
     def start(self, wait: bool = True) -> Daemon:
-        logf = self.log.open("ab")
-        self.proc = subprocess.Popen(
-            [str(BIN / "profd"), "run", "-v"], env=self.env(), stdout=logf, stderr=logf
-        )
+        self.launch("-v")
         if wait:
             wait_for(lambda: self.ctl("status").returncode == 0, 15, "daemon to answer")
         return self
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
-        if self.proc is None:
-            return 0
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-        try:
-            rc = self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            rc = self.proc.wait()
-        self.proc = None
-        return rc
+        return self.terminate(sig)
 
     def kill9(self) -> None:
         self.stop(signal.SIGKILL)
-
-    def ctl(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(BIN / "profctl"), *args],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-        )
-
-    def ctl_json(self, *args: str, timeout: float = 60) -> Any:
-        r = self.ctl(*args, "--json", timeout=timeout)
-        assert r.returncode == 0, f"profctl {args} failed ({r.returncode}): {r.stderr}{r.stdout}"
-        return json.loads(r.stdout)
 
     def ps(self) -> list[dict[str, Any]]:
         r = self.ctl("ps", "--json")
