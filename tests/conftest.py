@@ -14,6 +14,7 @@ from typing import Any
 
 import psutil
 import pytest
+import zmq
 from daemonproc import BIN, DaemonProcess, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -79,6 +80,14 @@ def daemon_factory(tmp_path: Path) -> Iterator[Callable[..., Daemon]]:
     yield make
     for d in made:
         d.stop()
+
+
+@pytest.fixture
+def ctx() -> Iterator[zmq.Context]:
+    """A ZeroMQ context for raw peers of the daemon (see ``rawpeer.py``)."""
+    c = zmq.Context()
+    yield c
+    c.destroy(linger=0)
 
 
 @dataclass

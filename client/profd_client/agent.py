@@ -215,6 +215,7 @@ class Agent(threading.Thread):
                 options=P.options(msg["options"]),
                 incoming=Path(msg["incoming"]),
                 region=msg.get("region"),
+                rev=msg.get("plan", 0),
             )
         except P.ProtocolError as exc:
             self._send(
@@ -225,11 +226,14 @@ class Agent(threading.Thread):
                     state="failed",
                     step=self.stepper.count,
                     error=str(exc),
+                    plan=msg.get("plan", 0),
                 )
             )
             return
         self.stepper.post("arm", plan)
-        self._send(P.encode(P.ARMED, session=session, cycles=[list(c) for c in plan.cycles]))
+        self._send(
+            P.encode(P.ARMED, session=session, cycles=[list(c) for c in plan.cycles], plan=plan.rev)
+        )
 
     def _flush_outbox(self) -> None:
         out = self.stepper.outbox

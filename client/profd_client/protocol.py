@@ -99,13 +99,15 @@ SCHEMAS: Final[dict[str, dict[str, _Spec]]] = {
         "nsys_session": (_OPT_STR, False),
     },
     HEARTBEAT: {"step": (_INT, False), "sps": (_NUM, False), "state": (_STR, False)},
-    ARMED: {"session": (_STR, True), "cycles": (_LIST, True)},
+    # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).
+    ARMED: {"session": (_STR, True), "cycles": (_LIST, True), "plan": (_INT, False)},
     PROGRESS: {
         "id": (_INT, True),
         "session": (_STR, True),
         "state": (_STR, True),
         "step": (_INT, True),
         "error": (_OPT_STR, False),
+        "plan": (_INT, False),
     },
     CAPTURED: {
         "id": (_INT, True),
@@ -122,6 +124,7 @@ SCHEMAS: Final[dict[str, dict[str, _Spec]]] = {
         "torch": (_OPT_STR, False),
         "device": (_OPT_STR, False),
         "notes": (_LIST, False),
+        "plan": (_INT, False),
     },
     BYE: {},
     WELCOME: {
@@ -137,6 +140,9 @@ SCHEMAS: Final[dict[str, dict[str, _Spec]]] = {
         "options": (_MAP, True),
         "region": (_OPT_STR, False),
         "incoming": (_STR, True),
+        # Bumped each time the daemon moves a --next session's steps (a rank got the first
+        # plan too late); a client replaces a held plan only with a higher revision.
+        "plan": (_INT, False),
     },
     DISARM: {"session": (_STR, True), "keep": (_BOOL, True)},
     ACK: {"id": (_INT, True)},

@@ -8,7 +8,9 @@ thread owns ``count``, the plans and the live capture; the agent thread only rea
 
 Every report to the daemon carries an ``id`` and stays in the agent's outbox until the
 daemon acks it, so a capture that ends while the daemon is down is delivered later.
-Terminal report states per session: ``done``, ``failed``, ``stopped``, ``cancelled``.
+Terminal report states per session: ``done``, ``failed``, ``stopped``, ``cancelled``. A plan
+whose first step had passed when it reached the training thread is reported ``late`` and
+dropped; the daemon then re-plans the session (``--next``) or fails the rank.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ class Plan:
     options: dict[str, Any]
     incoming: Path
     region: str | None = None
+    rev: int = 0  # the daemon's revision of these steps (``arm``'s ``plan``)
     next_cycle: int = 0
     region_entries: int = 0
 
@@ -112,7 +115,7 @@ class Stepper:
             if live is not None:
                 if live.capture is not None:
                     live.capture.abandon()
-                self._progress(live.plan.session, "failed", f"client error: {exc!r}")
+                self._progress(live.plan, "failed", f"client error: {exc!r}")
         self._reschedule()
 
     def _reschedule(self) -> None:
@@ -140,14 +143,30 @@ class Stepper:
 
     def _arm(self, plan: Plan) -> None:
         live = self.live
-        held = any(p.session == plan.session for p in self._plans)
-        if held or (live is not None and live.plan.session == plan.session):
-            return  # a repeated arm (re-sent after a reconnect): the plan is already here
+        held = next((p for p in self._plans if p.session == plan.session), None)
+        if held is None and live is not None and live.plan.session == plan.session:
+            held = live.plan
+        if held is not None:
+            if plan.rev <= held.rev:
+                return  # a repeated arm (re-sent after a reconnect): the plan is already here
+            self._drop(held)  # the daemon moved this session's steps: the old plan is void
         first = plan.cycles[0][0]
         if first <= self.count:
-            self._progress(plan.session, "failed", f"steps already passed: at step {self.count}")
+            # Not final: for --next the daemon answers with later steps for every rank.
+            self._progress(plan, "late", f"steps already passed: at step {self.count}")
             return
         self._plans.append(plan)
+
+    def _drop(self, plan: Plan) -> None:
+        """Forget a superseded plan without a report; its partial capture is discarded."""
+        live = self.live
+        if live is not None and live.plan is plan:
+            self.live = None
+            # A region capture is closed by its own context (its report is then stale).
+            if live.capture is not None and plan.region is None:
+                live.capture.abandon()
+        if plan in self._plans:
+            self._plans.remove(plan)
 
     def _disarm(self, session: str | None, keep: bool) -> None:
         state = "stopped" if keep else "cancelled"
@@ -159,12 +178,12 @@ class Stepper:
                     self._deliver(live.plan, live.cycle, live.capture.finish(self.count), None)
                 else:
                     live.capture.abandon()
-            self._progress(live.plan.session, state, None)
+            self._progress(live.plan, state, None)
         keep_plans = []
         for p in self._plans:
             if session is None or p.session == session:
                 if live is None or p is not live.plan:
-                    self._progress(p.session, state, None)
+                    self._progress(p, state, None)
             else:
                 keep_plans.append(p)
         self._plans = keep_plans
@@ -188,7 +207,7 @@ class Stepper:
         for p in list(self._plans):
             while p.pending_start() < step_next:
                 _, a, b = p.cycles[p.next_cycle]
-                self._progress(p.session, "missed", f"cycle {p.next_cycle} ({a}:{b}) missed")
+                self._progress(p, "missed", f"cycle {p.next_cycle} ({a}:{b}) missed")
                 p.next_cycle += 1
             self._maybe_done(p)
         due = [p for p in self._plans if p.pending_start() == step_next]
@@ -200,7 +219,7 @@ class Stepper:
         plan.next_cycle += 1
         if plan.region is not None:
             self.live = Live(plan=plan, cycle=cycle, stop=b)
-            self._progress(plan.session, "capturing", None)
+            self._progress(plan, "capturing", None)
             return
         cap: TorchCapture | NsysRange
         if plan.backend == "nsys":
@@ -213,17 +232,17 @@ class Stepper:
             # The same cause would fail every later cycle too: give the whole plan up.
             self._plans.remove(plan)
             what = "cudaProfilerStart" if plan.backend == "nsys" else "torch.profiler start"
-            self._progress(plan.session, "failed", f"{what} failed: {exc}")
+            self._progress(plan, "failed", f"{what} failed: {exc}")
             return
         self.live = Live(plan=plan, cycle=cycle, stop=b, capture=cap)
-        self._progress(plan.session, "capturing", None)
+        self._progress(plan, "capturing", None)
 
     def _maybe_done(self, plan: Plan) -> None:
         live = self.live
         idle = live is None or live.plan is not plan
         if idle and plan.pending_start() == NEVER and plan in self._plans:
             self._plans.remove(plan)
-            self._progress(plan.session, "done", None)
+            self._progress(plan, "done", None)
 
     # --- regions --------------------------------------------------------------------------------
     @contextlib.contextmanager
@@ -251,7 +270,7 @@ class Stepper:
             cap.start()
             live.capture = cap
         except Exception as exc:
-            self._progress(plan.session, "missed", f"region capture failed to start: {exc!r}")
+            self._progress(plan, "missed", f"region capture failed to start: {exc!r}")
             yield
             return
         try:
@@ -285,17 +304,19 @@ class Stepper:
                 "region": region,
                 "torch": tv,
                 "device": dev,
+                "plan": plan.rev,
             }
         )
 
-    def _progress(self, session: str, state: str, error: str | None) -> None:
+    def _progress(self, plan: Plan, state: str, error: str | None) -> None:
         self._send(
             {
                 "t": P.PROGRESS,
-                "session": session,
+                "session": plan.session,
                 "state": state,
                 "step": self.count,
                 "error": error,
+                "plan": plan.rev,
             }
         )
 

@@ -13,8 +13,9 @@ from typing import TYPE_CHECKING, Any
 from profd_client import protocol as P
 
 from .. import __version__
-from .captures import Job
+from .captures import Job, inside
 from .registry import Client
+from .sessions import Session
 
 if TYPE_CHECKING:
     from .loop import Daemon
@@ -71,7 +72,7 @@ class AgentHandler:
                 c.state = msg["state"][:32]
             self.d.send_agent(ident, _HEARTBEAT)
         elif t == P.ARMED:
-            self.armed(c, msg["session"])
+            self.armed(c, msg)
         elif t == P.PROGRESS:
             self.d.send_agent(ident, P.encode(P.ACK, id=msg["id"]))
             self.progress(c, msg)
@@ -119,10 +120,10 @@ class AgentHandler:
         if old is None:
             self.d.control.apply_auto_rules(c)
 
-    def armed(self, c: Client, session: str) -> None:
-        s = self.d.sessions.get(session)
+    def armed(self, c: Client, m: dict[str, Any]) -> None:
+        s = self.d.sessions.get(m["session"])
         t = s.targets.get(c.key) if s is not None else None
-        if s is None or t is None:
+        if s is None or t is None or m.get("plan", 0) < s.plan:
             return
         if t.state == "pending":
             t.state = "armed"
@@ -131,9 +132,12 @@ class AgentHandler:
     def progress(self, c: Client, m: dict[str, Any]) -> None:
         s = self.d.sessions.get(m["session"])
         t = s.targets.get(c.key) if s is not None else None
-        if s is None or t is None:
-            return
+        if s is None or t is None or m.get("plan", 0) < s.plan:
+            return  # unknown, or about steps the session has since moved away from
         state = m["state"]
+        if state == "late":
+            self.d.control.late(s, t, c, m["step"])
+            return
         if m.get("error"):
             t.error = str(m["error"])[:1000]
         if state == "capturing" and t.state in ("pending", "armed"):
@@ -149,6 +153,11 @@ class AgentHandler:
         if s is None and row is None:
             self.d.send_agent(c.ident, P.encode(P.ACK, id=m["id"]))
             log.warning("dropping report for unknown session %r from pid %s", m["session"], c.pid)
+            return
+        if s is not None and m.get("plan", 0) < s.plan:
+            # A capture of steps the session moved away from (a re-plan raced with it).
+            self.d.send_agent(c.ident, P.encode(P.ACK, id=m["id"]))
+            self.discard(s, c, m)
             return
         if s is not None and s.backend == "nsys":
             # nsys writes the report itself: the rank only says its range is over.
@@ -180,6 +189,15 @@ class AgentHandler:
         if s is not None and t is not None:
             t.outstanding += 1
         self.submit(key, stored)
+
+    def discard(self, s: Session, c: Client, m: dict[str, Any]) -> None:
+        log.info("session %s: dropping a capture of superseded steps from pid %s", s.id, c.pid)
+        home = self.d.captures.incoming_dir(s.job, s.id)
+        for f in m["files"]:
+            path = f.get("path") if isinstance(f, dict) else None
+            p = inside(home, path) if isinstance(path, str) else None
+            if p is not None:
+                p.unlink(missing_ok=True)
 
     def resubmit(self, key: str, stored: dict[str, Any]) -> None:
         s = self.d.sessions.get(stored["report"]["session"])

@@ -27,6 +27,8 @@ log = logging.getLogger("profd.control")
 #: How far ahead ``--next`` looks, in seconds of each target's step rate, so the arm message
 #: reaches every rank before its first step starts, even on a loaded node.
 NEXT_LEAD_S = 1.0
+#: How often one ``--next`` session may be moved to later steps because a rank got it late.
+MAX_REPLANS = 3
 #: Minimum steps of lead, also for a client that has not reported a step rate yet.
 UNKNOWN_RATE_LEAD = 10
 #: Extra lead for ``--backend nsys``: ranks are armed only after ``nsys start`` returned.
@@ -249,11 +251,15 @@ class ControlHandler:
         }
 
     def resolve(
-        self, sched: sch.Schedule, targets: list[Client], backend: str = "torch"
+        self,
+        sched: sch.Schedule,
+        targets: list[Client],
+        backend: str = "torch",
+        lead_s: float = NEXT_LEAD_S,
     ) -> list[sch.Cycle]:
         now = time.monotonic()
         earliest = 1
-        lead_s = NEXT_LEAD_S + (NSYS_START_LEAD_S if backend == "nsys" else 0.0)
+        lead_s += NSYS_START_LEAD_S if backend == "nsys" else 0.0
         for c in targets:
             est = c.estimated_step(now)
             # At least UNKNOWN_RATE_LEAD steps: a rate of 0 may just not be reported yet.
@@ -290,6 +296,11 @@ class ControlHandler:
 
     def arm(self, s: Session, c: Client) -> None:
         if s.arm_frame is None:
+            incoming = self.d.captures.incoming_dir(s.job, s.id)
+            extra: dict[str, Any] = {}
+            if s.plan:
+                # A stale capture of the old steps may still arrive: keep its files apart.
+                incoming, extra = incoming / f"plan{s.plan}", {"plan": s.plan}
             s.arm_frame = P.encode(
                 P.ARM,
                 session=s.id,
@@ -298,9 +309,65 @@ class ControlHandler:
                 cycles=[list(x) for x in s.cycles],
                 options=s.options,
                 region=s.region,
-                incoming=str(self.d.captures.incoming_dir(s.job, s.id)),
+                incoming=str(incoming),
+                **extra,
             )
+            s.armed_at = time.monotonic()
         self.d.send_agent(c.ident, s.arm_frame)
+
+    def late(self, s: Session, t: Target, c: Client, step: int) -> None:
+        """A rank got the session's first step after it had passed."""
+        now = time.monotonic()
+        if step > c.step and now > c.step_at:
+            # The estimate that planned these steps was low: learn the rate the rank really
+            # ran at since its last report, or the next plan would be just as early.
+            c.sps = max(c.sps, (step - c.step) / (now - c.step_at))
+        c.step, c.step_at = max(c.step, step), now
+        why = f"steps already passed: at step {step}"
+        if not self.replannable(s):
+            t.error, t.client_final = why, "failed"
+            t.settle()
+            self.d.save(s, t)
+            return
+        # The arm took longer to reach the training thread than --next allowed for (a loaded
+        # node, a long step). Every rank must capture the same steps, so all of them move:
+        # with at least twice the delay just seen as lead (arm sent to ``late`` received; the
+        # arm's own share of it can be nearly all), and twice the lead of the last plan.
+        took = time.monotonic() - s.armed_at
+        lead_s = max(NEXT_LEAD_S * 2 ** (s.plan + 1), 2 * took)
+        clients = [x for x in map(self.d.registry.by_key.get, s.targets) if x is not None]
+        old = sch.describe(s.cycles)
+        s.cycles = self.resolve(sch.parse(s.request), clients, s.backend, lead_s)
+        s.plan += 1
+        s.arm_frame = None
+        for tg in s.targets.values():
+            if tg.state not in TARGET_TERMINAL and tg.client_final is None:
+                tg.state, tg.error = "pending", None
+        log.warning(
+            "session %s: %s rank %s was at step %d when steps %s reached it (%.1fs); moved to %s",
+            s.id,
+            c.role,
+            c.rank,
+            step,
+            old,
+            took,
+            sch.describe(s.cycles),
+        )
+        for x in clients:
+            if s.targets[x.key].state == "pending":
+                self.arm(s, x)
+        self.d.save(s)
+
+    def replannable(self, s: Session) -> bool:
+        """Only ``--next`` steps are the daemon's to move, and only before any rank captured."""
+        if s.backend != "torch" or s.auto_rule is not None or s.plan >= MAX_REPLANS:
+            return False
+        if sch.parse(s.request).explicit:
+            return False
+        return not any(
+            t.traces or t.outstanding or t.state in ("capturing", "processing", "done")
+            for t in s.targets.values()
+        )
 
     def stop(self, session_id: str, keep: bool) -> dict[str, Any]:
         s = self.d.sessions.get(session_id)

@@ -104,6 +104,10 @@ class Session:
     error: str | None = None
     targets: dict[tuple[str, int], Target] = field(default_factory=dict)
     auto_rule: int | None = None
+    #: Revision of ``cycles``: bumped when a late rank makes the daemon re-plan ``--next``;
+    #: client reports about an older revision are stale.
+    plan: int = 0
+    armed_at: float = 0.0  # monotonic time the current revision was first sent
     #: The ``arm`` frame is the same for every target: encoded once, on first use.
     arm_frame: bytes | None = field(default=None, repr=False)
 
@@ -142,6 +146,7 @@ class Session:
             "region": self.region,
             "request": self.request,
             "cycles": [list(c) for c in self.cycles],
+            "plan": self.plan,
             "error": self.error,
             "created_at": self.created_at,
             "updated_at": time.time(),
@@ -264,6 +269,7 @@ class Sessions:
                 created_at=row["created_at"],
                 state=row["state"],
                 error=row["error"],
+                plan=row["plan"],
             )
             for t in row["targets"]:
                 tgt = Target(

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -29,6 +29,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     region TEXT,
     request TEXT NOT NULL,      -- json: the start spec as given
     cycles TEXT NOT NULL,       -- json: [[warmup, start, stop], ...]
+    plan INTEGER NOT NULL DEFAULT 0,  -- times --next moved the cycles (a rank got them late)
     error TEXT,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
@@ -154,10 +155,17 @@ class Index:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
+            self._migrate()
             self.db.execute(
-                "INSERT OR IGNORE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
+                "INSERT OR REPLACE INTO meta VALUES ('schema_version', ?)", (str(SCHEMA_VERSION),)
             )
         self.db.row_factory = sqlite3.Row
+
+    def _migrate(self) -> None:
+        """Bring an index written by an older profd up to this schema (additive only)."""
+        cols = {r[1] for r in self.db.execute("PRAGMA table_info(sessions)")}
+        if "plan" not in cols:  # schema 1
+            self.db.execute("ALTER TABLE sessions ADD COLUMN plan INTEGER NOT NULL DEFAULT 0")
 
     def close(self) -> None:
         self.db.close()
@@ -166,10 +174,10 @@ class Index:
     def save_session(self, row: Mapping[str, Any]) -> None:
         self.db.execute(
             "INSERT INTO sessions (id, job, state, backend, label, region, request, cycles,"
-            " error, created_at, updated_at) VALUES (:id, :job, :state, :backend, :label,"
-            " :region, :request, :cycles, :error, :created_at, :updated_at)"
+            " plan, error, created_at, updated_at) VALUES (:id, :job, :state, :backend, :label,"
+            " :region, :request, :cycles, :plan, :error, :created_at, :updated_at)"
             " ON CONFLICT(id) DO UPDATE SET state=excluded.state, error=excluded.error,"
-            " cycles=excluded.cycles, updated_at=excluded.updated_at",
+            " cycles=excluded.cycles, plan=excluded.plan, updated_at=excluded.updated_at",
             {**row, "request": json.dumps(row["request"]), "cycles": json.dumps(row["cycles"])},
         )
 

@@ -80,8 +80,9 @@ def start(env: Env, /, **kw: Any) -> None:
         click.echo(f"steps   {steps_text(res['steps'])}  ({len(res['cycles'])} cycle(s))")
         click.echo(f"targets {targets}")
     if kw["wait_"]:
-        final = follow(env, res["session"], kw["timeout"], quiet=env.json)
-        res["state"] = final["state"]
+        final = follow(env, res["session"], kw["timeout"], steps=res["steps"])
+        # The steps actually captured: --next steps move if a rank got them too late.
+        res.update(state=final["state"], steps=final["steps"], cycles=final["cycles"])
         res["final"] = final
         if env.json:
             emit_json(res)

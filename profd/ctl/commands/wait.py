@@ -11,16 +11,30 @@ from profd_client import protocol as P
 
 from ..errors import CtlError
 from ..main import Env
+from ..render import steps_text
 
 TERMINAL = ("done", "partial", "failed", "cancelled")
 
 
-def follow(env: Env, session: str, timeout: float, quiet: bool = False) -> dict[str, Any]:
-    """Poll until the session is terminal; progress lines go to stderr, never stdout."""
+def follow(
+    env: Env, session: str, timeout: float, steps: list[int] | None = None
+) -> dict[str, Any]:
+    """Poll until the session is terminal; progress lines go to stderr, never stdout.
+
+    ``steps`` are the steps announced at start: a ``--next`` session that reached a rank too
+    late is moved to later steps by the daemon, and that move is reported here.
+    """
     deadline = time.monotonic() + timeout if timeout else None
     last = ""
     while True:
         s: dict[str, Any] = env.conn.request(P.C_SHOW, session=session)
+        if steps is not None and s["steps"] != steps:
+            click.echo(
+                f"[{time.strftime('%H:%M:%S')}] steps moved to {steps_text(s['steps'])}:"
+                " a rank got them too late",
+                err=True,
+            )
+            steps = s["steps"]
         line = f"{s['state']}: " + " ".join(
             f"{t['role']}:{t['rank']}={t['state']}" for t in s["targets"]
         )

@@ -1,0 +1,52 @@
+"""A raw ZeroMQ peer of the daemon: hand-made msgpack frames, no profd_client in between.
+
+For tests that must send exactly what a real client would not (bad frames, stale reports).
+"""
+
+from __future__ import annotations
+
+import os
+
+import msgpack
+import zmq
+from conftest import Daemon
+
+HELLO = {
+    "v": 1,
+    "t": "hello",
+    "pid": os.getpid(),
+    "host": "hostile-test",
+    "job": "j",
+    "role": "r",
+    "rank": 0,
+    "local_rank": 0,
+    "world_size": 1,
+    "step": 0,
+    "step_mode": "manual",
+    "allowed": True,
+    "client_version": "test",
+}
+
+
+def pack(m: object) -> bytes:
+    return msgpack.packb(m, use_bin_type=True)
+
+
+def dealer(ctx: zmq.Context, d: Daemon, name: str) -> zmq.Socket:
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"ipc://{d.runtime_dir / name}")
+    return s
+
+
+def req(ctx: zmq.Context, d: Daemon) -> zmq.Socket:
+    s = ctx.socket(zmq.REQ)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(f"ipc://{d.runtime_dir / 'control.sock'}")
+    return s
+
+
+def reply(s: zmq.Socket, timeout_ms: int = 3000) -> dict | None:
+    if not s.poll(timeout_ms):
+        return None
+    return msgpack.unpackb(s.recv_multipart()[-1], raw=False)
