@@ -442,6 +442,32 @@ def test_auto_rule_arms_rank_as_it_attaches(
     assert session_ids(d) == {sid}  # one rule, one job: one session
 
 
+def test_auto_rule_captures_step_1_of_a_job_that_waits_in_attach(
+    daemon_factory: Callable[..., Daemon], jobs: Callable[..., Job]
+) -> None:
+    """verl's ``profile_steps: [1, 2, 5]``: an [[auto]] rule and ``PROFD_ATTACH_WAIT``."""
+    d = daemon_factory(config='[[auto]]\nsteps = "1,2,5"\nranks = "0"\n')
+    # No gate: the job runs straight into step 1 as soon as attach() returns.
+    job = jobs("workers.py", daemon=d, DDP="1", STEPS="6", STEP_SLEEP="0", PROFD_ATTACH_WAIT="30")
+    assert job.wait() == 0, job.output()
+    [sid] = session_ids(d)
+    s = wait_session(d, sid)
+    assert s["state"] == "done" and s["steps"] == [1, 2, 5], s
+    rows = sorted(traces(d, "--session", sid), key=lambda r: int(r["cycle"]))
+    assert [(r["rank"], r["cycle"]) for r in rows] == [(0, 0), (0, 1), (0, 2)]
+    assert [step_markers(Path(r["path"])) for r in rows] == [[1], [2], [5]]
+
+
+def test_auto_rule_on_step_1_without_waiting_says_how(
+    daemon_factory: Callable[..., Daemon], jobs: Callable[..., Job]
+) -> None:
+    d = daemon_factory(config='[[auto]]\nsteps = "1:3"\n')
+    job = jobs("workers.py", daemon=d, STEPS="4", STEP_SLEEP="0")
+    assert job.wait() == 0, job.output()
+    assert session_ids(d) == set()
+    wait_for(lambda: "PROFD_ATTACH_WAIT" in d.log.read_text(), 10, "the refusal in the log")
+
+
 def test_killed_rank_fails_and_the_other_rank_is_kept(
     daemon: Daemon, jobs: Callable[..., Job], tmp_path: Path
 ) -> None:

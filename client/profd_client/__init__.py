@@ -24,8 +24,10 @@ from contextlib import AbstractContextManager
 from typing import Any
 
 # None of these import zmq or torch; importing them here keeps attach() itself cheap.
+from . import protocol as P
 from .agent import Agent
 from .identity import Identity, detect
+from .locations import find_socket
 from .ranks import RankSpecError, parse_ranks
 from .steps import Stepper
 
@@ -50,8 +52,9 @@ def attach(
     step: str = "optimizer",
     runtime_dir: str | None = None,
     heartbeat: float | None = None,
+    wait: float | None = None,
 ) -> bool:
-    """Register this process with the node's profd daemon; returns at once.
+    """Register this process with the node's profd daemon; returns at once by default.
 
     Args:
         role: worker role (``actor``, ``rollout``, ...); default ``PROFD_ROLE`` or ``"main"``.
@@ -62,6 +65,11 @@ def attach(
             (call :func:`step` yourself, e.g. in rollout/inference loops).
         runtime_dir: where the daemon's sockets are; default as ``profd`` resolves it.
         heartbeat: heartbeat interval in seconds (default ``PROFD_HEARTBEAT`` or 1).
+        wait: block up to this many seconds until the daemon has welcomed this process
+            (default ``PROFD_ATTACH_WAIT`` or 0: do not wait). Only a process that waits can
+            have step 1 captured, by an ``[[auto]]`` rule: the daemon arms the rule before its
+            welcome, and the plan is applied here, at the boundary before step 1. Without a
+            daemon socket there is nothing to wait for and attach() returns at once.
 
     Returns ``True`` if the agent started, ``False`` when disabled (``PROFD_DISABLE=1``) or
     already attached. A daemon that is not running yet is not an error: the agent keeps
@@ -92,12 +100,37 @@ def attach(
         if step == "optimizer":
             _hook = _install_optimizer_hook(st)
         _stepper, _agent, _identity = st, agent, ident
+        wait_s = _attach_wait(wait)
+        agent.attaching = allowed and wait_s > 0
         agent.start()
         atexit.register(detach)
+        if agent.attaching:
+            _await_welcome(agent, st, runtime_dir, wait_s)
         return True
     except Exception as exc:  # attach must never break the training script
         log.warning("profd_client: attach failed, profiling disabled: %r", exc)
         return False
+
+
+def _attach_wait(wait: float | None) -> float:
+    if wait is not None:
+        return max(0.0, float(wait))
+    text = os.environ.get("PROFD_ATTACH_WAIT", "").strip()
+    try:
+        return max(0.0, float(text)) if text else 0.0
+    except ValueError:
+        log.warning("profd_client: ignoring PROFD_ATTACH_WAIT=%r: not a number", text)
+        return 0.0
+
+
+def _await_welcome(agent: Agent, st: Stepper, runtime_dir: str | None, wait_s: float) -> None:
+    path, _ = find_socket(P.AGENT_SOCKET, runtime_dir)
+    if path.exists():  # no socket, no daemon: waiting could only cost time
+        agent.connected.wait(wait_s)
+    # A hello sent from now on no longer offers step 1; an arm for it that comes later is
+    # reported as a missed cycle, never captured late.
+    agent.attaching = False
+    st.boundary_now()
 
 
 def _install_optimizer_hook(st: Stepper) -> Any:
@@ -170,7 +203,7 @@ def detach() -> None:
     try:
         if st.live is not None:
             st.post("shutdown", None)
-            st._boundary()
+            st.boundary_now()
         if _hook is not None:
             _hook.remove()
         agent.stop()

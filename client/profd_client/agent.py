@@ -47,6 +47,7 @@ class Agent(threading.Thread):
         self.hb_interval = hb_interval
         self.stopping = threading.Event()
         self.connected = threading.Event()  # set while welcomed by a daemon
+        self.attaching = False  # attach() waits for the welcome (see attach(wait=...))
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_w, False)
         self._unacked: dict[int, dict[str, Any]] = {}
@@ -164,6 +165,7 @@ class Agent(threading.Thread):
             device=dev,
             sessions=self.stepper.busy_sessions(),
             nsys_session=os.environ.get(P.NSYS_SESSION_ENV) or None,
+            waiting=self.attaching,
         )
 
     def _heartbeat(self) -> dict[str, Any]:

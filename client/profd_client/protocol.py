@@ -97,6 +97,9 @@ SCHEMAS: Final[dict[str, dict[str, _Spec]]] = {
         "sessions": (_LIST, False),
         # The Nsight Systems session the process runs under (``profctl run --nsys``), if any.
         "nsys_session": (_OPT_STR, False),
+        # attach() is blocked until the welcome (``attach(wait=...)``): step 1 has not begun,
+        # so ``[[auto]]`` rules may arm it; their ``arm`` is sent before the ``welcome``.
+        "waiting": (_BOOL, False),
     },
     HEARTBEAT: {"step": (_INT, False), "sps": (_NUM, False), "state": (_STR, False)},
     # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).

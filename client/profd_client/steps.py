@@ -87,6 +87,10 @@ class Stepper:
         self.count = n
         self._boundary()
 
+    def boundary_now(self) -> None:
+        """Apply what the agent posted at once (attach(): the boundary before step 1)."""
+        self._boundary()
+
     # --- agent side (called on the agent thread) ----------------------------------------------
     def post(self, kind: str, payload: Any) -> None:
         self.inbox.append((kind, payload))

@@ -97,11 +97,22 @@ class AgentHandler:
             device=m.get("device"),
             nsys_session=m.get("nsys_session"),
             step=m["step"],
+            attaching=bool(m.get("waiting")) and m["step"] == 0,
         )
         old = self.d.registry.add(c)
         if old is None:
             log.info("attached: %s pid %s job %s %s rank %s", c.host, c.pid, c.job, c.role, c.rank)
         self.d.orphans.pop(c.key, None)
+        # Arms go out before the welcome: a client waiting in attach() applies them before
+        # its first step, which is what lets an [[auto]] rule capture step 1.
+        # An arm lost with the old connection (or sent by a daemon that died before the ack)
+        # is sent again; a client ignores an arm for a session it already holds.
+        for s in self.d.sessions.live():
+            t = s.targets.get(c.key)
+            if t is not None and t.state == "pending" and t.client_final is None and not t.hold:
+                self.d.control.arm(s, c)
+        if old is None:
+            self.d.control.apply_auto_rules(c)
         self.d.send_agent(
             ident,
             P.encode(
@@ -111,14 +122,7 @@ class AgentHandler:
                 daemon=__version__,
             ),
         )
-        # An arm lost with the old connection (or sent by a daemon that died before the ack)
-        # is sent again; a client ignores an arm for a session it already holds.
-        for s in self.d.sessions.live():
-            t = s.targets.get(c.key)
-            if t is not None and t.state == "pending" and t.client_final is None and not t.hold:
-                self.d.control.arm(s, c)
-        if old is None:
-            self.d.control.apply_auto_rules(c)
+        c.attaching = False
 
     def armed(self, c: Client, m: dict[str, Any]) -> None:
         s = self.d.sessions.get(m["session"])

@@ -274,16 +274,22 @@ class ControlHandler:
             first = cycles[0][0]
             for c in targets:
                 est = c.estimated_step(now)
-                if first <= est + 1:
-                    # A plan takes effect at a step boundary, so the step running now (est+1)
-                    # is too late as well; step 1 starts inside attach() and is never armable.
+                # A plan takes effect at a step boundary, so the step running now (est+1) is
+                # too late as well, unless the process is still waiting inside attach().
+                if first <= est + (0 if c.attaching else 1):
                     what = "already passed" if first <= est else "starts before it can be armed"
                     warm = f" (with --warmup the first step is {first})" if sched.warmup else ""
+                    hint = (
+                        "; step 1 can be captured only by an [[auto]] rule on a process that"
+                        " waits in attach() (PROFD_ATTACH_WAIT=SECONDS)"
+                        if first == 1
+                        else ""
+                    )
                     raise Refused(
                         "steps_passed",
                         f"steps {sch.describe(cycles)} {what} for {c.role} rank {c.rank}"
                         f" (pid {c.pid}, at step {int(est)}; the earliest step is"
-                        f" {int(est) + 2}){warm}",
+                        f" {int(est) + 2}){warm}{hint}",
                     )
                 busy = self.d.sessions.busy_until(c.key)
                 if busy > first:
@@ -439,9 +445,11 @@ class ControlHandler:
             if c.key in s.targets:
                 continue
             s.targets[c.key] = t = Target.of(c)
-            if s.cycles[0][0] <= c.step + 1:
+            if s.cycles[0][0] <= c.step + (0 if c.attaching else 1):
                 t.client_final = "failed"
                 t.error = f"attached at step {c.step}, after the rule's first step"
+                if s.cycles[0][0] == 1:
+                    t.error += " (step 1 needs PROFD_ATTACH_WAIT on the job)"
                 t.settle()
                 self.d.save(s, t)
                 continue

@@ -28,6 +28,8 @@ class Client:
     step_at: float = field(default_factory=time.monotonic)
     sps: float = 0.0
     state: str = "idle"
+    #: Inside attach(), before step 1, until its welcome is sent (hello ``waiting``).
+    attaching: bool = False
     cpu: float | None = None
     rss: int | None = None
     gpu_util: float | None = None
