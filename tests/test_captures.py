@@ -520,6 +520,7 @@ def test_next_moves_its_steps_when_a_rank_gets_them_late(
         res = json.loads(r.stdout)
         assert "steps moved to" in r.stderr, r.stderr
         assert "moved to" in d.log.read_text()
+        assert res["final"]["plan"] >= 1 and "moved" in d.ctl("show", res["session"]).stdout
         assert res["final"]["state"] == "done" and res["steps"] == res["final"]["steps"]
         [row] = traces(d, "--session", res["session"])
         assert step_markers(Path(row["path"])) == res["steps"]

@@ -55,7 +55,9 @@ def show(env: Env, session: str) -> None:
         emit_json(s)
         return
     click.echo(f"session {s['id']}  job {s['job']}  state {s['state']}  backend {s['backend']}")
-    click.echo(f"steps   {steps_text(s['steps'])}  cycles {s['cycles']}")
+    moved = s.get("plan") or 0
+    note = f"  (moved {moved}x: a rank got earlier steps too late)" if moved else ""
+    click.echo(f"steps   {steps_text(s['steps'])}  cycles {s['cycles']}{note}")
     if s["region"]:
         click.echo(f"region  {s['region']}")
     if s["error"]:
