@@ -107,22 +107,25 @@ class AgentHandler:
         # its first step, which is what lets an [[auto]] rule capture step 1.
         # An arm lost with the old connection (or sent by a daemon that died before the ack)
         # is sent again; a client ignores an arm for a session it already holds.
-        for s in self.d.sessions.live():
-            t = s.targets.get(c.key)
-            if t is not None and t.state == "pending" and t.client_final is None and not t.hold:
-                self.d.control.arm(s, c)
-        if old is None:
-            self.d.control.apply_auto_rules(c)
-        self.d.send_agent(
-            ident,
-            P.encode(
-                P.WELCOME,
-                spool=str(self.d.spool),
-                hb_interval=self.d.cfg.heartbeat_interval,
-                daemon=__version__,
-            ),
-        )
-        c.attaching = False
+        try:
+            for s in self.d.sessions.live():
+                t = s.targets.get(c.key)
+                if t is not None and t.state == "pending" and t.client_final is None and not t.hold:
+                    self.d.control.arm(s, c)
+            if old is None:
+                self.d.control.apply_auto_rules(c)
+        finally:
+            # Whatever went wrong with the rules, the process must not wait for nothing.
+            c.attaching = False
+            self.d.send_agent(
+                ident,
+                P.encode(
+                    P.WELCOME,
+                    spool=str(self.d.spool),
+                    hb_interval=self.d.cfg.heartbeat_interval,
+                    daemon=__version__,
+                ),
+            )
 
     def armed(self, c: Client, m: dict[str, Any]) -> None:
         s = self.d.sessions.get(m["session"])
