@@ -15,13 +15,14 @@ import os
 import shutil
 import signal
 import sqlite3
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Daemon, wait_for
+from conftest import BIN, Daemon, wait_for
 from s3fixtures import ACCESS_KEY, BUCKET, SECRET_KEY, MotoServer, moto_server
 
 __all__ = ["moto_server"]  # the fixture, imported so pytest finds it
@@ -327,3 +328,62 @@ def test_multipart_upload_survives_sigkill(
     log = d.log.read_text(errors="replace")
     assert f"uploaded {key} ({len(data)} bytes, verified size+etag)" in log
     assert traces(d, sid)[0]["upload_state"] == "uploaded"
+
+
+def put_manifest(srv: MotoServer, job: str, sid: str, created_at: float) -> None:
+    rel = f"{job}/{sid}/c0/main-r0.pt.trace.json.gz"
+    doc = {
+        "id": sid,
+        "job": job,
+        "finished_at": created_at,
+        "targets": [
+            {
+                "host": "h",
+                "pid": 1,
+                "role": "main",
+                "rank": 0,
+                "world_size": 1,
+                "results": [{"path": rel, "cycle": 0, "steps": [3], "created_at": created_at}],
+            }
+        ],
+    }
+    key = f"{PREFIX}/{job}/{sid}/session.json"
+    srv.client().put_object(Bucket=BUCKET, Key=key, Body=json.dumps(doc).encode())
+
+
+def s3_traces(srv: MotoServer, tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, **srv.env(), "PROFD_RUNTIME_DIR": str(tmp_path / "no-daemon")}
+    env.pop("PROFD_CONFIG", None)
+    return subprocess.run(
+        [str(BIN / "profctl"), "--json", "traces", "--s3", URL, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_s3_listing_reads_newest_sessions_first(moto_server: MotoServer, tmp_path: Path) -> None:
+    """--limit stops reading manifests once older sessions cannot make the cut."""
+    now = time.time()
+    fresh = [time.strftime("%Y%m%d-%H%M%S", time.gmtime(now - 60 * i)) for i in range(40)]
+    for i, stamp in enumerate(fresh):
+        put_manifest(moto_server, f"job{i % 3}", f"{stamp}-{i:06x}", now - 60 * i)
+    # A year old by its id, but claiming a trace from just now: only a reader that fetched
+    # it would list it, and with --limit 5 nothing that old is fetched.
+    put_manifest(moto_server, "job0", "20250101-000000-0000aa", now + 3600)
+    # A damaged manifest is skipped with a warning, not fatal to the listing.
+    moto_server.client().put_object(
+        Bucket=BUCKET, Key=f"{PREFIX}/job1/20250102-000000-0000bb/session.json", Body=b"{"
+    )
+
+    r = s3_traces(moto_server, tmp_path, "--limit", "5")
+    assert r.returncode == 0, r.stderr
+    got = [row["session"] for row in json.loads(r.stdout)]
+    assert got == [f"{fresh[i]}-{i:06x}" for i in range(5)]
+
+    r = s3_traces(moto_server, tmp_path, "--limit", "1000")
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)
+    assert rows[0]["session"] == "20250101-000000-0000aa" and len(rows) == 41
+    assert "skipping" in r.stderr and "0000bb/session.json" in r.stderr

@@ -16,6 +16,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
+import click
+
 from ...config import ConfigError, S3Config, load
 from ...store import s3
 from ..errors import CtlError
@@ -102,7 +104,12 @@ def read_manifest(client: Any, bucket: str, prefix: str, job: str, sid: str) -> 
         if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404", "NotFound"):
             return None
         raise
-    return json.loads(body)
+    try:
+        return json.loads(body)
+    except ValueError as exc:
+        # One damaged manifest must not hide every other session.
+        click.echo(f"profctl: skipping s3://{bucket}/{key}: not JSON ({exc})", err=True)
+        return None
 
 
 def manifest_rows(m: dict[str, Any], bucket: str, prefix: str) -> list[dict[str, Any]]:
@@ -169,27 +176,47 @@ def list_from_s3(
 ) -> list[dict[str, Any]]:
     client, cfg = ctl_s3(s3_url)
     bucket, prefix = cfg.bucket_prefix()
+
+    def wanted(r: dict[str, Any]) -> bool:
+        return not (
+            (rank is not None and r["rank"] != rank)
+            or (role and not fnmatch.fnmatchcase(r["role"], role))
+            or (host and r["host"] != host)
+            or (since is not None and (r["created_at"] or 0) < since)
+        )
+
+    rows: list[dict[str, Any]] = []
     try:
+        # Newest sessions first (ids start with their UTC start time), a batch at a time, so
+        # --limit reads the recent manifests instead of every one in the bucket.
         pairs = find_sessions(client, bucket, prefix, job, session, since)
+        pairs.sort(key=lambda p: (session_started(p[1]) is None, p[1]), reverse=True)
         with ThreadPoolExecutor(FETCH_THREADS) as pool:
-            manifests = list(pool.map(lambda p: read_manifest(client, bucket, prefix, *p), pairs))
+            for i in range(0, len(pairs), 2 * FETCH_THREADS):
+                batch = pairs[i : i + 2 * FETCH_THREADS]
+                if len(rows) >= limit:
+                    batch = [p for p in batch if could_rank(p[1], rows, limit)]
+                if not batch:
+                    break  # the rest are older still
+                for m in pool.map(lambda p: read_manifest(client, bucket, prefix, *p), batch):
+                    if m:
+                        rows.extend(r for r in manifest_rows(m, bucket, prefix) if wanted(r))
     except CtlError:
         raise
     except Exception as exc:
         raise s3_error(exc) from None
-    rows: list[dict[str, Any]] = []
-    for m in manifests:
-        if not m:
-            continue
-        for r in manifest_rows(m, bucket, prefix):
-            if rank is not None and r["rank"] != rank:
-                continue
-            if role and not fnmatch.fnmatchcase(r["role"], role):
-                continue
-            if host and r["host"] != host:
-                continue
-            if since is not None and (r["created_at"] or 0) < since:
-                continue
-            rows.append(r)
     rows.sort(key=lambda r: (-(r["created_at"] or 0), r["rank"]))
     return rows[:limit]
+
+
+def could_rank(session_id: str, rows: list[dict[str, Any]], limit: int) -> bool:
+    """Whether a session this old (or older) can still have a trace among the newest ``limit``.
+
+    Its traces were made after it started and, taking sessions to last at most
+    ``SINCE_SLACK_S``, before ``start + SINCE_SLACK_S``.
+    """
+    started = session_started(session_id)
+    if started is None:
+        return True
+    cutoff = sorted((r["created_at"] or 0 for r in rows), reverse=True)[limit - 1]
+    return started + SINCE_SLACK_S >= cutoff
