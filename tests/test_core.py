@@ -71,23 +71,23 @@ def test_daemon_killed_and_restarted_mid_training(daemon: Daemon, torchrun) -> N
     daemon.kill9()
     time.sleep(1.0)
     daemon.start()
-    t0 = time.monotonic()
-    rows = daemon.wait_attached(2, timeout=10)
-    assert time.monotonic() - t0 < 3.0 + 0.5  # clients re-register on their own
+    # Nothing tells the clients the daemon is back: they must notice and register again.
+    rows = daemon.wait_attached(2, timeout=60)
     assert sorted(r["rank"] for r in rows) == [0, 1]
     assert job.wait() == 0, job.output()
     results = job.results()
     assert sorted(r["steps"] for r in results) == [300, 300]
 
 
-def test_no_daemon_job_finishes_and_attach_is_fast(torchrun) -> None:
-    job = torchrun("train.py", daemon=None, STEPS="30", STEP_SLEEP="0")
-    assert job.wait() == 0, job.output()
+def test_no_daemon_job_finishes_and_attach_does_not_wait(torchrun) -> None:
+    # PROFD_ATTACH_WAIT asks attach() to wait for a daemon, but with no daemon socket there is
+    # nothing to wait for: were it to wait, the job would outlive job.wait()'s timeout.
+    job = torchrun("train.py", daemon=None, STEPS="30", STEP_SLEEP="0", PROFD_ATTACH_WAIT="600")
+    assert job.wait(timeout=300) == 0, job.output()
     results = job.results()
     assert len(results) == 2
     for r in results:
-        assert r["steps"] == 30
-        assert r["attach_ms"] < 50, r
+        assert r["steps"] == 30 and r["attached"] is True and r["connected"] is False, r
 
 
 def test_status_and_no_daemon_errors(daemon: Daemon, tmp_path: Path) -> None:

@@ -21,15 +21,15 @@ import logging
 import os
 import sys
 from contextlib import AbstractContextManager
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from .agent import Agent
-    from .identity import Identity
-    from .steps import Stepper
-
-# The agent and stepper modules are imported by attach(), not here: profctl and the daemon
-# import this package only for its protocol module and should not pay for the client.
+# None of these import zmq or torch; importing them here keeps attach() itself cheap.
+from . import protocol as P
+from .agent import Agent
+from .identity import Identity, detect
+from .locations import find_socket
+from .ranks import RankSpecError, parse_ranks
+from .steps import Stepper
 
 __all__ = ["attach", "current_step", "detach", "identity", "is_attached", "region", "step"]
 __version__ = "0.1.0"
@@ -83,12 +83,6 @@ def attach(
     if step not in ("optimizer", "manual"):
         raise ValueError(f"step must be 'optimizer' or 'manual', not {step!r}")
     try:
-        # None of these import zmq or torch.
-        from .agent import Agent
-        from .identity import detect
-        from .ranks import RankSpecError, parse_ranks
-        from .steps import Stepper
-
         ident = detect(job=job, role=role, rank=rank, world_size=world_size)
         allowed = True
         ranks_env = os.environ.get("PROFD_RANKS")
@@ -130,9 +124,6 @@ def _attach_wait(wait: float | None) -> float:
 
 
 def _await_welcome(agent: Agent, st: Stepper, runtime_dir: str | None, wait_s: float) -> None:
-    from . import protocol as P
-    from .locations import find_socket
-
     path, _ = find_socket(P.AGENT_SOCKET, runtime_dir)
     if path.exists():  # no socket, no daemon: waiting could only cost time
         agent.connected.wait(wait_s)

@@ -162,10 +162,11 @@ class Daemon:
             events = dict(poller.poll(int(timeout * 1000.0)))
             if self.reactor.fd in events:
                 self.reactor.run_pending()
-            if self.agent_sock in events:
-                self._drain(self.agent_sock, self.agents.handle)
+            # Operators first: a start must not wait behind a batch of heartbeats.
             if self.control_sock in events:
                 self._drain(self.control_sock, self.control.handle)
+            if self.agent_sock in events:
+                self._drain(self.agent_sock, self.agents.handle)
             self.flush()
             now = time.monotonic()
             if now >= next_tick:

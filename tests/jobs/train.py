@@ -13,9 +13,8 @@ import torch.distributed as dist
 
 import profd_client
 
-t0 = time.perf_counter()
-profd_client.attach()
-attach_ms = (time.perf_counter() - t0) * 1000
+attached = profd_client.attach()
+connected = profd_client.is_attached()
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -36,7 +35,14 @@ for _ in range(steps):
 dist.barrier()
 print(
     "RESULT "
-    + json.dumps({"rank": rank, "steps": profd_client.current_step(), "attach_ms": attach_ms}),
+    + json.dumps(
+        {
+            "rank": rank,
+            "steps": profd_client.current_step(),
+            "attached": attached,
+            "connected": connected,
+        }
+    ),
     flush=True,
 )
 dist.destroy_process_group()
