@@ -321,6 +321,20 @@ def test_stop_keeps_a_shorter_trace_and_cancel_discards(shared: tuple[Daemon, st
     assert r.returncode != 0 and "already ended" in r.stderr
 
 
+def test_profile_memory_gets_an_html_memory_report(shared: tuple[Daemon, str]) -> None:
+    """Modalities' profiler_memory_*.html, made by the daemon from the trace."""
+    d, _ = shared
+    res = start_and_wait(d, "--next", "--active", "2", "--profile-memory", "--ranks", "1")
+    [row] = traces(d, "--session", res["session"])
+    kinds = {f["kind"]: f["path"] for f in row["files"]}
+    page = Path(kinds["memory_report"])
+    assert page.name == "main-r1.memory.html" and page.parent == Path(row["path"]).parent
+    text = page.read_text()
+    assert "<h2>cpu</h2>" in text and "peak allocated" in text
+    steps = [int(n) for n in re.findall(r"<tr><td>(\d+)</td>", text)]
+    assert steps == res["steps"]
+
+
 def test_traces_filters(shared: tuple[Daemon, str]) -> None:
     d, job = shared
     res = start_and_wait(d, "--next")

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from profd.pipeline.memory_report import Sample, downsample
 from profd.pipeline.process import (
     PipelineError,
     ProcessedTrace,
@@ -296,3 +297,53 @@ def test_hta_loads_output(raw: Path, tmp_path: Path) -> None:
     analyzer = TraceAnalysis(trace_dir=str(final))
     # 5, not 0: HTA files any trace whose rank it cannot find under rank 0.
     assert list(analyzer.t.traces.keys()) == [5]
+
+
+def test_memory_report_from_a_profile_memory_trace(tmp_path: Path) -> None:
+    torch = pytest.importorskip("torch")
+    from torch.profiler import ProfilerAction, ProfilerActivity, profile
+
+    raw_path = tmp_path / "spool" / "raw.pt.trace.json"
+    raw_path.parent.mkdir()
+    prof = profile(
+        activities=[ProfilerActivity.CPU],
+        schedule=lambda step: ProfilerAction.RECORD,
+        profile_memory=True,
+    )
+    prof.step_num = 7
+    prof.start()
+    small = torch.ones(1 << 10)
+    prof.step()
+    big = torch.ones(1 << 22)  # 16 MiB while step 8 runs
+    del big
+    prof.stop()
+    del small
+    prof.export_chrome_trace(str(raw_path))
+    events = json.loads(raw_path.read_text())["traceEvents"]
+    peak = max(e["args"]["Total Allocated"] for e in events if e.get("name") == "[memory]")
+    assert peak >= 16 << 20
+
+    result = process_trace(str(raw_path), str(tmp_path / "c0"), "main-r0", rank=0, world_size=1)
+    kinds = {f.kind: f for f in result.files}
+    page = Path(kinds["memory_report"].path)
+    assert page.name == "main-r0.memory.html"
+    assert page.stat().st_size == kinds["memory_report"].bytes
+    text = page.read_text()
+    assert "<h2>cpu</h2>" in text and "<svg" in text and "<polyline" in text
+    assert f"peak allocated {peak / (1 << 20):,.2f} MiB" in text
+    rows = dict(re.findall(r"<tr><td>(\d+)</td><td>([^<]+)</td>", text))
+    assert set(rows) == {"7", "8"}
+    assert rows["8"] == f"{peak / (1 << 20):,.2f} MiB" and rows["7"] != rows["8"]
+
+
+def test_memory_report_absent_without_memory_events(raw: Path, tmp_path: Path) -> None:
+    result = process_trace(str(raw), str(tmp_path / "c0"), "main-r0", rank=0, world_size=1)
+    assert "memory_report" not in {f.kind for f in result.files}
+    assert not (tmp_path / "c0" / "main-r0.memory.html").exists()
+
+
+def test_memory_downsample_keeps_the_peak() -> None:
+    samples = [Sample(float(t), 100 + (5000 if t == 4321 else 0), 0) for t in range(10_000)]
+    thin = downsample(samples, 100)
+    assert len(thin) == 100 and max(s.allocated for s in thin) == 5100
+    assert [s.ts_us for s in thin] == sorted(s.ts_us for s in thin)

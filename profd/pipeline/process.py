@@ -8,6 +8,8 @@ For one raw trace it writes, into ``final_dir``:
 
 * ``{stem}.pt.trace.json.gz``: the trace with ``distributedInfo.rank`` guaranteed, gzipped;
 * ``{stem}.summary.txt``: step time statistics and top operators by self time;
+* ``{stem}.memory.html``: memory over time per device, when the trace has ``[memory]`` events
+  (``--profile-memory``; see :mod:`.memory_report`);
 
 moves the caller's extra files (memory snapshots...) next to them, and only then deletes the
 raw trace, so a failure at any point leaves the raw trace in place to retry or inspect.
@@ -29,6 +31,8 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
+
+from .memory_report import MEMORY_SUFFIX, memory_series, render_memory_html, step_windows
 
 GZIP_LEVEL = 6
 DEFAULT_TOP_N = 30
@@ -425,6 +429,13 @@ def process_trace(
     head.setdefault("raw_bytes", str(raw_bytes))
     head.setdefault("events", str(len(events)))
     summary = render_summary(head, steps, cpu_ops, gpu_ops, top_n).encode("utf-8")
+    where = ", ".join(f"{k} {head[k]}" for k in ("session", "cycle") if head.get(k))
+    memory = render_memory_html(
+        f"{stem} memory" + (f" ({where})" if where else ""),
+        memory_series(events),
+        step_windows(events, STEP_PREFIX),
+    )
+    memory_path = os.path.join(final_dir, stem + MEMORY_SUFFIX)
 
     # Both outputs are complete on disk before either takes its final name, which keeps the
     # window where only one of them exists as small as possible.
@@ -442,11 +453,16 @@ def process_trace(
         del doc, events
         summary_tmp, summary_fh = cleanup.enter_context(_temp_in(final_dir, stem))
         summary_fh.write(summary)
+        outputs = [(trace_tmp, trace_path), (summary_tmp, summary_path)]
+        if memory is not None:
+            memory_tmp, memory_fh = cleanup.enter_context(_temp_in(final_dir, stem))
+            memory_fh.write(memory.encode("utf-8"))
+            outputs.append((memory_tmp, memory_path))
     try:
-        os.replace(trace_tmp, trace_path)
-        os.replace(summary_tmp, summary_path)
+        for tmp, final in outputs:
+            os.replace(tmp, final)
     except BaseException:
-        for tmp in (trace_tmp, summary_tmp):
+        for tmp, _ in outputs:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
         raise
@@ -455,6 +471,8 @@ def process_trace(
         ProcessedFile("trace", trace_path, os.path.getsize(trace_path)),
         ProcessedFile("summary", summary_path, os.path.getsize(summary_path)),
     ]
+    if memory is not None:
+        files.append(ProcessedFile("memory_report", memory_path, os.path.getsize(memory_path)))
     for kind, path in extra_files:
         dest = _move_into(path, final_dir)
         files.append(ProcessedFile(kind, dest, os.path.getsize(dest)))

@@ -1,0 +1,194 @@
+"""An HTML memory report built from a trace's ``[memory]`` events.
+
+torch.profiler with ``profile_memory=True`` (``profctl start --profile-memory``) writes one
+``[memory]`` instant event per allocation and free, carrying the device's running
+``Total Allocated`` and ``Total Reserved``. From those alone this module draws what Modalities'
+``profiler_memory_*.html`` shows: per device, allocated and reserved memory over time, the
+peak, and the peak of every step. It runs in the daemon's pipeline worker, so it uses only the
+standard library (an inline SVG, no matplotlib, no torch), and it needs nothing from the
+training process beyond the trace.
+"""
+
+from __future__ import annotations
+
+import html
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+MEMORY_SUFFIX = ".memory.html"
+#: Points drawn per device; longer series keep each bucket's maximum, so peaks survive.
+MAX_POINTS = 2000
+_W, _H, _PAD = 960, 260, 50
+
+
+@dataclass(frozen=True)
+class Sample:
+    ts_us: float
+    allocated: int
+    reserved: int
+
+
+@dataclass(frozen=True)
+class StepWindow:
+    step: int
+    start_us: float
+    end_us: float
+
+
+def device_name(args: Mapping[str, Any]) -> str:
+    kind, idx = args.get("Device Type"), args.get("Device Id")
+    if kind == 0:
+        return "cpu"
+    if kind == 1:
+        return f"cuda:{idx}"
+    return f"device type {kind}:{idx}"
+
+
+def memory_series(events: Iterable[Any]) -> dict[str, list[Sample]]:
+    """Per device, the running totals in time order (empty without ``profile_memory``)."""
+    out: dict[str, list[Sample]] = {}
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("name") != "[memory]":
+            continue
+        args, ts = ev.get("args"), ev.get("ts")
+        if not isinstance(args, dict) or not isinstance(ts, int | float):
+            continue
+        alloc, reserved = args.get("Total Allocated"), args.get("Total Reserved")
+        if not isinstance(alloc, int) or not isinstance(reserved, int):
+            continue
+        out.setdefault(device_name(args), []).append(Sample(float(ts), alloc, reserved))
+    for samples in out.values():
+        samples.sort(key=lambda s: s.ts_us)
+    return out
+
+
+def step_windows(events: Iterable[Any], prefix: str) -> list[StepWindow]:
+    """``ProfilerStep#N`` spans as (N, start, end) in trace microseconds."""
+    out = []
+    for ev in events:
+        if not isinstance(ev, dict) or ev.get("ph") != "X":
+            continue
+        name, ts, dur = ev.get("name"), ev.get("ts"), ev.get("dur")
+        if not (isinstance(name, str) and name.startswith(prefix)):
+            continue
+        if not isinstance(ts, int | float) or not isinstance(dur, int | float):
+            continue
+        try:
+            n = int(name[len(prefix) :])
+        except ValueError:
+            continue
+        out.append(StepWindow(n, float(ts), float(ts) + float(dur)))
+    return sorted(out, key=lambda w: w.start_us)
+
+
+def downsample(samples: Sequence[Sample], limit: int = MAX_POINTS) -> list[Sample]:
+    if len(samples) <= limit:
+        return list(samples)
+    size = len(samples) / limit
+    out = []
+    for i in range(limit):
+        bucket = samples[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)]
+        out.append(max(bucket, key=lambda s: s.allocated))
+    return out
+
+
+def _size(n: float) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if abs(n) >= 1 << shift:
+            return f"{n / (1 << shift):,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepWindow]) -> str:
+    pts = downsample(samples)
+    t_end = max(pts[-1].ts_us, windows[-1].end_us if windows else 0.0)
+    span = max(t_end - t0, 1.0)
+    top = max(max(s.reserved, s.allocated) for s in pts) or 1
+
+    def x(ts: float) -> float:
+        return _PAD + (ts - t0) / span * (_W - 2 * _PAD)
+
+    def y(v: float) -> float:
+        return _H - _PAD + 10 - v / top * (_H - _PAD - 20)
+
+    def line(attr: str) -> str:
+        # A running total holds its value until the next event: draw steps, not slopes.
+        coords, prev = [], None
+        for s in pts:
+            v = getattr(s, attr)
+            if prev is not None:
+                coords.append(f"{x(s.ts_us):.1f},{y(prev):.1f}")
+            coords.append(f"{x(s.ts_us):.1f},{y(v):.1f}")
+            prev = v
+        coords.append(f"{x(t_end):.1f},{y(prev or 0):.1f}")
+        return f'<polyline class="{attr}" points="{" ".join(coords)}"/>'
+
+    parts = [f'<svg viewBox="0 0 {_W} {_H}" width="{_W}" height="{_H}">']
+    for w in windows:
+        parts.append(
+            f'<rect class="step" x="{x(w.start_us):.1f}" y="10" '
+            f'width="{max(x(w.end_us) - x(w.start_us), 0.5):.1f}" height="{_H - _PAD}">'
+            f"<title>step {w.step}</title></rect>"
+            f'<text x="{x(w.start_us) + 2:.1f}" y="22">{w.step}</text>'
+        )
+    parts += [
+        f'<line class="axis" x1="{_PAD}" y1="{y(0):.1f}" x2="{_W - _PAD}" y2="{y(0):.1f}"/>',
+        f'<text x="{_PAD}" y="{_H - 12}">0 ms</text>',
+        f'<text x="{_W - _PAD}" y="{_H - 12}" text-anchor="end">{span / 1000:,.1f} ms</text>',
+        f'<text x="4" y="{y(top) + 4:.1f}">{html.escape(_size(top))}</text>',
+        line("reserved"),
+        line("allocated"),
+        "</svg>",
+    ]
+    return "".join(parts)
+
+
+def _step_rows(samples: Sequence[Sample], windows: Sequence[StepWindow]) -> list[str]:
+    rows = []
+    for w in windows:
+        inside = [s.allocated for s in samples if w.start_us <= s.ts_us <= w.end_us]
+        peak = _size(max(inside)) if inside else "-"
+        rows.append(f"<tr><td>{w.step}</td><td>{peak}</td><td>{len(inside)}</td></tr>")
+    return rows
+
+
+def render_memory_html(
+    title: str, series: Mapping[str, Sequence[Sample]], windows: Sequence[StepWindow]
+) -> str | None:
+    """The report, or None when the trace has no ``[memory]`` events."""
+    if not series:
+        return None
+    t0 = min(
+        [s[0].ts_us for s in series.values() if s] + [w.start_us for w in windows[:1]],
+    )
+    body = [f"<h1>{html.escape(title)}</h1>"]
+    for dev, samples in sorted(series.items()):
+        peak = max(samples, key=lambda s: s.allocated)
+        body += [
+            f"<h2>{html.escape(dev)}</h2>",
+            f"<p>peak allocated {_size(peak.allocated)} at {(peak.ts_us - t0) / 1000:,.1f} ms;"
+            f" peak reserved {_size(max(s.reserved for s in samples))};"
+            f" {len(samples)} allocation events."
+            ' <span class="allocated">allocated</span>, <span class="reserved">reserved</span>;'
+            " shaded: profiled steps.</p>",
+            _svg(samples, t0, windows),
+        ]
+        if windows:
+            body += [
+                "<table><tr><th>step</th><th>peak allocated</th><th>events</th></tr>",
+                *_step_rows(samples, windows),
+                "</table>",
+            ]
+    style = (
+        "body{font-family:sans-serif;margin:2em}svg{border:1px solid #ccc}"
+        "polyline{fill:none;stroke-width:1.5}.allocated{stroke:#1f77b4;color:#1f77b4}"
+        ".reserved{stroke:#ff7f0e;color:#ff7f0e}.step{fill:#eee}.axis{stroke:#888}"
+        "text{font-size:11px}td,th{padding:2px 12px;text-align:right}"
+    )
+    return (
+        '<!DOCTYPE html><html><head><meta charset="utf-8">'
+        f"<title>{html.escape(title)}</title><style>{style}</style></head><body>"
+        + "\n".join(body)
+        + "</body></html>\n"
+    )
