@@ -274,9 +274,8 @@ class ControlHandler:
             first = cycles[0][0]
             for c in targets:
                 est = c.estimated_step(now)
-                # A plan takes effect at a step boundary, so the step running now (est+1) is
-                # too late as well, unless the process is still waiting inside attach().
-                if first <= est + (0 if c.attaching else 1):
+                earliest_step = c.armable_from(int(est))
+                if first < earliest_step:
                     what = "already passed" if first <= est else "starts before it can be armed"
                     warm = f" (with --warmup the first step is {first})" if sched.warmup else ""
                     hint = (
@@ -289,7 +288,7 @@ class ControlHandler:
                         "steps_passed",
                         f"steps {sch.describe(cycles)} {what} for {c.role} rank {c.rank}"
                         f" (pid {c.pid}, at step {int(est)}; the earliest step is"
-                        f" {int(est) + 2}){warm}{hint}",
+                        f" {earliest_step}){warm}{hint}",
                     )
                 busy = self.d.sessions.busy_until(c.key)
                 if busy > first:
@@ -339,7 +338,7 @@ class ControlHandler:
         # node, a long step). Every rank must capture the same steps, so all of them move:
         # with at least twice the delay just seen as lead (arm sent to ``late`` received; the
         # arm's own share of it can be nearly all), and twice the lead of the last plan.
-        took = time.monotonic() - s.armed_at
+        took = now - s.armed_at
         lead_s = max(NEXT_LEAD_S * 2 ** (s.plan + 1), 2 * took)
         clients = [x for x in map(self.d.registry.by_key.get, s.targets) if x is not None]
         old = sch.describe(s.cycles)
@@ -445,7 +444,7 @@ class ControlHandler:
             if c.key in s.targets:
                 continue
             s.targets[c.key] = t = Target.of(c)
-            if s.cycles[0][0] <= c.step + (0 if c.attaching else 1):
+            if s.cycles[0][0] < c.armable_from(c.step):
                 t.client_final = "failed"
                 t.error = f"attached at step {c.step}, after the rule's first step"
                 if s.cycles[0][0] == 1:

@@ -16,6 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .spans import StepSpan
+
 MEMORY_SUFFIX = ".memory.html"
 #: Points drawn per device; longer series keep each bucket's maximum, so peaks survive.
 MAX_POINTS = 2000
@@ -27,13 +29,6 @@ class Sample:
     ts_us: float
     allocated: int
     reserved: int
-
-
-@dataclass(frozen=True)
-class StepWindow:
-    step: int
-    start_us: float
-    end_us: float
 
 
 def device_name(args: Mapping[str, Any]) -> str:
@@ -63,25 +58,6 @@ def memory_series(events: Iterable[Any]) -> dict[str, list[Sample]]:
     return out
 
 
-def step_windows(events: Iterable[Any], prefix: str) -> list[StepWindow]:
-    """``ProfilerStep#N`` spans as (N, start, end) in trace microseconds."""
-    out = []
-    for ev in events:
-        if not isinstance(ev, dict) or ev.get("ph") != "X":
-            continue
-        name, ts, dur = ev.get("name"), ev.get("ts"), ev.get("dur")
-        if not (isinstance(name, str) and name.startswith(prefix)):
-            continue
-        if not isinstance(ts, int | float) or not isinstance(dur, int | float):
-            continue
-        try:
-            n = int(name[len(prefix) :])
-        except ValueError:
-            continue
-        out.append(StepWindow(n, float(ts), float(ts) + float(dur)))
-    return sorted(out, key=lambda w: w.start_us)
-
-
 def downsample(samples: Sequence[Sample], limit: int = MAX_POINTS) -> list[Sample]:
     if len(samples) <= limit:
         return list(samples)
@@ -100,7 +76,7 @@ def _size(n: float) -> str:
     return f"{n:,.0f} B"
 
 
-def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepWindow]) -> str:
+def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepSpan]) -> str:
     pts = downsample(samples)
     t_end = max(pts[-1].ts_us, windows[-1].end_us if windows else 0.0)
     span = max(t_end - t0, 1.0)
@@ -144,7 +120,7 @@ def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepWindow]) ->
     return "".join(parts)
 
 
-def _step_rows(samples: Sequence[Sample], windows: Sequence[StepWindow]) -> list[str]:
+def _step_rows(samples: Sequence[Sample], windows: Sequence[StepSpan]) -> list[str]:
     rows = []
     for w in windows:
         inside = [s.allocated for s in samples if w.start_us <= s.ts_us <= w.end_us]
@@ -154,7 +130,7 @@ def _step_rows(samples: Sequence[Sample], windows: Sequence[StepWindow]) -> list
 
 
 def render_memory_html(
-    title: str, series: Mapping[str, Sequence[Sample]], windows: Sequence[StepWindow]
+    title: str, series: Mapping[str, Sequence[Sample]], windows: Sequence[StepSpan]
 ) -> str | None:
     """The report, or None when the trace has no ``[memory]`` events."""
     if not series:

@@ -32,7 +32,8 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any
 
-from .memory_report import MEMORY_SUFFIX, memory_series, render_memory_html, step_windows
+from .memory_report import MEMORY_SUFFIX, memory_series, render_memory_html
+from .spans import STEP_PREFIX, StepSpan, complete_events, step_spans
 
 GZIP_LEVEL = 6
 DEFAULT_TOP_N = 30
@@ -40,7 +41,6 @@ NAME_WIDTH = 60
 TRACE_SUFFIX = ".pt.trace.json.gz"
 SUMMARY_SUFFIX = ".summary.txt"
 
-STEP_PREFIX = "ProfilerStep#"
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "python_function"})
 GPU_OP_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
 
@@ -100,32 +100,17 @@ def _percentile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
 
 
-def _complete_events(events: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
-    """Well-formed ``ph == "X"`` events; anything else in a trace is not a timed interval."""
-    for ev in events:
-        if (
-            isinstance(ev, dict)
-            and ev.get("ph") == "X"
-            and isinstance(ev.get("ts"), int | float)
-            and isinstance(ev.get("dur"), int | float)
-        ):
-            yield ev
-
-
 def summarize_steps(events: Iterable[Any]) -> StepStats:
     """Step durations from the ``ProfilerStep#N`` annotations torch.profiler emits per step."""
+    return step_stats(step_spans(events))
+
+
+def step_stats(spans: Iterable[StepSpan]) -> StepStats:
     by_step: dict[int, float] = {}
-    for ev in _complete_events(events):
-        name = ev.get("name")
-        if not isinstance(name, str) or not name.startswith(STEP_PREFIX):
-            continue
-        try:
-            step = int(name[len(STEP_PREFIX) :])
-        except ValueError:
-            continue
+    for span in spans:
         # A step number appears once per profiled process; should a merged trace repeat one,
         # the longest occurrence is the one that bounded the step.
-        by_step[step] = max(by_step.get(step, 0.0), float(ev["dur"]) / 1000.0)
+        by_step[span.step] = max(by_step.get(span.step, 0.0), span.dur_us / 1000.0)
     if not by_step:
         return StepStats((), None, None, None)
     ordered = tuple(sorted(by_step.items()))
@@ -142,7 +127,7 @@ def cpu_op_stats(events: Iterable[Any]) -> list[OpStat]:
     result, since they are whole steps, not operators.
     """
     by_thread: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
-    for ev in _complete_events(events):
+    for ev in complete_events(events):
         if ev.get("cat") not in CPU_OP_CATS:
             continue
         key = (ev.get("pid"), ev.get("tid"))
@@ -179,7 +164,7 @@ def gpu_op_stats(events: Iterable[Any]) -> list[OpStat]:
     """Per-name GPU kernel/memcpy/memset stats; device activities do not nest, self == total."""
     calls: dict[str, int] = {}
     dur_us: dict[str, float] = {}
-    for ev in _complete_events(events):
+    for ev in complete_events(events):
         if ev.get("cat") not in GPU_OP_CATS:
             continue
         name = str(ev.get("name", ""))
@@ -413,7 +398,8 @@ def process_trace(
     doc = _load(raw_trace)
     inject_rank(doc, rank, world_size)
     events: list[Any] = doc["traceEvents"]
-    steps = summarize_steps(events)
+    spans = step_spans(events)
+    steps = step_stats(spans)
     cpu_ops = cpu_op_stats(events)
     gpu_ops = gpu_op_stats(events)
 
@@ -433,7 +419,7 @@ def process_trace(
     memory = render_memory_html(
         f"{stem} memory" + (f" ({where})" if where else ""),
         memory_series(events),
-        step_windows(events, STEP_PREFIX),
+        spans,
     )
     memory_path = os.path.join(final_dir, stem + MEMORY_SUFFIX)
 

@@ -195,7 +195,8 @@ def list_from_s3(
             for i in range(0, len(pairs), 2 * FETCH_THREADS):
                 batch = pairs[i : i + 2 * FETCH_THREADS]
                 if len(rows) >= limit:
-                    batch = [p for p in batch if could_rank(p[1], rows, limit)]
+                    cutoff = sorted((r["created_at"] or 0 for r in rows), reverse=True)[limit - 1]
+                    batch = [p for p in batch if could_rank(p[1], cutoff)]
                 if not batch:
                     break  # the rest are older still
                 for m in pool.map(lambda p: read_manifest(client, bucket, prefix, *p), batch):
@@ -209,14 +210,12 @@ def list_from_s3(
     return rows[:limit]
 
 
-def could_rank(session_id: str, rows: list[dict[str, Any]], limit: int) -> bool:
-    """Whether a session this old (or older) can still have a trace among the newest ``limit``.
+def could_rank(session_id: str, cutoff: float) -> bool:
+    """Whether a session can still have a trace created at or after ``cutoff`` (the newest
+    ``--limit`` rows so far end there).
 
     Its traces were made after it started and, taking sessions to last at most
     ``SINCE_SLACK_S``, before ``start + SINCE_SLACK_S``.
     """
     started = session_started(session_id)
-    if started is None:
-        return True
-    cutoff = sorted((r["created_at"] or 0 for r in rows), reverse=True)[limit - 1]
-    return started + SINCE_SLACK_S >= cutoff
+    return started is None or started + SINCE_SLACK_S >= cutoff
