@@ -50,14 +50,17 @@ def run(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
     from .daemon.loop import Daemon
+    from .daemon.reactor import Reactor
+
+    make_uploads = None
+    if cfg.s3.enabled:
+        from .store.uploads import Uploads
+
+        def make_uploads(reactor: Reactor) -> Uploads:
+            return Uploads(cfg, reactor)
 
     try:
-        daemon = Daemon(cfg)
-        if cfg.s3.enabled:
-            from .store.uploads import Uploads
-
-            daemon.uploads = Uploads(cfg, daemon.reactor)
-        daemon.run()
+        Daemon(cfg, make_uploads).run()
     except (RuntimeDirError, ConfigError, OSError) as exc:
         click.echo(f"profd: {exc}", err=True)
         sys.exit(1)

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-from conftest import Daemon
+from harness import Daemon
 from rawpeer import HELLO, dealer, pack, reply
 
-from profd.daemon.control import MAX_REPLANS
+from profd.daemon.planner import MAX_REPLANS
 
 
 def recv(a: zmq.Socket, t: str, timeout: float = 10.0) -> dict[str, Any]:

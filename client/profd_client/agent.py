@@ -58,6 +58,9 @@ class Agent(threading.Thread):
         self._last_step = 0
         self._last_step_t = time.monotonic()
         self._sps = 0.0
+        #: The protocol version spoken now: ours, or lower once a daemon refused it.
+        self.proto = P.VERSION
+        self._warned_version = False
 
     # Called from the training thread (slow path only) and from detach().
     def notify(self) -> None:
@@ -110,7 +113,7 @@ class Agent(threading.Thread):
         now = time.monotonic()
         if now - self._last_tx >= self.hb_interval:
             if self._welcomed:
-                self._send(P.encode(P.HEARTBEAT, **self._heartbeat()))
+                self._send(P.encode(P.HEARTBEAT, v=self.proto, **self._heartbeat()))
             else:
                 self._send(self._hello())
             self._last_tx = now
@@ -134,6 +137,7 @@ class Agent(threading.Thread):
         self._sock = s
         self._welcomed = False
         self.connected.clear()
+        self.proto = P.VERSION  # a new daemon may speak ours
         self._last_tx = 0.0  # say hello at once
 
     def _send(self, frame: bytes) -> bool:
@@ -150,6 +154,7 @@ class Agent(threading.Thread):
         tv, dev = torch_info()
         return P.encode(
             P.HELLO,
+            v=self.proto,
             pid=i.pid,
             host=i.host,
             job=i.job,
@@ -178,10 +183,12 @@ class Agent(threading.Thread):
         return {"step": step, "sps": round(self._sps, 3), "state": self.stepper.state()}
 
     def _handle(self, frame: bytes) -> None:
+        raw: object = None
         try:
-            msg = P.decode(frame, P.CLIENT_INBOUND)
+            raw = P.unpack(frame)
+            msg = P.validate(raw, P.CLIENT_INBOUND)
         except P.ProtocolError as exc:
-            log.debug("profd_client: dropped bad frame from daemon: %s", exc)
+            self._refuse(raw, exc)
             return
         self._last_rx = time.monotonic()
         t = msg["t"]
@@ -191,7 +198,7 @@ class Agent(threading.Thread):
             self._welcomed = True
             self.connected.set()
             for m in list(self._unacked.values()):
-                self._send(P.encode(**m))
+                self._send_report(m)
         elif t == P.ARM:
             self._arm(msg)
         elif t == P.DISARM:
@@ -201,40 +208,74 @@ class Agent(threading.Thread):
         elif t == P.ERROR and msg["code"] == "unknown_client":
             self._welcomed = False
             self._send(self._hello())
+        elif t == P.ERROR and msg["code"] == "version" and not self._welcomed:
+            self._version_refused(msg["msg"])
+
+    def _version_refused(self, why: str) -> None:
+        """The daemon does not speak our version: try the older ones we still speak."""
+        if self.proto > P.MIN_VERSION:
+            self.proto -= 1
+            self._send(self._hello())
+            return
+        if not self._warned_version:
+            # Training goes on unprofiled; hellos continue (at our own version again, after
+            # the next reconnect) in case the daemon is upgraded.
+            log.warning("profd_client: the profd daemon refused this client: %s", why)
+            self._warned_version = True
+
+    def _refuse(self, raw: object, exc: P.ProtocolError) -> None:
+        """A frame we cannot use. An ``arm`` we cannot follow is said so, never dropped
+        silently: the session would wait for this rank forever."""
+        session = raw.get("session") if isinstance(raw, dict) else None
+        if isinstance(raw, dict) and raw.get("t") == P.ARM and isinstance(session, str):
+            self._arm_failed(session, f"cannot follow this arm: {exc}", raw.get("plan"))
+            return
+        log.debug("profd_client: dropped bad frame from daemon: %s", exc)
+
+    def _arm_failed(self, session: str, error: str, plan: object) -> None:
+        try:
+            frame = P.encode(
+                P.PROGRESS,
+                v=self.proto,
+                id=0,
+                session=session,
+                state="failed",
+                step=self.stepper.count,
+                error=error,
+                plan=plan if isinstance(plan, int) and 0 <= plan <= P.MAX_REVISION else 0,
+            )
+        except P.ProtocolError as bad:  # a session id we could not even name back
+            log.debug("profd_client: dropped bad arm: %s (%s)", error, bad)
+            return
+        self._send(frame)
 
     def _arm(self, msg: dict[str, Any]) -> None:
         session = msg["session"]
         try:
             if not self.allowed:
                 raise P.ProtocolError("not_allowed", "rank excluded by PROFD_RANKS")
-            if msg["backend"] not in P.BACKENDS:
-                raise P.ProtocolError("field", f"unknown backend {msg['backend']!r}")
             plan = Plan(
                 session=session,
                 job=msg["job"],
                 backend=msg["backend"],
-                cycles=P.cycles(msg["cycles"]),
-                options=P.options(msg["options"]),
+                cycles=[(w, a, b) for w, a, b in msg["cycles"]],
+                options=msg["options"],
                 incoming=Path(msg["incoming"]),
                 region=msg.get("region"),
                 rev=msg.get("plan", 0),
             )
         except P.ProtocolError as exc:
-            self._send(
-                P.encode(
-                    P.PROGRESS,
-                    id=0,
-                    session=session,
-                    state="failed",
-                    step=self.stepper.count,
-                    error=str(exc),
-                    plan=msg.get("plan", 0),
-                )
-            )
+            self._arm_failed(session, str(exc), msg.get("plan", 0))
             return
         self.stepper.post("arm", plan)
         self._send(
-            P.encode(P.ARMED, session=session, cycles=[list(c) for c in plan.cycles], plan=plan.rev)
+            P.encode(
+                P.ARMED,
+                v=self.proto,
+                session=session,
+                cycles=[list(c) for c in plan.cycles],
+                plan=plan.rev,
+            )
         )
 
     def _flush_outbox(self) -> None:
@@ -243,7 +284,17 @@ class Agent(threading.Thread):
             m = out.popleft()
             self._unacked[m["id"]] = m
             if self._welcomed:
-                self._send(P.encode(**m))
+                self._send_report(m)
+
+    def _send_report(self, m: dict[str, Any]) -> None:
+        try:
+            frame = P.encode(v=self.proto, **m)
+        except P.ProtocolError as exc:
+            # Our own report breaks the contract (a bug): say so instead of retrying forever.
+            log.warning("profd_client: report %s not sent: %s", m.get("t"), exc)
+            self._unacked.pop(m["id"], None)
+            return
+        self._send(frame)
 
     def _goodbye(self, zmq: Any) -> None:
         # Give reports from a capture cut short by exit a moment to reach the daemon.
@@ -256,7 +307,7 @@ class Agent(threading.Thread):
                 except zmq.Again:
                     pass
         if self._welcomed:
-            self._send(P.encode(P.BYE))
+            self._send(P.encode(P.BYE, v=self.proto))
         try:
             self._sock.close(100)
         except Exception:

@@ -1,177 +1,235 @@
 """Messages from training processes on ``agent.sock``.
 
 An agent peer can only report about itself: every message is looked up by its ZeroMQ
-routing id, so a process can neither start sessions nor speak for another process.
+routing id, so a process can neither start sessions nor speak for another process. Each
+client is answered in the protocol version it spoke in its ``hello``.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
 
 from profd_client import protocol as P
 
 from .. import __version__
-from .captures import Job, inside
-from .registry import Client
-from .sessions import Session
-
-if TYPE_CHECKING:
-    from .loop import Daemon
+from ..store.index import Index
+from .arming import Arms
+from .autorules import AutoRules
+from .captures import Captures, Job, inside
+from .liveness import Liveness
+from .nsysruns import NsysRuns
+from .registry import Client, Registry
+from .sessions import Session, Sessions
+from .starts import Starter
 
 log = logging.getLogger("profd.agents")
 
-_HEARTBEAT = P.encode(P.HEARTBEAT)  # the same bytes for every reply
-TERMINAL_REPORTS = frozenset({"done", "failed", "stopped", "cancelled"})
+Send = Callable[[bytes, bytes], None]
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """What every client is told on attach."""
+
+    spool: str
+    hb_interval: float
 
 
 class AgentHandler:
-    def __init__(self, daemon: Daemon) -> None:
-        self.d = daemon
+    def __init__(
+        self,
+        welcome: Welcome,
+        registry: Registry,
+        sessions: Sessions,
+        index: Index,
+        arms: Arms,
+        starter: Starter,
+        auto_rules: AutoRules,
+        liveness: Liveness,
+        captures: Captures,
+        nsys: NsysRuns,
+        send: Send,
+    ) -> None:
+        self.welcome = welcome
+        self.registry = registry
+        self.sessions = sessions
+        self.index = index
+        self.arms = arms
+        self.starter = starter
+        self.auto_rules = auto_rules
+        self.liveness = liveness
+        self.captures = captures
+        self.nsys = nsys
+        self.send = send
         self.rejected = 0  # malformed frames seen, for status
+        self._heartbeats: dict[int, bytes] = {}  # the same reply bytes for every client
 
     def handle(self, frames: list[bytes]) -> None:
-        if len(frames) != 2:
-            self.rejected += 1
-            if frames:
-                self.d.send_agent(frames[0], P.error("malformed", "expected one frame"))
-            return
-        ident, frame = frames
         try:
-            msg = P.decode(frame, P.AGENT_INBOUND)
+            envelope, frame = P.split_envelope(frames)
         except P.ProtocolError as exc:
             self.rejected += 1
-            self.d.send_agent(ident, P.error(exc.code, str(exc)))
+            if frames:
+                self.send(frames[0], P.error(exc.code, str(exc)))
+            return
+        ident = envelope[0]
+        raw: object = None
+        try:
+            raw = P.unpack(frame)
+            msg = P.validate(raw, P.AGENT_INBOUND)
+        except P.ProtocolError as exc:
+            self.rejected += 1
+            v = P.version_of(raw)
+            if exc.code == "version":
+                self._incompatible(ident, v, raw)
+            # Answer in the peer's version when it has one, so it can read why.
+            reply_v = v if v is not None and 0 <= v < (1 << 16) else P.VERSION
+            self.send(ident, P.error(exc.code, str(exc), v=reply_v))
             return
         t = msg["t"]
         if t == P.HELLO:
-            try:
-                P.safe_name(msg["job"], "job")
-                P.safe_name(msg["role"], "role")
-                if msg.get("nsys_session") is not None:
-                    P.safe_name(msg["nsys_session"], "nsys_session")
-            except P.ProtocolError as exc:
-                self.rejected += 1
-                self.d.send_agent(ident, P.error(exc.code, str(exc)))
-                return
             self.hello(ident, msg)
             return
-        c = self.d.registry.get(ident)
+        c = self.registry.get(ident)
         if c is None:
-            self.d.send_agent(ident, P.error("unknown_client", "say hello first"))
+            self.send(ident, P.error("unknown_client", "say hello first", v=msg["v"]))
             return
-        c.last_seen = time.monotonic()
+        now = time.monotonic()
         if t == P.HEARTBEAT:
-            if "step" in msg:
-                c.step = msg["step"]
-                c.step_at = c.last_seen
-            if "sps" in msg:
-                c.sps = float(msg["sps"])
-            if "state" in msg:
-                c.state = msg["state"][:32]
-            self.d.send_agent(ident, _HEARTBEAT)
-        elif t == P.ARMED:
+            self.registry.heartbeat(c, now, msg.get("step"), msg.get("sps"), msg.get("state"))
+            self.send(ident, self._heartbeat(c.version))
+            return
+        self.registry.seen(c, now)
+        if t == P.ARMED:
             self.armed(c, msg)
         elif t == P.PROGRESS:
-            self.d.send_agent(ident, P.encode(P.ACK, id=msg["id"]))
+            self.send(ident, P.encode(P.ACK, v=c.version, id=msg["id"]))
             self.progress(c, msg)
         elif t == P.CAPTURED:
             self.captured(c, msg)
         elif t == P.BYE:
-            self.d.drop_client(c, "detached")
+            self.liveness.drop(c, "detached")
+
+    def _heartbeat(self, v: int) -> bytes:
+        frame = self._heartbeats.get(v)
+        if frame is None:
+            frame = self._heartbeats[v] = P.encode(P.HEARTBEAT, v=v)
+        return frame
+
+    def _incompatible(self, ident: bytes, v: int | None, raw: object) -> None:
+        if self.registry.incompatible_peer(ident, v, raw):
+            fields = raw if isinstance(raw, dict) else {}
+            log.warning(
+                "refused a client speaking protocol version %r (this daemon serves %d..%d):"
+                " pid %r job %r; it keeps training but cannot be profiled until one side is"
+                " upgraded",
+                v,
+                P.MIN_VERSION,
+                P.VERSION,
+                fields.get("pid"),
+                str(fields.get("job"))[:200],
+            )
 
     def hello(self, ident: bytes, m: dict[str, Any]) -> None:
         c = Client(
             ident=ident,
-            host=m["host"][:255],
+            host=m["host"],
             pid=m["pid"],
-            job=m["job"][:255],
-            role=m["role"][:255],
+            job=m["job"],
+            role=m["role"],
             rank=m["rank"],
             local_rank=m["local_rank"],
             world_size=m["world_size"],
-            step_mode=m["step_mode"][:16],
+            step_mode=m["step_mode"],
             allowed=m["allowed"],
             torch=m.get("torch"),
             device=m.get("device"),
             nsys_session=m.get("nsys_session"),
             step=m["step"],
             attaching=bool(m.get("waiting")) and m["step"] == 0,
+            version=m["v"],
         )
-        old = self.d.registry.add(c)
+        old = self.registry.add(c)
         if old is None:
             log.info("attached: %s pid %s job %s %s rank %s", c.host, c.pid, c.job, c.role, c.rank)
-        self.d.orphans.pop(c.key, None)
+        self.liveness.attached(c)
         # Arms go out before the welcome: a client waiting in attach() applies them before
         # its first step, which is what lets an [[auto]] rule capture step 1.
         # An arm lost with the old connection (or sent by a daemon that died before the ack)
         # is sent again; a client ignores an arm for a session it already holds.
         try:
-            for s in self.d.sessions.live():
+            for s in self.sessions.live():
                 t = s.targets.get(c.key)
-                if t is not None and t.state == "pending" and t.client_final is None and not t.hold:
-                    self.d.control.arm(s, c)
+                if t is not None and t.awaiting_arm:
+                    self.arms.arm(s, c)
             if old is None:
-                self.d.control.apply_auto_rules(c)
+                self.auto_rules.attached(c)
         finally:
             # Whatever went wrong with the rules, the process must not wait for nothing.
-            c.attaching = False
-            self.d.send_agent(
+            self.registry.welcomed(c)
+            extra: dict[str, Any] = {}
+            if c.version >= 2:
+                extra["protocol"] = [P.MIN_VERSION, P.VERSION]
+            self.send(
                 ident,
                 P.encode(
                     P.WELCOME,
-                    spool=str(self.d.spool),
-                    hb_interval=self.d.cfg.heartbeat_interval,
+                    v=c.version,
+                    spool=self.welcome.spool,
+                    hb_interval=self.welcome.hb_interval,
                     daemon=__version__,
+                    **extra,
                 ),
             )
 
-    def armed(self, c: Client, m: dict[str, Any]) -> None:
-        s = self.d.sessions.get(m["session"])
+    def _target(self, c: Client, m: dict[str, Any]) -> tuple[Session, Any] | None:
+        """The session and target a report is about, if it is current."""
+        s = self.sessions.exact(m["session"])
         t = s.targets.get(c.key) if s is not None else None
-        if s is None or t is None or m.get("plan", 0) < s.plan:
-            return
-        if t.state == "pending":
-            t.state = "armed"
-            self.d.save(s, t)
+        if s is None or t is None or m.get("plan", 0) < s.revision:
+            return None  # unknown, or about steps the session has since moved away from
+        return s, t
+
+    def armed(self, c: Client, m: dict[str, Any]) -> None:
+        hit = self._target(c, m)
+        if hit is not None:
+            self.sessions.armed(*hit)
 
     def progress(self, c: Client, m: dict[str, Any]) -> None:
-        s = self.d.sessions.get(m["session"])
-        t = s.targets.get(c.key) if s is not None else None
-        if s is None or t is None or m.get("plan", 0) < s.plan:
-            return  # unknown, or about steps the session has since moved away from
-        state = m["state"]
-        if state == "late":
-            self.d.control.late(s, t, c, m["step"])
+        hit = self._target(c, m)
+        if hit is None:
             return
-        if m.get("error"):
-            t.error = str(m["error"])[:1000]
-        if state == "capturing" and t.state in ("pending", "armed"):
-            t.state = "capturing"
-        elif state in TERMINAL_REPORTS:
-            t.client_final = state
-            t.settle()
-        self.d.save(s, t)
+        s, t = hit
+        if m["state"] == "late":
+            self.starter.late(s, t, c, m["step"])
+            return
+        self.sessions.reported(s, t, m["state"], m.get("error"))
 
     def captured(self, c: Client, m: dict[str, Any]) -> None:
-        s = self.d.sessions.get(m["session"])
-        row = self.d.index.session(m["session"]) if s is None else None
+        ack = P.encode(P.ACK, v=c.version, id=m["id"])
+        s = self.sessions.exact(m["session"])
+        row = self.index.session(m["session"]) if s is None else None
+        if row is not None and row["id"] != m["session"]:
+            row = None  # reports name their session exactly
         if s is None and row is None:
-            self.d.send_agent(c.ident, P.encode(P.ACK, id=m["id"]))
+            self.send(c.ident, ack)
             log.warning("dropping report for unknown session %r from pid %s", m["session"], c.pid)
             return
-        if s is not None and m.get("plan", 0) < s.plan:
+        if s is not None and m.get("plan", 0) < s.revision:
             # A capture of steps the session moved away from (a re-plan raced with it).
-            self.d.send_agent(c.ident, P.encode(P.ACK, id=m["id"]))
+            self.send(c.ident, ack)
             self.discard(s, c, m)
             return
         if s is not None and s.backend == "nsys":
             # nsys writes the report itself: the rank only says its range is over.
-            self.d.send_agent(c.ident, P.encode(P.ACK, id=m["id"]))
+            self.send(c.ident, ack)
             t = s.targets.get(c.key)
             if t is not None:
-                self.d.nsys.cycle_reported(s, t, m)
+                self.nsys.cycle_reported(s, t, m)
             return
         # Paths come from the session, never from what the client claims.
         m["session"] = s.id if s is not None else row["id"]  # type: ignore[index]
@@ -187,36 +245,28 @@ class AgentHandler:
                 "world_size": c.world_size,
             },
         }
-        fresh = self.d.index.inbox_put(key, stored)
+        fresh = self.index.inbox_put(key, stored)
         # Ack only once the report is durable: a daemon killed now redoes it on restart.
-        self.d.send_agent(c.ident, P.encode(P.ACK, id=m["id"]))
-        if not fresh:
-            return
-        t = s.targets.get(c.key) if s is not None else None
-        if s is not None and t is not None:
-            t.outstanding += 1
-        self.submit(key, stored)
+        self.send(c.ident, ack)
+        if fresh:
+            self.submit(key, stored)
 
     def discard(self, s: Session, c: Client, m: dict[str, Any]) -> None:
         log.info("session %s: dropping a capture of superseded steps from pid %s", s.id, c.pid)
-        home = self.d.captures.incoming_dir(s.job, s.id)
+        home = self.captures.incoming_dir(s.job, s.id)
         for f in m["files"]:
-            path = f.get("path") if isinstance(f, dict) else None
-            p = inside(home, path) if isinstance(path, str) else None
+            p = inside(home, f["path"])
             if p is not None:
                 p.unlink(missing_ok=True)
 
-    def resubmit(self, key: str, stored: dict[str, Any]) -> None:
-        s = self.d.sessions.get(stored["report"]["session"])
-        cl = stored["client"]
-        t = s.targets.get((cl["host"], cl["pid"])) if s is not None else None
-        if t is not None:
-            t.outstanding += 1
-        self.submit(key, stored)
-
     def submit(self, key: str, stored: dict[str, Any]) -> None:
+        """Into the pipeline: a fresh report, or one a previous daemon left in the inbox."""
         m, cl = stored["report"], stored["client"]
-        self.d.captures.submit(
+        s = self.sessions.exact(m["session"])
+        t = s.targets.get((cl["host"], cl["pid"])) if s is not None else None
+        if s is not None and t is not None:
+            self.sessions.queued(s, t)
+        self.captures.submit(
             Job(
                 key=key,
                 session=m["session"],

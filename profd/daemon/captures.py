@@ -70,6 +70,22 @@ class Captures:
     def incoming_dir(self, job: str, session: str) -> Path:
         return self.spool / INCOMING / job / session
 
+    def remove_incoming(self, job: str, session: str) -> None:
+        """Drop a finished session's emptied ``.incoming`` dirs; any holding a file stay."""
+        root = self.incoming_dir(job, session)
+        if not root.is_dir():
+            return
+        for d in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
+            try:
+                d.rmdir()
+            except OSError:
+                pass
+        for d in (root, root.parent):
+            try:
+                d.rmdir()
+            except OSError:
+                return
+
     def final_dir(self, job: str, session: str, cycle: int) -> Path:
         return self.spool / job / session / f"c{cycle}"
 

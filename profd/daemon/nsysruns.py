@@ -23,20 +23,21 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from profd_client import protocol as P
+from profd_client.protocol import TARGET_TERMINAL
 
 from .. import nsys
+from ..config import NsysConfig
 from ..pipeline.nsys_report import finish_report
 from ..pipeline.process import ProcessedTrace
-from .captures import Job
-from .control import Refused
-from .registry import Client
-from .sessions import TARGET_TERMINAL, Session, Target
-
-if TYPE_CHECKING:
-    from .loop import Daemon
+from .arming import Arms
+from .captures import Captures, Job
+from .reactor import Reactor
+from .refusal import Refused
+from .registry import Client, Registry
+from .sessions import Session, Sessions, Target
 
 log = logging.getLogger("profd.nsys")
 
@@ -70,10 +71,29 @@ class Collection:
         return f"nsys-{self.nsys_session}"
 
 
+OnProcessed = Callable[[Job, ProcessedTrace | None, str | None, bool], None]
+
+
 class NsysRuns:
-    def __init__(self, daemon: Daemon) -> None:
-        self.d = daemon
-        self.cfg = daemon.cfg.nsys
+    def __init__(
+        self,
+        cfg: NsysConfig,
+        host: str,
+        sessions: Sessions,
+        registry: Registry,
+        arms: Arms,
+        captures: Captures,
+        reactor: Reactor,
+        on_processed: OnProcessed,
+    ) -> None:
+        self.cfg = cfg
+        self.host = host
+        self.sessions = sessions
+        self.registry = registry
+        self.arms = arms
+        self.captures = captures
+        self.reactor = reactor
+        self.on_processed = on_processed
         self.by_session: dict[str, list[Collection]] = {}
         self.pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="profd-nsys")
 
@@ -124,7 +144,9 @@ class NsysRuns:
                     " the job with `profctl run --nsys -- <command>`",
                 )
 
-    def begin(self, s: Session, targets: list[Client], base_dir: Path) -> None:
+    def begin(self, s: Session, targets: list[Client]) -> None:
+        """Start one collection per nsys launch; the (held) targets are armed once it runs."""
+        base_dir = self.captures.incoming_dir(s.job, s.id)
         groups: dict[str, list[Client]] = {}
         for c in targets:
             groups.setdefault(c.nsys_session or "", []).append(c)
@@ -140,8 +162,6 @@ class NsysRuns:
                 busy=True,
             )
             colls.append(coll)
-            for c in members:
-                s.targets[c.key].hold = True
             self._submit(coll, self._start, self._started)
 
     def _start(self, coll: Collection, binary: str) -> str | None:
@@ -162,22 +182,19 @@ class NsysRuns:
 
     def _started(self, coll: Collection, err: str | None) -> None:
         coll.busy = False
-        s = self.d.sessions.get(coll.session)
+        s = self.sessions.exact(coll.session)
         if s is None:
             return
         coll.started = err is None
         for key in coll.keys:
             t = s.targets[key]
-            t.hold = False
+            self.sessions.release(s, t)
             if err is not None:
-                t.client_final = "failed"
-                t.error = f"nsys start failed: {err}"
-                t.settle()
-                self.d.save(s, t)
+                self.sessions.fail(s, t, f"nsys start failed: {err}")
                 continue
-            c = self.d.registry.by_key.get(key)
+            c = self.registry.lookup(key)
             if c is not None:
-                self.d.control.arm(s, c)
+                self.arms.arm(s, c)
         if err is None:
             log.info("session %s: nsys collection on %s -> %s*", s.id, coll.nsys_session, coll.base)
 
@@ -186,9 +203,8 @@ class NsysRuns:
         coll = self._collection(s.id, t.key)
         if coll is None:
             return
-        t.outstanding += 1
+        self.sessions.queued(s, t)
         coll.reported.setdefault(int(m["cycle"]), {})[t.key] = m
-        self.d.save(s, t)
         self._check_ended(s, coll, time.monotonic())
 
     def _collection(self, session: str, key: Key) -> Collection | None:
@@ -212,7 +228,7 @@ class NsysRuns:
     # --- polling for reports (the loop's tick) --------------------------------------------------
     def poll(self, now: float) -> None:
         for sid, colls in list(self.by_session.items()):
-            s = self.d.sessions.get(sid)
+            s = self.sessions.exact(sid)
             if s is None:
                 continue
             for coll in colls:
@@ -241,7 +257,7 @@ class NsysRuns:
                 cycle = coll.ended[coll.collected]
                 header = self._header(s, coll, cycle)
                 stem = coll.stem(s)
-                final = self.d.captures.final_dir(s.job, s.id, cycle)
+                final = self.captures.final_dir(s.job, s.id, cycle)
                 self._submit(
                     coll,
                     lambda c, b: finish_report(
@@ -304,7 +320,7 @@ class NsysRuns:
             if coll.collected < len(coll.ended)
             else None
         )
-        s = self.d.sessions.get(coll.session)
+        s = self.sessions.exact(coll.session)
         if s is None:
             return
         for key, m in coll.reported.get(cycle, {}).items():
@@ -321,7 +337,7 @@ class NsysRuns:
                 cycle=cycle,
                 report=m,
             )
-            self.d.on_processed(j, res, err, False)
+            self.on_processed(j, res, err, False)
 
     def _header(self, s: Session, coll: Collection, cycle: int) -> dict[str, str]:
         ms = coll.reported[cycle]
@@ -332,7 +348,7 @@ class NsysRuns:
         return {
             "session": s.id,
             "job": s.job,
-            "host": self.d.host,
+            "host": self.host,
             "nsys_session": coll.nsys_session,
             "cycle": str(cycle),
             "steps": ",".join(map(str, steps)),
@@ -354,17 +370,11 @@ class NsysRuns:
 
     def restored(self, s: Session) -> None:
         """A session left open by a killed daemon: its collection state is gone with it."""
-        base = self.d.captures.incoming_dir(s.job, s.id) / "nsys"
+        base = self.captures.incoming_dir(s.job, s.id) / "nsys"
+        why = f"the daemon restarted during this nsys session; reports nsys wrote stay in {base}"
         for t in s.targets.values():
-            if t.state in TARGET_TERMINAL:
-                continue
-            t.client_final = "failed"
-            t.gone = True
-            t.error = (
-                f"the daemon restarted during this nsys session; reports nsys wrote stay in {base}"
-            )
-            t.settle()
-            self.d.save(s, t)
+            if t.state not in TARGET_TERMINAL:
+                self.sessions.fail(s, t, why, gone=True)
 
     def shutdown(self) -> None:
         self.pool.shutdown(wait=False, cancel_futures=True)
@@ -387,11 +397,11 @@ class NsysRuns:
                 log.error("nsys work for session %s failed: %r", coll.session, exc)
                 msg = f"{type(exc).__name__}: {exc}"
                 if on_error is not None:
-                    self.d.reactor.call_soon(on_error, coll, msg)
+                    self.reactor.call_soon(on_error, coll, msg)
                 else:
-                    self.d.reactor.call_soon(done, coll, msg)
+                    self.reactor.call_soon(done, coll, msg)
                 return
-            self.d.reactor.call_soon(done, coll, res)
+            self.reactor.call_soon(done, coll, res)
 
         self.pool.submit(work, coll, binary).add_done_callback(finished)
 

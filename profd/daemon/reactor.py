@@ -7,10 +7,13 @@ keeps one owner (the loop thread) for the registry and the sessions.
 
 from __future__ import annotations
 
+import logging
 import os
 import queue
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger("profd")
 
 
 class Reactor:
@@ -44,7 +47,12 @@ class Reactor:
                 fn, args = self._calls.get_nowait()
             except queue.Empty:
                 return n
-            fn(*args)
+            try:
+                fn(*args)
+            except Exception:
+                # One bad result (a report that breaks indexing, say) must not stop the
+                # daemon, nor the calls queued behind it.
+                log.exception("error in %s", getattr(fn, "__qualname__", fn))
             n += 1
 
     def close(self) -> None:

@@ -1,8 +1,12 @@
-"""The live registry of attached training processes. Owned by the event loop."""
+"""The live registry of attached training processes. Owned by the event loop.
+
+Client fields change only through :class:`Registry` methods; everything else reads them.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +38,8 @@ class Client:
     rss: int | None = None
     gpu_util: float | None = None
     gpu_mem: int | None = None
+    #: The protocol version the client speaks; replies go out in it.
+    version: int = 1
 
     @property
     def key(self) -> tuple[str, int]:
@@ -74,19 +80,107 @@ class Client:
             "device": self.device,
             "nsys_session": self.nsys_session,
             "attached_at": self.attached_at,
+            "protocol": self.version,
         }
+
+
+@dataclass
+class Incompatible:
+    """A peer that speaks a protocol version this daemon does not serve: listed, not served."""
+
+    ident: bytes
+    version: int | None
+    fields: dict[str, Any]
+    last_seen: float = field(default_factory=time.monotonic)
+
+    def row(self) -> dict[str, Any]:
+        f = self.fields
+
+        def pick(name: str, kind: type) -> Any:
+            v = f.get(name)
+            return v if isinstance(v, kind) and not isinstance(v, bool) else None
+
+        return {
+            "host": (pick("host", str) or "?")[:255],
+            "pid": pick("pid", int),
+            "job": (pick("job", str) or "?")[:200],
+            "role": (pick("role", str) or "?")[:200],
+            "rank": pick("rank", int),
+            "state": "incompatible",
+            "protocol": self.version,
+            "error": f"speaks protocol version {self.version}",
+        }
+
+
+#: Peers of an unsupported version listed at most (each says hello every heartbeat).
+MAX_INCOMPATIBLE = 1024
 
 
 class Registry:
     def __init__(self) -> None:
         self.by_ident: dict[bytes, Client] = {}
         self.by_key: dict[tuple[str, int], Client] = {}
+        self.incompatible: dict[bytes, Incompatible] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[Client]:
         return iter(list(self.by_key.values()))
+
+    def lookup(self, key: tuple[str, int]) -> Client | None:
+        return self.by_key.get(key)
+
+    # --- transitions --------------------------------------------------------------------------
+    def seen(self, c: Client, now: float) -> None:
+        c.last_seen = now
+
+    def heartbeat(
+        self, c: Client, now: float, step: int | None, sps: float | None, state: str | None
+    ) -> None:
+        c.last_seen = now
+        if step is not None:
+            c.step, c.step_at = step, now
+        if sps is not None:
+            c.sps = sps
+        if state is not None:
+            c.state = state
+
+    def observed_step(self, c: Client, step: int, now: float) -> None:
+        """A report says the client was at ``step`` just now (a ``late`` arm)."""
+        if step > c.step and now > c.step_at:
+            # The estimate that planned its steps was low: learn the rate it really ran at
+            # since its last report, or the next plan would be just as early.
+            c.sps = max(c.sps, (step - c.step) / (now - c.step_at))
+        c.step, c.step_at = max(c.step, step), now
+
+    def sampled(
+        self,
+        c: Client,
+        cpu: float | None,
+        rss: int | None,
+        gpu_util: float | None,
+        gpu_mem: int | None,
+    ) -> None:
+        c.cpu, c.rss, c.gpu_util, c.gpu_mem = cpu, rss, gpu_util, gpu_mem
+
+    def welcomed(self, c: Client) -> None:
+        """The welcome is sent: the process no longer waits before step 1."""
+        c.attaching = False
+
+    def incompatible_peer(self, ident: bytes, version: int | None, msg: object) -> bool:
+        """Note a peer we cannot serve; True the first time it is seen."""
+        known = self.incompatible.get(ident)
+        if known is not None:
+            known.last_seen = time.monotonic()
+            return False
+        if len(self.incompatible) >= MAX_INCOMPATIBLE:
+            return False
+        fields = (
+            {k: v for k, v in msg.items() if isinstance(k, str)} if isinstance(msg, dict) else {}
+        )
+        self.incompatible[ident] = Incompatible(ident, version, fields)
+        return True
 
     def add(self, c: Client) -> Client | None:
         """Register ``c``; returns the record it replaces (same process, new socket)."""
@@ -106,4 +200,7 @@ class Registry:
         return self.by_ident.get(ident)
 
     def stale(self, now: float, timeout: float) -> list[Client]:
+        for ident, peer in list(self.incompatible.items()):
+            if now - peer.last_seen > timeout:
+                del self.incompatible[ident]
         return [c for c in self.by_key.values() if now - c.last_seen > timeout]

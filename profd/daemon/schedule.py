@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from profd_client.protocol import MAX_CYCLE_STEPS, MAX_CYCLES, MAX_STEP
+
 Cycle = tuple[int, int, int]
 
 
@@ -36,15 +38,20 @@ class Schedule:
         return self.kind != "next"
 
 
-def _int(value: Any, what: str, minimum: int) -> int:
-    if isinstance(value, bool):
-        raise ScheduleError(f"{what} must be an integer, got {value!r}")
+def _int(value: Any, what: str, minimum: int, maximum: int = MAX_STEP) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ScheduleError(f"{what} must be an integer, got {str(value)[:40]!r}")
+    text = str(value).strip()
+    if len(text) > 20:
+        raise ScheduleError(f"{what} must be an integer up to {maximum}, got {text[:40]!r}")
     try:
-        n = int(str(value).strip())
+        n = int(text)
     except ValueError:
         raise ScheduleError(f"{what} must be an integer, got {value!r}") from None
     if n < minimum:
         raise ScheduleError(f"{what} must be >= {minimum}, got {n}")
+    if n > maximum:
+        raise ScheduleError(f"{what} must be <= {maximum}, got {n}")
     return n
 
 
@@ -57,30 +64,33 @@ def parse(spec: Mapping[str, Any]) -> Schedule:
         forms.append("--next")
     if len(forms) > 1:
         raise ScheduleError(f"use one of --steps, --next, --at-step (got {' and '.join(forms)})")
-    warmup = _int(spec.get("warmup", 0), "--warmup", 0)
-    repeat = _int(spec.get("repeat", 1), "--repeat", 1)
-    roundup = _int(spec.get("roundup", 1), "--roundup", 1)
+    warmup = _int(spec.get("warmup") or 0, "--warmup", 0, MAX_CYCLE_STEPS - 1)
+    repeat = _int(spec.get("repeat") or 1, "--repeat", 1, MAX_CYCLES)
+    roundup = _int(spec.get("roundup") or 1, "--roundup", 1)
     active_given = spec.get("active") is not None
-    active = _int(spec.get("active", 1), "--active", 1)
+    active = _int(spec.get("active") or 1, "--active", 1, MAX_CYCLE_STEPS - warmup)
     if steps is not None:
         if active_given:
             raise ScheduleError("--active goes with --next or --at-step; --steps names the steps")
         text = str(steps).strip()
         if ":" in text:
             a_txt, _, b_txt = text.partition(":")
-            try:
-                a, b = int(a_txt), int(b_txt)
-            except ValueError:
-                raise ScheduleError(f"--steps {text}: start and stop must be integers") from None
-            if a < 1:
-                raise ScheduleError(f"--steps {text}: steps are 1-indexed, start must be >= 1")
+            a = _int(a_txt, f"--steps {text}: start", 1)
+            b = _int(b_txt, f"--steps {text}: stop", 2)
             if a >= b:
                 raise ScheduleError(f"--steps {text}: start must be less than stop")
+            if b - a + warmup > MAX_CYCLE_STEPS:
+                raise ScheduleError(
+                    f"--steps {text}: {b - a} steps (with warm-up) is more than {MAX_CYCLE_STEPS}"
+                    " in one cycle; use --repeat or a list"
+                )
             sched = Schedule("range", start=a, stop=b, warmup=warmup, repeat=repeat)
         else:
             items = [s for s in text.split(",") if s.strip()]
             if not items:
                 raise ScheduleError("--steps is empty")
+            if len(items) > MAX_CYCLES:
+                raise ScheduleError(f"--steps lists {len(items)} steps (at most {MAX_CYCLES})")
             nums = sorted({_int(s, f"--steps item {s.strip()!r}", 1) for s in items})
             if repeat != 1:
                 raise ScheduleError("--repeat does not apply to a --steps list")

@@ -9,18 +9,19 @@ and every capture it reported has been through the pipeline.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..store.index import TERMINAL_SESSION_STATES, Index
+from profd_client.protocol import REPORT_TERMINAL, SESSION_TERMINAL, TARGET_TERMINAL
+
+from ..fsutil import atomic_write
+from ..store.index import Index
 from .registry import Client
 from .schedule import Cycle, steps_of
 
-TARGET_TERMINAL = frozenset({"done", "failed", "cancelled"})
 _ORDER = ["pending", "armed", "capturing", "processing"]
 
 
@@ -50,11 +51,58 @@ class Target:
     def key(self) -> tuple[str, int]:
         return (self.host, self.pid)
 
-    @classmethod
-    def of(cls, c: Client) -> Target:
-        return cls(c.host, c.pid, c.job, c.role, c.rank, c.world_size)
+    @property
+    def open(self) -> bool:
+        """Not finished, and its client has not said it is."""
+        return self.state not in TARGET_TERMINAL and self.client_final is None
 
-    def settle(self) -> None:
+    @property
+    def awaiting_arm(self) -> bool:
+        """Should be sent ``arm`` (again): pending, with no report yet and not held."""
+        return self.state == "pending" and self.client_final is None and not self.hold
+
+    @classmethod
+    def of(cls, c: Client, hold: bool = False) -> Target:
+        return cls(c.host, c.pid, c.job, c.role, c.rank, c.world_size, hold=hold)
+
+    # Transitions: only :class:`Sessions` calls these, and marks the change for the index.
+    def _armed(self) -> None:
+        if self.state == "pending":
+            self.state = "armed"
+
+    def _reported(self, state: str, error: str | None) -> None:
+        if error:
+            self.error = error[:1000]
+        if state == "capturing" and self.state in ("pending", "armed"):
+            self.state = "capturing"
+        elif state in REPORT_TERMINAL:
+            self.client_final = state
+            self._settle()
+
+    def _fail(self, why: str, gone: bool = False) -> None:
+        self.client_final, self.error = "failed", why
+        self.gone = self.gone or gone
+        self._settle()
+
+    def _gone(self, why: str | None) -> None:
+        self.gone = True
+        self.error = self.error or why
+        self._settle()
+
+    def _repend(self) -> None:
+        if self.open:
+            self.state, self.error = "pending", None
+
+    def _processed(self, result: dict[str, Any], traced: bool, error: str | None) -> None:
+        self.outstanding = max(0, self.outstanding - 1)
+        if traced:
+            self.traces += 1
+        else:
+            self.error = error
+        self.results.append(result)
+        self._settle()
+
+    def _settle(self) -> None:
         """Derive the terminal state once nothing is outstanding."""
         if self.state in TARGET_TERMINAL:
             return
@@ -105,15 +153,32 @@ class Session:
     targets: dict[tuple[str, int], Target] = field(default_factory=dict)
     auto_rule: int | None = None
     #: Revision of ``cycles``: bumped when a late rank makes the daemon re-plan ``--next``;
-    #: client reports about an older revision are stale.
-    plan: int = 0
-    armed_at: float = 0.0  # monotonic time the current revision was first sent
-    #: The ``arm`` frame is the same for every target: encoded once, on first use.
-    arm_frame: bytes | None = field(default=None, repr=False)
+    #: client reports about an older revision are stale. (The wire and the index call it
+    #: ``plan``, after the message field; here a "plan" is what the planner makes.)
+    revision: int = 0
+    #: Monotonic time the current revision was planned (a late rank's delay counts from it).
+    armed_at: float = field(default_factory=time.monotonic)
 
     @property
     def terminal(self) -> bool:
-        return self.state in TERMINAL_SESSION_STATES
+        return self.state in SESSION_TERMINAL
+
+    def arm_fields(self, incoming: Path) -> dict[str, Any]:
+        """The ``arm`` message for this revision of the steps (the same for every target)."""
+        fields: dict[str, Any] = {}
+        if self.revision:
+            # A stale capture of the old steps may still arrive: keep its files apart.
+            incoming, fields = incoming / f"plan{self.revision}", {"plan": self.revision}
+        return dict(
+            session=self.id,
+            job=self.job,
+            backend=self.backend,
+            cycles=[list(x) for x in self.cycles],
+            options=self.options,
+            region=self.region,
+            incoming=str(incoming),
+            **fields,
+        )
 
     def recompute(self) -> None:
         ts = list(self.targets.values())
@@ -146,7 +211,7 @@ class Session:
             "region": self.region,
             "request": self.request,
             "cycles": [list(c) for c in self.cycles],
-            "plan": self.plan,
+            "plan": self.revision,
             "error": self.error,
             "created_at": self.created_at,
             "updated_at": time.time(),
@@ -194,8 +259,70 @@ class Sessions:
             s = hits[0] if len(hits) == 1 else None
         return s
 
+    def exact(self, session_id: str) -> Session | None:
+        return self.by_id.get(session_id)
+
     def live(self) -> list[Session]:
         return [s for s in self.by_id.values() if not s.terminal]
+
+    # --- transitions: each sequence exists once, here --------------------------------------
+    def join(self, s: Session, t: Target) -> None:
+        """A target joins a running session (a later rank under an ``[[auto]]`` rule)."""
+        s.targets[t.key] = t
+        self.save(s, t)
+
+    def armed(self, s: Session, t: Target) -> None:
+        t._armed()
+        self.save(s, t)
+
+    def reported(self, s: Session, t: Target, state: str, error: str | None) -> None:
+        t._reported(state, error)
+        self.save(s, t)
+
+    def fail(self, s: Session, t: Target, why: str, gone: bool = False) -> None:
+        t._fail(why, gone)
+        self.save(s, t)
+
+    def gone(self, key: tuple[str, int], why: str | None) -> None:
+        """The process left or died: its open targets in every live session end."""
+        for s in self.live():
+            t = s.targets.get(key)
+            if t is not None and t.client_final is None:
+                t._gone(why)
+                self.save(s, t)
+
+    def release(self, s: Session, t: Target) -> None:
+        """A held target (waiting for ``nsys start``) may now be armed."""
+        t.hold = False
+        self.save(s, t)
+
+    def queued(self, s: Session, t: Target) -> None:
+        """A capture of ``t`` went into the pipeline."""
+        t.outstanding += 1
+        self.save(s, t)
+
+    def processed(
+        self, s: Session, t: Target, result: dict[str, Any], traced: bool, error: str | None
+    ) -> None:
+        t._processed(result, traced, error)
+        self.save(s, t)
+
+    def replan(self, s: Session, cycles: list[Cycle], now: float) -> None:
+        """New steps for every open target; reports about the old revision become stale."""
+        s.cycles = cycles
+        s.revision += 1
+        s.armed_at = now
+        for t in s.targets.values():
+            t._repend()
+        self.save(s)
+
+    def cancel(self, s: Session, why: str) -> None:
+        s.error = why
+        self.save(s)
+
+    def gone_from(self, s: Session, t: Target, why: str | None) -> None:
+        t._gone(why)
+        self.save(s, t)
 
     def save(self, s: Session, *targets: Target) -> None:
         """Mark a change for the next :meth:`flush` (no targets: every target changed)."""
@@ -237,9 +364,7 @@ class Sessions:
         d = self.spool / s.job / s.id
         d.mkdir(parents=True, exist_ok=True)
         path = d / "session.json"
-        tmp = d / ".session.json.tmp"
-        tmp.write_text(json.dumps(s.manifest(), indent=2, sort_keys=True))
-        os.replace(tmp, path)
+        atomic_write(path, json.dumps(s.manifest(), indent=2, sort_keys=True))
         self.by_id.pop(s.id, None)
         return path
 
@@ -269,7 +394,7 @@ class Sessions:
                 created_at=row["created_at"],
                 state=row["state"],
                 error=row["error"],
-                plan=row["plan"],
+                revision=row["plan"],
             )
             for t in row["targets"]:
                 tgt = Target(

@@ -1,0 +1,84 @@
+"""Which attached processes are still there: heartbeats, samples, restarts, lost arms."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+
+from .arming import Arms
+from .registry import Client, Registry
+from .sampler import Sample
+from .sessions import Sessions
+
+log = logging.getLogger("profd")
+
+MISSED_HEARTBEATS = 3
+#: Targets restored from a previous daemon must re-register within this many seconds.
+RESTORE_GRACE_S = 10.0
+
+
+class Liveness:
+    def __init__(
+        self, host: str, hb_interval: float, registry: Registry, sessions: Sessions, arms: Arms
+    ) -> None:
+        self.host = host
+        self.hb_interval = hb_interval
+        self.registry = registry
+        self.sessions = sessions
+        self.arms = arms
+        #: Targets of restored sessions, with the time they must be back by.
+        self.orphans: dict[tuple[str, int], float] = {}
+        #: Local pids for the sampler thread, republished by :meth:`tick` (never the registry).
+        self.sample_pids: tuple[int, ...] = ()
+
+    def drop(self, c: Client, why: str) -> None:
+        log.info("client %s pid %s (%s rank %s) dropped: %s", c.host, c.pid, c.role, c.rank, why)
+        self.registry.remove(c)
+        self.sessions.gone(c.key, f"{why} at step {c.step}")
+
+    def attached(self, c: Client) -> None:
+        self.orphans.pop(c.key, None)
+
+    def restored(self, keys: Iterable[tuple[str, int]]) -> None:
+        deadline = time.monotonic() + RESTORE_GRACE_S
+        for key in keys:
+            self.orphans[key] = deadline
+
+    def tick(self, now: float) -> None:
+        self.sample_pids = tuple(c.pid for c in self.registry if c.host == self.host)
+        timeout = MISSED_HEARTBEATS * self.hb_interval
+        for c in self.registry.stale(now, timeout):
+            self.drop(c, f"missed heartbeats for {timeout:.0f}s")
+        for key, deadline in list(self.orphans.items()):
+            if now >= deadline:
+                del self.orphans[key]
+                if self.registry.lookup(key) is None:
+                    self.sessions.gone(key, "process did not come back after a daemon restart")
+        self.rearm_pending()
+
+    def rearm_pending(self) -> None:
+        """Send ``arm`` again to targets that have not acked it after a heartbeat interval.
+
+        Pushes are fire-and-forget to a routing id; a reconnect between the send and the
+        delivery loses one. Clients ignore an arm for a session they already hold.
+        """
+        now = time.time()
+        for s in self.sessions.live():
+            if now - s.created_at < self.hb_interval:
+                continue
+            for t in s.targets.values():
+                if t.awaiting_arm:
+                    c = self.registry.lookup(t.key)
+                    if c is not None:
+                        self.arms.arm(s, c)
+
+    def on_samples(self, samples: list[Sample]) -> None:
+        for s in samples:
+            c = self.registry.lookup((self.host, s.pid))
+            if c is None:
+                continue
+            if not s.alive:
+                self.drop(c, "process exited")
+                continue
+            self.registry.sampled(c, s.cpu, s.rss, s.gpu_util, s.gpu_mem)

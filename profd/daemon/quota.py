@@ -1,0 +1,33 @@
+"""The spool quota: refuse new captures while un-uploaded data fills it."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from ..store.index import Index
+from .refusal import Refused
+
+
+class Pruner(Protocol):
+    def prune(self) -> int: ...
+
+
+class Quota:
+    def __init__(self, max_bytes: int | None, index: Index, uploads: Pruner | None) -> None:
+        self.max_bytes = max_bytes
+        self.index = index
+        self.uploads = uploads
+
+    def check(self) -> None:
+        cap = self.max_bytes
+        if cap is None:
+            return
+        if self.uploads is not None:
+            self.uploads.prune()
+        _, unsafe = self.index.spool_usage()
+        if unsafe >= cap:
+            raise Refused(
+                "spool_full",
+                f"spool quota full: {unsafe} bytes not yet uploaded >= max_spool_bytes {cap};"
+                " nothing will be deleted until it is uploaded (check S3 with profctl status)",
+            )

@@ -1,0 +1,131 @@
+"""Finished pipeline work into the index, the session and the upload queue."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..pipeline.process import ProcessedTrace
+from ..store.index import Index
+from .captures import Job
+from .sessions import Sessions
+
+
+class UploadQueue(Protocol):
+    def kick(self) -> None: ...
+
+
+class Results:
+    def __init__(
+        self, sessions: Sessions, index: Index, spool: Path, uploads: UploadQueue | None
+    ) -> None:
+        self.sessions = sessions
+        self.index = index
+        self.spool = spool
+        self.uploads = uploads
+
+    @property
+    def upload_state(self) -> str:
+        return "pending" if self.uploads is not None else "local"
+
+    def kick(self) -> None:
+        if self.uploads is not None:
+            self.uploads.kick()
+
+    def retry(self, session: str | None) -> int:
+        n: int = self.index.requeue(session)
+        self.kick()
+        return n
+
+    def on_processed(
+        self, j: Job, res: ProcessedTrace | None, error: str | None, retryable: bool
+    ) -> None:
+        s = self.sessions.exact(j.session)
+        t = s.targets.get((j.host, j.pid)) if s is not None else None
+        if res is not None:
+            self.index_trace(j, res)
+        if not retryable:
+            self.index.inbox_done(j.key)
+        if s is None or t is None:
+            return
+        result: dict[str, Any] = {"cycle": j.cycle, "steps": j.report.get("steps", [])}
+        if j.report.get("notes"):
+            result["notes"] = j.report["notes"]
+        if res is not None:
+            result.update(
+                path=self._rel(res.trace_path),
+                stall_ms=j.report.get("stall_ms"),
+                step_ms_p50=res.step_ms_p50,
+                # session.json is the S3 index (profctl traces --s3): enough to list and
+                # pull a session's files without the node's SQLite index.
+                bytes=_trace_bytes(res),
+                state="ok" if not j.report.get("error") else "partial",
+                created_at=time.time(),
+                files=[
+                    {"kind": f.kind, "path": self._rel(f.path), "bytes": f.bytes} for f in res.files
+                ],
+            )
+        else:
+            result["error"] = error
+        self.sessions.processed(s, t, result, traced=res is not None, error=error)
+
+    def _rel(self, path: str) -> str:
+        return str(Path(path).relative_to(self.spool))
+
+    def index_trace(self, j: Job, res: ProcessedTrace) -> None:
+        files = [
+            {
+                "session": j.session,
+                "job": j.job,
+                "kind": f.kind,
+                "path": f.path,
+                "rel": self._rel(f.path),
+                "bytes": f.bytes,
+                "upload_state": self.upload_state,
+            }
+            for f in res.files
+        ]
+        self.index.add_trace(
+            {
+                "session": j.session,
+                "job": j.job,
+                "host": j.host,
+                "pid": j.pid,
+                "role": j.role,
+                "rank": j.rank,
+                "cycle": j.cycle,
+                "region": j.report.get("region"),
+                "steps": j.report.get("steps", []),
+                "path": res.trace_path,
+                "bytes": _trace_bytes(res),
+                "state": "ok" if not j.report.get("error") else "partial",
+                "stall_ms": j.report.get("stall_ms"),
+                "step_ms_p50": res.step_ms_p50,
+                "step_ms_max": res.step_ms_max,
+                "torch": j.report.get("torch"),
+                "device": j.report.get("device"),
+                "created_at": time.time(),
+            },
+            files,
+        )
+        self.kick()
+
+    def session_manifest(self, session: str, job: str, manifest: Path) -> None:
+        """Index a finished session's ``session.json`` (the last file uploaded)."""
+        self.index.add_file(
+            {
+                "session": session,
+                "job": job,
+                "kind": "session",
+                "path": str(manifest),
+                "rel": self._rel(str(manifest)),
+                "bytes": manifest.stat().st_size,
+                "upload_state": self.upload_state,
+            }
+        )
+        self.kick()
+
+
+def _trace_bytes(res: ProcessedTrace) -> int:
+    return next((f.bytes for f in res.files if f.path == res.trace_path), 0)

@@ -1,0 +1,221 @@
+"""Starting sessions: a validated start spec to targets, a plan, a session and its arms.
+
+Also the one place that moves a ``--next`` session when a rank got its steps late.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from profd_client import protocol as P
+
+from . import planner
+from . import schedule as sch
+from .arming import Arms
+from .nsysruns import NsysRuns
+from .refusal import Refused
+from .registry import Client, Registry
+from .selector import Selector, SelectorError, describe_attached
+from .sessions import Session, Sessions, Target, new_session_id
+
+log = logging.getLogger("profd.starts")
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """A start spec, checked and parsed once."""
+
+    spec: dict[str, Any]
+    selector: Selector
+    schedule: sch.Schedule
+    options: dict[str, Any]
+    backend: str
+    region: str | None
+    label: str | None
+
+    @classmethod
+    def parse(cls, raw: Mapping[str, Any]) -> StartRequest:
+        try:
+            spec = P.start_spec(dict(raw))
+            return cls(
+                spec=spec,
+                selector=Selector.from_spec(spec),
+                schedule=sch.parse(spec),
+                options=P.options(spec.get("options") or {}),
+                backend=spec.get("backend") or P.DEFAULT_BACKEND,
+                region=spec.get("region") or None,
+                label=spec.get("label") or None,
+            )
+        except (SelectorError, sch.ScheduleError, P.ProtocolError) as exc:
+            raise Refused("bad_request", str(exc)) from None
+
+
+def target_state(c: Client, busy_until: int = 0) -> planner.TargetState:
+    return planner.TargetState(
+        name=f"{c.role} rank {c.rank} (pid {c.pid})",
+        step=c.step,
+        sps=c.sps,
+        step_at=c.step_at,
+        busy_until=busy_until,
+        attaching=c.attaching,
+    )
+
+
+class Starter:
+    def __init__(
+        self,
+        registry: Registry,
+        sessions: Sessions,
+        arms: Arms,
+        nsys: NsysRuns,
+        check_quota: Callable[[], None],
+    ) -> None:
+        self.registry = registry
+        self.sessions = sessions
+        self.arms = arms
+        self.nsys = nsys
+        self.check_quota = check_quota
+
+    def start(self, req: StartRequest, auto_rule: int | None = None) -> Session:
+        self.check_quota()
+        sel = req.selector
+        try:
+            targets = sel.select(self.registry)
+        except SelectorError as exc:
+            raise Refused("no_match", str(exc)) from None
+        if not targets:
+            raise Refused(
+                "no_match",
+                f"no attached process matches {sel.describe()}; "
+                + describe_attached(self.registry),
+            )
+        if req.options.get("memory_snapshot"):
+            no_cuda = [c for c in targets if not (c.device or "").startswith("cuda")]
+            if no_cuda:
+                c = no_cuda[0]
+                raise Refused(
+                    "unsupported",
+                    f"--memory-snapshot needs CUDA: {c.role} rank {c.rank} (pid {c.pid})"
+                    f" runs on {c.device or 'cpu'}",
+                )
+        if req.backend == "nsys":
+            self.nsys.check(req.spec, req.options, targets)
+        jobs = sorted({c.job for c in targets})
+        if len(jobs) > 1:
+            raise Refused(
+                "no_match", f"selector matches several jobs ({', '.join(jobs)}): add --job"
+            )
+        cycles = self.plan(req.schedule, targets, req.backend)
+        s = Session(
+            id=new_session_id(),
+            job=jobs[0],
+            request=req.spec,
+            cycles=cycles,
+            backend=req.backend,
+            options=req.options,
+            region=req.region,
+            label=req.label,
+            auto_rule=auto_rule,
+        )
+        held = req.backend == "nsys"  # armed once nsys listens: see NsysRuns
+        for c in targets:
+            s.targets[c.key] = Target.of(c, hold=held)
+        self.sessions.add(s)
+        if held:
+            self.nsys.begin(s, targets)
+        else:
+            # Arm first: the index write happens in the loop's flush, after the reply.
+            for c in targets:
+                self.arms.arm(s, c)
+        log.info(
+            "session %s: %s steps %s on %d target(s)",
+            s.id,
+            sel.describe(),
+            sch.describe(cycles),
+            len(targets),
+        )
+        return s
+
+    def plan(
+        self,
+        sched: sch.Schedule,
+        targets: list[Client],
+        backend: str,
+        lead_s: float = planner.NEXT_LEAD_S,
+    ) -> list[sch.Cycle]:
+        states = [target_state(c, self.sessions.busy_until(c.key)) for c in targets]
+        return planner.plan(sched, states, time.monotonic(), backend, lead_s)
+
+    def late(self, s: Session, t: Target, c: Client, step: int) -> None:
+        """A rank got the session's first step after it had passed."""
+        now = time.monotonic()
+        self.registry.observed_step(c, step, now)
+        why = f"steps already passed: at step {step}"
+        sched = sch.parse(s.request)
+        fixed = s.auto_rule is not None or any(
+            x.traces or x.outstanding or x.state in ("capturing", "processing", "done")
+            for x in s.targets.values()
+        )
+        if not planner.replannable(sched, s.backend, fixed, s.revision):
+            self.sessions.fail(s, t, why)
+            return
+        # The arm took longer to reach the training thread than --next allowed for (a loaded
+        # node, a long step). Every rank must capture the same steps, so all of them move.
+        took = now - s.armed_at
+        clients = [x for x in map(self.registry.lookup, s.targets) if x is not None]
+        old = sch.describe(s.cycles)
+        try:
+            cycles = self.plan(sched, clients, s.backend, planner.replan_lead(s.revision, took))
+        except Refused as exc:
+            self.sessions.fail(s, t, f"{why}; cannot move the steps: {exc}")
+            return
+        self.sessions.replan(s, cycles, now)
+        log.warning(
+            "session %s: %s rank %s was at step %d when steps %s reached it (%.1fs); moved to %s",
+            s.id,
+            c.role,
+            c.rank,
+            step,
+            old,
+            took,
+            sch.describe(s.cycles),
+        )
+        for x in clients:
+            if s.targets[x.key].awaiting_arm:
+                self.arms.arm(s, x)
+
+    def stop(self, session_id: str, keep: bool) -> Session | None:
+        """Disarm every open target; None if no live session has that id."""
+        s = self.sessions.get(session_id)
+        if s is None:
+            return None
+        for t in s.targets.values():
+            if not t.open:
+                continue
+            c = self.registry.lookup(t.key)
+            if c is None:
+                self.sessions.gone_from(s, t, None)
+                continue
+            self.arms.disarm(s, c, keep)
+        if not keep:
+            self.sessions.cancel(s, "cancelled by operator")
+        return s
+
+
+def started(s: Session) -> dict[str, Any]:
+    """The ``start`` reply."""
+    return {
+        "session": s.id,
+        "job": s.job,
+        "steps": sch.steps_of(s.cycles),
+        "cycles": [list(c) for c in s.cycles],
+        "state": s.state,
+        "targets": [
+            {"host": t.host, "pid": t.pid, "role": t.role, "rank": t.rank}
+            for t in s.targets.values()
+        ],
+    }
