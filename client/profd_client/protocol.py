@@ -556,19 +556,23 @@ def encode(t: str, *, v: int = VERSION, **fields: Any) -> bytes:
     return data
 
 
-def unpack(frame: bytes) -> object:
-    """msgpack with limits that stop a small hostile frame from declaring huge containers."""
-    if len(frame) > MAX_REPLY_BYTES:
-        raise ProtocolError("too_large", f"frame of {len(frame)} bytes")
+def unpack(frame: bytes, reply: bool = False) -> object:
+    """msgpack with limits that stop a small hostile frame from declaring huge containers.
+
+    ``reply``: a daemon's reply to profctl, which may list many traces.
+    """
+    limit = MAX_REPLY_BYTES if reply else MAX_FRAME_BYTES
+    if len(frame) > limit:
+        raise ProtocolError("too_large", f"frame of {len(frame)} bytes (at most {limit})")
     try:
         return msgpack.unpackb(
             frame,
             raw=False,
             strict_map_key=True,
-            max_str_len=1 << 20,
-            max_bin_len=1 << 20,
-            max_array_len=1 << 17,
-            max_map_len=1 << 12,
+            max_str_len=MAX_FRAME_BYTES,
+            max_bin_len=MAX_FRAME_BYTES,
+            max_array_len=(1 << 22) if reply else (1 << 17),
+            max_map_len=(1 << 22) if reply else (1 << 12),
             max_ext_len=0,
         )
     except (
@@ -582,9 +586,9 @@ def unpack(frame: bytes) -> object:
         raise ProtocolError("malformed", f"not msgpack: {type(exc).__name__}") from None
 
 
-def decode(frame: bytes, accept: frozenset[str]) -> dict[str, Any]:
+def decode(frame: bytes, accept: frozenset[str], reply: bool = False) -> dict[str, Any]:
     """Unpack and validate one frame; only types in ``accept`` pass."""
-    return validate(unpack(frame), accept)
+    return validate(unpack(frame, reply), accept)
 
 
 def check_header(msg: object, accept: frozenset[str]) -> dict[str, Any]:

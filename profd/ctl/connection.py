@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,13 @@ class Connection:
 
         if not Path(self.path).exists():
             raise self._missing()
+        if not os.access(self.path, os.R_OK | os.W_OK):
+            # ZeroMQ would retry the connect silently and the request would time out.
+            raise CtlError(
+                f"permission denied on {self.path}: run as the daemon's user or a member of"
+                " its group (profd --group)",
+                code="permission",
+            )
         if self._sock is None:
             self._sock = zmq.Context.instance().socket(zmq.REQ)
             self._sock.setsockopt(zmq.LINGER, 0)
@@ -38,8 +46,23 @@ class Connection:
             self._sock.close(0)
             self._sock = None
             raise NoDaemon(f"profd at {self.path} did not answer in {self.timeout_ms / 1000:.0f}s")
-        msg = P.decode(self._sock.recv(), P.REPLY_INBOUND)
+        frame = self._sock.recv()
+        try:
+            msg = P.decode(frame, P.REPLY_INBOUND, reply=True)
+        except P.ProtocolError as exc:
+            if exc.code == "version":
+                raise CtlError(
+                    f"profd at {self.path} answered in another protocol version ({exc});"
+                    " upgrade profctl or the daemon so they match",
+                    code="version",
+                ) from None
+            raise CtlError(f"bad reply from profd at {self.path}: {exc}", code=exc.code) from None
         if msg["t"] == P.ERROR:
+            if msg["code"] == "version":
+                raise CtlError(
+                    f"profd at {self.path} does not speak this profctl's protocol: {msg['msg']}",
+                    code="version",
+                )
             raise CtlError(msg["msg"], code=msg["code"])
         return msg.get("data")
 

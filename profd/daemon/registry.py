@@ -45,19 +45,6 @@ class Client:
     def key(self) -> tuple[str, int]:
         return (self.host, self.pid)
 
-    def armable_from(self, done: int) -> int:
-        """The first step a plan sent now can start at, with ``done`` steps completed.
-
-        A plan takes effect at a step boundary, so the step running now (``done + 1``) is too
-        late, except while the process still waits in attach(), before its first step.
-        """
-        return done + (1 if self.attaching else 2)
-
-    def estimated_step(self, now: float | None = None) -> float:
-        """Steps done by now, extrapolated from the last heartbeat."""
-        t = time.monotonic() if now is None else now
-        return self.step + self.sps * max(0.0, t - self.step_at)
-
     def row(self) -> dict[str, Any]:
         return {
             "host": self.host,
