@@ -64,7 +64,7 @@ def command(f: F) -> F:
         except KeyboardInterrupt:
             sys.exit(130)
 
-    return json_option(wrapper)  # type: ignore[return-value,arg-type]
+    return json_option(wrapper)  # type: ignore[return-value]
 
 
 class LazyGroup(click.Group):

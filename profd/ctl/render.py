@@ -8,18 +8,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..textfmt import human_bytes
+
 Column = tuple[str, Callable[[dict[str, Any]], Any]]
 
 
 def size(n: int | None) -> str:
-    if n is None:
-        return "-"
-    v = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if v < 1024 or unit == "TiB":
-            return f"{v:.0f}{unit}" if unit == "B" else f"{v:.1f}{unit}"
-        v /= 1024
-    return str(n)
+    return "-" if n is None else human_bytes(n)
 
 
 def ago(ts: float | None) -> str:

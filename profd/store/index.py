@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import globs
+
 SCHEMA_VERSION = 2
 
 SCHEMA = """
@@ -114,7 +116,7 @@ class TraceFilter:
     job: str | None = None
     session: str | None = None
     rank: int | None = None
-    role: str | None = None  # fnmatch glob
+    role: str | None = None  # a pattern, see profd.globs
     host: str | None = None
     state: str | None = None
     since: float | None = None  # unix time
@@ -130,28 +132,16 @@ class TraceFilter:
         return cls(**{k: v for k, v in m.items() if v is not None})
 
 
-def _glob_to_like(pattern: str) -> str:
-    out = []
-    for ch in pattern:
-        if ch in "%_\\":
-            out.append("\\" + ch)
-        elif ch == "*":
-            out.append("%")
-        elif ch == "?":
-            out.append("_")
-        else:
-            out.append(ch)
-    return "".join(out)
-
-
 class Index:
     def __init__(self, path: Path, readonly: bool = False) -> None:
         self.path = path
         if readonly:
             self.db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+            globs.register_sqlite(self.db)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
             self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+            globs.register_sqlite(self.db)
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=NORMAL")
             self.db.executescript(SCHEMA)
@@ -211,10 +201,10 @@ class Index:
     def session(self, session_id: str) -> dict[str, Any] | None:
         r = self.db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
         if r is None:
-            # Unique prefixes are accepted like git's short hashes.
-            rows = self.db.execute(
-                "SELECT * FROM sessions WHERE id LIKE ? LIMIT 2", (session_id + "%",)
-            ).fetchall()
+            # Unique prefixes are accepted like git's short hashes, as literal text: GLOB keeps
+            # the comparison case-sensitive and, unlike LIKE, lets the primary key serve it.
+            cond, args = globs.sqlite_condition("id", globs.escape(session_id) + "*")
+            rows = self.db.execute(f"SELECT * FROM sessions WHERE {cond} LIMIT 2", args).fetchall()
             if len(rows) != 1:
                 return None
             r = rows[0]
@@ -300,8 +290,9 @@ class Index:
                 where.append(f"t.{col} = ?")
                 args.append(v)
         if flt.role:
-            where.append("t.role LIKE ? ESCAPE '\\'")
-            args.append(_glob_to_like(flt.role))
+            cond, glob_args = globs.sqlite_condition("t.role", flt.role)
+            where.append(cond)
+            args.extend(glob_args)
         if flt.since is not None:
             where.append("t.created_at >= ?")
             args.append(flt.since)

@@ -23,6 +23,7 @@ from typing import Any
 
 from ..config import Config
 from ..daemon.reactor import Reactor
+from ..textfmt import human_bytes
 from . import s3
 from .index import Index
 
@@ -172,10 +173,10 @@ class Uploads:
                     self._remove_empty_dirs(path.parent)
         if n:
             log.info(
-                "pruned %d uploaded file(s), %d bytes, to stay under max_spool_bytes %d",
+                "pruned %d uploaded file(s), %s, to stay under max_spool_bytes %s",
                 n,
-                freed,
-                cap,
+                human_bytes(freed),
+                human_bytes(cap),
             )
         return n
 

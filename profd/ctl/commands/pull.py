@@ -9,7 +9,6 @@ HTA and TensorBoard open ``DIR/{session}/c0`` directly.
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +19,7 @@ import click
 
 from profd_client import protocol as P
 
+from ... import fsutil
 from ...store import s3
 from ..errors import CtlError, NoDaemon
 from ..main import Env, command
@@ -167,8 +167,7 @@ def fetch(
             if root not in dest.parents:
                 raise CtlError(f"refusing to write outside {root}: {it.dest}")
             dest.parent.mkdir(parents=True, exist_ok=True)
-            tmp = dest.with_name(f".{dest.name}.part")
-            try:
+            with fsutil.atomic_path(dest) as tmp:
                 if it.local is not None and it.local.is_file():
                     copy_local(it.local, tmp, update)
                     source, origin = "spool", str(it.local)
@@ -186,9 +185,6 @@ def fetch(
                 got = tmp.stat().st_size
                 if it.bytes is not None and got != it.bytes:
                     raise CtlError(f"{it.dest}: got {got} bytes from {origin}, expected {it.bytes}")
-                os.replace(tmp, dest)
-            finally:
-                tmp.unlink(missing_ok=True)
             done.append({"path": str(dest), "bytes": got, "source": source, "from": origin})
     return done
 

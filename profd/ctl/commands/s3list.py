@@ -8,7 +8,6 @@ the uploader writes last: its presence means every file of the session is there.
 from __future__ import annotations
 
 import calendar
-import fnmatch
 import json
 import time
 from collections.abc import Iterator
@@ -18,6 +17,7 @@ from typing import Any
 
 import click
 
+from ... import globs
 from ...config import ConfigError, S3Config, load
 from ...store import s3
 from ..errors import CtlError
@@ -164,6 +164,23 @@ def manifest_rows(m: dict[str, Any], bucket: str, prefix: str) -> list[dict[str,
     return rows
 
 
+def keep(
+    row: dict[str, Any],
+    *,
+    rank: int | None = None,
+    role: str | None = None,
+    host: str | None = None,
+    since: float | None = None,
+) -> bool:
+    """Whether a manifest row passes the filters that the daemon's index applies in SQL."""
+    return not (
+        (rank is not None and row["rank"] != rank)
+        or (role and not globs.match(row["role"], role))
+        or (host and row["host"] != host)
+        or (since is not None and (row["created_at"] or 0) < since)
+    )
+
+
 def list_from_s3(
     s3_url: str,
     since: float | None = None,
@@ -176,14 +193,6 @@ def list_from_s3(
 ) -> list[dict[str, Any]]:
     client, cfg = ctl_s3(s3_url)
     bucket, prefix = cfg.bucket_prefix()
-
-    def wanted(r: dict[str, Any]) -> bool:
-        return not (
-            (rank is not None and r["rank"] != rank)
-            or (role and not fnmatch.fnmatchcase(r["role"], role))
-            or (host and r["host"] != host)
-            or (since is not None and (r["created_at"] or 0) < since)
-        )
 
     rows: list[dict[str, Any]] = []
     try:
@@ -201,7 +210,11 @@ def list_from_s3(
                     break  # the rest are older still
                 for m in pool.map(lambda p: read_manifest(client, bucket, prefix, *p), batch):
                     if m:
-                        rows.extend(r for r in manifest_rows(m, bucket, prefix) if wanted(r))
+                        rows.extend(
+                            r
+                            for r in manifest_rows(m, bucket, prefix)
+                            if keep(r, rank=rank, role=role, host=host, since=since)
+                        )
     except CtlError:
         raise
     except Exception as exc:
