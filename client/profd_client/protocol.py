@@ -169,11 +169,16 @@ class OneOf(Field):
     alternatives: tuple[Field, ...]
 
     def check(self, value: object, where: str) -> Any:
+        errors = []
         for alt in self.alternatives:
             try:
                 return alt.check(value, where)
-            except ProtocolError:
-                continue
+            except ProtocolError as exc:
+                errors.append(exc)
+        # The value had the right type for one alternative and broke its bounds: say that.
+        for err in errors:
+            if ": must be " not in str(err):
+                raise err
         raise _bad(where, f"must be {self.describe()}, got {_kind(value)}")
 
     def describe(self) -> str:
@@ -323,7 +328,7 @@ TEXT: Final = Str(MAX_TEXT)
 SHORT: Final = Str(64)
 SECONDS: Final = Num(0.0, MAX_SECONDS)
 #: ``--steps``: "A:B" or "1,2,5" (profctl, rule tables) or one step.
-STEPS_TEXT: Final = OneOf((Str(MAX_TEXT, min_len=1), Int(1, MAX_STEP)))
+STEPS_TEXT: Final = OneOf((Str(16 << 10, min_len=1), Int(1, MAX_STEP)))
 
 OPTIONS: Final = Struct(
     {

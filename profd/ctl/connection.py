@@ -20,28 +20,38 @@ class Connection:
         self.timeout_ms = timeout_ms
         self._sock: Any = None
 
-    def _missing(self) -> NoDaemon:
+    def _missing(self) -> CtlError:
+        for p in self.looked:
+            d = Path(p).parent
+            if d.is_dir() and not os.access(d, os.X_OK):
+                # The daemon's runtime dir exists but is closed to us: say so, not "no daemon".
+                return _denied(d)
         where = ", ".join(str(p) for p in self.looked)
         return NoDaemon(f"no profd daemon running (looked for {where})")
 
     def request(self, t: str, **fields: Any) -> Any:
         import zmq
 
-        if not Path(self.path).exists():
-            raise self._missing()
+        try:
+            os.stat(self.path)
+        except PermissionError:
+            raise _denied(Path(self.path).parent) from None
+        except OSError:
+            raise self._missing() from None
         if not os.access(self.path, os.R_OK | os.W_OK):
             # ZeroMQ would retry the connect silently and the request would time out.
-            raise CtlError(
-                f"permission denied on {self.path}: run as the daemon's user or a member of"
-                " its group (profd --group)",
-                code="permission",
-            )
+            raise _denied(Path(self.path))
         if self._sock is None:
             self._sock = zmq.Context.instance().socket(zmq.REQ)
             self._sock.setsockopt(zmq.LINGER, 0)
             self._sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_REPLY_BYTES)
             self._sock.connect(f"ipc://{self.path}")
-        self._sock.send(P.encode(t, **fields))
+        try:
+            request = P.encode(t, **fields)
+        except P.ProtocolError as exc:
+            # The daemon would refuse it the same way: say so without a round trip.
+            raise CtlError(str(exc), code=exc.code) from None
+        self._sock.send(request)
         if not self._sock.poll(self.timeout_ms):
             self._sock.close(0)
             self._sock = None
@@ -70,3 +80,11 @@ class Connection:
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
+
+
+def _denied(path: Path) -> CtlError:
+    return CtlError(
+        f"permission denied on {path}: run as the daemon's user or a member of its group"
+        " ([daemon] group in profd.toml)",
+        code="permission",
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from ..store.index import Index
+from ..textfmt import human_bytes
 from .refusal import Refused
 
 
@@ -28,6 +29,7 @@ class Quota:
         if unsafe >= cap:
             raise Refused(
                 "spool_full",
-                f"spool quota full: {unsafe} bytes not yet uploaded >= max_spool_bytes {cap};"
+                f"spool quota full: {human_bytes(unsafe)} not yet uploaded >= max_spool_bytes"
+                f" {human_bytes(cap)};"
                 " nothing will be deleted until it is uploaded (check S3 with profctl status)",
             )

@@ -75,8 +75,16 @@ def parse(spec: Mapping[str, Any]) -> Schedule:
         text = str(steps).strip()
         if ":" in text:
             a_txt, _, b_txt = text.partition(":")
-            a = _int(a_txt, f"--steps {text}: start", 1)
-            b = _int(b_txt, f"--steps {text}: stop", 2)
+            try:
+                if max(len(a_txt), len(b_txt)) > 20:
+                    raise ValueError
+                a, b = int(a_txt), int(b_txt)
+            except ValueError:
+                raise ScheduleError(f"--steps {text}: start and stop must be integers") from None
+            if b > MAX_STEP:
+                raise ScheduleError(f"--steps {text}: steps go up to {MAX_STEP}")
+            if a < 1:
+                raise ScheduleError(f"--steps {text}: steps are 1-indexed, start must be >= 1")
             if a >= b:
                 raise ScheduleError(f"--steps {text}: start must be less than stop")
             if b - a + warmup > MAX_CYCLE_STEPS:

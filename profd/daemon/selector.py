@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import fnmatch
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from profd_client.ranks import RankSpecError, parse_ranks
 
+from .. import globs
 from .registry import Client
 
 
@@ -56,7 +56,7 @@ class Selector:
             return False
         if self.pids is not None and c.pid not in self.pids:
             return False
-        if self.roles and not any(fnmatch.fnmatchcase(c.role, r) for r in self.roles):
+        if self.roles and not any(globs.match(c.role, r) for r in self.roles):
             return False
         return self.ranks is None or c.rank in self.ranks
 

@@ -108,7 +108,6 @@ CREATE TABLE IF NOT EXISTS inbox (
 """
 
 _FILE_COLS = ("kind", "path", "bytes", "upload_state", "s3_uri", "last_error", "deleted")
-TERMINAL_SESSION_STATES = frozenset({"done", "partial", "failed", "cancelled"})
 
 
 @dataclass(frozen=True)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import click
 
@@ -11,21 +12,29 @@ from profd_client import protocol as P
 from ..main import Env, command
 from ..render import Column, emit_json, opt, size, table
 
+
+def _state(r: dict[str, Any]) -> str:
+    if r["state"] == "incompatible":
+        # A client of a protocol version this daemon does not serve: listed, not profilable.
+        return f"incompatible (protocol {r.get('protocol')})"
+    return str(r["state"]) + ("" if r.get("allowed", True) else " (excluded)")
+
+
 COLUMNS: list[Column] = [
     ("HOST", lambda r: r["host"]),
-    ("PID", lambda r: r["pid"]),
+    ("PID", lambda r: opt(r["pid"], "{}")),
     ("JOB", lambda r: r["job"]),
     ("ROLE", lambda r: r["role"]),
-    ("RANK", lambda r: f"{r['rank']}/{r['world_size']}"),
-    ("STEP", lambda r: r["step"]),
-    ("STEPS/S", lambda r: f"{r['steps_per_s']:.1f}"),
-    ("STATE", lambda r: r["state"] + ("" if r["allowed"] else " (excluded)")),
+    ("RANK", lambda r: f"{opt(r['rank'], '{}')}/{opt(r.get('world_size'), '{}')}"),
+    ("STEP", lambda r: opt(r.get("step"), "{}")),
+    ("STEPS/S", lambda r: opt(r.get("steps_per_s"), "{:.1f}")),
+    ("STATE", _state),
     # Which jobs `--backend nsys` can capture: those started with `profctl run --nsys`.
     ("NSYS", lambda r: "yes" if r.get("nsys_session") else "-"),
-    ("CPU%", lambda r: opt(r["cpu_percent"], "{:.0f}")),
-    ("RSS", lambda r: size(r["rss_bytes"])),
-    ("GPU%", lambda r: opt(r["gpu_util"], "{:.0f}")),
-    ("GPU MEM", lambda r: size(r["gpu_mem_bytes"])),
+    ("CPU%", lambda r: opt(r.get("cpu_percent"), "{:.0f}")),
+    ("RSS", lambda r: size(r.get("rss_bytes"))),
+    ("GPU%", lambda r: opt(r.get("gpu_util"), "{:.0f}")),
+    ("GPU MEM", lambda r: size(r.get("gpu_mem_bytes"))),
 ]
 
 

@@ -13,8 +13,6 @@ from ..errors import CtlError
 from ..main import Env
 from ..render import steps_text
 
-TERMINAL = ("done", "partial", "failed", "cancelled")
-
 
 def follow(
     env: Env, session: str, timeout: float, steps: list[int] | None = None
@@ -41,7 +39,7 @@ def follow(
         if line != last:
             click.echo(f"[{time.strftime('%H:%M:%S')}] {line}", err=True)
             last = line
-        if s["state"] in TERMINAL:
+        if s["state"] in P.SESSION_TERMINAL:
             for t in s["targets"]:
                 if t["error"]:
                     click.echo(
