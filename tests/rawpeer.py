@@ -9,7 +9,7 @@ import os
 
 import msgpack
 import zmq
-from conftest import Daemon
+from harness import Daemon
 
 HELLO = {
     "v": 1,

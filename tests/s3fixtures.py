@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import wait_for
+from harness import wait_for
 
 # Distinctive fake credentials: the tests grep logs and status output for them.
 ACCESS_KEY = "AKIAPROFDTEST7QX2ZK4W"

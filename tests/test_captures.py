@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from conftest import BIN, JOBS, Daemon, Job, wait_for
+from harness import BIN, JOBS, Daemon, Job, wait_for
 
 # torch-tb-profiler's worker/span file-name pattern.
 TB_PROFILER_RE = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")

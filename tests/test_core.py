@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from conftest import BIN, Daemon, wait_for
+from harness import BIN, Daemon, wait_for
 
 
 def test_ps_shows_both_ranks_with_advancing_steps(daemon: Daemon, torchrun) -> None:

@@ -7,7 +7,7 @@ import random
 
 import pytest
 import zmq
-from conftest import Daemon
+from harness import Daemon
 from rawpeer import HELLO, dealer, pack, reply, req
 
 from profd_client import protocol as P

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BIN, JOBS, Daemon, Job, wait_for
+from harness import BIN, JOBS, Daemon, Job, wait_for
 from test_captures import open_gate_when_armed, start, traces, wait_session
 
 NSYS_DOUBLE = Path(__file__).resolve().parent / "doubles" / "nsys"

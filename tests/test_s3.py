@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BIN, Daemon, wait_for
+from harness import BIN, Daemon, wait_for
 from s3fixtures import ACCESS_KEY, BUCKET, SECRET_KEY, MotoServer, moto_server
 
 __all__ = ["moto_server"]  # the fixture, imported so pytest finds it

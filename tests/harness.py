@@ -1,0 +1,167 @@
+"""The end-to-end test harness: a real profd daemon, profctl against it, torchrun jobs.
+
+Plain classes and functions, no fixtures: ``conftest.py`` wraps them in fixtures, and test
+modules import names from here (never from ``conftest``, which pytest imports itself).
+How the daemon process is launched and talked to lives in ``daemonproc.py``, shared with
+``bench/``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psutil
+from daemonproc import BIN, DaemonProcess, wait_for
+
+__all__ = ["BIN", "JOBS", "ROOT", "Daemon", "Daemons", "Job", "Jobs", "wait_for"]
+
+ROOT = Path(__file__).resolve().parent.parent
+JOBS = Path(__file__).resolve().parent / "jobs"
+
+
+@dataclass
+class Daemon(DaemonProcess):
+    """A real ``profd run -v`` subprocess for one test."""
+
+    def start(self, wait: bool = True) -> Daemon:
+        self.launch("-v")
+        if wait:
+            wait_for(lambda: self.ctl("status").returncode == 0, 15, "daemon to answer")
+        return self
+
+    def stop(self, sig: int = signal.SIGTERM) -> int:
+        return self.terminate(sig)
+
+    def kill9(self) -> None:
+        self.stop(signal.SIGKILL)
+
+    def ps(self) -> list[dict[str, Any]]:
+        r = self.ctl("ps", "--json")
+        return json.loads(r.stdout) if r.returncode == 0 else []
+
+    def wait_attached(self, n: int, timeout: float = 60, min_step: int = 0) -> list[dict[str, Any]]:
+        """At least ``n`` attached processes, every one past ``min_step``; their ``ps`` rows."""
+
+        def ready() -> list[dict[str, Any]] | None:
+            rows = self.ps()
+            return rows if len(rows) >= n and all(r["step"] >= min_step for r in rows) else None
+
+        rows: list[dict[str, Any]] = wait_for(
+            ready, timeout, f"{n} attached processes at step >= {min_step}"
+        )
+        return rows
+
+
+@dataclass
+class Daemons:
+    """Daemons made under ``base`` (``profd0``, ``profd1``, ...); :meth:`stop_all` stops them."""
+
+    base: Path
+    made: list[Daemon] = field(default_factory=list)
+
+    def make(self, config: str | None = None, start: bool = True, **env: str) -> Daemon:
+        """A daemon with ``config`` as its TOML file and ``env`` on top of the test's
+        environment; started (and answering) unless ``start`` is false."""
+        d = Daemon(self.base / f"profd{len(self.made)}", extra_env=env)
+        d.root.mkdir()
+        if config is not None:
+            d.config = d.root / "profd.toml"
+            d.config.write_text(config)
+        self.made.append(d)
+        return d.start() if start else d
+
+    def stop_all(self) -> None:
+        for d in self.made:
+            d.stop()
+
+
+@dataclass
+class Job:
+    """One ``torchrun`` launcher and its workers; output in one log file."""
+
+    proc: subprocess.Popen[str]
+    out: Path
+
+    def wait(self, timeout: float = 180) -> int:
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            raise
+
+    def kill(self) -> None:
+        # torchrun starts its workers in sessions of their own, so killing the launcher's
+        # process group would orphan them: kill the whole tree.
+        try:
+            tree = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        for p in tree:
+            try:
+                p.kill()
+            except psutil.NoSuchProcess:
+                pass
+        self.proc.wait()
+
+    def output(self) -> str:
+        return self.out.read_text(errors="replace")
+
+    def results(self) -> list[dict[str, Any]]:
+        """Lines the job scripts print as ``RESULT {json}``."""
+        # Ranks share one stdout, so lines can interleave: match the objects, not lines.
+        return [json.loads(m) for m in re.findall(r"RESULT (\{[^{}]*\})", self.output())]
+
+
+@dataclass
+class Jobs:
+    """``torchrun --nproc-per-node N tests/jobs/SCRIPT`` (gloo, CPU) with logs under ``logs``;
+    :meth:`kill_all` kills every job started."""
+
+    logs: Path
+    started: list[Job] = field(default_factory=list)
+
+    def start(
+        self,
+        script: str,
+        nproc: int = 2,
+        daemon: Daemon | None = None,
+        args: tuple[str, ...] = (),
+        **env: str,
+    ) -> Job:
+        """Against ``daemon``, or against no daemon at all (an empty runtime dir)."""
+        e = daemon.env() if daemon is not None else dict(os.environ)
+        if daemon is None:
+            e["PROFD_RUNTIME_DIR"] = str(self.logs / "no-daemon")
+        e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **env)
+        out = self.logs / f"job{len(self.started)}.log"
+        with out.open("w") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                [
+                    str(BIN / "torchrun"),
+                    "--standalone",
+                    f"--nproc-per-node={nproc}",
+                    str(JOBS / script),
+                    *args,
+                ],
+                env=e,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        j = Job(proc, out)
+        self.started.append(j)
+        return j
+
+    def kill_all(self) -> None:
+        for j in self.started:
+            j.kill()
