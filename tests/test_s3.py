@@ -57,7 +57,7 @@ def attached(d: Daemon, n: int, reap: list[int], min_step: int = 1) -> None:
     reap.extend(r["pid"] for r in rows)
 
 
-def s3_config(extra: str = "") -> str:
+def s3_config(extra: str = "", max_attempts: int = 1000) -> str:
     return f"""
 [s3]
 url = "{URL}"
@@ -66,7 +66,7 @@ addressing_style = "path"
 checksum_when_required = true
 backoff_base = 0.2
 backoff_max = 2.0
-max_attempts = 1000
+max_attempts = {max_attempts}
 {extra}
 """
 
@@ -241,23 +241,45 @@ def test_outage_then_quota(
     moto_server.stop()
     e = capture(d)["session"]
     size = {s: sum(f["bytes"] for f in files_of(d, s)) for s in (a, b, c, e)}
-    assert d.ctl_json("retry", e[:-2])["requeued"] >= 0  # short ids resolve; nothing breaks
     assert all(f["upload_state"] != "uploaded" for f in files_of(d, e))
 
     def on_disk(s: str) -> list[bool]:
         return [Path(f["path"]).is_file() for f in files_of(d, s)]
 
-    # Room for everything but the oldest uploaded session: exactly that one is pruned.
+    # Room for everything but the oldest uploaded session: exactly that one is pruned. This
+    # daemon gives a file up after one try, so e's uploads end failed while S3 is down.
+    assert d.config is not None
     d.stop()
+    d.config.write_text(s3_config(max_attempts=1))
     d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(size[b] + size[c] + size[e])
     d.start()
     wait_for(lambda: not any(on_disk(a)), 60, "oldest uploaded session pruned")
     assert all(f["deleted"] == 1 for f in files_of(d, a))
     assert all(on_disk(b)) and all(on_disk(c)) and all(on_disk(e))
 
+    # retry (by a short id) requeues exactly that session's failed files, and they are tried
+    # again. session.json waits for the rest of its session, so it is pending, not failed.
+    def e_failed(after: float) -> list[dict[str, Any]] | None:
+        """e's trace files, once every one has failed with a retry time later than ``after``."""
+        rows = [f for f in files_of(d, e) if f["kind"] != "session"]
+        ok = all(f["upload_state"] == "failed" and f["next_attempt_at"] > after for f in rows)
+        return rows if rows and ok else None
+
+    failed = wait_for(lambda: e_failed(0.0), WAIT, "e's uploads failed for good")
+    manifest = [f for f in files_of(d, e) if f["kind"] == "session"]
+    assert len(manifest) == 1 and manifest[0]["upload_state"] == "pending"
+    assert status(d)["queue"]["failed"] == len(failed)
+    # Once the recorded retry times have passed, a later one can only come from a new try.
+    time.sleep(max(0.0, max(f["next_attempt_at"] for f in failed) - time.time()) + 0.1)
+    requeued_at = time.time()
+    assert d.ctl_json("retry", e[:-2])["requeued"] == len(failed)
+    wait_for(lambda: e_failed(requeued_at), WAIT, "e's requeued uploads tried again")
+    assert d.ctl_json("retry", a)["requeued"] == 0  # uploaded (and pruned): nothing to retry
+
     # Un-uploaded data alone over the quota: uploaded files go, pending ones never do, and
-    # new captures are refused.
+    # new captures are refused. This daemon retries e's uploads until S3 is back.
     d.stop()
+    d.config.write_text(s3_config())
     d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(size[e] // 2)
     d.start()
     d.wait_attached(2, timeout=WAIT)
