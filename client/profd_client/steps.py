@@ -61,6 +61,11 @@ class Live:
     stop: int  # first step not captured
     # For region-scoped plans the window is open but a profiler runs only inside the region.
     capture: TorchCapture | NsysRange | None = None
+    # A region capture is ended only by its region's exit: stopping the profiler inside the
+    # region's open record_function would corrupt torch's state. A stop, cancel or re-plan
+    # that arrives meanwhile leaves its verdict here for that exit to carry out.
+    keep: bool = True
+    final_state: str | None = None  # the progress to report once the region has exited
 
 
 class Stepper:
@@ -84,6 +89,11 @@ class Stepper:
 
     def set_step(self, n: int) -> None:
         """Resumed runs: ``n`` steps are done, the next one is ``n + 1``."""
+        if n == self.count:
+            return  # no step ended: a capture must not count one
+        live = self.live
+        if live is not None and n != self.count + 1:
+            self._cut(live, n)
         self.count = n
         self._boundary()
 
@@ -117,8 +127,7 @@ class Stepper:
         except Exception as exc:  # never let profiling break training
             live, self.live = self.live, None
             if live is not None:
-                if live.capture is not None:
-                    live.capture.abandon()
+                self._discard(live)
                 self._progress(live.plan, "failed", f"client error: {exc!r}")
         self._reschedule()
 
@@ -166,23 +175,55 @@ class Stepper:
         live = self.live
         if live is not None and live.plan is plan:
             self.live = None
-            # A region capture is closed by its own context (its report is then stale).
-            if live.capture is not None and plan.region is None:
-                live.capture.abandon()
+            self._discard(live)
         if plan in self._plans:
             self._plans.remove(plan)
+
+    @staticmethod
+    def _discard(live: Live) -> None:
+        """Throw the window's capture away (a region capture: when its region exits)."""
+        if live.capture is None:
+            return
+        if live.plan.region is None:
+            live.capture.abandon()
+        else:
+            live.keep = False
+
+    def _cut(self, live: Live, n: int) -> None:
+        """``step(n)`` jumped the count while a window was open: end it at the last step that
+        really ran, so no report names steps that did not run here."""
+        self.live = None
+        why = f"step count set from {self.count} to {n} during the capture"
+        cap = live.capture
+        try:
+            if cap is None or live.plan.region is not None:
+                return  # nothing running, or a region capture that its exit ends
+            _, a, b = live.plan.cycles[live.cycle]
+            if self.count < a:  # still warming up: nothing was recorded
+                cap.abandon()
+                self._progress(live.plan, "missed", f"cycle {live.cycle} ({a}:{b}) missed: {why}")
+                return
+            res = cap.finish(self.count)
+            res.notes.append(why)
+            self._deliver(live.plan, live.cycle, res, None)
+        except Exception as exc:  # never let profiling break training
+            self._progress(live.plan, "failed", f"client error: {exc!r}")
 
     def _disarm(self, session: str | None, keep: bool) -> None:
         state = "stopped" if keep else "cancelled"
         live = self.live
         if live is not None and (session is None or live.plan.session == session):
             self.live = None
-            if live.capture is not None:
-                if keep:
-                    self._deliver(live.plan, live.cycle, live.capture.finish(self.count), None)
-                else:
-                    live.capture.abandon()
-            self._progress(live.plan, state, None)
+            if live.capture is not None and live.plan.region is not None:
+                # Inside the region: its exit ends the capture, then reports the state.
+                live.keep, live.final_state = keep, state
+            else:
+                if live.capture is not None:
+                    if keep:
+                        self._deliver(live.plan, live.cycle, live.capture.finish(self.count), None)
+                    else:
+                        live.capture.abandon()
+                self._progress(live.plan, state, None)
         keep_plans = []
         for p in self._plans:
             if session is None or p.session == session:
@@ -282,8 +323,13 @@ class Stepper:
                 yield
         finally:
             live.capture = None
-            res = cap.finish(last_step=running)
-            self._deliver(plan, cycle, res, name)
+            if live.keep:
+                res = cap.finish(last_step=running)
+                self._deliver(plan, cycle, res, name)
+            else:
+                cap.abandon()
+            if live.final_state is not None:
+                self._progress(plan, live.final_state, None)
             if self.live is live and self.count + 1 >= live.stop:
                 self.live = None
                 self._maybe_done(plan)
