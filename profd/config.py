@@ -17,6 +17,7 @@ from profd_client.locations import runtime_dir as resolve_runtime_dir
 from profd_client.locations import under_systemd
 
 DEFAULT_CONFIG = Path("/etc/profd/profd.toml")
+_LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 class ConfigError(ValueError):
@@ -76,9 +77,11 @@ def _nsys(table: Mapping[str, Any], env: Mapping[str, str]) -> NsysConfig:
         kw["path"] = env["PROFD_NSYS"]
     if env.get("PROFD_NSYS_FINALIZE_TIMEOUT"):
         kw["finalize_timeout"] = env["PROFD_NSYS_FINALIZE_TIMEOUT"]
+    if "path" in kw:
+        kw["path"] = _opt_str(kw["path"], "nsys.path")
     for k in ("finalize_timeout", "command_timeout"):
         if k in kw:
-            kw[k] = float(kw[k])
+            kw[k] = _number(kw[k], f"nsys.{k}", float, 0)
     return NsysConfig(**kw)
 
 
@@ -127,26 +130,63 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise ConfigError(f"config file not found: {path}") from None
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"config file {path}: {exc}") from None
+    except OSError as exc:  # a directory, no permission: one line, not a traceback
+        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
 
 
-def _size(value: object, name: str) -> int | None:
+def _size(value: object, name: str, minimum: int = 0) -> int | None:
     """Sizes accept plain bytes or strings like ``"20GB"``/``"512MiB"``."""
     if value is None:
         return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
+    n: int | None = None
+    if isinstance(value, int) and not isinstance(value, bool):
+        n = value
+    elif isinstance(value, str):
         text = value.strip().upper().replace("IB", "B")
         units = {"KB": 1 << 10, "MB": 1 << 20, "GB": 1 << 30, "TB": 1 << 40, "B": 1}
         for suffix, mult in units.items():
             if text.endswith(suffix):
                 try:
-                    return int(float(text[: -len(suffix)]) * mult)
-                except ValueError:
-                    break
-        if text.isdigit():
-            return int(text)
-    raise ConfigError(f"{name}: not a size: {value!r}")
+                    n = int(float(text[: -len(suffix)]) * mult)
+                except (ValueError, OverflowError):  # "xGB", "nanGB", "infGB"
+                    pass
+                break
+        else:
+            if text.isdigit():
+                n = int(text)
+    if n is None:
+        raise ConfigError(f"{name}: not a size: {value!r}")
+    if n < minimum:
+        raise ConfigError(f"{name}: must be at least {minimum} bytes, got {value!r}")
+    return n
+
+
+def _number(
+    value: object, name: str, kind: type[float] | type[int], low: float, zero_ok: bool = False
+) -> Any:
+    """An int or float setting above ``low`` (or equal to it with ``zero_ok``); numeric
+    strings (environment variables) are accepted, booleans are not."""
+    n: float | int | None = None
+    try:
+        if isinstance(value, str):
+            n = kind(value.strip())
+        elif isinstance(value, int) and not isinstance(value, bool):
+            n = kind(value)
+        elif isinstance(value, float) and kind is float:
+            n = value
+    except (ValueError, OverflowError):
+        pass
+    what = "an integer" if kind is int else "a number"
+    # Written as "not (...)" so that NaN is refused too.
+    if n is None or not (n >= low if zero_ok else n > low):
+        raise ConfigError(f"{name}: must be {what} {'>=' if zero_ok else '>'} {low}, got {value!r}")
+    return n
+
+
+def _opt_str(value: object, name: str) -> str | None:
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{name}: must be a string, got {value!r}")
+    return value
 
 
 def _s3(table: Mapping[str, Any], url: str | None, endpoint: str | None) -> S3Config:
@@ -155,9 +195,19 @@ def _s3(table: Mapping[str, Any], url: str | None, endpoint: str | None) -> S3Co
     if unknown:
         raise ConfigError(f"[s3]: unknown keys {sorted(unknown)}")
     kw: dict[str, Any] = dict(table)
-    for k in ("multipart_threshold", "multipart_chunksize", "max_bandwidth"):
-        if k in kw:
-            kw[k] = _size(kw[k], f"s3.{k}")
+    for k, v in kw.items():
+        name = f"s3.{k}"
+        if k in ("multipart_threshold", "multipart_chunksize", "max_bandwidth"):
+            kw[k] = _size(v, name, minimum=1)
+        elif k in ("workers", "max_attempts"):
+            kw[k] = _number(v, name, int, 0)
+        elif k in ("backoff_base", "backoff_max"):
+            kw[k] = _number(v, name, float, 0, zero_ok=True)  # 0: retry at once
+        elif k == "checksum_when_required":
+            if not isinstance(v, bool):
+                raise ConfigError(f"{name}: must be true or false, got {v!r}")
+        else:
+            _opt_str(v, name)
     if url:
         kw["url"] = url
     if endpoint:
@@ -221,20 +271,28 @@ def load(
     auto = data.get("auto", [])
     if not isinstance(auto, list) or not all(isinstance(a, dict) for a in auto):
         raise ConfigError("[[auto]] must be an array of tables")
+    log_level = daemon.get("log_level", "info")
+    if not isinstance(log_level, str) or log_level.upper() not in _LOG_LEVELS:
+        levels = ", ".join(_LOG_LEVELS).lower()
+        raise ConfigError(f"log_level: must be one of {levels}, got {log_level!r}")
     try:
         return Config(
             runtime_dir=resolve_runtime_dir(rdir),
             state_dir=sdir,
             spool_dir=Path(spdir) if spdir else sdir / "spool",
             config_file=path,
-            group=daemon.get("group"),
-            heartbeat_interval=float(daemon.get("heartbeat_interval", 1.0)),
-            sample_interval=float(daemon.get("sample_interval", 3.0)),
-            pipeline_workers=int(daemon.get("pipeline_workers", 2)),
+            group=_opt_str(daemon.get("group"), "group"),
+            heartbeat_interval=_number(
+                daemon.get("heartbeat_interval", 1.0), "heartbeat_interval", float, 0
+            ),
+            sample_interval=_number(
+                daemon.get("sample_interval", 3.0), "sample_interval", float, 0
+            ),
+            pipeline_workers=_number(daemon.get("pipeline_workers", 2), "pipeline_workers", int, 0),
             max_spool_bytes=_size(
                 e.get("PROFD_MAX_SPOOL_BYTES") or daemon.get("max_spool_bytes"), "max_spool_bytes"
             ),
-            log_level=str(daemon.get("log_level", "info")),
+            log_level=log_level,
             s3=_s3(s3_table, s3_url or e.get("PROFD_S3_URL"), e.get("PROFD_S3_ENDPOINT_URL")),
             nsys=_nsys(nsys_table, e),
             auto=tuple(AutoRule(spec=a) for a in auto),
