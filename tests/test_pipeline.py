@@ -1,4 +1,4 @@
-"""Tests for profd.pipeline.process against real torch.profiler output (no mocks)."""
+"""Tests for profd.pipeline against real torch.profiler output (no mocks)."""
 
 from __future__ import annotations
 
@@ -16,15 +16,10 @@ from typing import Any
 
 import pytest
 
-from profd.pipeline.memory_report import Sample, downsample
-from profd.pipeline.process import (
-    PipelineError,
-    ProcessedTrace,
-    cpu_op_stats,
-    inject_rank,
-    process_trace,
-    summarize_steps,
-)
+from profd.pipeline.memory import Sample
+from profd.pipeline.memory_report import downsample
+from profd.pipeline.parsed import ParsedTrace
+from profd.pipeline.process import PipelineError, ProcessedTrace, inject_rank, process_trace
 
 # torch-tb-profiler's worker/span file-name pattern.
 TB_PROFILER_RE = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")
@@ -214,6 +209,10 @@ def test_overwrites_previous_output(raw: Path, real_trace: Path, tmp_path: Path)
     assert sorted(p.name for p in final.iterdir()) == ["x.pt.trace.json.gz", "x.summary.txt"]
 
 
+def parse(events: list[Any]) -> ParsedTrace:
+    return ParsedTrace.from_events(events, "t", {}, 30)
+
+
 def test_summarize_steps_percentiles() -> None:
     events = [
         {"ph": "X", "name": f"ProfilerStep#{n}", "ts": n * 1000.0, "dur": d, "cat": "x"}
@@ -221,13 +220,13 @@ def test_summarize_steps_percentiles() -> None:
     ]
     events.append({"ph": "i", "name": "ProfilerStep#9", "ts": 0.0})  # not a complete event
     events.append({"ph": "X", "name": "ProfilerStep#oops", "ts": 0.0, "dur": 1.0})
-    stats = summarize_steps(events)
+    stats = parse(events).steps
     assert stats.steps == (1, 2, 3)
     assert stats.durations_ms == ((1, 30.0), (2, 20.0), (3, 10.0))
     assert stats.p50_ms == pytest.approx(20.0)
     assert stats.p90_ms == pytest.approx(28.0)
     assert stats.max_ms == pytest.approx(30.0)
-    assert summarize_steps([]).p50_ms is None
+    assert parse([]).steps.p50_ms is None
 
 
 def test_self_time_nesting() -> None:
@@ -244,7 +243,8 @@ def test_self_time_nesting() -> None:
         x("other_thread", 10, 50, tid=2),
         x("runtime", 12, 1, cat="cuda_runtime"),  # not a CPU op category
     ]
-    stats = {s.name: s for s in cpu_op_stats(events)}
+    ops = parse(events).cpu_ops
+    stats = {s.name: s for s in ops}
     assert set(stats) == {"outer", "inner", "leaf", "other_thread"}
     assert stats["outer"].calls == 2
     assert stats["outer"].self_us == pytest.approx(50 - 30 + 10)
@@ -252,7 +252,7 @@ def test_self_time_nesting() -> None:
     assert stats["inner"].self_us == pytest.approx(20 + 10 - 4)
     assert stats["leaf"].self_us == pytest.approx(4)
     assert stats["other_thread"].self_us == pytest.approx(50)
-    assert cpu_op_stats(events)[0].name == "other_thread"  # sorted by self time
+    assert ops[0].name == "other_thread"  # sorted by self time
 
 
 def test_gpu_kernel_table(raw: Path, tmp_path: Path) -> None:

@@ -1,61 +1,24 @@
-"""An HTML memory report built from a trace's ``[memory]`` events.
+"""An HTML memory report built from a trace's ``[memory]`` events (see :mod:`.memory`).
 
-torch.profiler with ``profile_memory=True`` (``profctl start --profile-memory``) writes one
-``[memory]`` instant event per allocation and free, carrying the device's running
-``Total Allocated`` and ``Total Reserved``. From those alone this module draws what Modalities'
-``profiler_memory_*.html`` shows: per device, allocated and reserved memory over time, the
-peak, and the peak of every step. It runs in the daemon's pipeline worker, so it uses only the
-standard library (an inline SVG, no matplotlib, no torch), and it needs nothing from the
-training process beyond the trace.
+From the running totals alone it draws what Modalities' ``profiler_memory_*.html`` shows: per
+device, allocated and reserved memory over time, the peak, and the peak of every step. It runs
+in the daemon's pipeline worker, so it uses only the standard library (an inline SVG, no
+matplotlib, no torch), and it needs nothing from the training process beyond the trace.
 """
 
 from __future__ import annotations
 
 import html
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Mapping, Sequence
 
+from .memory import Sample
+from .parsed import ParsedTrace
 from .spans import StepSpan
 
 MEMORY_SUFFIX = ".memory.html"
 #: Points drawn per device; longer series keep each bucket's maximum, so peaks survive.
 MAX_POINTS = 2000
 _W, _H, _PAD = 960, 260, 50
-
-
-@dataclass(frozen=True)
-class Sample:
-    ts_us: float
-    allocated: int
-    reserved: int
-
-
-def device_name(args: Mapping[str, Any]) -> str:
-    kind, idx = args.get("Device Type"), args.get("Device Id")
-    if kind == 0:
-        return "cpu"
-    if kind == 1:
-        return f"cuda:{idx}"
-    return f"device type {kind}:{idx}"
-
-
-def memory_series(events: Iterable[Any]) -> dict[str, list[Sample]]:
-    """Per device, the running totals in time order (empty without ``profile_memory``)."""
-    out: dict[str, list[Sample]] = {}
-    for ev in events:
-        if not isinstance(ev, dict) or ev.get("name") != "[memory]":
-            continue
-        args, ts = ev.get("args"), ev.get("ts")
-        if not isinstance(args, dict) or not isinstance(ts, int | float):
-            continue
-        alloc, reserved = args.get("Total Allocated"), args.get("Total Reserved")
-        if not isinstance(alloc, int) or not isinstance(reserved, int):
-            continue
-        out.setdefault(device_name(args), []).append(Sample(float(ts), alloc, reserved))
-    for samples in out.values():
-        samples.sort(key=lambda s: s.ts_us)
-    return out
 
 
 def downsample(samples: Sequence[Sample], limit: int = MAX_POINTS) -> list[Sample]:
@@ -168,3 +131,17 @@ def render_memory_html(
         + "\n".join(body)
         + "</body></html>\n"
     )
+
+
+class MemoryReport:
+    """Only for traces taken with ``--profile-memory``; any other trace gets no page."""
+
+    kind = "memory_report"
+    suffix = MEMORY_SUFFIX
+
+    def render(self, parsed: ParsedTrace) -> str | None:
+        where = ", ".join(
+            f"{k} {parsed.header[k]}" for k in ("session", "cycle") if parsed.header.get(k)
+        )
+        title = f"{parsed.stem} memory" + (f" ({where})" if where else "")
+        return render_memory_html(title, parsed.memory, parsed.spans)

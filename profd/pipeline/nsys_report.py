@@ -1,4 +1,4 @@
-"""Finish one nsys report: move it into its cycle dir and summarise it with ``nsys stats``.
+"""Finish one nsys report: move it into its cycle dir and run the nsys outputs on it.
 
 Runs on an nsys worker thread of the daemon (the work is a rename and a subprocess), never on
 the training thread and never on the event loop.
@@ -6,13 +6,15 @@ the training thread and never on the event loop.
 
 from __future__ import annotations
 
-import contextlib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from .. import nsys
-from .process import SUMMARY_SUFFIX, ProcessedFile, ProcessedTrace, header_lines
+from .files import Batch, ProcessedFile
+from .nsys_stats import NsysReport
+from .outputs import NSYS_OUTPUTS, TraceOutput, render_outputs
+from .process import ProcessedTrace
 
 
 def finish_report(
@@ -22,39 +24,27 @@ def finish_report(
     stem: str,
     header: Mapping[str, str],
     timeout: float,
+    outputs: Sequence[TraceOutput[NsysReport]] = NSYS_OUTPUTS,
 ) -> ProcessedTrace:
-    """Move ``report`` to ``final_dir/{stem}.nsys-rep`` and write ``{stem}.summary.txt``.
-
-    A failing ``nsys stats`` costs only the summary's tables, never the report.
+    """Move ``report`` to ``final_dir/{stem}.nsys-rep`` and write its outputs beside it
+    (``{stem}.summary.txt`` from ``nsys stats``); no output can cost the report.
     """
     final_dir.mkdir(parents=True, exist_ok=True)
     dest = final_dir / f"{stem}{nsys.REPORT_SUFFIX}"
     os.replace(report, dest)
-    head = {**header, "report": dest.name, "bytes": str(dest.stat().st_size)}
-    lines = header_lines("# profd nsys report summary", head)
-    try:
-        out = nsys.run(nsys.stats_argv(nsys_bin, dest), timeout).output
-        lines.append(out.rstrip())
-    except nsys.NsysError as exc:
-        lines.append(f"(nsys stats failed: {exc})")
-    finally:
-        # stats exports a SQLite copy beside the report; it can be as big as the report and
-        # `nsys export` recreates it on demand.
-        with contextlib.suppress(FileNotFoundError):
-            dest.with_suffix(".sqlite").unlink()
-    summary = final_dir / f"{stem}{SUMMARY_SUFFIX}"
-    tmp = final_dir / f".{stem}.summary.tmp"
-    tmp.write_text("\n".join(lines) + "\n")
-    os.replace(tmp, summary)
+    size = dest.stat().st_size
+    moved = NsysReport(dest, {**header, "report": dest.name, "bytes": str(size)}, nsys_bin, timeout)
+    rendered, output_errors = render_outputs(outputs, moved, stem)
+    with Batch(str(final_dir), stem) as batch:
+        for out in rendered:
+            batch.write(out.kind, out.suffix, out.data)
     return ProcessedTrace(
-        files=(
-            ProcessedFile("nsys", str(dest), dest.stat().st_size),
-            ProcessedFile("summary", str(summary), summary.stat().st_size),
-        ),
+        files=(ProcessedFile("nsys", str(dest), size), *batch.files),
         trace_path=str(dest),
         steps_found=(),
         step_ms_p50=None,
         step_ms_p90=None,
         step_ms_max=None,
-        raw_bytes=dest.stat().st_size,
+        raw_bytes=size,
+        output_errors=output_errors,
     )

@@ -1,12 +1,14 @@
-"""The timed intervals of a kineto trace that the pipeline's reports are built on.
+"""The steps of a kineto trace and the step times the pipeline reports from them.
 
-One parser for ``ProfilerStep#N`` spans, shared by the text summary (step times) and the
-memory report (step windows), so both read steps the same way.
+One parser for ``ProfilerStep#N`` spans, shared by the text summary (step times), the memory
+report (step windows) and :class:`~profd.pipeline.process.ProcessedTrace`, so all of them read
+steps the same way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+import math
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,28 +26,51 @@ class StepSpan:
         return self.start_us + self.dur_us
 
 
-def complete_events(events: Iterable[Any]) -> Iterator[Mapping[str, Any]]:
-    """Well-formed ``ph == "X"`` events; anything else in a trace is not a timed interval."""
-    for ev in events:
-        if (
-            isinstance(ev, dict)
-            and ev.get("ph") == "X"
-            and isinstance(ev.get("ts"), int | float)
-            and isinstance(ev.get("dur"), int | float)
-        ):
-            yield ev
+@dataclass(frozen=True)
+class StepStats:
+    durations_ms: tuple[tuple[int, float], ...]  # (step, ms), sorted by step
+    p50_ms: float | None
+    p90_ms: float | None
+    max_ms: float | None
+
+    @property
+    def steps(self) -> tuple[int, ...]:
+        return tuple(step for step, _ in self.durations_ms)
 
 
-def step_spans(events: Iterable[Any]) -> list[StepSpan]:
-    """Every ``ProfilerStep#N`` span torch.profiler emitted, in time order."""
+def step_spans(events: Iterable[Mapping[str, Any]]) -> list[StepSpan]:
+    """Every ``ProfilerStep#N`` span torch.profiler emitted, in time order.
+
+    ``events`` are complete events named ``ProfilerStep#...`` (``EventGroups.steps``); a name
+    with no step number after the prefix is no step.
+    """
     out = []
-    for ev in complete_events(events):
-        name = ev.get("name")
-        if not isinstance(name, str) or not name.startswith(STEP_PREFIX):
-            continue
+    for ev in events:
         try:
-            step = int(name[len(STEP_PREFIX) :])
+            step = int(ev["name"][len(STEP_PREFIX) :])
         except ValueError:
             continue
         out.append(StepSpan(step, float(ev["ts"]), float(ev["dur"])))
     return sorted(out, key=lambda s: s.start_us)
+
+
+def _percentile(sorted_values: Sequence[float], q: float) -> float:
+    # Linear interpolation between closest ranks (numpy's default), defined for n == 1 too,
+    # unlike statistics.quantiles.
+    pos = (len(sorted_values) - 1) * q
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(sorted_values) - 1)
+    return sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * (pos - lo)
+
+
+def step_stats(spans: Iterable[StepSpan]) -> StepStats:
+    by_step: dict[int, float] = {}
+    for span in spans:
+        # A step number appears once per profiled process; should a merged trace repeat one,
+        # the longest occurrence is the one that bounded the step.
+        by_step[span.step] = max(by_step.get(span.step, 0.0), span.dur_us / 1000.0)
+    if not by_step:
+        return StepStats((), None, None, None)
+    ordered = tuple(sorted(by_step.items()))
+    values = sorted(by_step.values())
+    return StepStats(ordered, _percentile(values, 0.5), _percentile(values, 0.9), values[-1])
