@@ -1,0 +1,129 @@
+"""Thousands of random messages of real types on both sockets of a real daemon.
+
+Each message has a valid ``v`` and ``t`` and random values in its declared fields (nested
+maps and lists included), so it passes the envelope and reaches the schema and the
+handlers. Valid requests are interleaved. Afterwards the daemon must be alive, have
+answered every control request, have logged no traceback, and still capture a real job's
+steps, across a restart.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import zmq
+from daemonproc import wait_for
+from harness import Daemon, Job
+from rawpeer import HELLO, dealer, pack, req
+
+from profd_client import protocol as P
+
+SEED = 20261122
+N_AGENT = 3000
+N_CONTROL = 1500
+
+
+def value(rnd: random.Random, depth: int = 0) -> Any:
+    kind = rnd.randrange(12 if depth < 2 else 9)
+    if kind == 0:
+        return None
+    if kind == 1:
+        return rnd.random() < 0.5
+    if kind == 2:
+        return rnd.choice([0, 1, -1, 2, 7, 1 << 31, 1 << 53, (1 << 63) - 1, -(1 << 63)])
+    if kind == 3:
+        return rnd.randint(-(10**6), 10**6)
+    if kind == 4:
+        return rnd.choice([0.0, -0.5, 1e308, float("inf"), float("nan"), 3.25])
+    if kind == 5:
+        return rnd.choice(["", "x", "../..", "a" * 5000, "0:5", "1,2,5", "*", "%", "trainer"])
+    if kind == 6:
+        return bytes(rnd.getrandbits(8) for _ in range(rnd.randint(0, 20)))
+    if kind == 7:
+        return "".join(chr(rnd.randint(1, 0x2FFF)) for _ in range(rnd.randint(0, 30)))
+    if kind == 8:
+        return rnd.randint(0, 100)
+    if kind == 9:
+        return [value(rnd, depth + 1) for _ in range(rnd.randint(0, 4))]
+    if kind == 10:
+        return [[rnd.randint(-2, 50) for _ in range(3)] for _ in range(rnd.randint(0, 3))]
+    keys = ["path", "kind", "job", "steps", "limit", "rank", "activities", "x"]
+    return {rnd.choice(keys): value(rnd, depth + 1) for _ in range(rnd.randint(0, 4))}
+
+
+def message(rnd: random.Random, types: frozenset[str]) -> dict[str, Any]:
+    t = rnd.choice(sorted(types))
+    msg: dict[str, Any] = {"v": P.VERSION, "t": t}
+    fields = P.SCHEMAS[t].fields
+    for name in fields:
+        if rnd.random() < 0.7:
+            msg[name] = value(rnd)
+    if t == P.C_START and rnd.random() < 0.5:
+        keys = sorted(P.START_KEYS)
+        msg["spec"] = {rnd.choice(keys): value(rnd) for _ in range(rnd.randint(0, 5))}
+    return msg
+
+
+VALID_CONTROL = [
+    {"t": "status"},
+    {"t": "ps"},
+    {"t": "sessions", "limit": 5},
+    {"t": "traces", "filters": {"limit": 3}},
+]
+
+
+def test_fuzzed_messages_on_both_sockets(daemon: Daemon, ctx: zmq.Context, torchrun) -> None:
+    rnd = random.Random(SEED)
+    agent = dealer(ctx, daemon, "agent.sock")
+    agent.setsockopt(zmq.SNDHWM, 0)
+    agent.send(pack(HELLO))
+    ctl = req(ctx, daemon)
+    answered = valid_ok = 0
+    for i in range(max(N_AGENT, N_CONTROL)):
+        if i < N_AGENT:
+            agent.send(pack(message(rnd, P.AGENT_INBOUND)))
+        if i < N_CONTROL:
+            m = VALID_CONTROL[i % 4] if i % 5 == 0 else message(rnd, P.CONTROL_INBOUND)
+            ctl.send(pack({"v": P.VERSION, **m}))
+            assert ctl.poll(10_000), f"control request {i} not answered: {m}"
+            r = P.decode(ctl.recv(), P.REPLY_INBOUND, reply=True)
+            answered += 1
+            if i % 5 == 0:
+                assert r["t"] == "ok", (m, r)
+                valid_ok += 1
+            elif r["t"] == "error":
+                assert r["code"] != "internal", (m, r)
+        # Drain what the daemon pushed to the fuzzing client so its queue stays small.
+        while agent.poll(0):
+            agent.recv()
+    assert answered == N_CONTROL and valid_ok == N_CONTROL // 5
+    agent.close()
+    ctl.close()
+    assert daemon.proc is not None and daemon.proc.poll() is None
+    log = daemon.log.read_text()
+    assert "Traceback" not in log, log[-4000:]
+
+    # A real job still gets captured, and the capture is there after a restart.
+    job: Job = torchrun("train.py", daemon=daemon, STEPS="100000", STEP_SLEEP="0.02")
+    try:
+        # (The fuzzing peer sent a bye or stopped heartbeating, and is gone by now.)
+        real = wait_for(
+            lambda: (lambda rows: rows if len(rows) == 2 else None)(
+                [r for r in daemon.ps() if r["host"] != HELLO["host"]]
+            ),
+            90,
+            "the job's two ranks",
+        )
+        res = daemon.ctl_json("start", "--job", real[0]["job"], "--next", "--wait", timeout=180)
+        assert res["state"] == "done", res
+        daemon.stop()
+        daemon.start()
+        s = daemon.ctl_json("show", res["session"])
+        assert s["state"] == "done" and all(t["traces"] == 1 for t in s["targets"]), s
+        rows = daemon.ctl_json("traces", "--session", res["session"])
+        assert len(rows) == 2
+        daemon.wait_attached(2, timeout=60)  # the job's ranks re-register by themselves
+    finally:
+        job.kill()
+    assert "Traceback" not in daemon.log.read_text()
