@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from pathlib import Path
 from typing import Any, Protocol
@@ -10,6 +11,8 @@ from ..pipeline.process import ProcessedTrace
 from ..store.index import Index
 from .captures import Job
 from .sessions import Sessions
+
+log = logging.getLogger("profd.results")
 
 
 class UploadQueue(Protocol):
@@ -50,8 +53,14 @@ class Results:
         if s is None or t is None:
             return
         result: dict[str, Any] = {"cycle": j.cycle, "steps": j.report.get("steps", [])}
-        if j.report.get("notes"):
-            result["notes"] = j.report["notes"]
+        notes = list(j.report.get("notes") or [])
+        if res is not None and res.output_errors:
+            # A report plug-in failed: the trace is kept; say what is missing beside it.
+            missing = [f"{e.kind} not written: {e.error}" for e in res.output_errors]
+            log.warning("session %s rank %s: %s", j.session, j.rank, "; ".join(missing))
+            notes += missing
+        if notes:
+            result["notes"] = notes
         if res is not None:
             result.update(
                 path=self._rel(res.trace_path),
