@@ -6,6 +6,7 @@ PYTHON ?= .venv/bin/python
 bench:
 	$(PYTHON) bench/run.py
 
-# Tiny sizes: checks that every benchmark runs end to end (results go to $$TMPDIR/profd-bench-smoke, not bench/results).
+# Tiny sizes, every code path of every benchmark (the torchrun job included), about a minute;
+# results go to $$TMPDIR/profd-bench-smoke, not bench/results.
 bench-smoke:
 	$(PYTHON) bench/run.py --quick --out $(or $(TMPDIR),/tmp)/profd-bench-smoke

@@ -146,6 +146,12 @@ def main() -> None:
         if fleet is not None:
             fleet.close()
         d.stop()
+    # The targets are stated for 1024 clients; smaller runs report their numbers unjudged
+    # (the comparisons still run, so --quick exercises them).
+    at_target = n >= 1024
+    cpu_ok = busy["cpu_percent_of_one_core"] <= 5.0
+    rss_ok = busy["rss_mb"]["max"] <= 150
+    ps_ok = busy_ps["cli_ms"]["p50"] <= 100
     rows = [
         B.row(
             f"daemon CPU, {n} clients @1 Hz heartbeats",
@@ -155,7 +161,7 @@ def main() -> None:
             baseline=idle["cpu_percent_of_one_core"],
             baseline_what="same daemon, 0 clients",
             ratio=None,
-            met=busy["cpu_percent_of_one_core"] <= 5.0 if n >= 1024 else None,
+            met=cpu_ok if at_target else None,
             spread=f"per-1s p10..p90 {busy['cpu_percent_per_1s']['p10']}.."
             f"{busy['cpu_percent_per_1s']['p90']}",
         ),
@@ -166,7 +172,7 @@ def main() -> None:
             "MB",
             baseline=idle["rss_mb"]["max"],
             baseline_what="0 clients",
-            met=busy["rss_mb"]["max"] <= 150 if n >= 1024 else None,
+            met=rss_ok if at_target else None,
             spread="max of 1 s samples",
         ),
         B.row(
@@ -176,7 +182,7 @@ def main() -> None:
             "ms",
             baseline=idle_ps["cli_ms"]["p50"],
             baseline_what="0 clients",
-            met=busy_ps["cli_ms"]["p50"] <= 100 if n >= 1024 else None,
+            met=ps_ok if at_target else None,
             spread=f"p99 {busy_ps['cli_ms']['p99']} ms; python+imports floor "
             f"{floor['import profctl modules']['p50']} ms",
         ),

@@ -191,7 +191,8 @@ def main() -> None:
                 "op": "calibrate",
                 "targets": step_targets,
                 "batch": batch,
-                "iters": 1 if quick else 12,
+                # Two rounds at least, so --quick builds a model from a re-sized guess too.
+                "iters": 2 if quick else 12,
             },
         )
         print(f"calibrated dims {dims} (batch {batch})", file=sys.stderr)

@@ -79,8 +79,10 @@ def trace_row(tid: int, i: int, rank: int, n_sessions: int) -> dict[str, Any]:
     }
 
 
-def bulk_load(idx: Index, n: int) -> float:
+def bulk_load(idx: Index, n: int, batch: int) -> tuple[float, int]:
+    """Load ``n`` traces in transactions of ``batch`` trace rows; (seconds, transactions)."""
     n_sessions = n // RANKS
+    txs = 0
     db = idx.db
     t0 = time.perf_counter()
     tid = 0
@@ -127,13 +129,14 @@ def bulk_load(idx: Index, n: int) -> float:
                         "uploaded",
                     )
                 )
-        if len(batch_t) >= 20_000 or i == n_sessions - 1:
+        if len(batch_t) >= batch or i == n_sessions - 1:
             db.execute("BEGIN")
             db.executemany(TRACE_SQL, batch_t)
             db.executemany(FILE_SQL, batch_f)
             db.execute("COMMIT")
+            txs += 1
             batch_t, batch_f = [], []
-    return time.perf_counter() - t0
+    return time.perf_counter() - t0, txs
 
 
 def add_trace_rate(idx: Index, n: int, first_session: int) -> float:
@@ -203,6 +206,8 @@ def main() -> None:
     n = args.rows or (20_000 if quick else 1_000_000)
     n = max(RANKS, n - n % RANKS)
     k_idx, k_scan, sample = (30, 3, 300) if quick else (300, 10, 5000)
+    # Trace rows per bulk transaction; --quick loads several batches, as the full run does.
+    batch = 5_000 if quick else 20_000
     tmp = Path(tempfile.mkdtemp(prefix="profd-bench-index-"))
     try:
         empty = Index(tmp / "empty" / "index.db")
@@ -210,8 +215,8 @@ def main() -> None:
         empty.close()
 
         idx = Index(tmp / "full" / "index.db")
-        load_s = bulk_load(idx, n)
-        print(f"bulk loaded {n} traces in {load_s:.1f}s", file=sys.stderr)
+        load_s, load_txs = bulk_load(idx, n, batch)
+        print(f"bulk loaded {n} traces in {load_s:.1f}s ({load_txs} tx)", file=sys.stderr)
         db_bytes = sum(p.stat().st_size for p in (tmp / "full").iterdir())
         queries(idx, n, 5, 1)  # warm the page cache
         q = queries(idx, n, k_idx, 2)
@@ -225,9 +230,11 @@ def main() -> None:
         scan.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+    at_target = n >= 1_000_000  # the target is stated for 1M traces
     rows = []
     for name in q:
         s, b = B.summary(q[name], 3), B.summary(qs[name], 1)
+        ok = s["p50"] <= 5.0
         rows.append(
             B.row(
                 f"query by {name}, {n:,} traces (p50)",
@@ -236,7 +243,7 @@ def main() -> None:
                 "ms",
                 baseline=b["p50"],
                 baseline_what="same query, no indexes",
-                met=s["p50"] <= 5.0 if n >= 1_000_000 else None,
+                met=ok if at_target else None,
                 spread=f"p99 {s['p99']} ms",
             )
         )
@@ -247,7 +254,7 @@ def main() -> None:
             rate_full,
             "traces/s",
             baseline=n / load_s,
-            baseline_what="bulk executemany, 20k/tx",
+            baseline_what=f"bulk executemany, {batch // 1000}k/tx",
             spread=f"into empty index {rate_empty:.0f}/s",
         )
     )
@@ -256,6 +263,8 @@ def main() -> None:
         "files_rows": 2 * n,
         "db_bytes": db_bytes,
         "bulk_load_s": round(load_s, 1),
+        "bulk_batch_rows": batch,
+        "bulk_transactions": load_txs,
         "bulk_rows_per_s": round(n / load_s),
         "add_trace_rows_per_s_empty": round(rate_empty),
         "add_trace_rows_per_s_full": round(rate_full),

@@ -131,8 +131,8 @@ def main() -> None:
     torch.set_num_threads(1)
     quick = args.quick
     sizes = (
-        {"small": (20, 2), "large": (500, 1)} if quick else {"small": (100, 7), "large": (5000, 3)}
-    )  # ops per step (2 torch ops each), repetitions
+        {"small": (20, 2), "large": (500, 2)} if quick else {"small": (100, 7), "large": (5000, 3)}
+    )  # ops per step (2 torch ops each), repetitions (>= 2: both orders)
     base = Path(tempfile.mkdtemp(prefix="profd-bench-stall-"))
     res: dict[str, dict[str, list[dict[str, Any]]]] = {}
     try:

@@ -25,9 +25,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 RESULTS = BENCH / "results"
-# The daemon launcher the tests use too (tests/daemonproc.py).
+# The daemon launcher the tests use too (tests/daemonproc.py). BIN, re-exported for the
+# benchmarks, is the directory of this interpreter's console scripts (profd, profctl,
+# torchrun), so the benchmarks start the same executables the tests do.
 sys.path.insert(0, str(ROOT / "tests"))
-from daemonproc import DaemonProcess, wait_for  # noqa: E402
+from daemonproc import BIN as BIN  # noqa: E402
+from daemonproc import DaemonProcess  # noqa: E402
+from daemonproc import wait_for as wait_for  # noqa: E402
 
 RESULT_KEYS = ("name", "quick", "date", "machine", "params", "rows", "details", "wall_s")
 
@@ -226,9 +230,28 @@ class Daemon(DaemonProcess):
         self.config = self.root / "profd.toml"
         self.config.write_text(f"[daemon]\nheartbeat_interval = {self.heartbeat}\n")
         self.launch()
-        wait_for(lambda: (self.runtime_dir / "control.sock").exists(), 30, "daemon socket")
-        wait_for(self._answers, 30, "daemon to answer", every=0.1)
+        try:
+            wait_for(
+                lambda: self._alive() and (self.runtime_dir / "control.sock").exists(),
+                30,
+                "daemon socket",
+            )
+            wait_for(lambda: self._alive() and self._answers(), 30, "daemon to answer")
+        except BaseException as e:
+            log = self.log_tail()
+            self.stop()
+            if isinstance(e, Exception):
+                raise RuntimeError(f"profd run did not come up ({e}); its log:\n{log}") from e
+            raise
         return self
+
+    def _alive(self) -> bool:
+        """True while the daemon runs; raises once it has exited (no point waiting on)."""
+        assert self.proc is not None
+        rc = self.proc.poll()
+        if rc is not None:
+            raise RuntimeError(f"profd run exited with {rc}")
+        return True
 
     def _answers(self) -> bool:
         try:

@@ -1,26 +1,34 @@
 """Every benchmark in bench/ runs end to end on tiny sizes and writes its JSON result.
 
-No timing assertions at all: the numbers of a ``--quick`` run on a shared machine mean
-nothing. The six benchmarks start together (module fixture) so the whole file stays around a
-minute; each test then waits for its own process and checks the result's shape.
+``--quick`` runs every code path of every benchmark (the torchrun job of bench_trigger, every
+schedule form, several bulk batches, a multipart upload, ...) with tiny sizes, so a path that
+``make bench`` takes cannot break without this file noticing. Each test checks that its
+benchmark did all of that (counts and shapes in the result's ``details``), not only its exit
+code. No timing assertions at all: the numbers of a ``--quick`` run on a shared machine mean
+nothing. The benchmarks start in two lanes side by side (module fixture) so the whole file
+stays around a minute; each test then waits for its own benchmark and checks its result.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 NAMES = ("idle", "trigger", "stall", "daemon", "index", "s3")
-# Two lanes side by side: the CPU-heavy ones with the ones that mostly wait.
-LANES = (("idle", "index", "s3"), ("trigger", "daemon", "stall"))
+# Two lanes side by side, of about equal length: bench_trigger (its torchrun job and sessions
+# mostly wait) is the longest by far, so the two shortest run after it.
+LANES = (("trigger", "index", "s3"), ("idle", "daemon", "stall"))
 RESULT_KEYS = {"name", "quick", "date", "machine", "params", "rows", "details", "wall_s"}
 ROW_KEYS = {
     "metric",
@@ -48,11 +56,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
             f" > {out / f'{n}.log'} 2>&1 ; echo $? > {out / f'{n}.rc'}"
             for n in lane
         )
-        procs[lane] = subprocess.Popen(["bash", "-c", script], cwd=ROOT)
+        procs[lane] = subprocess.Popen(["bash", "-c", script], cwd=ROOT, start_new_session=True)
     yield out
     for p in procs.values():
         if p.poll() is None:
-            p.kill()
+            # The whole lane: its shell and the benchmark (with its daemon) running under it.
+            os.killpg(p.pid, signal.SIGKILL)
             p.wait()
 
 
@@ -77,6 +86,124 @@ def test_bench_quick(runs: Path, name: str) -> None:
         assert set(row) >= ROW_KEYS, sorted(ROW_KEYS - set(row))
         assert row["measured"] is not None, row
     assert {"nproc", "cpu", "python", "torch"} <= set(res["machine"])
+    CHECKS[name](res)
+
+
+# --- what each benchmark must have done: every path it has at full size, on tiny sizes --------
+# Counts and shapes only; never a measured value against a threshold.
+def metrics(res: dict[str, Any]) -> list[str]:
+    return [r["metric"] for r in res["rows"]]
+
+
+def check_idle(res: dict[str, Any]) -> None:
+    d = res["details"]
+    assert set(d["plan_rounds_steps"]) == {"1ms", "10ms"}
+    assert len(res["rows"]) == 1 + 2 * len(d["plan_rounds_steps"]), metrics(res)
+    for key, (rounds, _steps) in d["plan_rounds_steps"].items():
+        assert rounds >= 3, "every rotation of the three variants"
+        for v in ("profd", "torchprof"):
+            assert len(d["raw_ratio_vs_none"][key][v]) == rounds
+        assert set(d["per_step_us"][key]) == {"none", "profd", "torchprof"}
+    mb = d["micro_ns_best_median"]
+    for k in (
+        "tick_ns",
+        "hook_call_ns",
+        "opt_step_ns",
+        "opt_step_with_hook_ns",
+        "torchprof_step_ns",
+    ):
+        assert k in mb, k
+
+
+def schedule_form(spec: dict[str, Any]) -> str:
+    if "steps" in spec:
+        return "steps A:B" if ":" in spec["steps"] else "steps list"
+    if "at_step" in spec:
+        return "at_step+repeat" if spec.get("repeat", 1) > 1 else "at_step"
+    return "next" if spec.get("next") else "?"
+
+
+def check_trigger(res: dict[str, Any]) -> None:
+    d = res["details"]
+    sizes = res["params"]["sizes"]
+    assert sorted(p for _, _, p in sizes) == [1, 2, 4], "1, 2 and 4 client processes"
+    assert sorted(int(n) for n in d["latency"]) == sorted(n for n, _, _ in sizes)
+    for n, rounds, _ in sizes:
+        lat = d["latency"][str(n)]
+        assert lat["per_client_ms"]["n"] == n * rounds, lat
+    a = d["alignment"]
+    assert a is not None, "the alignment part did not run"
+    assert a["torchrun_ranks"] == 2 and a["sim_clients"] >= 1
+    forms = [schedule_form(s["spec"]) for s in a["sessions"]]
+    assert forms == ["steps A:B", "next", "at_step+repeat", "steps list"], forms
+    world = a["torchrun_ranks"] + a["sim_clients"]
+    for s in a["sessions"]:
+        assert s["state"] in {"done", "partial", "failed", "cancelled"}, s["state"]
+        ranks = sorted(t["rank"] for t in s["targets"])
+        assert ranks == list(range(world)), f"torchrun ranks 0, 1 and the simulated ones: {ranks}"
+    assert len(a["sessions"][2]["cycles"]) == 3, "--repeat 3 makes three cycles"
+    # A capture that happened is on exactly the requested steps (index and trace markers).
+    assert a["captured_cycles"] > 0
+    assert a["captured_cycles_exact"] == a["captured_cycles"], a["failures"]
+    assert len(res["rows"]) == 2 * len(sizes) + 2, metrics(res)
+
+
+def check_stall(res: dict[str, Any]) -> None:
+    d = res["details"]
+    assert set(d) == {"small", "large"}
+    for name, x in d.items():
+        assert x["repetitions"] >= 2, "both orders (profd first, torch first)"
+        assert len(x["runs"]["profd"]) == len(x["runs"]["torch"]) == x["repetitions"], name
+        assert x["profd_raw_bytes_p50"] > 0 and x["torch_gz_bytes_p50"] > 0
+    assert d["large"]["profd_raw_bytes_p50"] > d["small"]["profd_raw_bytes_p50"]
+    assert len(res["rows"]) == 2, metrics(res)
+
+
+def check_daemon(res: dict[str, Any]) -> None:
+    d = res["details"]
+    n = d["clients"]
+    assert n > 4, "more clients than worker processes"
+    assert d["ps_busy"]["rows"] == n and d["ps_busy"]["cli_rows"] == n, d["ps_busy"]
+    assert d["ps_idle"]["rows"] == 0
+    assert d["busy"]["clients_cpu_percent"] is not None
+    assert set(d["python_floor_ms"]) == {"python -c pass", "import profctl modules"}
+    assert len(res["rows"]) == 4, metrics(res)
+
+
+def check_index(res: dict[str, Any]) -> None:
+    d = res["details"]
+    assert d["bulk_transactions"] > 1, "several bulk batches, as at 1M rows"
+    assert d["rows"] == res["params"]["rows"] and d["files_rows"] == 2 * d["rows"]
+    kinds = {"job", "session", "rank+window"}
+    assert set(d["indexed_ms"]) == set(d["no_index_ms"]) == kinds
+    for k in kinds:
+        assert d["indexed_ms"][k]["n"] == d["queries_per_kind"]["indexed"]
+        assert d["no_index_ms"][k]["n"] == d["queries_per_kind"]["no_index"]
+    assert len(res["rows"]) == len(kinds) + 1, metrics(res)
+
+
+def check_s3(res: dict[str, Any]) -> None:
+    d = res["details"]
+    sets = res["params"]["sets"]
+    reps = res["params"]["reps"]
+    assert reps >= 2, "both orders (raw first, profd first)"
+    assert set(d) == set(sets)
+    for name, x in d.items():
+        assert len(x["wall_s"]["profd"]) == len(x["wall_s"]["raw"]) == reps, name
+    # One set of several single-PUT files and one file profd sends in parts.
+    assert sorted(x["profd_multipart"] for x in d.values()) == [False, True]
+    assert any(count > 1 for count, _ in sets.values())
+    assert len(res["rows"]) == len(sets), metrics(res)
+
+
+CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "idle": check_idle,
+    "trigger": check_trigger,
+    "stall": check_stall,
+    "daemon": check_daemon,
+    "index": check_index,
+    "s3": check_s3,
+}
 
 
 def test_driver_prints_table(tmp_path: Path) -> None:
