@@ -12,25 +12,14 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import IO
 
+from ..fsutil import current_umask
+
 
 @dataclass(frozen=True)
 class ProcessedFile:
     kind: str  # "trace" | "summary" | "memory_report" | "nsys" | the caller's kind for extras
     path: str
     bytes: int
-
-
-def _current_umask() -> int:
-    # os.umask() can only be read by setting it, which races with threads creating files
-    # elsewhere in the process; Linux exposes it read-only in /proc instead.
-    try:
-        with open("/proc/self/status", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("Umask:"):
-                    return int(line.split()[1], 8)
-    except (OSError, ValueError):
-        pass
-    return 0o022
 
 
 @contextlib.contextmanager
@@ -46,7 +35,7 @@ def _temp_in(final_dir: str, stem: str) -> Iterator[tuple[str, IO[bytes]]]:
         with os.fdopen(fd, "wb") as fh:
             # mkstemp creates 0600; the final files should be as readable as any other file
             # the daemon writes (people inspect them on the node, uploaders may be other users).
-            os.fchmod(fh.fileno(), 0o666 & ~_current_umask())
+            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
             yield tmp, fh
             fh.flush()
             # Without fsync a crash shortly after the rename can leave an empty file under
