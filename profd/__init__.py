@@ -1,3 +1,5 @@
 """profd: a per-node, out-of-process profiling daemon for distributed PyTorch training."""
 
-__version__ = "0.1.0"
+from profd_client.protocol import RELEASE as __version__
+
+__all__ = ["__version__"]

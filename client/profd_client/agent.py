@@ -24,7 +24,6 @@ from .steps import Plan, Stepper
 
 log = logging.getLogger("profd_client")
 
-CLIENT_VERSION = "0.1.0"
 MISSED_HEARTBEATS = 3
 
 
@@ -165,7 +164,7 @@ class Agent(threading.Thread):
             step=self.stepper.count,
             step_mode=self.step_mode,
             allowed=self.allowed,
-            client_version=CLIENT_VERSION,
+            client_version=P.RELEASE,
             torch=tv,
             device=dev,
             sessions=self.stepper.busy_sessions(),

@@ -21,6 +21,9 @@ from typing import Any, Final
 
 import msgpack
 
+#: The release of profd and profd_client (one distribution, one version string).
+RELEASE: Final = "0.1.0"
+
 #: The version this code speaks. A daemon serves every version in ``SUPPORTED_VERSIONS``
 #: and answers each peer in the version the peer spoke (a job outlives daemon upgrades).
 #: 2: ``welcome`` carries ``protocol`` (the daemon's supported range); fields are bounded.
