@@ -20,6 +20,7 @@ from profd.pipeline.memory import Sample
 from profd.pipeline.memory_report import downsample
 from profd.pipeline.parsed import ParsedTrace
 from profd.pipeline.process import PipelineError, ProcessedTrace, inject_rank, process_trace
+from profd.textfmt import human_bytes
 
 # torch-tb-profiler's worker/span file-name pattern.
 TB_PROFILER_RE = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")
@@ -329,10 +330,10 @@ def test_memory_report_from_a_profile_memory_trace(tmp_path: Path) -> None:
     assert page.stat().st_size == kinds["memory_report"].bytes
     text = page.read_text()
     assert "<h2>cpu</h2>" in text and "<svg" in text and "<polyline" in text
-    assert f"peak allocated {peak / (1 << 20):,.2f} MiB" in text
+    assert f"peak allocated {human_bytes(peak, digits=2)}" in text
     rows = dict(re.findall(r"<tr><td>(\d+)</td><td>([^<]+)</td>", text))
     assert set(rows) == {"7", "8"}
-    assert rows["8"] == f"{peak / (1 << 20):,.2f} MiB" and rows["7"] != rows["8"]
+    assert rows["8"] == human_bytes(peak, digits=2) and rows["7"] != rows["8"]
 
 
 def test_memory_report_absent_without_memory_events(raw: Path, tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Mapping, Sequence
 
+from ..textfmt import human_bytes
 from .memory import Sample
 from .parsed import ParsedTrace
 from .spans import StepSpan
@@ -33,10 +34,7 @@ def downsample(samples: Sequence[Sample], limit: int = MAX_POINTS) -> list[Sampl
 
 
 def _size(n: float) -> str:
-    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
-        if abs(n) >= 1 << shift:
-            return f"{n / (1 << shift):,.2f} {unit}"
-    return f"{n:,.0f} B"
+    return human_bytes(int(n), digits=2)
 
 
 def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepSpan]) -> str:
