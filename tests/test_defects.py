@@ -334,3 +334,80 @@ def test_clients_of_other_versions(daemon: Daemon, ctx: zmq.Context) -> None:
     assert "incompatible" in human, human
     assert "protocol version 99" in daemon.log.read_text()
     no_traceback(daemon)
+
+
+def _client_against(router: zmq.Socket, rdir: Path, steps: int = 150) -> subprocess.Popen[bytes]:
+    code = (
+        "import profd_client, time\n"
+        "profd_client.attach(job='j', role='r', step='manual')\n"
+        f"for _ in range({steps}):\n"
+        "    profd_client.step(); time.sleep(0.02)\n"
+        "print('TRAINED')\n"
+    )
+    env = dict(os.environ, PROFD_RUNTIME_DIR=str(rdir), PROFD_HB_INTERVAL="0.2")
+    return subprocess.Popen(
+        [str(BIN / "python"), "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+
+
+def test_a_client_steps_down_to_an_older_daemons_version(tmp_path: Path) -> None:
+    # A raw ROUTER plays a daemon that speaks only protocol 1 (as wave 1's did).
+    rdir = tmp_path / "old"
+    rdir.mkdir(mode=0o700)
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.bind(f"ipc://{rdir / 'agent.sock'}")
+    proc = _client_against(router, rdir)
+    try:
+        seen = []
+        while True:
+            assert router.poll(20_000), f"no hello in version 1 (saw {seen})"
+            ident, frame = router.recv_multipart()
+            m = msgpack.unpackb(frame)
+            if m["t"] != "hello":
+                continue
+            seen.append(m["v"])
+            if m["v"] != 1:
+                refusal = {"v": 1, "t": "error", "code": "version", "msg": "unsupported"}
+                router.send_multipart([ident, pack(refusal)])
+                continue
+            welcome = {"v": 1, "t": "welcome", "spool": "/tmp", "hb_interval": 0.2, "daemon": "0"}
+            router.send_multipart([ident, pack(welcome)])
+            break
+        assert seen[0] == P.VERSION and seen[-1] == 1
+        # Now profilable in version 1: an arm in version 1 is acknowledged as armed.
+        router.send_multipart([ident, pack({"v": 1, "t": "arm", "session": "s-1", "job": "j",
+                                            "backend": "torch", "cycles": [[140, 140, 141]],
+                                            "options": {"activities": ["cpu"]},
+                                            "incoming": str(tmp_path)})])  # fmt: skip
+        while True:
+            assert router.poll(10_000), "no armed"
+            m = msgpack.unpackb(router.recv_multipart()[1])
+            if m["t"] == "armed":
+                break
+        assert m["v"] == 1 and m["session"] == "s-1"
+    finally:
+        proc.kill()
+        router.close(0)
+
+
+def test_a_client_no_daemon_version_fits_keeps_training(tmp_path: Path) -> None:
+    rdir = tmp_path / "future"
+    rdir.mkdir(mode=0o700)
+    router = zmq.Context.instance().socket(zmq.ROUTER)
+    router.bind(f"ipc://{rdir / 'agent.sock'}")
+    proc = _client_against(router, rdir, steps=100)
+    try:
+        # A daemon that refuses every version this client speaks.
+        while proc.poll() is None:
+            if router.poll(200):
+                ident, frame = router.recv_multipart()
+                m = msgpack.unpackb(frame)
+                refusal = {"v": m["v"], "t": "error", "code": "version", "msg": "speaks 7..9"}
+                router.send_multipart([ident, pack(refusal)])
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        router.close(0)
+    assert proc.returncode == 0 and b"TRAINED" in out, err
+    warnings = [line for line in err.decode().splitlines() if "refused this client" in line]
+    assert len(warnings) == 1 and "7..9" in warnings[0], err
