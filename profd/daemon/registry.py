@@ -174,6 +174,7 @@ class Registry:
         old = self.by_key.get(c.key)
         if old is not None:
             self.by_ident.pop(old.ident, None)
+        self.incompatible.pop(c.ident, None)  # it stepped down to a version we serve
         self.by_key[c.key] = c
         self.by_ident[c.ident] = c
         return old
