@@ -15,8 +15,9 @@ its declared range, every float is finite, every string and list is bounded, nes
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Final
 
 import msgpack
@@ -65,13 +66,24 @@ MAX_PIDS: Final = 4096
 class ProtocolError(ValueError):
     """A frame that is not a valid message. ``code`` goes into the ``error`` reply."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: str, message: str, path: str = "", why: str = "") -> None:
         super().__init__(message)
         self.code = code
+        self.path = path  # the field, for bad_request: "start.spec.ranks"
+        self.why = why
 
 
 def _bad(where: str, why: str) -> ProtocolError:
-    return ProtocolError("bad_request", f"{where}: {why}")
+    return ProtocolError("bad_request", f"{where}: {why}", where, why)
+
+
+def _within(exc: ProtocolError, prefix: str) -> ProtocolError:
+    """``exc`` about a nested field, named from ``prefix`` down. Paths are built only on
+    error: formatting one per field and list item on every valid message is what a busy
+    daemon would pay for otherwise."""
+    if exc.code != "bad_request":
+        return exc
+    return _bad(prefix + exc.path, exc.why)
 
 
 # --- field types --------------------------------------------------------------------------------
@@ -93,8 +105,9 @@ class Int(Field):
     hi: int
 
     def check(self, value: object, where: str) -> Any:
-        # bool is an int subclass; True where a step is wanted is still a type error.
-        if not isinstance(value, int) or isinstance(value, bool):
+        # ``type() is``: bool is an int subclass, and True where a step is wanted is still a
+        # type error (msgpack never yields other int subclasses).
+        if type(value) is not int:
             raise _bad(where, f"must be an integer, got {_kind(value)}")
         if not self.lo <= value <= self.hi:
             raise _bad(where, f"{value} is out of range {self.lo}..{self.hi}")
@@ -129,10 +142,13 @@ class Str(Field):
     name: bool = False
 
     def check(self, value: object, where: str) -> Any:
-        if not isinstance(value, str):
+        if type(value) is not str:
             raise _bad(where, f"must be a string, got {_kind(value)}")
         if self.name:
-            return safe_name(value, where)
+            problem = _name_problem(value)
+            if problem:
+                raise _bad(where, f"{value[:60]!r} {problem}")
+            return value
         if not self.min_len <= len(value) <= self.max_len:
             raise _bad(where, f"length {len(value)} is not {self.min_len}..{self.max_len}")
         if self.choices is not None and value not in self.choices:
@@ -180,7 +196,7 @@ class OneOf(Field):
                 errors.append(exc)
         # The value had the right type for one alternative and broke its bounds: say that.
         for err in errors:
-            if ": must be " not in str(err):
+            if not err.why.startswith("must be "):
                 raise err
         raise _bad(where, f"must be {self.describe()}, got {_kind(value)}")
 
@@ -200,7 +216,14 @@ class ListOf(Field):
         if not self.min_len <= len(value) <= self.max_len:
             raise _bad(where, f"{len(value)} items, not {self.min_len}..{self.max_len}")
         check = self.item.check
-        return [check(x, f"{where}[{i}]") for i, x in enumerate(value)]
+        try:
+            # Field types return the value they were given: nothing to copy.
+            for x in value:
+                check(x, "")
+            return value
+        except ProtocolError as exc:
+            i = next(i for i, x in enumerate(value) if _fails(check, x))
+            raise _within(exc, f"{where}[{i}]") from None
 
     def describe(self) -> str:
         return f"list of {self.item.describe()}"
@@ -227,6 +250,14 @@ class Struct(Field):
     open: bool = False
     #: Cross-field rule run after every field passed, e.g. a cycle's ordering.
     rule: Callable[[dict[str, Any], str], None] | None = None
+    _checks: tuple[tuple[str, Callable[[object, str], Any], bool], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        # Bound methods looked up once: this loop runs for every message on both sockets.
+        checks = tuple((n, f.check, r) for n, (f, r) in self.fields.items())
+        object.__setattr__(self, "_checks", checks)
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, dict):
@@ -235,12 +266,14 @@ class Struct(Field):
             unknown = [k for k in value if k not in self.fields]
             if unknown:
                 raise _bad(where, f"unknown field(s) {', '.join(map(repr, sorted(unknown)))}")
-        for name, (ftype, required) in self.fields.items():
-            if name not in value:
-                if required:
-                    raise _bad(where, f"missing field {name!r}")
-                continue
-            value[name] = ftype.check(value[name], f"{where}.{name}")
+        for name, check, required in self._checks:
+            if name in value:
+                try:
+                    check(value[name], "")
+                except ProtocolError as exc:
+                    raise _within(exc, f"{where}.{name}") from None
+            elif required:
+                raise _bad(where, f"missing field {name!r}")
         if self.rule is not None:
             self.rule(value, where)
         return value
@@ -254,9 +287,15 @@ class Cycles(Field):
     """``[warmup_start, start, stop)`` triples of absolute 1-indexed steps, in order."""
 
     def check(self, value: object, where: str) -> Any:
-        items = ListOf(ListOf(STEP, 3, 3), MAX_CYCLES, 1).check(value, where)
+        if not isinstance(value, list) or not 1 <= len(value) <= MAX_CYCLES:
+            return _CYCLE_LIST.check(value, where)  # raises, naming what is wrong
         prev = 0
-        for i, (w, a, b) in enumerate(items):
+        for i, c in enumerate(value):
+            if type(c) is not list or len(c) != 3 or not all(type(x) is int for x in c):
+                _CYCLE_LIST.check(value, where)  # raises, naming what is wrong
+            w, a, b = c
+            if b > MAX_STEP:
+                raise _bad(f"{where}[{i}]", f"goes beyond step {MAX_STEP}")
             if not (1 <= w <= a < b):
                 raise _bad(f"{where}[{i}]", "is not 1 <= warmup_start <= start < stop")
             if b - w > MAX_CYCLE_STEPS:
@@ -264,10 +303,18 @@ class Cycles(Field):
             if w < prev:
                 raise _bad(f"{where}[{i}]", "overlaps the cycle before it")
             prev = b
-        return items
+        return value
 
     def describe(self) -> str:
         return "list of [warmup_start, start, stop]"
+
+
+def _fails(check: Callable[[object, str], Any], x: object) -> bool:
+    try:
+        check(x, "")
+    except ProtocolError:
+        return True
+    return False
 
 
 def _kind(value: object) -> str:
@@ -275,16 +322,20 @@ def _kind(value: object) -> str:
 
 
 # --- vocabulary ---------------------------------------------------------------------------------
-_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-+=@:")
+_SAFE_NAME = re.compile(r"[A-Za-z0-9_+=@:-][A-Za-z0-9._+=@:-]*")
+
+
+def _name_problem(value: str) -> str | None:
+    if len(value) > MAX_NAME or _SAFE_NAME.fullmatch(value) is None:
+        return f"must be 1-{MAX_NAME} of [A-Za-z0-9._-+=@:], not starting '.'"
+    return None
 
 
 def safe_name(value: str, what: str) -> str:
     """Names that become path components (job, role, session) must stay one component."""
-    if not value or len(value) > MAX_NAME or value[0] == "." or not set(value) <= _SAFE:
-        raise ProtocolError(
-            "bad_request",
-            f"{what} {value[:60]!r} must be 1-{MAX_NAME} of [A-Za-z0-9._-+=@:], not starting '.'",
-        )
+    problem = _name_problem(value)
+    if problem:
+        raise _bad(what, f"{value[:60]!r} {problem}")
     return value
 
 
@@ -319,6 +370,7 @@ REPORT_TERMINAL: Final = frozenset({"done", "failed", "stopped", "cancelled"})
 
 # Reusable field types.
 STEP: Final = Int(0, MAX_STEP)
+_CYCLE_LIST: Final = ListOf(ListOf(STEP, 3, 3), MAX_CYCLES, 1)
 RANK: Final = Int(0, MAX_RANK)
 PID: Final = Int(1, MAX_PID)
 MSG_ID: Final = Int(0, MAX_ID)

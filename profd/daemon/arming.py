@@ -25,17 +25,26 @@ class Arms:
         key = (s.id, s.revision, c.version)
         frame = self._frames.get(key)
         if frame is None:
-            self._forget(s.id, keep_revision=s.revision)
+            self._forget(s.id, keep=s.revision)
             fields = s.arm_fields(self._incoming_dir(s.job, s.id))
             frame = self._frames[key] = P.encode(P.ARM, v=c.version, **fields)
         self._send(c.ident, frame)
 
     def disarm(self, s: Session, c: Client, keep: bool) -> None:
-        self._send(c.ident, P.encode(P.DISARM, v=c.version, session=s.id, keep=keep))
+        key = (s.id, -1 if keep else -2, c.version)  # beside the arm frames, same lifetime
+        frame = self._frames.get(key)
+        if frame is None:
+            frame = self._frames[key] = P.encode(P.DISARM, v=c.version, session=s.id, keep=keep)
+        self._send(c.ident, frame)
 
     def ended(self, session_id: str) -> None:
         self._forget(session_id)
 
-    def _forget(self, session_id: str, keep_revision: int = -1) -> None:
-        for k in [k for k in self._frames if k[0] == session_id and k[1] != keep_revision]:
+    def _forget(self, session_id: str, keep: int | None = None) -> None:
+        """Drop a session's frames (but those of revision ``keep``, and its disarms)."""
+        for k in [
+            k
+            for k in self._frames
+            if k[0] == session_id and (keep is None or (k[1] != keep and k[1] >= 0))
+        ]:
             del self._frames[k]

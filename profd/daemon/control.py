@@ -101,7 +101,7 @@ class ControlHandler:
         if t == P.C_PS:
             return self.ps(m.get("job"), m.get("role"))
         if t == P.C_START:
-            return started(self.starter.start(StartRequest.parse(m["spec"])))
+            return started(self.starter.start(StartRequest.parse(m["spec"], validated=True)))
         if t in (P.C_STOP, P.C_CANCEL):
             return self.stop(m["session"], keep=t == P.C_STOP)
         if t == P.C_SESSIONS:

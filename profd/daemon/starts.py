@@ -38,14 +38,15 @@ class StartRequest:
     label: str | None
 
     @classmethod
-    def parse(cls, raw: Mapping[str, Any]) -> StartRequest:
+    def parse(cls, raw: Mapping[str, Any], validated: bool = False) -> StartRequest:
+        """``validated``: ``raw`` comes from a message the protocol already checked."""
         try:
-            spec = P.start_spec(dict(raw))
+            spec = dict(raw) if validated else P.start_spec(dict(raw))
             return cls(
                 spec=spec,
                 selector=Selector.from_spec(spec),
                 schedule=sch.parse(spec),
-                options=P.options(spec.get("options") or {}),
+                options=dict(spec.get("options") or {}),
                 backend=spec.get("backend") or P.DEFAULT_BACKEND,
                 region=spec.get("region") or None,
                 label=spec.get("label") or None,
