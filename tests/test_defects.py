@@ -66,9 +66,12 @@ def test_huge_rank_is_refused_and_a_report_cannot_crash_indexing(
     recv(a, "welcome")
     sid = daemon.ctl_json("start", "--next")["session"]
     arm = recv(a, "arm")
-    trace = Path(arm["incoming"]) / "c0" / "r-r.pt.trace.json"
+    trace = Path(arm["incoming"]) / "c0" / f"r-r{P.MAX_RANK}.pt.trace.json"
     trace.parent.mkdir(parents=True)
     trace.write_text('{"traceEvents": []}')
+    a.send(pack({"v": 1, "t": "progress", "id": 3, "session": sid, "state": "capturing",
+                 "step": 9}))  # fmt: skip
+    recv(a, "ack")
     a.send(pack({"v": 1, "t": "captured", "id": 1, "session": sid, "job": "j", "cycle": 0,
                  "steps": arm["cycles"][0][1:2], "files": [{"kind": "trace", "path": str(trace)}],
                  "started_at": 1.0, "ended_at": 2.0, "stall_ms": 1.0}))  # fmt: skip

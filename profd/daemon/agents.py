@@ -11,6 +11,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from profd_client import protocol as P
@@ -23,7 +24,7 @@ from .captures import Captures, Job, inside
 from .liveness import Liveness
 from .nsysruns import NsysRuns
 from .registry import Client, Registry
-from .sessions import Session, Sessions
+from .sessions import Session, Sessions, Target
 from .starts import Starter
 
 log = logging.getLogger("profd.agents")
@@ -212,37 +213,45 @@ class AgentHandler:
     def captured(self, c: Client, m: dict[str, Any]) -> None:
         ack = P.encode(P.ACK, v=c.version, id=m["id"])
         s = self.sessions.exact(m["session"])
-        row = self.index.session(m["session"]) if s is None else None
-        if row is not None and row["id"] != m["session"]:
-            row = None  # reports name their session exactly
-        if s is None and row is None:
+        t = s.targets.get(c.key) if s is not None else None
+        if s is None or t is None:
+            # Another job's session, a finished one, or none at all: a peer reports only
+            # about sessions it was armed for. Acked, so an honest late client stops resending.
             self.send(c.ident, ack)
-            log.warning("dropping report for unknown session %r from pid %s", m["session"], c.pid)
+            log.warning(
+                "refused a capture report from pid %s for session %r: not one of its sessions",
+                c.pid,
+                m["session"][:64],
+            )
             return
-        if s is not None and m.get("plan", 0) < s.revision:
+        if m.get("plan", 0) < s.revision:
             # A capture of steps the session moved away from (a re-plan raced with it).
             self.send(c.ident, ack)
-            self.discard(s, c, m)
+            self.discard(s, t, m)
             return
-        if s is not None and s.backend == "nsys":
+        if s.backend == "nsys":
             # nsys writes the report itself: the rank only says its range is over.
             self.send(c.ident, ack)
-            t = s.targets.get(c.key)
-            if t is not None:
-                self.nsys.cycle_reported(s, t, m)
+            self.nsys.cycle_reported(s, t, m)
+            return
+        problem = self._report_problem(s, t, m)
+        if problem is not None:
+            self.send(c.ident, ack)
+            log.warning(
+                "refused a capture report from pid %s in session %s: %s", c.pid, s.id, problem
+            )
             return
         # Paths come from the session, never from what the client claims.
-        m["session"] = s.id if s is not None else row["id"]  # type: ignore[index]
-        m["job"] = s.job if s is not None else row["job"]  # type: ignore[index]
-        key = f"{m['session']}/{c.host}/{c.pid}/{m['cycle']}"
+        m["job"] = s.job
+        key = f"{s.id}/{c.host}/{c.pid}/{m['cycle']}"
         stored = {
             "report": m,
             "client": {
                 "host": c.host,
                 "pid": c.pid,
-                "role": c.role,
-                "rank": c.rank,
-                "world_size": c.world_size,
+                "role": t.role,
+                "rank": t.rank,
+                "world_size": t.world_size,
             },
         }
         fresh = self.index.inbox_put(key, stored)
@@ -251,12 +260,36 @@ class AgentHandler:
         if fresh:
             self.submit(key, stored)
 
-    def discard(self, s: Session, c: Client, m: dict[str, Any]) -> None:
-        log.info("session %s: dropping a capture of superseded steps from pid %s", s.id, c.pid)
+    def _own_files(self, s: Session, t: Target, revision: int, cycle: int) -> dict[str, Path]:
+        """The only files this target may report for a cycle: where its client writes them
+        (``{incoming}[/planN]/c{cycle}/{role}-r{rank}.*``), by kind."""
         home = self.captures.incoming_dir(s.job, s.id)
+        if revision:
+            home = home / f"plan{revision}"
+        stem = f"{t.role}-r{t.rank}"
+        d = home / f"c{cycle}"
+        return {"trace": d / f"{stem}.pt.trace.json", "memory": d / f"{stem}.memory.pickle"}
+
+    def _report_problem(self, s: Session, t: Target, m: dict[str, Any]) -> str | None:
+        if t.state not in ("capturing", "processing"):
+            return f"its target is {t.state}, not capturing"
+        cycle = m["cycle"]
+        if s.region is None and cycle >= len(s.cycles):
+            return f"cycle {cycle} is not one of the session's {len(s.cycles)}"
+        own = self._own_files(s, t, m.get("plan", 0), cycle)
         for f in m["files"]:
-            p = inside(home, f["path"])
-            if p is not None:
+            if own.get(f["kind"]) != Path(f["path"]):
+                return f"{f['kind']} file {f['path'][:200]!r} is not its own"
+        return None
+
+    def discard(self, s: Session, t: Target, m: dict[str, Any]) -> None:
+        """Delete the files of a superseded capture: only the target's own, never a path
+        the report names elsewhere."""
+        log.info("session %s: dropping a capture of superseded steps from pid %s", s.id, t.pid)
+        own = self._own_files(s, t, m.get("plan", 0), m["cycle"])
+        for f in m["files"]:
+            p = own.get(f["kind"])
+            if p is not None and p == Path(f["path"]) and inside(self.captures.spool, str(p)):
                 p.unlink(missing_ok=True)
 
     def submit(self, key: str, stored: dict[str, Any]) -> None:
