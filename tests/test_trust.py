@@ -8,9 +8,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import socket
+import subprocess
 from pathlib import Path
 from typing import Any
 
+import psutil
 import zmq
 from daemonproc import wait_for
 from harness import Daemon
@@ -30,10 +34,18 @@ def recv(s: zmq.Socket, t: str, timeout_ms: int = 5000) -> dict[str, Any]:
 class Peer:
     """One raw agent peer: a process of ``job`` with rank 0 of role ``r``."""
 
-    def __init__(self, ctx: zmq.Context, d: Daemon, pid: int, job: str) -> None:
+    def __init__(
+        self,
+        ctx: zmq.Context,
+        d: Daemon,
+        pid: int,
+        job: str,
+        host: str = HELLO["host"],
+        rank: int = 0,
+    ) -> None:
         self.sock = dealer(ctx, d, "agent.sock")
         self.ids = iter(range(1, 1 << 30))
-        self.sock.send(pack({**HELLO, "pid": pid, "job": job}))
+        self.sock.send(pack({**HELLO, "pid": pid, "job": job, "host": host, "rank": rank}))
         recv(self.sock, "welcome")
 
     def send(self, t: str, **fields: Any) -> dict[str, Any]:
@@ -137,3 +149,42 @@ def test_a_target_reports_only_its_own_files_while_capturing(
     [row] = daemon.ctl_json("traces", "--session", sid)
     assert row["rank"] == 0 and theirs.is_file()
     assert daemon.log.read_text().count("refused a capture report from pid 42001") == 4
+
+
+def test_a_long_stall_while_capturing_is_not_a_death(daemon: Daemon, ctx: zmq.Context) -> None:
+    # A raw peer on this node as this (alive) process: it captures, then goes silent for
+    # longer than three heartbeats, as a training thread stopping the profiler on a huge
+    # trace does. The same silence from a pid that no longer exists is a death.
+    host = socket.gethostname()
+    gone_pid = _exited_pid()
+    stalled = Peer(ctx, daemon, os.getpid(), "stall", host=host)
+    gone = Peer(ctx, daemon, gone_pid, "stall", host=host, rank=1)
+    sid = daemon.ctl_json("start", "--job", "stall", "--next")["session"]
+    arm = recv(stalled.sock, "arm")
+    recv(gone.sock, "arm")
+    stalled.send("progress", session=sid, state="capturing", step=1)
+    gone.send("progress", session=sid, state="capturing", step=1)
+    assert daemon.ctl_json("status")["clients"] == 2
+    ranks = lambda: {t["rank"]: t for t in daemon.ctl_json("show", sid)["targets"]}  # noqa: E731
+    wait_for(lambda: ranks()[1]["state"] == "failed", 30, "the dead pid's target to fail")
+    # Past three missed heartbeats the daemon notices the silence, and waits.
+    wait_for(lambda: "silent for" in daemon.log.read_text(), 30, "the stall to be noticed")
+    assert ranks()[0]["state"] == "capturing", ranks()
+    assert [r["pid"] for r in daemon.ps()] == [os.getpid()]
+    # The capture arrives late, and completes its session.
+    trace = Path(arm["incoming"]) / "c0" / "r-r0.pt.trace.json"
+    trace.parent.mkdir(parents=True, exist_ok=True)
+    trace.write_text('{"traceEvents": []}')
+    stalled.report(sid, [{"kind": "trace", "path": str(trace)}])
+    stalled.send("progress", session=sid, state="done", step=2)
+    s = wait_end(daemon, sid)
+    t = {x["rank"]: x for x in s["targets"]}
+    assert t[0]["state"] == "done" and t[0]["traces"] == 1, t
+    assert s["state"] == "partial", s
+
+
+def _exited_pid() -> int:
+    p = subprocess.Popen(["true"])
+    p.wait()
+    assert not psutil.pid_exists(p.pid)
+    return p.pid

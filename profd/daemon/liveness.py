@@ -6,6 +6,8 @@ import logging
 import time
 from collections.abc import Iterable
 
+import psutil
+
 from .arming import Arms
 from .registry import Client, Registry
 from .sampler import Sample
@@ -14,6 +16,10 @@ from .sessions import Sessions
 log = logging.getLogger("profd")
 
 MISSED_HEARTBEATS = 3
+#: How long a local process that is alive and capturing may stay silent: stopping the
+#: profiler and writing a large trace holds the GIL for many seconds (14-16 s were seen for a
+#: 444 MB trace), and that is a stall, not a death.
+STALL_GRACE_S = 600.0
 #: Targets restored from a previous daemon must re-register within this many seconds.
 RESTORE_GRACE_S = 10.0
 
@@ -31,6 +37,7 @@ class Liveness:
         self.orphans: dict[tuple[str, int], float] = {}
         #: Local pids for the sampler thread, republished by :meth:`tick` (never the registry).
         self.sample_pids: tuple[int, ...] = ()
+        self._stall_logged: set[tuple[str, int]] = set()
 
     def drop(self, c: Client, why: str) -> None:
         log.info("client %s pid %s (%s rank %s) dropped: %s", c.host, c.pid, c.role, c.rank, why)
@@ -39,6 +46,7 @@ class Liveness:
 
     def attached(self, c: Client) -> None:
         self.orphans.pop(c.key, None)
+        self._stall_logged.discard(c.key)
 
     def restored(self, keys: Iterable[tuple[str, int]]) -> None:
         deadline = time.monotonic() + RESTORE_GRACE_S
@@ -49,6 +57,8 @@ class Liveness:
         self.sample_pids = tuple(c.pid for c in self.registry if c.host == self.host)
         timeout = MISSED_HEARTBEATS * self.hb_interval
         for c in self.registry.stale(now, timeout):
+            if self._stalled(c, now):
+                continue
             self.drop(c, f"missed heartbeats for {timeout:.0f}s")
         for key, deadline in list(self.orphans.items()):
             if now >= deadline:
@@ -56,6 +66,27 @@ class Liveness:
                 if self.registry.lookup(key) is None:
                     self.sessions.gone(key, "process did not come back after a daemon restart")
         self.rearm_pending()
+
+    def _stalled(self, c: Client, now: float) -> bool:
+        """Silent but alive and capturing (on this node, where the pid can be checked)."""
+        if c.host != self.host or now - c.last_seen > STALL_GRACE_S:
+            return False
+        capturing = any(
+            (t := s.targets.get(c.key)) is not None and t.state in ("capturing", "processing")
+            for s in self.sessions.live()
+        )
+        if capturing and psutil.pid_exists(c.pid):
+            if c.key not in self._stall_logged:
+                self._stall_logged.add(c.key)
+                log.warning(
+                    "pid %s (%s rank %s) silent for %.0fs while capturing; alive, so waiting",
+                    c.pid,
+                    c.role,
+                    c.rank,
+                    now - c.last_seen,
+                )
+            return True
+        return False
 
     def rearm_pending(self) -> None:
         """Send ``arm`` again to targets that have not acked it after a heartbeat interval.
