@@ -2,7 +2,8 @@
 
 Credentials come only from boto3's standard chain (env, shared files, SSO, instance/container
 roles); nothing here reads, stores or prints them. Error text that leaves this module goes
-through :func:`redact` in case a store echoes something it should not.
+through :func:`redact` in case a store echoes something it should not, and a
+``user:password@`` in ``endpoint_url`` never reaches boto3 (see :func:`make_client`).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit, urlunsplit
 
 from ..config import ConfigError, S3Config
+from ..redact import RedactFilter, redact_url, strip_userinfo
 
 log = logging.getLogger("profd.s3")
+log.addFilter(RedactFilter())
 
 #: S3's smallest part (all but the last); s3transfer raises smaller chunk sizes to this.
 MIN_PART = 5 << 20
@@ -61,17 +63,14 @@ def parse_uri(s3_uri: str) -> tuple[str, str]:
     return bucket, key
 
 
-def safe_endpoint(endpoint: str | None) -> str | None:
-    """The endpoint without any ``user:password@`` someone may have put in it."""
-    if not endpoint:
-        return endpoint
-    parts = urlsplit(endpoint)
-    if parts.username is None and parts.password is None:
-        return endpoint
-    host = parts.hostname or ""
-    if parts.port:
-        host += f":{parts.port}"
-    return urlunsplit((parts.scheme, host, parts.path, parts.query, parts.fragment))
+def shown_endpoint(endpoint: str | None) -> str | None:
+    """The endpoint as status and logs show it: any userinfo as ``***``, so that an operator
+    sees it is there (and ignored) without seeing it."""
+    return redact_url(endpoint) if endpoint else endpoint
+
+
+def has_userinfo(endpoint: str | None) -> bool:
+    return bool(endpoint) and strip_userinfo(endpoint or "") != endpoint
 
 
 def make_client(cfg: S3Config, *, probe: bool = False, pool: int = 10) -> Any:
@@ -97,7 +96,11 @@ def make_client(cfg: S3Config, *, probe: bool = False, pool: int = 10) -> Any:
         kw["request_checksum_calculation"] = "when_required"
         kw["response_checksum_validation"] = "when_required"
     session = boto3.session.Session()
-    return session.client("s3", endpoint_url=cfg.endpoint_url, config=BotoConfig(**kw))
+    # botocore ignores userinfo for signing and connecting, but keeps it in the URL it names
+    # in every error, and its endpoint rules prepend a virtual-hosted bucket to the whole
+    # authority ("bkt.user:pw@host"), which sends the request to the host without its bucket.
+    endpoint = strip_userinfo(cfg.endpoint_url) if cfg.endpoint_url else None
+    return session.client("s3", endpoint_url=endpoint, config=BotoConfig(**kw))
 
 
 def transfer_config(cfg: S3Config, concurrency: int = 10) -> Any:
@@ -310,6 +313,8 @@ def credential_source() -> str | None:
 
 
 def redact(text: str) -> str:
+    """``text`` without URL userinfo or the chain's credential values."""
+    text = redact_url(text)
     for s in _secrets:
         text = text.replace(s, "***")
     return text

@@ -23,11 +23,14 @@ from typing import Any
 
 from ..config import Config
 from ..daemon.reactor import Reactor
+from ..redact import RedactFilter
 from ..textfmt import human_bytes
 from . import s3
 from .index import Index
 
 log = logging.getLogger("profd.uploads")
+# Error text here is already redacted; the filter also covers tracebacks (log.exception).
+log.addFilter(RedactFilter())
 
 #: How long an idle worker sleeps when nothing is due and nobody kicks it.
 IDLE_WAIT_S = 30.0
@@ -79,12 +82,19 @@ class Uploads:
         n = idx.requeue(include_failed=True)
         if n:
             log.info("requeued %d upload(s) left unfinished or failed by an earlier run", n)
+        endpoint = s3.shown_endpoint(self.s3cfg.endpoint_url)
         log.info(
             "uploading to %s (endpoint %s, %d worker(s))",
             self.s3cfg.url,
-            s3.safe_endpoint(self.s3cfg.endpoint_url) or "AWS",
+            endpoint or "AWS",
             self.workers,
         )
+        if s3.has_userinfo(self.s3cfg.endpoint_url):
+            log.warning(
+                "s3 endpoint_url %s has a user name or password in it, which is ignored:"
+                " credentials come only from boto3's standard chain (AWS_ACCESS_KEY_ID, ...)",
+                endpoint,
+            )
         for i in range(self.workers):
             t = threading.Thread(target=self._work, name=f"profd-upload-{i}", daemon=True)
             t.start()
@@ -134,7 +144,7 @@ class Uploads:
                 "url": self.s3cfg.url,
                 "bucket": self.bucket,
                 "prefix": self.prefix,
-                "endpoint_url": s3.safe_endpoint(self.s3cfg.endpoint_url),
+                "endpoint_url": s3.shown_endpoint(self.s3cfg.endpoint_url),
                 "region": self.s3cfg.region,
                 "reachable": self._reachable,
                 "error": self._error,
