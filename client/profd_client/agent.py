@@ -19,7 +19,7 @@ from typing import Any
 from . import protocol as P
 from .capture import torch_info
 from .identity import Identity
-from .locations import find_socket
+from .locations import locate_socket, warn_untrusted
 from .steps import Plan, Stepper
 
 log = logging.getLogger("profd_client")
@@ -124,14 +124,19 @@ class Agent(threading.Thread):
         if self._sock is not None:
             poller.unregister(self._sock)
             self._sock.close(0)
-        path, _ = find_socket(P.AGENT_SOCKET, self.runtime_dir)
+        found = locate_socket(P.AGENT_SOCKET, self.runtime_dir, wait=True)
+        if found.untrusted is not None:
+            warn_untrusted(found.untrusted, found.path)
         s = ctx.socket(zmq.DEALER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a daemon that is not there
         s.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME_BYTES)
         s.setsockopt(zmq.RECONNECT_IVL, 100)
         s.setsockopt(zmq.RECONNECT_IVL_MAX, 1000)
-        s.connect(f"ipc://{path}")
+        if found.path is not None:
+            s.connect(f"ipc://{found.path}")
+        # Else the socket stays unconnected: every send fails at once, as with no daemon, and
+        # the loop runs unchanged without a hello ever reaching a listener we cannot trust.
         poller.register(s, zmq.POLLIN)
         self._sock = s
         self._welcomed = False

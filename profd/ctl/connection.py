@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from profd_client import protocol as P
-from profd_client.locations import find_socket
+from profd_client.locations import locate_socket
 
 from .errors import CtlError, NoDaemon
 
@@ -16,11 +16,27 @@ DEFAULT_TIMEOUT_MS = 10_000
 
 class Connection:
     def __init__(self, runtime_dir: str | None, timeout_ms: int = DEFAULT_TIMEOUT_MS) -> None:
-        self.path, self.looked = find_socket(P.CONTROL_SOCKET, runtime_dir)
+        found = locate_socket(P.CONTROL_SOCKET, runtime_dir)
+        self.looked = found.looked
+        self.path = found.path if found.path is not None else found.looked[0]
+        #: Where a socket someone else controls was found: a forged daemon could answer there.
+        self.untrusted = found.untrusted
+        #: Nothing trusted to connect to: the request is refused without connecting.
+        self.refused = found.path is None
         self.timeout_ms = timeout_ms
         self._sock: Any = None
 
+    def _untrusted(self) -> CtlError:
+        return CtlError(
+            f"refusing {self.untrusted}; set --runtime-dir or PROFD_RUNTIME_DIR to the"
+            " daemon's runtime dir",
+            code="untrusted",
+        )
+
     def _missing(self) -> CtlError:
+        if self.untrusted is not None:
+            # "No daemon" would hide that someone else's dir is where the daemon's should be.
+            return self._untrusted()
         for p in self.looked:
             d = Path(p).parent
             if d.is_dir() and not os.access(d, os.X_OK):
@@ -32,6 +48,8 @@ class Connection:
     def request(self, t: str, **fields: Any) -> Any:
         import zmq
 
+        if self.refused and self.untrusted is not None:
+            raise self._untrusted()
         try:
             os.stat(self.path)
         except PermissionError:

@@ -16,22 +16,58 @@ class RuntimeDirError(RuntimeError):
 
 
 def prepare(path: Path, group: str | None) -> int | None:
-    """Create the dir 0700 (0770 with a group); returns the gid sockets should get."""
+    """Create the dir 0700 (01770 with a group); returns the gid sockets should get.
+
+    The dir must be a real directory of this uid. Whoever else owns it, or a symlink's
+    target, would otherwise get the chmod (a root daemon handed ``/tmp/profd-0 -> /etc``
+    makes ``/etc`` 0700) and could swap the daemon's sockets for their own.
+    """
     gid = None
     if group:
         try:
             gid = grp.getgrnam(group).gr_gid
         except KeyError:
             raise RuntimeDirError(f"group {group!r} does not exist") from None
-    path.mkdir(parents=True, exist_ok=True)
-    mode = 0o770 if gid is not None else 0o700
-    st = path.stat()
-    if st.st_uid != os.getuid():
-        raise RuntimeDirError(f"{path} belongs to uid {st.st_uid}, not to this user")
-    os.chmod(path, mode)
-    if gid is not None:
-        os.chown(path, -1, gid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    # The checks and the chmod go through one descriptor opened without following a link,
+    # so the dir cannot be swapped for a symlink between them.
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as exc:
+        raise RuntimeDirError(
+            f"runtime dir {path} {_not_a_dir(path, exc)}; refusing to use it"
+        ) from None
+    try:
+        st = os.fstat(fd)
+        if st.st_uid != os.geteuid():
+            raise RuntimeDirError(
+                f"runtime dir {path} belongs to uid {st.st_uid}, not to this user"
+                f" (uid {os.geteuid()}); refusing to use it"
+            )
+        # With a group, the sticky bit keeps its members from renaming or deleting the
+        # daemon's sockets (and from swapping one for a symlink before secure_socket chmods it).
+        os.fchmod(fd, 0o1770 if gid is not None else 0o700)
+        if gid is not None:
+            os.fchown(fd, -1, gid)
+    finally:
+        os.close(fd)
     return gid
+
+
+def _not_a_dir(path: Path, exc: OSError) -> str:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return f"cannot be opened ({exc.strerror or exc})"
+    if stat.S_ISLNK(st.st_mode):
+        return "is a symbolic link"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    return f"cannot be opened ({exc.strerror or exc})"
 
 
 def daemon_alive(path: Path, timeout_ms: int = 500) -> bool:
