@@ -130,7 +130,7 @@ class Daemon:
 
     def _live_status(self) -> dict[str, Any]:
         return {
-            "pipeline": {"in_flight": self.captures.in_flight},
+            "pipeline": self.captures.status(),
             "rejected_messages": self.agents.rejected,
             "s3": self.uploads.status() if self.uploads is not None else {"configured": False},
         }
