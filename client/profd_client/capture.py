@@ -204,7 +204,6 @@ class _OptimizerScopes:
         orig = record_function.__enter__
         scopes = self
 
-        # type: ignore[no-untyped-call]
         def enter(rf: Any) -> Any:
             out = orig(rf)  # type: ignore[no-untyped-call]
             if rf.name.startswith("Optimizer.step#"):

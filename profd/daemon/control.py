@@ -110,7 +110,7 @@ class ControlHandler:
             s = self.index.session(m["session"])
             if s is None:
                 raise Refused("unknown_session", f"no session {m['session']!r}")
-            s["steps"] = sch.steps_of([tuple(c) for c in s["cycles"]])  # type: ignore[misc]
+            s["steps"] = sch.steps_of([tuple(c) for c in s["cycles"]])
             return s
         if t == P.C_TRACES:
             try:

@@ -386,7 +386,7 @@ class Sessions:
                 id=row["id"],
                 job=row["job"],
                 request=req,
-                cycles=[tuple(c) for c in row["cycles"]],  # type: ignore[misc]
+                cycles=[tuple(c) for c in row["cycles"]],
                 backend=row["backend"],
                 options=req.get("options", {}),
                 region=row["region"],
