@@ -6,6 +6,8 @@ For tests that must send exactly what a real client would not (bad frames, stale
 from __future__ import annotations
 
 import os
+import time
+from typing import Any
 
 import msgpack
 import zmq
@@ -50,3 +52,14 @@ def reply(s: zmq.Socket, timeout_ms: int = 3000) -> dict | None:
     if not s.poll(timeout_ms):
         return None
     return msgpack.unpackb(s.recv_multipart()[-1], raw=False)
+
+
+def recv(s: zmq.Socket, t: str, timeout: float = 10.0) -> dict[str, Any]:
+    """The next message of type ``t`` from the daemon (anything else, heartbeat replies
+    included, is skipped)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        m = reply(s, 500)
+        if m is not None and m["t"] == t:
+            return m
+    raise AssertionError(f"no {t!r} from the daemon within {timeout}s")

@@ -20,19 +20,11 @@ import msgpack
 import zmq
 from daemonproc import BIN, wait_for
 from harness import Daemon
-from rawpeer import HELLO, dealer, pack, reply, req
+from rawpeer import HELLO, dealer, pack, recv, reply, req
 
 from profd_client import protocol as P
 
 NOBODY = 65534
-
-
-def recv(s: zmq.Socket, t: str, timeout_ms: int = 5000) -> dict[str, Any]:
-    while True:
-        m = reply(s, timeout_ms)
-        assert m is not None, f"no {t!r} from the daemon"
-        if m["t"] == t:
-            return m
 
 
 def control(ctx: zmq.Context, d: Daemon, msg: dict[str, Any]) -> dict[str, Any]:

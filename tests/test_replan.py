@@ -15,19 +15,9 @@ from typing import Any
 
 import zmq
 from harness import Daemon
-from rawpeer import HELLO, dealer, pack, reply
+from rawpeer import HELLO, dealer, pack, recv
 
 from profd.daemon.planner import MAX_REPLANS
-
-
-def recv(a: zmq.Socket, t: str, timeout: float = 10.0) -> dict[str, Any]:
-    """The next message of type ``t`` from the daemon (heartbeat replies are skipped)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        m = reply(a, 500)
-        if m is not None and m["t"] == t:
-            return m
-    raise AssertionError(f"no {t!r} from the daemon within {timeout}s")
 
 
 def target(d: Daemon, sid: str) -> dict[str, Any]:

@@ -18,17 +18,9 @@ import psutil
 import zmq
 from daemonproc import wait_for
 from harness import Daemon
-from rawpeer import HELLO, dealer, pack, reply
+from rawpeer import HELLO, dealer, pack, recv, reply
 
 from profd_client import protocol as P
-
-
-def recv(s: zmq.Socket, t: str, timeout_ms: int = 5000) -> dict[str, Any]:
-    while True:
-        m = reply(s, timeout_ms)
-        assert m is not None, f"no {t!r} from the daemon"
-        if m["t"] == t:
-            return m
 
 
 class Peer:

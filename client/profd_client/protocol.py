@@ -393,12 +393,6 @@ OPTIONS: Final = Struct(
 )
 
 
-def options(value: Mapping[str, Any]) -> dict[str, Any]:
-    """Capture options: known keys only, each a bool except ``activities``."""
-    out: dict[str, Any] = OPTIONS.check(dict(value), "options")
-    return out
-
-
 START_SPEC: Final = Struct(
     {
         "job": (Nullable(NAME), False),

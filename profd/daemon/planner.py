@@ -28,10 +28,6 @@ UNKNOWN_RATE_LEAD = 10
 NSYS_START_LEAD_S = 5.0
 
 
-#: No plan: ``code`` says why for machines, the message for people.
-PlanRefused = Refused
-
-
 @dataclass(frozen=True)
 class TargetState:
     """What the planner knows of one target: its last reported step and rate."""
@@ -64,7 +60,7 @@ def plan(
     backend: str = "torch",
     lead_s: float = NEXT_LEAD_S,
 ) -> list[sch.Cycle]:
-    """The same absolute cycles for every target, or :class:`PlanRefused`."""
+    """The same absolute cycles for every target, or :class:`Refused`."""
     earliest = 1
     lead_s += NSYS_START_LEAD_S if backend == "nsys" else 0.0
     for t in targets:
@@ -73,13 +69,13 @@ def plan(
         ahead = max(t.sps * lead_s, UNKNOWN_RATE_LEAD)
         earliest = max(earliest, math.ceil(est + ahead) + 2, t.busy_until)
     if earliest > MAX_STEP:
-        raise PlanRefused("bad_request", f"targets report steps beyond {MAX_STEP}")
+        raise Refused("bad_request", f"targets report steps beyond {MAX_STEP}")
     try:
         cycles = sch.resolve(sched, earliest)
     except sch.ScheduleError as exc:
-        raise PlanRefused("bad_request", str(exc)) from None
+        raise Refused("bad_request", str(exc)) from None
     if cycles[-1][2] > MAX_STEP:
-        raise PlanRefused("bad_request", f"steps {sch.describe(cycles)} go beyond {MAX_STEP}")
+        raise Refused("bad_request", f"steps {sch.describe(cycles)} go beyond {MAX_STEP}")
     if sched.explicit:
         _check_reachable(sched, cycles, targets, now)
     return cycles
@@ -101,13 +97,13 @@ def _check_reachable(
                 if first == 1
                 else ""
             )
-            raise PlanRefused(
+            raise Refused(
                 "steps_passed",
                 f"steps {sch.describe(cycles)} {what} for {t.name} (at step {int(est)}; the"
                 f" earliest step is {earliest_step}){warm}{hint}",
             )
         if t.busy_until > first:
-            raise PlanRefused(
+            raise Refused(
                 "busy", f"{t.name} is busy until step {t.busy_until}; use --next to queue after it"
             )
 
