@@ -38,6 +38,7 @@ from .refusal import Refused
 from .registry import Registry
 from .results import Results
 from .sampler import Sampler
+from .sdnotify import Notifier
 from .sessions import Sessions
 from .starts import Starter
 
@@ -53,6 +54,7 @@ class Daemon:
     def __init__(self, cfg: Config, make_uploads: Callable[[Reactor], Uploads] | None) -> None:
         self.cfg = cfg
         self.stopping = False
+        self.sd = Notifier()  # systemd's READY/WATCHDOG/STOPPING; a no-op outside systemd
         host = socket.gethostname()
         cfg.spool_dir.mkdir(parents=True, exist_ok=True)
         spool = cfg.spool_dir.resolve()
@@ -177,6 +179,7 @@ class Daemon:
             self.cfg.state_dir,
             self.sessions.spool,
         )
+        self.sd.ready(f"listening on {self.cfg.runtime_dir}")
         try:
             self._loop()
         finally:
@@ -195,6 +198,7 @@ class Daemon:
         self.stopping = True
 
     def _shutdown(self) -> None:
+        self.sd.stopping("shutting down")
         for s in (self.agent_sock, self.control_sock):
             if s is not None:
                 s.close(0)
@@ -230,7 +234,7 @@ class Daemon:
         hb = self.cfg.heartbeat_interval
         next_tick = time.monotonic() + hb
         while not self.stopping:
-            timeout = max(0.0, next_tick - time.monotonic())
+            timeout = max(0.0, min(next_tick, self.sd.next_ping) - time.monotonic())
             events = dict(poller.poll(int(timeout * 1000.0)))
             if self.reactor.fd in events:
                 self.reactor.run_pending()
@@ -241,6 +245,7 @@ class Daemon:
                 self._drain(self.agent_sock, self.agents.handle)
             self.flush()
             now = time.monotonic()
+            self.sd.watchdog(now)  # from this thread: a wedged loop stops pinging
             if now >= next_tick:
                 _guarded("housekeeping", self.liveness.tick, now)
                 _guarded("polling nsys", self.nsys.poll, now)
