@@ -99,6 +99,10 @@ class Config:
     spool_dir: Path
     config_file: Path | None = None
     group: str | None = None
+    #: Members may act on every user's processes and sessions from a non-root profctl.
+    admin_group: str | None = None
+    #: Raw traces larger than this are refused, not read (a sparse or runaway file).
+    max_trace_bytes: int = 8 << 30
     heartbeat_interval: float = 1.0
     sample_interval: float = 3.0
     pipeline_workers: int = 2
@@ -282,6 +286,8 @@ def load(
             spool_dir=Path(spdir) if spdir else sdir / "spool",
             config_file=path,
             group=_opt_str(daemon.get("group"), "group"),
+            admin_group=_opt_str(daemon.get("admin_group"), "admin_group"),
+            max_trace_bytes=_size(daemon.get("max_trace_bytes"), "max_trace_bytes") or (8 << 30),
             heartbeat_interval=_number(
                 daemon.get("heartbeat_interval", 1.0), "heartbeat_interval", float, 0
             ),

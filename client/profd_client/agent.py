@@ -60,6 +60,7 @@ class Agent(threading.Thread):
         #: The protocol version spoken now: ours, or lower once a daemon refused it.
         self.proto = P.VERSION
         self._warned_version = False
+        self._warned_identity = False
 
     # Called from the training thread (slow path only) and from detach().
     def notify(self) -> None:
@@ -177,6 +178,13 @@ class Agent(threading.Thread):
             waiting=self.attaching,
         )
 
+    def _own_dir(self, incoming: Path) -> Path:
+        # A protocol-1 daemon's arm names a directory shared by every rank; from protocol 2
+        # each process has its own below it, made for it by the daemon.
+        if self.proto >= 2:
+            return incoming / P.target_dir(self.who.host, self.who.pid)
+        return incoming
+
     def _heartbeat(self) -> dict[str, Any]:
         step = self.stepper.count
         now = time.monotonic()
@@ -214,6 +222,11 @@ class Agent(threading.Thread):
             self._send(self._hello())
         elif t == P.ERROR and msg["code"] == "version" and not self._welcomed:
             self._version_refused(msg["msg"])
+        elif t == P.ERROR and msg["code"] == "identity" and not self._warned_identity:
+            # Not ours to fix from here (a daemon that cannot see our pid, or one run by
+            # another user): say so once and train on; hellos go on in case it changes.
+            log.warning("profd_client: the profd daemon refused this process: %s", msg["msg"])
+            self._warned_identity = True
 
     def _version_refused(self, why: str) -> None:
         """The daemon does not speak our version: try the older ones we still speak."""
@@ -264,7 +277,7 @@ class Agent(threading.Thread):
                 backend=msg["backend"],
                 cycles=[(w, a, b) for w, a, b in msg["cycles"]],
                 options=msg["options"],
-                incoming=Path(msg["incoming"]),
+                incoming=self._own_dir(Path(msg["incoming"])),
                 region=msg.get("region"),
                 rev=msg.get("plan", 0),
             )

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import re
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
@@ -329,6 +330,17 @@ def _name_problem(value: str) -> str | None:
     if len(value) > MAX_NAME or _SAFE_NAME.fullmatch(value) is None:
         return f"must be 1-{MAX_NAME} of [A-Za-z0-9._-+=@:], not starting '.'"
     return None
+
+
+def target_dir(host: str, pid: int) -> str:
+    """The name of a process's own directory under an arm's ``incoming`` (protocol 2+).
+
+    The daemon creates it, owned by the process's uid, before it sends the arm; the process
+    writes its captures below it, and nobody else can. Both sides derive the name from the
+    hello's ``host`` and ``pid`` (the pid alone repeats across containers on one node; a
+    host name need not be a safe path component, so it is hashed).
+    """
+    return f"p{pid}-{zlib.crc32(host.encode('utf-8', 'surrogateescape')):08x}"
 
 
 def safe_name(value: str, what: str) -> str:

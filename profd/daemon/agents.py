@@ -8,6 +8,7 @@ client is answered in the protocol version it spoke in its ``hello``.
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,9 +21,10 @@ from .. import __version__
 from ..store.index import Index
 from .arming import Arms
 from .autorules import AutoRules
-from .captures import Captures, Job, inside
+from .captures import Captures, Job
 from .liveness import Liveness
 from .nsysruns import NsysRuns
+from .peers import PeerCred, claim_problem
 from .registry import Client, Registry
 from .sessions import Session, Sessions, Target
 from .starts import Starter
@@ -66,10 +68,11 @@ class AgentHandler:
         self.captures = captures
         self.nsys = nsys
         self.send = send
+        self.own_uid = os.geteuid()
         self.rejected = 0  # malformed frames seen, for status
         self._heartbeats: dict[int, bytes] = {}  # the same reply bytes for every client
 
-    def handle(self, frames: list[bytes]) -> None:
+    def handle(self, frames: list[bytes], peer: PeerCred | None) -> None:
         try:
             envelope, frame = P.split_envelope(frames)
         except P.ProtocolError as exc:
@@ -93,9 +96,21 @@ class AgentHandler:
             return
         t = msg["t"]
         if t == P.HELLO:
-            self.hello(ident, msg)
+            problem = self._identity_problem(msg["pid"], peer)
+            if problem is not None:
+                self.rejected += 1
+                log.warning("refused a hello (job %r): %s", msg["job"], problem)
+                self.send(ident, P.error("identity", problem, v=msg["v"]))
+                return
+            assert peer is not None
+            self.hello(ident, msg, peer)
             return
         c = self.registry.get(ident)
+        if c is not None and (peer is None or peer.pid != c.node_pid):
+            # Another connection under a registered routing id (a peer that set its own
+            # ROUTING_ID to a client's): it is not that client, whatever it says.
+            self.rejected += 1
+            c = None
         if c is None:
             self.send(ident, P.error("unknown_client", "say hello first", v=msg["v"]))
             return
@@ -135,7 +150,17 @@ class AgentHandler:
                 str(fields.get("job"))[:200],
             )
 
-    def hello(self, ident: bytes, m: dict[str, Any]) -> None:
+    def _identity_problem(self, claimed_pid: int, peer: PeerCred | None) -> str | None:
+        problem = claim_problem(claimed_pid, peer)
+        if problem is None and peer is not None and self.own_uid not in (0, peer.uid):
+            # It could not give this uid its own incoming dir: only root can chown.
+            problem = (
+                f"uid {peer.uid} cannot use a daemon run by uid {self.own_uid}"
+                " (run profd as root, e.g. the systemd unit, to serve other users)"
+            )
+        return problem
+
+    def hello(self, ident: bytes, m: dict[str, Any], peer: PeerCred) -> None:
         c = Client(
             ident=ident,
             host=m["host"],
@@ -153,6 +178,9 @@ class AgentHandler:
             step=m["step"],
             attaching=bool(m.get("waiting")) and m["step"] == 0,
             version=m["v"],
+            node_pid=peer.pid,
+            uid=peer.uid,
+            gid=peer.gid,
         )
         old = self.registry.add(c)
         if old is None:
@@ -252,6 +280,8 @@ class AgentHandler:
                 "role": t.role,
                 "rank": t.rank,
                 "world_size": t.world_size,
+                "uid": c.uid,
+                "gid": c.gid,
             },
         }
         fresh = self.index.inbox_put(key, stored)
@@ -261,14 +291,9 @@ class AgentHandler:
             self.submit(key, stored)
 
     def _own_files(self, s: Session, t: Target, revision: int, cycle: int) -> dict[str, Path]:
-        """The only files this target may report for a cycle: where its client writes them
-        (``{incoming}[/planN]/c{cycle}/{role}-r{rank}.*``), by kind."""
-        home = self.captures.incoming_dir(s.job, s.id)
-        if revision:
-            home = home / f"plan{revision}"
-        stem = f"{t.role}-r{t.rank}"
-        d = home / f"c{cycle}"
-        return {"trace": d / f"{stem}.pt.trace.json", "memory": d / f"{stem}.memory.pickle"}
+        return self.captures.own_files(
+            s.job, s.id, revision, t.host, t.pid, cycle, f"{t.role}-r{t.rank}"
+        )
 
     def _report_problem(self, s: Session, t: Target, m: dict[str, Any]) -> str | None:
         if t.state not in ("capturing", "processing"):
@@ -287,10 +312,9 @@ class AgentHandler:
         the report names elsewhere."""
         log.info("session %s: dropping a capture of superseded steps from pid %s", s.id, t.pid)
         own = self._own_files(s, t, m.get("plan", 0), m["cycle"])
-        for f in m["files"]:
-            p = own.get(f["kind"])
-            if p is not None and p == Path(f["path"]) and inside(self.captures.spool, str(p)):
-                p.unlink(missing_ok=True)
+        names = [p.name for f in m["files"] if (p := own.get(f["kind"])) == Path(f["path"])]
+        who = {"host": t.host, "pid": t.pid, "role": t.role, "rank": t.rank, "world_size": 0}
+        self.captures.discard(_job("", m, who, s.job), names)
 
     def submit(self, key: str, stored: dict[str, Any]) -> None:
         """Into the pipeline: a fresh report, or one a previous daemon left in the inbox."""
@@ -299,17 +323,24 @@ class AgentHandler:
         t = s.targets.get((cl["host"], cl["pid"])) if s is not None else None
         if s is not None and t is not None:
             self.sessions.queued(s, t)
-        self.captures.submit(
-            Job(
-                key=key,
-                session=m["session"],
-                job=m["job"],
-                host=cl["host"],
-                pid=cl["pid"],
-                role=cl["role"],
-                rank=cl["rank"],
-                world_size=cl["world_size"],
-                cycle=m["cycle"],
-                report=m,
-            )
-        )
+        self.captures.submit(_job(key, m, cl, m["job"]))
+
+
+def _job(key: str, m: dict[str, Any], cl: dict[str, Any], job: str) -> Job:
+    """A capture for the pipeline: the report and the client as stored in the inbox."""
+    return Job(
+        key=key,
+        session=m["session"],
+        job=job,
+        host=cl["host"],
+        pid=cl["pid"],
+        role=cl["role"],
+        rank=cl["rank"],
+        world_size=cl["world_size"],
+        cycle=m["cycle"],
+        report=m,
+        revision=m.get("plan", 0),
+        # Inbox rows of an older daemon have no kernel uid: their files' owner is not checked.
+        uid=cl.get("uid", -1),
+        gid=cl.get("gid", -1),
+    )

@@ -2,31 +2,58 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from profd_client import protocol as P
 
+from .clientfiles import UnsafeFile
 from .registry import Client
 from .sessions import Session
+
+log = logging.getLogger("profd.arming")
 
 Send = Callable[[bytes, bytes], None]
 
 
+class Homes(Protocol):
+    """Where processes write captures (:class:`~profd.daemon.captures.Captures`)."""
+
+    def incoming_dir(self, job: str, session: str) -> Path: ...
+
+    def make_home(
+        self, job: str, session: str, revision: int, host: str, pid: int, uid: int, gid: int
+    ) -> Path: ...
+
+
 class Arms:
-    def __init__(self, send: Send, incoming_dir: Callable[[str, str], Path]) -> None:
+    def __init__(self, send: Send, homes: Homes) -> None:
         self._send = send
-        self._incoming_dir = incoming_dir
+        self._homes = homes
         # The frame is the same for every target of a session revision, so a 1024-rank
         # start encodes it once per protocol version, not 1024 times.
         self._frames: dict[tuple[str, int, int], bytes] = {}
 
     def arm(self, s: Session, c: Client) -> None:
+        try:
+            home = self._homes.make_home(s.job, s.id, s.revision, c.host, c.pid, c.uid, c.gid)
+        except (OSError, UnsafeFile) as exc:
+            # Armed all the same: its capture then fails writing and says why, per rank.
+            log.error("session %s: no incoming dir for pid %s: %s", s.id, c.pid, exc)
+            home = None
+        if c.version < 2 and home is not None:
+            # Protocol 1 writes straight into the arm's dir: this process gets its own.
+            fields = s.arm_fields(self._homes.incoming_dir(s.job, s.id))
+            fields["incoming"] = str(home)
+            self._send(c.ident, P.encode(P.ARM, v=c.version, **fields))
+            return
         key = (s.id, s.revision, c.version)
         frame = self._frames.get(key)
         if frame is None:
             self._forget(s.id, keep=s.revision)
-            fields = s.arm_fields(self._incoming_dir(s.job, s.id))
+            fields = s.arm_fields(self._homes.incoming_dir(s.job, s.id))
             frame = self._frames[key] = P.encode(P.ARM, v=c.version, **fields)
         self._send(c.ident, frame)
 

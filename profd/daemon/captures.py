@@ -21,18 +21,25 @@ import logging
 import multiprocessing
 import os
 import signal
+import stat
 import sys
 import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
 
-from ..pipeline.process import PipelineError, ProcessedTrace, process_trace
+from profd_client import protocol as P
+
+from ..pipeline.files import FilePerms, ProcessedFile
+from ..pipeline.process import PipelineError, ProcessedTrace, process_open
+from . import clientfiles
+from .clientfiles import DirSpec
 from .reactor import Reactor
+from .spoolperms import SpoolPerms
 
 log = logging.getLogger("profd.captures")
 
@@ -52,6 +59,12 @@ class Job:
     world_size: int
     cycle: int
     report: dict[str, Any]
+    revision: int = 0  # the session revision (``plan``) the capture was armed with
+    uid: int = -1  # the process's, from the kernel; -1 in reports of an older daemon
+    gid: int = -1
+
+
+TRACE_NAME = "{stem}.pt.trace.json"
 
 
 @dataclass(frozen=True)
@@ -99,18 +112,50 @@ class _Lane:
     task: _Task | None = None  # set from submit until its result is handled on the loop
 
 
-def inside(spool: Path, path: str) -> Path | None:
-    """The resolved path if it lies inside the spool, else None (never trust a client path)."""
+def _run(a: dict[str, Any]) -> ProcessedTrace:
+    """In a worker: the capture's files, opened through directory descriptors, processed."""
+    spool = Path(a["spool"])
+    perms = FilePerms(a["file_mode"], a["uid"], a["gid"])
     try:
-        p = Path(path).resolve(strict=True)
-        p.relative_to(spool.resolve())
-    except (OSError, ValueError):
-        return None
-    return p
+        with (
+            clientfiles.opened_dir(spool, a["src"]) as src,
+            clientfiles.made_dir(spool, [DirSpec(**lv) for lv in a["final"]]) as dst,
+        ):
+            fd, st = clientfiles.open_regular(src, a["trace"], a["max_bytes"], a["uid"])
+            with os.fdopen(fd, "rb") as fh:
+                res = process_open(
+                    fh,
+                    st.st_size,
+                    str(spool.joinpath(*(lv["name"] for lv in a["final"]))),
+                    perms=perms,
+                    name=a["trace"],
+                    **a["process"],
+                )
+            extras = [
+                ProcessedFile(kind, os.path.join(os.path.dirname(res.trace_path), name), size)
+                for kind, name in a["extras"]
+                for size in [_move_extra(src, dst, name, a)]
+            ]
+    except clientfiles.UnsafeFile as exc:
+        raise PipelineError(str(exc)) from None
+    except FileNotFoundError as exc:
+        raise PipelineError(f"missing: {exc.filename or exc}") from None
+    return replace(res, files=res.files + tuple(extras))
 
 
-def _run(job_args: dict[str, Any]) -> ProcessedTrace:
-    return process_trace(**job_args)
+def _move_extra(src: int, dst: int, name: str, a: dict[str, Any]) -> int:
+    try:
+        fd, st = clientfiles.open_regular(src, name, a["max_bytes"], a["uid"])
+    except FileNotFoundError:
+        # Moved by an attempt that died before its result was indexed: adopt it.
+        st = os.stat(name, dir_fd=dst, follow_symlinks=False)
+        if not stat.S_ISREG(st.st_mode):
+            raise
+        return st.st_size
+    try:
+        return clientfiles.move(src, name, (fd, st), dst, a["file_mode"])
+    finally:
+        os.close(fd)
 
 
 def _die_with(daemon_pid: int) -> None:
@@ -142,10 +187,14 @@ class Captures:
         reactor: Reactor,
         workers: int,
         on_done: Callable[[Job, ProcessedTrace | None, str | None, bool], None],
+        perms: SpoolPerms,
+        max_trace_bytes: int,
     ) -> None:
         self.spool = spool
         self.reactor = reactor
         self.on_done = on_done
+        self.perms = perms
+        self.max_trace_bytes = max_trace_bytes
         self.in_flight = 0  # captures queued or running, until on_done
         self.restarts = 0  # workers replaced after they died
         self.last_death: WorkerDeath | None = None
@@ -153,65 +202,122 @@ class Captures:
         self._ctx = multiprocessing.get_context("spawn")
         self._lanes = [_Lane() for _ in range(max(1, workers))]
         self._queue: deque[_Task] = deque()
+        self._homes: set[tuple[str, int, str]] = set()  # (session, revision, target dir) made
 
+    # --- where clients write --------------------------------------------------------------
     def incoming_dir(self, job: str, session: str) -> Path:
         return self.spool / INCOMING / job / session
 
+    def _incoming_levels(self, job: str, session: str, revision: int) -> list[DirSpec]:
+        names = [INCOMING, job, session] + ([f"plan{revision}"] if revision else [])
+        return [self.perms.shared(n) for n in names]
+
+    def home(self, job: str, session: str, revision: int, host: str, pid: int) -> Path:
+        """The directory only this process writes its captures into (made by :meth:`make_home`)."""
+        levels = self._incoming_levels(job, session, revision)
+        return self.spool.joinpath(*(lv.name for lv in levels), P.target_dir(host, pid))
+
+    def make_home(
+        self, job: str, session: str, revision: int, host: str, pid: int, uid: int, gid: int
+    ) -> Path:
+        """Create the process's own directory (its uid's, mode 0700) before it is armed."""
+        name = P.target_dir(host, pid)
+        key = (session, revision, name)
+        if key not in self._homes:
+            root = os.geteuid() == 0
+            own = DirSpec(name, 0o700, uid if root else -1, gid if root else -1)
+            with clientfiles.made_dir(
+                self.spool, [*self._incoming_levels(job, session, revision), own]
+            ):
+                pass
+            self._homes.add(key)
+        return self.home(job, session, revision, host, pid)
+
+    def own_files(
+        self, job: str, session: str, revision: int, host: str, pid: int, cycle: int, stem: str
+    ) -> dict[str, Path]:
+        """The only files a process may report for a cycle, by kind."""
+        d = self.home(job, session, revision, host, pid) / f"c{cycle}"
+        return {"trace": d / TRACE_NAME.format(stem=stem), "memory": d / f"{stem}.memory.pickle"}
+
+    def discard(self, j: Job, names: list[str]) -> None:
+        """Delete files of a capture nobody will process (superseded steps): its own only."""
+        try:
+            with clientfiles.opened_dir(self.spool, self._src(j)) as src:
+                for name in names:
+                    clientfiles.unlink(src, name)
+        except (OSError, clientfiles.UnsafeFile) as exc:
+            log.warning("could not drop superseded capture %s: %s", j.key, exc)
+
+    def _src(self, j: Job) -> list[str]:
+        levels = self._incoming_levels(j.job, j.session, j.revision)
+        return [lv.name for lv in levels] + [P.target_dir(j.host, j.pid), f"c{j.cycle}"]
+
     def remove_incoming(self, job: str, session: str) -> None:
         """Drop a finished session's emptied ``.incoming`` dirs; any holding a file stay."""
-        root = self.incoming_dir(job, session)
-        if not root.is_dir():
-            return
-        for d in sorted((p for p in root.rglob("*") if p.is_dir()), reverse=True):
-            try:
-                d.rmdir()
-            except OSError:
-                pass
-        for d in (root, root.parent):
-            try:
-                d.rmdir()
-            except OSError:
-                return
+        self._homes = {k for k in self._homes if k[0] != session}
+        try:
+            with clientfiles.opened_dir(self.spool, [INCOMING, job]) as jfd:
+                clientfiles.remove_empty_tree(jfd, session)
+            with clientfiles.opened_dir(self.spool, [INCOMING]) as ifd:
+                clientfiles.remove_empty_tree(ifd, job)
+        except (OSError, clientfiles.UnsafeFile):
+            pass
 
     def final_dir(self, job: str, session: str, cycle: int) -> Path:
         return self.spool / job / session / f"c{cycle}"
 
+    def _file_owner(self, j: Job) -> tuple[int, int]:
+        if os.geteuid() == 0:
+            return j.uid, self.perms.owner_gid(j.gid) if j.gid >= 0 else -1
+        group = self.perms.group
+        return -1, group if group is not None and group in os.getgroups() else -1
+
     def submit(self, j: Job) -> None:
         """Validate and queue one capture; bad reports fail at once, without the pool."""
-        files = j.report.get("files") or []
-        trace: Path | None = None
+        trace: str | None = None
         extras: list[tuple[str, str]] = []
-        for f in files:
-            if not isinstance(f, dict) or not isinstance(f.get("path"), str):
-                return self._fail(j, "malformed file entry in report")
-            p = inside(self.spool, f["path"])
-            if p is None:
-                return self._fail(j, f"rejected path outside the spool or missing: {f['path']}")
-            if f.get("kind") == "trace" and trace is None:
-                trace = p
+        for f in j.report.get("files") or []:
+            # The agent handler matched each path to this process's own files already.
+            name = Path(f["path"]).name
+            if f["kind"] == "trace" and trace is None:
+                trace = name
             else:
-                extras.append((str(f.get("kind", "extra")), str(p)))
+                extras.append((f["kind"], name))
         if trace is None:
             return self._fail(j, j.report.get("error") or "no trace file in report")
+        uid, gid = self._file_owner(j)
         args = {
-            "raw_trace": str(trace),
-            "final_dir": str(self.final_dir(j.job, j.session, j.cycle)),
-            "stem": f"{j.role}-r{j.rank}",
-            "rank": j.rank,
-            "world_size": j.world_size,
-            "extra_files": extras,
-            "header": {
-                "session": j.session,
-                "job": j.job,
-                "host": j.host,
-                "pid": str(j.pid),
-                "role": j.role,
-                "cycle": str(j.cycle),
-                "steps": ",".join(map(str, j.report.get("steps", []))),
-                "region": str(j.report.get("region") or ""),
-                "stall_ms": f"{j.report.get('stall_ms', 0):.1f}",
-                "torch": str(j.report.get("torch")),
-                "device": str(j.report.get("device")),
+            "spool": str(self.spool),
+            "src": self._src(j),
+            "trace": trace,
+            "extras": extras,
+            "final": [
+                asdict(self.perms.shared(j.job)),
+                asdict(self.perms.final(j.session)),
+                asdict(self.perms.final(f"c{j.cycle}")),
+            ],
+            "file_mode": self.perms.file_mode,
+            "uid": uid,
+            "gid": gid,
+            "max_bytes": self.max_trace_bytes,
+            "process": {
+                "stem": f"{j.role}-r{j.rank}",
+                "rank": j.rank,
+                "world_size": j.world_size,
+                "header": {
+                    "session": j.session,
+                    "job": j.job,
+                    "host": j.host,
+                    "pid": str(j.pid),
+                    "role": j.role,
+                    "cycle": str(j.cycle),
+                    "steps": ",".join(map(str, j.report.get("steps", []))),
+                    "region": str(j.report.get("region") or ""),
+                    "stall_ms": f"{j.report.get('stall_ms', 0):.1f}",
+                    "torch": str(j.report.get("torch")),
+                    "device": str(j.report.get("device")),
+                },
             },
         }
         if self.closing:
@@ -353,6 +459,11 @@ class Captures:
     ) -> None:
         self.in_flight -= 1
         self.on_done(task.job, res, error, retryable)
+        if res is not None:
+            # Only now, with the result in the index: a daemon killed before this line
+            # processes the raw trace again at its next start, and the outputs it wrote
+            # the first time are simply replaced.
+            self.discard(task.job, [task.args["trace"]])
 
     def _fail(self, j: Job, error: str) -> None:
         self.on_done(j, None, error, False)

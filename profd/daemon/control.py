@@ -20,6 +20,7 @@ from profd_client import protocol as P
 from .. import __version__
 from ..store.index import Index, TraceFilter
 from . import schedule as sch
+from .peers import PeerCred, Requester
 from .refusal import Refused
 from .registry import Client, Registry
 from .selector import Selector
@@ -55,6 +56,7 @@ class ControlHandler:
         send: SendFrames,
         live_status: Callable[[], dict[str, Any]],
         retry: Callable[[str | None], int],
+        admin_gid: int | None = None,
     ) -> None:
         self.facts = facts
         self.registry = registry
@@ -66,9 +68,11 @@ class ControlHandler:
         #: Counters owned elsewhere (pipeline, uploads, rejected agent frames).
         self.live_status = live_status
         self.retry = retry
+        self.own_uid = os.geteuid()
+        self.admin_gid = admin_gid
         self.rejected = 0
 
-    def handle(self, frames: list[bytes]) -> None:
+    def handle(self, frames: list[bytes], peer: PeerCred | None) -> None:
         try:
             envelope, frame = P.split_envelope(frames)
         except P.ProtocolError:
@@ -79,7 +83,8 @@ class ControlHandler:
             raw = P.unpack(frame)
             v = _reply_version(raw)
             msg = P.validate(raw, P.CONTROL_INBOUND)
-            reply = P.encode(P.OK, v=v, data=self.dispatch(msg))
+            by = Requester.of(peer, self.own_uid, self.admin_gid)
+            reply = P.encode(P.OK, v=v, data=self.dispatch(msg, by))
         except P.ProtocolError as exc:
             self.rejected += 1
             if exc.code == "version":
@@ -92,7 +97,7 @@ class ControlHandler:
             reply = P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
         self.send(P.join_envelope(envelope, reply))
 
-    def dispatch(self, m: dict[str, Any]) -> Any:
+    def dispatch(self, m: dict[str, Any], by: Requester) -> Any:
         t = m["t"]
         if t in (P.C_SESSIONS, P.C_SHOW, P.C_TRACES):
             self.flush()  # answer reads from an index that has every change so far
@@ -101,9 +106,10 @@ class ControlHandler:
         if t == P.C_PS:
             return self.ps(m.get("job"), m.get("role"))
         if t == P.C_START:
-            return started(self.starter.start(StartRequest.parse(m["spec"], validated=True)))
+            req = StartRequest.parse(m["spec"], validated=True)
+            return started(self.starter.start(req, by=by))
         if t in (P.C_STOP, P.C_CANCEL):
-            return self.stop(m["session"], keep=t == P.C_STOP)
+            return self.stop(m["session"], keep=t == P.C_STOP, by=by)
         if t == P.C_SESSIONS:
             return self.index.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
         if t == P.C_SHOW:
@@ -119,6 +125,8 @@ class ControlHandler:
                 raise Refused("bad_request", str(exc)) from None
             return self.index.traces(flt)
         if t == P.C_RETRY:
+            if not by.privileged:
+                self._check_owner(m.get("session"), by)
             return {"requeued": self.retry(m.get("session"))}
         raise Refused("type", f"unhandled request {t}")
 
@@ -166,8 +174,19 @@ class ControlHandler:
         ]
         return rows
 
-    def stop(self, session_id: str, keep: bool) -> dict[str, Any]:
-        s = self.starter.stop(session_id, keep)
+    def _check_owner(self, session_id: str | None, by: Requester) -> None:
+        if session_id is None:
+            raise Refused(
+                "permission", f"profctl as uid {by.uid} may retry only its own sessions: name one"
+            )
+        row = self.index.session(session_id)
+        if row is not None and not by.may_act_on(row.get("owner")):
+            raise Refused(
+                "permission", f"session {row['id']} is not uid {by.uid}'s; ask root to retry it"
+            )
+
+    def stop(self, session_id: str, keep: bool, by: Requester) -> dict[str, Any]:
+        s = self.starter.stop(session_id, keep, by)
         if s is None:
             row = self.index.session(session_id)
             if row is None:

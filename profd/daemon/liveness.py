@@ -26,9 +26,8 @@ RESTORE_GRACE_S = 10.0
 
 class Liveness:
     def __init__(
-        self, host: str, hb_interval: float, registry: Registry, sessions: Sessions, arms: Arms
+        self, hb_interval: float, registry: Registry, sessions: Sessions, arms: Arms
     ) -> None:
-        self.host = host
         self.hb_interval = hb_interval
         self.registry = registry
         self.sessions = sessions
@@ -54,7 +53,8 @@ class Liveness:
             self.orphans[key] = deadline
 
     def tick(self, now: float) -> None:
-        self.sample_pids = tuple(c.pid for c in self.registry if c.host == self.host)
+        # Kernel pids: a process in a container claims its own namespace's pid.
+        self.sample_pids = tuple({c.node_pid for c in self.registry})
         timeout = MISSED_HEARTBEATS * self.hb_interval
         for c in self.registry.stale(now, timeout):
             if self._stalled(c, now):
@@ -69,13 +69,13 @@ class Liveness:
 
     def _stalled(self, c: Client, now: float) -> bool:
         """Silent but alive and capturing (on this node, where the pid can be checked)."""
-        if c.host != self.host or now - c.last_seen > STALL_GRACE_S:
+        if now - c.last_seen > STALL_GRACE_S:
             return False
         capturing = any(
             (t := s.targets.get(c.key)) is not None and t.state in ("capturing", "processing")
             for s in self.sessions.live()
         )
-        if capturing and psutil.pid_exists(c.pid):
+        if capturing and psutil.pid_exists(c.node_pid):
             if c.key not in self._stall_logged:
                 self._stall_logged.add(c.key)
                 log.warning(
@@ -105,11 +105,12 @@ class Liveness:
                         self.arms.arm(s, c)
 
     def on_samples(self, samples: list[Sample]) -> None:
+        by_pid: dict[int, list[Client]] = {}
+        for c in self.registry:
+            by_pid.setdefault(c.node_pid, []).append(c)
         for s in samples:
-            c = self.registry.lookup((self.host, s.pid))
-            if c is None:
-                continue
-            if not s.alive:
-                self.drop(c, "process exited")
-                continue
-            self.registry.sampled(c, s.cpu, s.rss, s.gpu_util, s.gpu_mem)
+            for c in by_pid.get(s.pid, ()):
+                if not s.alive:
+                    self.drop(c, "process exited")
+                else:
+                    self.registry.sampled(c, s.cpu, s.rss, s.gpu_util, s.gpu_mem)

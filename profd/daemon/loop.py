@@ -32,6 +32,7 @@ from .captures import Captures
 from .control import ControlHandler, DaemonFacts
 from .liveness import Liveness
 from .nsysruns import NsysRuns
+from .peers import PeerCred
 from .quota import Quota
 from .reactor import Reactor
 from .refusal import Refused
@@ -40,6 +41,7 @@ from .results import Results
 from .sampler import Sampler
 from .sdnotify import Notifier
 from .sessions import Sessions
+from .spoolperms import SpoolPerms
 from .starts import Starter
 
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
@@ -56,8 +58,10 @@ class Daemon:
         self.stopping = False
         self.sd = Notifier()  # systemd's READY/WATCHDOG/STOPPING; a no-op outside systemd
         host = socket.gethostname()
+        perms = SpoolPerms(runtime.group_id(cfg.group))
         cfg.spool_dir.mkdir(parents=True, exist_ok=True)
         spool = cfg.spool_dir.resolve()
+        perms.prepare_root(spool)
         rules = check_rules(cfg.auto)
         self.ctx: Any = zmq.Context.instance()
         self.agent_sock: Any = None
@@ -67,10 +71,17 @@ class Daemon:
         self.index = Index(cfg.index_path)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.registry = Registry()
-        self.sessions = Sessions(self.index, spool)
+        self.sessions = Sessions(self.index, spool, perms)
         self.results = Results(self.sessions, self.index, spool, self.uploads)
-        self.captures = Captures(spool, self.reactor, cfg.pipeline_workers, self._on_processed)
-        self.arms = Arms(self._send_agent, self.captures.incoming_dir)
+        self.captures = Captures(
+            spool,
+            self.reactor,
+            cfg.pipeline_workers,
+            self._on_processed,
+            perms,
+            cfg.max_trace_bytes,
+        )
+        self.arms = Arms(self._send_agent, self.captures)
         self.nsys = NsysRuns(
             cfg.nsys,
             host,
@@ -81,9 +92,7 @@ class Daemon:
             self.reactor,
             self._on_processed,
         )
-        self.liveness = Liveness(
-            host, cfg.heartbeat_interval, self.registry, self.sessions, self.arms
-        )
+        self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, self.index, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
         self.agents = AgentHandler(
@@ -112,6 +121,7 @@ class Daemon:
             self._send_control,
             self._live_status,
             self.results.retry,
+            admin_gid=runtime.group_id(cfg.admin_group),
         )
 
     # --- wiring -----------------------------------------------------------------------------
@@ -149,7 +159,6 @@ class Daemon:
         s = self.ctx.socket(zmq.ROUTER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, P.MAX_FRAME_BYTES)
-        s.setsockopt(zmq.ROUTER_HANDOVER, 1)
         s.setsockopt(zmq.SNDHWM, 100_000)
         s.setsockopt(zmq.RCVHWM, 100_000)
         s.bind(f"ipc://{path}")
@@ -252,13 +261,14 @@ class Daemon:
                 self.flush()
                 next_tick = now + hb
 
-    def _drain(self, sock: Any, handle: Callable[[list[bytes]], None]) -> None:
+    def _drain(self, sock: Any, handle: Callable[[list[bytes], PeerCred | None], None]) -> None:
         for _ in range(BATCH):
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                # copy=False: only a zmq.Frame carries the connection's kernel credentials.
+                msg = sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            _guarded("handling a message", handle, frames)
+            _guarded("handling a message", handle, [f.bytes for f in msg], _peer(msg[-1]))
 
     def flush(self) -> None:
         """Persist this iteration's session changes; index finished sessions' manifests."""
@@ -274,6 +284,13 @@ class Daemon:
                 _guarded("ending an nsys session", self.nsys.session_ended, s)
             self.captures.remove_incoming(s.job, s.id)
             _guarded("indexing a manifest", self.results.session_manifest, s.id, s.job, manifest)
+
+
+def _peer(frame: Any) -> PeerCred | None:
+    try:
+        return PeerCred.parse(frame.get("Peer-Address"))
+    except zmq.ZMQError:  # no such property: not an IPC connection, or an old libzmq
+        return None
 
 
 def _guarded(what: str, fn: Callable[..., Any], *args: Any) -> None:

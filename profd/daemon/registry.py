@@ -26,6 +26,11 @@ class Client:
     torch: str | None
     device: str | None
     nsys_session: str | None = None  # launched by ``profctl run --nsys``
+    #: From the kernel (the connection's SO_PEERCRED), never from the hello: the pid in the
+    #: daemon's namespace (what the sampler and liveness look at) and the process's uid/gid.
+    node_pid: int = 0
+    uid: int = -1
+    gid: int = -1
     attached_at: float = field(default_factory=time.time)
     last_seen: float = field(default_factory=time.monotonic)
     step: int = 0
@@ -68,6 +73,7 @@ class Client:
             "nsys_session": self.nsys_session,
             "attached_at": self.attached_at,
             "protocol": self.version,
+            "uid": self.uid,
         }
 
 

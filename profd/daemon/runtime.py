@@ -15,6 +15,16 @@ class RuntimeDirError(RuntimeError):
     pass
 
 
+def group_id(group: str | None) -> int | None:
+    """The gid of a configured group name (None for none); a missing group is an error."""
+    if not group:
+        return None
+    try:
+        return grp.getgrnam(group).gr_gid
+    except KeyError:
+        raise RuntimeDirError(f"group {group!r} does not exist") from None
+
+
 def prepare(path: Path, group: str | None) -> int | None:
     """Create the dir 0700 (01770 with a group); returns the gid sockets should get.
 
@@ -22,12 +32,7 @@ def prepare(path: Path, group: str | None) -> int | None:
     target, would otherwise get the chmod (a root daemon handed ``/tmp/profd-0 -> /etc``
     makes ``/etc`` 0700) and could swap the daemon's sockets for their own.
     """
-    gid = None
-    if group:
-        try:
-            gid = grp.getgrnam(group).gr_gid
-        except KeyError:
-            raise RuntimeDirError(f"group {group!r} does not exist") from None
+    gid = group_id(group)
     path.parent.mkdir(parents=True, exist_ok=True)
     try:
         os.mkdir(path, 0o700)

@@ -9,6 +9,7 @@ and every capture it reported has been through the pipeline.
 from __future__ import annotations
 
 import json
+import os
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -19,8 +20,10 @@ from profd_client.protocol import REPORT_TERMINAL, SESSION_TERMINAL, TARGET_TERM
 
 from ..fsutil import atomic_write
 from ..store.index import Index
+from .clientfiles import made_dir
 from .registry import Client
 from .schedule import Cycle, steps_of
+from .spoolperms import SpoolPerms
 
 _ORDER = ["pending", "armed", "capturing", "processing"]
 
@@ -156,6 +159,9 @@ class Session:
     #: client reports about an older revision are stale. (The wire and the index call it
     #: ``plan``, after the message field; here a "plan" is what the planner makes.)
     revision: int = 0
+    #: The uid whose processes it captures (None: several uids, or unknown): a non-root
+    #: profctl of that uid may stop or cancel it; files and manifests are that uid's.
+    owner: int | None = None
     #: Monotonic time the current revision was planned (a late rank's delay counts from it).
     armed_at: float = field(default_factory=time.monotonic)
 
@@ -212,6 +218,7 @@ class Session:
             "request": self.request,
             "cycles": [list(c) for c in self.cycles],
             "plan": self.revision,
+            "owner": self.owner,
             "error": self.error,
             "created_at": self.created_at,
             "updated_at": time.time(),
@@ -241,9 +248,10 @@ class Sessions:
     A 1024-rank session thus costs one commit per burst of acks, not one per ack.
     """
 
-    def __init__(self, index: Index, spool: Path) -> None:
+    def __init__(self, index: Index, spool: Path, perms: SpoolPerms) -> None:
         self.index = index
         self.spool = spool
+        self.perms = perms
         self.by_id: dict[str, Session] = {}
         # Session id -> (session, changed target keys; None means all of them).
         self._dirty: dict[str, tuple[Session, set[tuple[str, int]] | None]] = {}
@@ -361,10 +369,13 @@ class Sessions:
 
     def finish(self, s: Session) -> Path:
         """Write ``session.json`` and forget the session from memory (the index keeps it)."""
-        d = self.spool / s.job / s.id
-        d.mkdir(parents=True, exist_ok=True)
-        path = d / "session.json"
-        atomic_write(path, json.dumps(s.manifest(), indent=2, sort_keys=True))
+        with made_dir(self.spool, [self.perms.shared(s.job), self.perms.final(s.id)]):
+            pass
+        path = self.spool / s.job / s.id / "session.json"
+        atomic_write(path, json.dumps(s.manifest(), indent=2, sort_keys=True), self.perms.file_mode)
+        if s.owner is not None and os.geteuid() == 0:
+            # Its processes' user reads it (and pull copies it); others do not.
+            os.chown(path, s.owner, self.perms.group if self.perms.group is not None else -1)
         self.by_id.pop(s.id, None)
         return path
 
@@ -395,6 +406,7 @@ class Sessions:
                 state=row["state"],
                 error=row["error"],
                 revision=row["plan"],
+                owner=row.get("owner"),
             )
             for t in row["targets"]:
                 tgt = Target(

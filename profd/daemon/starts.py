@@ -17,6 +17,7 @@ from . import planner
 from . import schedule as sch
 from .arming import Arms
 from .nsysruns import NsysRuns
+from .peers import Requester
 from .refusal import Refused
 from .registry import Client, Registry
 from .selector import Selector, SelectorError, describe_attached
@@ -55,6 +56,10 @@ class StartRequest:
             raise Refused("bad_request", str(exc)) from None
 
 
+def single(uids: set[int]) -> int | None:
+    return next(iter(uids)) if len(uids) == 1 else None
+
+
 def target_state(c: Client, busy_until: int = 0) -> planner.TargetState:
     return planner.TargetState(
         name=f"{c.role} rank {c.rank} (pid {c.pid})",
@@ -81,13 +86,26 @@ class Starter:
         self.nsys = nsys
         self.check_quota = check_quota
 
-    def start(self, req: StartRequest, auto_rule: int | None = None) -> Session:
+    def start(
+        self, req: StartRequest, auto_rule: int | None = None, by: Requester | None = None
+    ) -> Session:
+        """``by``: the profctl asking (None: the daemon itself, for an ``[[auto]]`` rule)."""
         self.check_quota()
         sel = req.selector
         try:
             targets = sel.select(self.registry)
         except SelectorError as exc:
             raise Refused("no_match", str(exc)) from None
+        if by is not None and not by.privileged:
+            theirs = [c for c in targets if not by.may_act_on(c.uid)]
+            if theirs:
+                c = theirs[0]
+                raise Refused(
+                    "permission",
+                    f"{sel.describe()} matches processes of other users ({c.role} rank"
+                    f" {c.rank}, pid {c.pid}, uid {c.uid}); profctl as uid {by.uid} may act"
+                    " only on its own processes",
+                )
         if not targets:
             raise Refused(
                 "no_match",
@@ -121,6 +139,7 @@ class Starter:
             region=req.region,
             label=req.label,
             auto_rule=auto_rule,
+            owner=single({c.uid for c in targets}),
         )
         held = req.backend == "nsys"  # armed once nsys listens: see NsysRuns
         for c in targets:
@@ -189,11 +208,18 @@ class Starter:
             if s.targets[x.key].awaiting_arm:
                 self.arms.arm(s, x)
 
-    def stop(self, session_id: str, keep: bool) -> Session | None:
+    def stop(self, session_id: str, keep: bool, by: Requester | None = None) -> Session | None:
         """Disarm every open target; None if no live session has that id."""
         s = self.sessions.get(session_id)
         if s is None:
             return None
+        if by is not None and not by.may_act_on(s.owner):
+            whose = f"uid {s.owner}" if s.owner is not None else "several users"
+            raise Refused(
+                "permission",
+                f"session {s.id} captures processes of {whose}; profctl as uid {by.uid}"
+                " may act only on its own",
+            )
         for t in s.targets.values():
             if not t.open:
                 continue

@@ -22,8 +22,19 @@ class ProcessedFile:
     bytes: int
 
 
+@dataclass(frozen=True)
+class FilePerms:
+    """Mode and owner of the files a capture produces (-1: leave the owner as it is)."""
+
+    mode: int
+    uid: int = -1
+    gid: int = -1
+
+
 @contextlib.contextmanager
-def _temp_in(final_dir: str, stem: str) -> Iterator[tuple[str, IO[bytes]]]:
+def _temp_in(
+    final_dir: str, stem: str, perms: FilePerms | None = None
+) -> Iterator[tuple[str, IO[bytes]]]:
     """A temp file next to its destination, removed again unless the caller renamed it away.
 
     The name is a dotfile ending in ``.tmp-XXXX`` so that neither HTA (which loads every
@@ -33,9 +44,15 @@ def _temp_in(final_dir: str, stem: str) -> Iterator[tuple[str, IO[bytes]]]:
     fd, tmp = tempfile.mkstemp(prefix=f".{stem}.tmp-", dir=final_dir)
     try:
         with os.fdopen(fd, "wb") as fh:
-            # mkstemp creates 0600; the final files should be as readable as any other file
-            # the daemon writes (people inspect them on the node, uploaders may be other users).
-            os.fchmod(fh.fileno(), 0o666 & ~current_umask())
+            if perms is None:
+                # mkstemp creates 0600; without a say from the daemon the final files are as
+                # readable as any other file this process writes.
+                os.fchmod(fh.fileno(), 0o666 & ~current_umask())
+            else:
+                # Owner first: the mode is set on a file nobody else can open yet.
+                if perms.uid >= 0 or perms.gid >= 0:
+                    os.fchown(fh.fileno(), perms.uid, perms.gid)
+                os.fchmod(fh.fileno(), perms.mode)
             yield tmp, fh
             fh.flush()
             # Without fsync a crash shortly after the rename can leave an empty file under
@@ -54,9 +71,10 @@ class Batch:
     and an exception inside the ``with`` leaves no temp file and no final name behind.
     """
 
-    def __init__(self, final_dir: str, stem: str) -> None:
+    def __init__(self, final_dir: str, stem: str, perms: FilePerms | None = None) -> None:
         self.final_dir = final_dir
         self.stem = stem
+        self.perms = perms
         self._staged: list[tuple[str, str, str]] = []  # (kind, temp path, final path)
         self.files: list[ProcessedFile] = []  # filled in once the batch is published
 
@@ -84,7 +102,7 @@ class Batch:
 
     @contextlib.contextmanager
     def open(self, kind: str, suffix: str) -> Iterator[IO[bytes]]:
-        with _temp_in(self.final_dir, self.stem) as (tmp, fh):
+        with _temp_in(self.final_dir, self.stem, self.perms) as (tmp, fh):
             yield fh
         self._staged.append((kind, tmp, os.path.join(self.final_dir, self.stem + suffix)))
 

@@ -25,10 +25,10 @@ import gzip
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, BinaryIO
 
-from .files import Batch, ProcessedFile, move_into
+from .files import Batch, FilePerms, ProcessedFile, move_into
 from .outputs import TRACE_OUTPUTS, OutputError, TraceOutput, render_outputs
 from .parsed import ParsedTrace
 
@@ -96,17 +96,16 @@ def _trace_chunks(doc: Mapping[str, Any]) -> Iterator[str]:
     yield "}"
 
 
-def _load(raw_trace: str) -> dict[str, Any]:
+def _load(raw: BinaryIO, name: str) -> dict[str, Any]:
     # errors="replace": one undecodable byte in some op name must not cost the whole trace.
-    with open(raw_trace, encoding="utf-8", errors="replace") as fh:
-        text = fh.read()
+    text = raw.read().decode("utf-8", errors="replace")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PipelineError(f"{raw_trace}: not valid JSON ({exc})") from None
+        raise PipelineError(f"{name}: not valid JSON ({exc})") from None
     del text
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise PipelineError(f"{raw_trace}: not a Chrome trace (no traceEvents list)")
+        raise PipelineError(f"{name}: not a Chrome trace (no traceEvents list)")
     return doc
 
 
@@ -121,16 +120,57 @@ def process_trace(
     header: Mapping[str, str] | None = None,
     outputs: Sequence[TraceOutput[ParsedTrace]] = TRACE_OUTPUTS,
 ) -> ProcessedTrace:
-    """Finalize one raw trace; see the module docstring. The raw file goes last, on success."""
-    if not stem or os.sep in stem or stem.startswith("."):
-        raise ValueError(f"bad stem {stem!r}")
+    """Finalize a raw trace file the caller owns (paths trusted); the raw file goes last.
+
+    The daemon never calls this with a client's paths: it opens client files itself (see
+    :mod:`profd.daemon.clientfiles`) and calls :func:`process_open`.
+    """
     for kind, path in extra_files:
         moved = os.path.join(final_dir, os.path.basename(path))
         if not os.path.exists(path) and not os.path.exists(moved):
             raise PipelineError(f"extra {kind} file {path} does not exist")
+    with open(raw_trace, "rb") as fh:
+        res = process_open(
+            fh,
+            os.fstat(fh.fileno()).st_size,
+            final_dir,
+            stem,
+            rank,
+            world_size,
+            top_n=top_n,
+            header=header,
+            outputs=outputs,
+            name=raw_trace,
+        )
+    files = list(res.files)
+    for kind, path in extra_files:
+        dest = move_into(path, final_dir)
+        files.append(ProcessedFile(kind, dest, os.path.getsize(dest)))
+    os.unlink(raw_trace)
+    return replace(res, files=tuple(files))
 
-    raw_bytes = os.path.getsize(raw_trace)
-    doc = _load(raw_trace)
+
+def process_open(
+    raw: BinaryIO,
+    raw_bytes: int,
+    final_dir: str,
+    stem: str,
+    rank: int,
+    world_size: int,
+    top_n: int = DEFAULT_TOP_N,
+    header: Mapping[str, str] | None = None,
+    outputs: Sequence[TraceOutput[ParsedTrace]] = TRACE_OUTPUTS,
+    perms: FilePerms | None = None,
+    name: str = "raw trace",
+) -> ProcessedTrace:
+    """Write the outputs of the raw trace read from ``raw`` into ``final_dir``.
+
+    Reads only from the open file: it neither moves nor deletes anything of the caller's.
+    ``perms`` sets the outputs' mode and owner (the daemon hands a user's traces to that user).
+    """
+    if not stem or os.sep in stem or stem.startswith("."):
+        raise ValueError(f"bad stem {stem!r}")
+    doc = _load(raw, name)
     inject_rank(doc, rank, world_size)
     events: list[Any] = doc["traceEvents"]
 
@@ -151,7 +191,7 @@ def process_trace(
     rendered, output_errors = render_outputs(outputs, parsed, stem)
     del parsed
 
-    with Batch(final_dir, stem) as batch:
+    with Batch(final_dir, stem, perms) as batch:
         with (
             batch.open("trace", TRACE_SUFFIX) as fh,
             gzip.GzipFile(
@@ -168,14 +208,8 @@ def process_trace(
         for out in rendered:
             batch.write(out.kind, out.suffix, out.data)
 
-    files = list(batch.files)
-    for kind, path in extra_files:
-        dest = move_into(path, final_dir)
-        files.append(ProcessedFile(kind, dest, os.path.getsize(dest)))
-
-    os.unlink(raw_trace)
     return ProcessedTrace(
-        files=tuple(files),
+        files=tuple(batch.files),
         trace_path=os.path.join(final_dir, stem + TRACE_SUFFIX),
         steps_found=steps.steps,
         step_ms_p50=steps.p50_ms,

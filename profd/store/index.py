@@ -9,6 +9,7 @@ open one :class:`Index` per thread.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -32,6 +33,7 @@ CREATE TABLE IF NOT EXISTS sessions (
     request TEXT NOT NULL,      -- json: the start spec as given
     cycles TEXT NOT NULL,       -- json: [[warmup, start, stop], ...]
     plan INTEGER NOT NULL DEFAULT 0,  -- times --next moved the cycles (a rank got them late)
+    owner INTEGER,              -- the uid whose processes it captures; NULL: several/unknown
     error TEXT,
     created_at REAL NOT NULL,
     updated_at REAL NOT NULL
@@ -139,6 +141,10 @@ class Index:
             globs.register_sqlite(self.db)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
+            # Every job's sessions and paths are in it: the daemon's alone (profctl asks the
+            # daemon). Created so before SQLite opens it; its -wal/-shm files copy the mode.
+            os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+            os.chmod(path, 0o600)
             self.db = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
             globs.register_sqlite(self.db)
             self.db.execute("PRAGMA journal_mode=WAL")
@@ -155,6 +161,8 @@ class Index:
         cols = {r[1] for r in self.db.execute("PRAGMA table_info(sessions)")}
         if "plan" not in cols:  # schema 1
             self.db.execute("ALTER TABLE sessions ADD COLUMN plan INTEGER NOT NULL DEFAULT 0")
+        if "owner" not in cols:  # schema 2
+            self.db.execute("ALTER TABLE sessions ADD COLUMN owner INTEGER")
 
     def close(self) -> None:
         self.db.close()
@@ -163,11 +171,17 @@ class Index:
     def save_session(self, row: Mapping[str, Any]) -> None:
         self.db.execute(
             "INSERT INTO sessions (id, job, state, backend, label, region, request, cycles,"
-            " plan, error, created_at, updated_at) VALUES (:id, :job, :state, :backend, :label,"
-            " :region, :request, :cycles, :plan, :error, :created_at, :updated_at)"
+            " plan, owner, error, created_at, updated_at) VALUES (:id, :job, :state, :backend,"
+            " :label, :region, :request, :cycles, :plan, :owner, :error, :created_at,"
+            " :updated_at)"
             " ON CONFLICT(id) DO UPDATE SET state=excluded.state, error=excluded.error,"
             " cycles=excluded.cycles, plan=excluded.plan, updated_at=excluded.updated_at",
-            {**row, "request": json.dumps(row["request"]), "cycles": json.dumps(row["cycles"])},
+            {
+                "owner": None,
+                **row,
+                "request": json.dumps(row["request"]),
+                "cycles": json.dumps(row["cycles"]),
+            },
         )
 
     def save_target(self, row: Mapping[str, Any]) -> None:
