@@ -6,6 +6,8 @@ For tests that must send exactly what a real client would not (bad frames, stale
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import time
 from typing import Any
 
@@ -63,3 +65,29 @@ def recv(s: zmq.Socket, t: str, timeout: float = 10.0) -> dict[str, Any]:
         if m is not None and m["t"] == t:
             return m
     raise AssertionError(f"no {t!r} from the daemon within {timeout}s")
+
+
+_CHILD = """
+import os, sys
+import msgpack, zmq
+hello, path = msgpack.unpackb(bytes.fromhex(sys.argv[1])), sys.argv[2]
+s = zmq.Context().socket(zmq.DEALER)
+s.connect("ipc://" + path)
+s.send(msgpack.packb({**hello, "pid": os.getpid()}))
+while True:
+    m = msgpack.unpackb(s.recv(), raw=False)
+    if m["t"] == "arm":
+        s.send(msgpack.packb({"v": hello["v"], "t": "progress", "id": 1,
+                              "session": m["session"], "state": "capturing", "step": 1}))
+        print("capturing", flush=True)
+"""
+
+
+def spawn_peer(d: Daemon, job: str, **fields: Any) -> subprocess.Popen[bytes]:
+    """A raw peer in a process of its own (the daemon believes only kernel pids): it says
+    hello, and on an ``arm`` reports ``capturing`` and prints that line; then nothing."""
+    hello = {**HELLO, "job": job, **fields}
+    return subprocess.Popen(
+        [sys.executable, "-c", _CHILD, pack(hello).hex(), str(d.runtime_dir / "agent.sock")],
+        stdout=subprocess.PIPE,
+    )

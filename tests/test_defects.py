@@ -309,7 +309,7 @@ def test_clients_of_other_versions(daemon: Daemon, ctx: zmq.Context) -> None:
     w = recv(old, "welcome")
     assert w["v"] == 1 and "protocol" not in w
     new = dealer(ctx, daemon, "agent.sock")
-    new.send(pack({**HELLO, "v": 2, "pid": os.getpid() + 1, "rank": 1}))
+    new.send(pack({**HELLO, "v": 2, "host": "another-node", "rank": 1}))
     w = recv(new, "welcome")
     assert w["v"] == 2 and w["protocol"] == [P.MIN_VERSION, P.VERSION]
     sid = daemon.ctl_json("start", "--next")["session"]

@@ -107,7 +107,7 @@ class Peer:
         self.job = job
         self.sock = dealer(ctx, d, "agent.sock")
         self.ids = iter(range(1, 1 << 30))
-        self.sock.send(pack({**HELLO, "pid": 42_000 + len(job), "job": job}))
+        self.sock.send(pack({**HELLO, "job": job, "host": f"node-of-{job}"}))
         self.recv("welcome")
 
     def recv(self, t: str) -> dict[str, Any]:

@@ -10,15 +10,13 @@ import gzip
 import json
 import os
 import socket
-import subprocess
 from pathlib import Path
 from typing import Any
 
-import psutil
 import zmq
 from daemonproc import wait_for
 from harness import Daemon
-from rawpeer import HELLO, dealer, pack, recv, reply
+from rawpeer import HELLO, dealer, pack, recv, reply, spawn_peer
 
 from profd_client import protocol as P
 
@@ -30,14 +28,15 @@ class Peer:
         self,
         ctx: zmq.Context,
         d: Daemon,
-        pid: int,
         job: str,
         host: str = HELLO["host"],
         rank: int = 0,
     ) -> None:
+        # Its pid is this test's: the daemon checks it against the kernel. Two peers in one
+        # test are told apart by their host names.
         self.sock = dealer(ctx, d, "agent.sock")
         self.ids = iter(range(1, 1 << 30))
-        self.sock.send(pack({**HELLO, "pid": pid, "job": job, "host": host, "rank": rank}))
+        self.sock.send(pack({**HELLO, "job": job, "host": host, "rank": rank}))
         recv(self.sock, "welcome")
 
     def send(self, t: str, **fields: Any) -> dict[str, Any]:
@@ -77,8 +76,8 @@ def events_of(path: str) -> list[dict[str, Any]]:
 
 
 def test_a_peer_cannot_report_into_another_jobs_session(daemon: Daemon, ctx: zmq.Context) -> None:
-    victim = Peer(ctx, daemon, 41001, "victim")
-    attacker = Peer(ctx, daemon, 41002, "attacker")
+    victim = Peer(ctx, daemon, "victim", host="victim-node")
+    attacker = Peer(ctx, daemon, "attacker", host="attacker-node")
     sid = daemon.ctl_json("start", "--job", "victim", "--next")["session"]
     arm = recv(victim.sock, "arm")
     real = '{"traceEvents": [{"name": "victim-event", "ph": "X", "ts": 1, "dur": 1}]}'
@@ -106,15 +105,15 @@ def test_a_peer_cannot_report_into_another_jobs_session(daemon: Daemon, ctx: zmq
     assert [e["name"] for e in events_of(row["path"])] == ["victim-event"]
     assert daemon.ctl_json("show", sid)["state"] == "done"
     log = daemon.log.read_text()
-    assert log.count("refused a capture report from pid 41002") >= 2, log[-3000:]
+    assert log.count(f"refused a capture report from pid {os.getpid()}") >= 2, log[-3000:]
 
 
 def test_a_target_reports_only_its_own_files_while_capturing(
     daemon: Daemon, ctx: zmq.Context
 ) -> None:
-    a = Peer(ctx, daemon, 42001, "shared")
+    a = Peer(ctx, daemon, "shared", host="node-a")
     b_sock = dealer(ctx, daemon, "agent.sock")
-    b_sock.send(pack({**HELLO, "pid": 42002, "job": "shared", "rank": 1}))
+    b_sock.send(pack({**HELLO, "job": "shared", "host": "node-b", "rank": 1}))
     recv(b_sock, "welcome")
     sid = daemon.ctl_json("start", "--job", "shared", "--next")["session"]
     arm = recv(a.sock, "arm")
@@ -140,7 +139,7 @@ def test_a_target_reports_only_its_own_files_while_capturing(
     wait_for(lambda: daemon.ctl_json("traces", "--session", sid), 30, "the real report indexed")
     [row] = daemon.ctl_json("traces", "--session", sid)
     assert row["rank"] == 0 and theirs.is_file()
-    assert daemon.log.read_text().count("refused a capture report from pid 42001") == 4
+    assert daemon.log.read_text().count(f"refused a capture report from pid {os.getpid()}") == 4
 
 
 def test_a_long_stall_while_capturing_is_not_a_death(daemon: Daemon, ctx: zmq.Context) -> None:
@@ -148,15 +147,15 @@ def test_a_long_stall_while_capturing_is_not_a_death(daemon: Daemon, ctx: zmq.Co
     # longer than three heartbeats, as a training thread stopping the profiler on a huge
     # trace does. The same silence from a pid that no longer exists is a death.
     host = socket.gethostname()
-    gone_pid = _exited_pid()
-    stalled = Peer(ctx, daemon, os.getpid(), "stall", host=host)
-    gone = Peer(ctx, daemon, gone_pid, "stall", host=host, rank=1)
+    stalled = Peer(ctx, daemon, "stall", host=host)
+    gone = spawn_peer(daemon, "stall", host=host, rank=1)
     sid = daemon.ctl_json("start", "--job", "stall", "--next")["session"]
     arm = recv(stalled.sock, "arm")
-    recv(gone.sock, "arm")
     stalled.send("progress", session=sid, state="capturing", step=1)
-    gone.send("progress", session=sid, state="capturing", step=1)
+    assert gone.stdout is not None and gone.stdout.readline().strip() == b"capturing"
     assert daemon.ctl_json("status")["clients"] == 2
+    gone.kill()
+    gone.wait()
     ranks = lambda: {t["rank"]: t for t in daemon.ctl_json("show", sid)["targets"]}  # noqa: E731
     wait_for(lambda: ranks()[1]["state"] == "failed", 30, "the dead pid's target to fail")
     # Past three missed heartbeats the daemon notices the silence, and waits.
@@ -173,10 +172,3 @@ def test_a_long_stall_while_capturing_is_not_a_death(daemon: Daemon, ctx: zmq.Co
     t = {x["rank"]: x for x in s["targets"]}
     assert t[0]["state"] == "done" and t[0]["traces"] == 1, t
     assert s["state"] == "partial", s
-
-
-def _exited_pid() -> int:
-    p = subprocess.Popen(["true"])
-    p.wait()
-    assert not psutil.pid_exists(p.pid)
-    return p.pid

@@ -425,7 +425,7 @@ class Captures:
             death.pid,
             death.cause,
             j.key,
-            task.args["raw_trace"],
+            os.path.join(task.args["spool"], *task.args["src"], task.args["trace"]),
         )
         # A signal is a guess worth making (9: the OOM killer); an exit code is a fact.
         guess = "?" if death.signal is not None else ""
