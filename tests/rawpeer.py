@@ -72,6 +72,8 @@ import os, sys
 import msgpack, zmq
 hello, path = msgpack.unpackb(bytes.fromhex(sys.argv[1])), sys.argv[2]
 s = zmq.Context().socket(zmq.DEALER)
+if sys.argv[3]:
+    s.setsockopt(zmq.ROUTING_ID, sys.argv[3].encode())
 s.connect("ipc://" + path)
 s.send(msgpack.packb({**hello, "pid": os.getpid()}))
 while True:
@@ -83,11 +85,12 @@ while True:
 """
 
 
-def spawn_peer(d: Daemon, job: str, **fields: Any) -> subprocess.Popen[bytes]:
+def spawn_peer(d: Daemon, job: str, routing_id: str = "", **fields: Any) -> subprocess.Popen[bytes]:
     """A raw peer in a process of its own (the daemon believes only kernel pids): it says
     hello, and on an ``arm`` reports ``capturing`` and prints that line; then nothing."""
     hello = {**HELLO, "job": job, **fields}
+    sock = str(d.runtime_dir / "agent.sock")
     return subprocess.Popen(
-        [sys.executable, "-c", _CHILD, pack(hello).hex(), str(d.runtime_dir / "agent.sock")],
+        [sys.executable, "-c", _CHILD, pack(hello).hex(), sock, routing_id],
         stdout=subprocess.PIPE,
     )
