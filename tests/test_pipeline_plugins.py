@@ -191,10 +191,11 @@ def test_group_events_sorts_each_event_once() -> None:
         x("cudaLaunchKernel", 11, 1, cat="cuda_runtime"),
     ]
     groups = group_events(events)
-    assert [e["name"] for e in groups.steps] == ["ProfilerStep#4"]
-    assert [e["name"] for e in groups.cpu] == ["ProfilerStep#4", "aten::mm"]
-    assert [e["name"] for e in groups.gpu] == ["sgemm"]
-    assert [e["name"] for e in groups.memory] == ["[memory]"]
+    # Each group keeps only the fields its analysis reads (see EventGroups).
+    assert groups.steps == [("ProfilerStep#4", 0.0, 100.0)]
+    assert groups.cpu.names == ["ProfilerStep#4", "aten::mm"] and len(groups.cpu) == 2
+    assert groups.gpu.calls == {"sgemm": 1}
+    assert len(groups.memory) == 1
 
 
 def fake_nsys(tmp_path: Path, body: str) -> str:

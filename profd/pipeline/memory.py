@@ -2,15 +2,21 @@
 
 torch.profiler with ``profile_memory=True`` writes one ``[memory]`` instant event per
 allocation and free, carrying the device's running ``Total Allocated`` and ``Total Reserved``.
+A long capture holds millions of them, so they are kept as three columns per device
+(:class:`SampleSeries`, 24 bytes a sample), filled one event at a time (:class:`MemoryEvents`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, overload
+
+from .columns import sorted_order
 
 MEMORY_EVENT = "[memory]"
+_INT64 = range(-(1 << 63), 1 << 63)
 
 
 @dataclass(frozen=True)
@@ -18,6 +24,50 @@ class Sample:
     ts_us: float
     allocated: int
     reserved: int
+
+
+class SampleSeries(Sequence[Sample]):
+    """One device's samples as columns; indexing makes :class:`Sample` objects on the fly."""
+
+    __slots__ = ("allocated", "reserved", "ts_us")
+
+    def __init__(self) -> None:
+        self.ts_us = array("d")
+        self.allocated = array("q")
+        self.reserved = array("q")
+
+    def __len__(self) -> int:
+        return len(self.ts_us)
+
+    @overload
+    def __getitem__(self, i: int) -> Sample: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[Sample]: ...
+
+    def __getitem__(self, i: int | slice) -> Sample | list[Sample]:
+        if isinstance(i, slice):
+            return [
+                Sample(*s)
+                for s in zip(self.ts_us[i], self.allocated[i], self.reserved[i], strict=True)
+            ]
+        return Sample(self.ts_us[i], self.allocated[i], self.reserved[i])
+
+    def append(self, ts_us: float, allocated: int, reserved: int) -> None:
+        self.ts_us.append(ts_us)
+        self.allocated.append(allocated)
+        self.reserved.append(reserved)
+
+    def in_time_order(self) -> SampleSeries:
+        """The samples sorted by time (stable); itself when they already are."""
+        order = sorted_order(self.ts_us)
+        if isinstance(order, range):
+            return self
+        out = SampleSeries()
+        out.ts_us = array("d", (self.ts_us[i] for i in order))
+        out.allocated = array("q", (self.allocated[i] for i in order))
+        out.reserved = array("q", (self.reserved[i] for i in order))
+        return out
 
 
 def device_name(args: Mapping[str, Any]) -> str:
@@ -29,21 +79,42 @@ def device_name(args: Mapping[str, Any]) -> str:
     return f"device type {kind}:{idx}"
 
 
-def memory_series(events: Iterable[Mapping[str, Any]]) -> dict[str, list[Sample]]:
-    """Per device, the running totals in time order (empty without ``profile_memory``).
+class MemoryEvents:
+    """The trace's ``[memory]`` events (``EventGroups.memory``), one series per device."""
 
-    ``events`` are the trace's ``[memory]`` events (``EventGroups.memory``); one without the
-    totals is skipped.
-    """
-    out: dict[str, list[Sample]] = {}
-    for ev in events:
-        args, ts = ev.get("args"), ev.get("ts")
+    def __init__(self) -> None:
+        self._series: dict[str, SampleSeries] = {}
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self._series.values())
+
+    def add(self, args: Any, ts: Any) -> None:
+        """One event's ``args`` and ``ts``; one without the totals is skipped."""
         if not isinstance(args, dict) or not isinstance(ts, int | float):
-            continue
+            return
         alloc, reserved = args.get("Total Allocated"), args.get("Total Reserved")
         if not isinstance(alloc, int) or not isinstance(reserved, int):
-            continue
-        out.setdefault(device_name(args), []).append(Sample(float(ts), alloc, reserved))
-    for samples in out.values():
-        samples.sort(key=lambda s: s.ts_us)
-    return out
+            return
+        if alloc not in _INT64 or reserved not in _INT64:
+            return  # no device has 8 EiB: a corrupt event, and it would not fit the column
+        try:
+            ts_us = float(ts)
+        except OverflowError:
+            return
+        dev = device_name(args)
+        series = self._series.get(dev)
+        if series is None:
+            series = self._series[dev] = SampleSeries()
+        series.append(ts_us, alloc, reserved)
+
+    def series(self) -> dict[str, SampleSeries]:
+        """Per device, the running totals in time order (empty without ``profile_memory``)."""
+        return {dev: s.in_time_order() for dev, s in self._series.items()}
+
+
+def memory_series(events: Iterable[Mapping[str, Any]]) -> dict[str, SampleSeries]:
+    """:meth:`MemoryEvents.series` of ``[memory]`` events given as dicts."""
+    mem = MemoryEvents()
+    for ev in events:
+        mem.add(ev.get("args"), ev.get("ts"))
+    return mem.series()

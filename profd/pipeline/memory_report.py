@@ -8,6 +8,7 @@ matplotlib, no torch), and it needs nothing from the training process beyond the
 
 from __future__ import annotations
 
+import bisect
 import html
 from collections.abc import Mapping, Sequence
 
@@ -31,6 +32,10 @@ def downsample(samples: Sequence[Sample], limit: int = MAX_POINTS) -> list[Sampl
         bucket = samples[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)]
         out.append(max(bucket, key=lambda s: s.allocated))
     return out
+
+
+def _ts(s: Sample) -> float:
+    return s.ts_us
 
 
 def _size(n: float) -> str:
@@ -82,9 +87,12 @@ def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepSpan]) -> s
 
 
 def _step_rows(samples: Sequence[Sample], windows: Sequence[StepSpan]) -> list[str]:
+    """One row per step window; ``samples`` are in time order, so each window is a slice."""
     rows = []
     for w in windows:
-        inside = [s.allocated for s in samples if w.start_us <= s.ts_us <= w.end_us]
+        lo = bisect.bisect_left(samples, w.start_us, key=_ts)
+        hi = bisect.bisect_right(samples, w.end_us, lo=lo, key=_ts)
+        inside = [s.allocated for s in samples[lo:hi]]
         peak = _size(max(inside)) if inside else "-"
         rows.append(f"<tr><td>{w.step}</td><td>{peak}</td><td>{len(inside)}</td></tr>")
     return rows
@@ -93,7 +101,11 @@ def _step_rows(samples: Sequence[Sample], windows: Sequence[StepSpan]) -> list[s
 def render_memory_html(
     title: str, series: Mapping[str, Sequence[Sample]], windows: Sequence[StepSpan]
 ) -> str | None:
-    """The report, or None when the trace has no ``[memory]`` events."""
+    """The report, or None when the trace has no ``[memory]`` events.
+
+    ``series`` holds each device's samples in time order, as :meth:`.MemoryEvents.series`
+    gives them.
+    """
     if not series:
         return None
     t0 = min(

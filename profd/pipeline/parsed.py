@@ -1,10 +1,12 @@
-"""A kineto trace as the pipeline's outputs read it: loaded once, its events sorted once.
+"""A kineto trace as the pipeline's outputs read it: read once, its events sorted once.
 
 Every output (see :mod:`.outputs`) is handed the same :class:`ParsedTrace`. A large trace
-holds hundreds of thousands of events, so they are sorted into the groups the analyses read
-in one pass when the trace is opened, and each analysis runs on its group the first time an
-output asks for it and is kept for the next. An output that needs another kind of event adds
-a group to :func:`group_events` rather than a pass of its own.
+holds millions of events, more than fit in a worker's memory as dicts, so the trace is read
+one event at a time (see :mod:`.stream`) and each event goes, as it is read, into the compact
+collectors of the analyses that need it (:class:`EventGroups`); each analysis then runs on its
+collector the first time an output asks for it and is kept for the next. An output that needs
+another kind of event adds a collector to :class:`EventGroups` rather than a pass of its own,
+and keeps in it only the fields it needs.
 """
 
 from __future__ import annotations
@@ -14,52 +16,60 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from .memory import MEMORY_EVENT, Sample, memory_series
-from .ops import CPU_OP_CATS, GPU_OP_CATS, OpStat, cpu_op_stats, gpu_op_stats
+from .memory import MEMORY_EVENT, MemoryEvents, SampleSeries
+from .ops import CPU_OP_CATS, GPU_OP_CATS, CpuOps, GpuOps, OpStat
 from .spans import STEP_PREFIX, StepSpan, StepStats, step_spans, step_stats
 
-Event = Mapping[str, Any]
 
-
-@dataclass(frozen=True)
 class EventGroups:
-    """The events each analysis reads, in trace order (the analyses' tie-breaks rely on it)."""
+    """What each analysis keeps of the events, fed in trace order (its tie-breaks rely on it).
 
-    steps: Sequence[Event]  # complete ProfilerStep#N events, whatever their category
-    cpu: Sequence[Event]  # complete CPU_OP_CATS events, ProfilerSteps included for nesting
-    gpu: Sequence[Event]  # complete GPU_OP_CATS events
-    memory: Sequence[Event]  # [memory] events
+    ``add`` is the one place that decides what an event is; the analyses trust their group.
+    It never raises on a malformed event: that would cost the whole trace, where a malformed
+    event should cost at most the analysis that cannot read it.
+    """
 
+    def __init__(self) -> None:
+        # complete ProfilerStep#N events, whatever their category: (name, start, duration)
+        self.steps: list[tuple[str, float, float]] = []
+        self.cpu = CpuOps()  # complete CPU_OP_CATS events, ProfilerSteps included for nesting
+        self.gpu = GpuOps()  # complete GPU_OP_CATS events
+        self.memory = MemoryEvents()  # [memory] events
 
-def group_events(events: Iterable[Any]) -> EventGroups:
-    """The one place that decides what an event is; the analyses trust their group."""
-    steps: list[Event] = []
-    cpu: list[Event] = []
-    gpu: list[Event] = []
-    memory: list[Event] = []
-    for ev in events:
+    def add(self, ev: Any) -> None:
         if not isinstance(ev, dict):
-            continue
-        name = ev.get("name")
+            return
+        get = ev.get
+        name = get("name")
         if name == MEMORY_EVENT:
-            memory.append(ev)
+            self.memory.add(get("args"), get("ts"))
         # Only well-formed "X" events are timed intervals.
-        if not (
-            ev.get("ph") == "X"
-            and isinstance(ev.get("ts"), int | float)
-            and isinstance(ev.get("dur"), int | float)
-        ):
-            continue
-        cat = ev.get("cat")
+        if get("ph") != "X":
+            return
+        ts, dur = get("ts"), get("dur")
+        if not (isinstance(ts, int | float) and isinstance(dur, int | float)):
+            return
+        try:
+            ts, dur = float(ts), float(dur)
+        except OverflowError:  # an integer beyond any float: no time at all
+            return
+        cat = get("cat")
         # The isinstance keeps a malformed (unhashable) category from failing the whole trace.
         if isinstance(cat, str):
             if cat in CPU_OP_CATS:
-                cpu.append(ev)
+                op = name if isinstance(name, str) else str(get("name", ""))
+                self.cpu.add(get("pid"), get("tid"), op, ts, dur)
             elif cat in GPU_OP_CATS:
-                gpu.append(ev)
+                self.gpu.add(name if isinstance(name, str) else str(get("name", "")), dur)
         if isinstance(name, str) and name.startswith(STEP_PREFIX):
-            steps.append(ev)
-    return EventGroups(steps, cpu, gpu, memory)
+            self.steps.append((name, ts, dur))
+
+
+def group_events(events: Iterable[Any]) -> EventGroups:
+    groups = EventGroups()
+    for ev in events:
+        groups.add(ev)
+    return groups
 
 
 @dataclass(frozen=True)
@@ -87,12 +97,12 @@ class ParsedTrace:
 
     @cached_property
     def cpu_ops(self) -> Sequence[OpStat]:
-        return cpu_op_stats(self.groups.cpu)
+        return self.groups.cpu.stats()
 
     @cached_property
     def gpu_ops(self) -> Sequence[OpStat]:
-        return gpu_op_stats(self.groups.gpu)
+        return self.groups.gpu.stats()
 
     @cached_property
-    def memory(self) -> Mapping[str, Sequence[Sample]]:
-        return memory_series(self.groups.memory)
+    def memory(self) -> Mapping[str, SampleSeries]:
+        return self.groups.memory.series()

@@ -1,14 +1,17 @@
 """Turn one raw kineto Chrome trace into the files profd keeps and uploads.
 
 Runs inside a daemon worker process (``ProcessPoolExecutor``, spawn context), never on the
-training thread, so it may spend a few seconds of CPU and a few hundred MB of memory on a large
-trace. It must not import torch: the daemon never does.
+training thread, so it may spend some seconds of CPU on a large trace. Its memory grows with
+the trace only by the analyses' compact columns (about 20 bytes per CPU operator and 24 per
+``[memory]`` sample): the raw trace is read one event at a time (:mod:`.stream`), and each event
+is gzipped and fed to the analyses' collectors (:class:`.parsed.EventGroups`) as it is read. It
+must not import torch: the daemon never does.
 
 For one raw trace it writes, into ``final_dir``:
 
 * ``{stem}.pt.trace.json.gz``: the trace with ``distributedInfo.rank`` guaranteed, gzipped;
-* one file per registered output (:data:`.outputs.TRACE_OUTPUTS`), all from one parse of the
-  trace: ``{stem}.summary.txt`` (step times, top operators by self time) and, when the trace
+* one file per registered output (:data:`.outputs.TRACE_OUTPUTS`), all from the same read of
+  the trace: ``{stem}.summary.txt`` (step times, top operators by self time) and, when the trace
   has ``[memory]`` events, ``{stem}.memory.html`` (see :mod:`.memory_report`);
 
 moves the caller's extra files (memory snapshots...) next to them, and only then deletes the
@@ -21,20 +24,29 @@ output that fails costs only its own file (see :mod:`.outputs`).
 
 from __future__ import annotations
 
+import contextlib
 import gzip
+import itertools
 import json
 import os
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, BinaryIO
+from typing import IO, Any, BinaryIO
 
 from .files import Batch, FilePerms, ProcessedFile, move_into
 from .outputs import TRACE_OUTPUTS, OutputError, TraceOutput, render_outputs
-from .parsed import ParsedTrace
+from .parsed import EventGroups, ParsedTrace
+from .stream import CHUNK_BYTES, TraceFormatError, TraceReader
 
 GZIP_LEVEL = 6
 DEFAULT_TOP_N = 30
 TRACE_SUFFIX = ".pt.trace.json.gz"
+#: How much of the raw file's end is searched for a distributedInfo after traceEvents.
+TAIL_PROBE_BYTES = 64 << 10
+#: Characters of compact JSON gathered before each write to the gzip stream.
+WRITE_CHARS = 1 << 20
+# What json.dumps(..., separators=(",", ":")) encodes with, made once rather than per event.
+_COMPACT = json.JSONEncoder(separators=(",", ":"))
 
 
 class PipelineError(Exception):
@@ -71,42 +83,143 @@ def inject_rank(doc: dict[str, Any], rank: int, world_size: int) -> bool:
     return True
 
 
-def _trace_chunks(doc: Mapping[str, Any]) -> Iterator[str]:
-    """Compact JSON for ``doc``, with distributedInfo alone on the first line.
+def _trace_chunks(
+    info: Mapping[str, Any],
+    items: Iterable[tuple[str, Any]],
+    events: Iterable[Any],
+    on_event: Callable[[Any], None] | None = None,
+) -> Iterator[str]:
+    """Compact JSON for a trace, with distributedInfo alone on the first line.
 
     HTA maps files to ranks with ``re.search(r'"rank":\\s+(\\d+)')`` over the file's lines, up
     to the first line that matches: plain compact JSON (``"rank":3``) does not match at all and
     HTA silently files every trace under rank 0, and a one-line file would make it search the
     whole trace. So distributedInfo goes first, with rank as its first key and ": " separators,
     and a newline follows it; the rest stays compact.
+
+    ``items`` are the other top-level keys with their values, in file order (a
+    ``distributedInfo`` among them is skipped); the value of ``traceEvents`` is ``events``,
+    encoded one at a time as they are read, each handed to ``on_event`` first. The rest comes
+    out as ``json.dumps(doc, separators=(",", ":"))`` would write it.
     """
-    compact = (",", ":")
-    info = doc.get("distributedInfo")
-    first = True
-    yield "{"
-    if isinstance(info, dict):
-        ordered = {"rank": info["rank"], **info} if "rank" in info else info
-        yield '"distributedInfo": ' + json.dumps(ordered, separators=(", ", ": ")) + "\n"
-        first = False
-    for key, value in doc.items():
-        if key == "distributedInfo" and isinstance(info, dict):
+    encode = _COMPACT.encode
+    ordered = {"rank": info["rank"], **info} if "rank" in info else info
+    yield '{"distributedInfo": ' + json.dumps(ordered, separators=(", ", ": ")) + "\n"
+    for key, value in items:
+        if key == "distributedInfo":
             continue
-        yield ("" if first else ",") + json.dumps(key) + ":" + json.dumps(value, separators=compact)
-        first = False
+        if key != "traceEvents":
+            yield "," + encode(key) + ":" + encode(value)
+            continue
+        yield ',"traceEvents":['
+        sep = ""
+        for ev in events:
+            if on_event is not None:
+                on_event(ev)
+            yield sep + encode(ev)
+            sep = ","
+        yield "]"
     yield "}"
 
 
-def _load(raw: BinaryIO, name: str) -> dict[str, Any]:
-    # errors="replace": one undecodable byte in some op name must not cost the whole trace.
-    text = raw.read().decode("utf-8", errors="replace")
+def _gzip(fh: IO[bytes], stem: str, chunks: Iterable[str]) -> None:
+    with gzip.GzipFile(
+        # filename: gzip headers record the original name; the temp name would mislead.
+        filename=stem + ".pt.trace.json",
+        mode="wb",
+        fileobj=fh,
+        compresslevel=GZIP_LEVEL,
+    ) as gz:
+        parts: list[str] = []
+        size = 0
+        for chunk in chunks:
+            parts.append(chunk)
+            size += len(chunk)
+            if size >= WRITE_CHARS:
+                gz.write("".join(parts).encode("utf-8"))
+                parts.clear()
+                size = 0
+        gz.write("".join(parts).encode("utf-8"))
+
+
+def _write_trace(
+    fh: IO[bytes],
+    raw: BinaryIO,
+    name: str,
+    stem: str,
+    rank: int,
+    world_size: int,
+    on_event: Callable[[Any], None],
+) -> int:
+    """Gzip the trace read from ``raw`` into ``fh``, each event through ``on_event``.
+
+    The top-level values are kept in memory, the events are not: they go from the reader to
+    the gzip stream one at a time. distributedInfo comes first in the output but may come
+    after traceEvents in the raw file, where it is seen only once the events are written. So
+    the one read writes what it knows by then (the raw file's distributedInfo from before
+    traceEvents, or the one :func:`inject_rank` makes when there is none); in the rare case
+    that the end of the file changes that (or repeats a key), the trace is written again from
+    a second read of the file (``raw`` must be seekable), now knowing every top-level value.
+    When the file's last bytes name distributedInfo, the first read only feeds ``on_event``
+    and the second one writes. ``on_event`` sees the events of the first read only. Returns
+    the number of elements of traceEvents.
+    """
+    start = raw.tell()
+    reader = TraceReader(raw, name, CHUNK_BYTES)
+    head = reader.head()
+    tail: dict[str, Any] = {}
+    written: Any = None  # the distributedInfo written first by the first read, if it wrote
+    if "distributedInfo" in head or not _named_near_end(raw, b'"distributedInfo"'):
+        guess = {"distributedInfo": head["distributedInfo"]} if "distributedInfo" in head else {}
+        inject_rank(guess, rank, world_size)
+        written = guess["distributedInfo"]
+
+        def tail_items() -> Iterator[tuple[str, Any]]:
+            tail.update(reader.tail())
+            yield from tail.items()
+
+        items = itertools.chain(head.items(), [("traceEvents", None)], tail_items())
+        _gzip(fh, stem, _trace_chunks(written, items, reader.events(), on_event))
+    else:
+        for ev in reader.events():
+            on_event(ev)
+        tail.update(reader.tail())
+
+    # The document json.loads would make of the file: a repeated key keeps its first place
+    # and its last value.
+    doc = {**head, "traceEvents": None}
+    doc.update(tail)
+    inject_rank(doc, rank, world_size)
+    if (
+        written is None
+        or head.keys() & tail.keys()
+        or _info_json(doc["distributedInfo"]) != _info_json(written)
+    ):
+        raw.seek(start)
+        fh.seek(0)
+        fh.truncate()
+        again = TraceReader(raw, name, CHUNK_BYTES)
+        again.head()
+        _gzip(fh, stem, _trace_chunks(doc["distributedInfo"], doc.items(), again.events()))
+    return reader.events_read
+
+
+def _named_near_end(raw: BinaryIO, needle: bytes) -> bool:
+    """Whether ``needle`` occurs in the last :data:`TAIL_PROBE_BYTES` of the file.
+
+    Leaves the file where it was. A miss only costs the second write, a false hit the first.
+    """
+    here = raw.tell()
     try:
-        doc = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise PipelineError(f"{name}: not valid JSON ({exc})") from None
-    del text
-    if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
-        raise PipelineError(f"{name}: not a Chrome trace (no traceEvents list)")
-    return doc
+        end = raw.seek(0, os.SEEK_END)
+        raw.seek(max(here, end - TAIL_PROBE_BYTES))
+        return needle in raw.read(TAIL_PROBE_BYTES)
+    finally:
+        raw.seek(here)
+
+
+def _info_json(info: Any) -> str:
+    return json.dumps(info, separators=(", ", ": "))
 
 
 def process_trace(
@@ -170,43 +283,34 @@ def process_open(
     """
     if not stem or os.sep in stem or stem.startswith("."):
         raise ValueError(f"bad stem {stem!r}")
-    doc = _load(raw, name)
-    inject_rank(doc, rank, world_size)
-    events: list[Any] = doc["traceEvents"]
-
     final_dir = os.path.abspath(final_dir)
+    made_dir = not os.path.isdir(final_dir)
     os.makedirs(final_dir, exist_ok=True)
-    head: dict[str, str] = dict(header or {})
-    head.setdefault("rank", str(rank))
-    head.setdefault("world_size", str(world_size))
-    head.setdefault("trace", stem + TRACE_SUFFIX)
-    head.setdefault("raw_bytes", str(raw_bytes))
-    head.setdefault("events", str(len(events)))
-    parsed = ParsedTrace.from_events(events, stem, head, top_n)
-    # The step statistics belong to the result, not to an output, so they fail the capture.
-    steps = parsed.steps
-    # Outputs render before the trace is encoded: the other way round made the whole call
-    # 10-20% slower on a 500k-event trace. Dropping parsed lets `del doc` below free the
-    # events at once.
-    rendered, output_errors = render_outputs(outputs, parsed, stem)
-    del parsed
-
-    with Batch(final_dir, stem, perms) as batch:
-        with (
-            batch.open("trace", TRACE_SUFFIX) as fh,
-            gzip.GzipFile(
-                # filename: gzip headers record the original name; the temp name would mislead.
-                filename=stem + ".pt.trace.json",
-                mode="wb",
-                fileobj=fh,
-                compresslevel=GZIP_LEVEL,
-            ) as gz,
-        ):
-            for chunk in _trace_chunks(doc):
-                gz.write(chunk.encode("utf-8"))
-        del doc, events
-        for out in rendered:
-            batch.write(out.kind, out.suffix, out.data)
+    groups = EventGroups()
+    try:
+        with Batch(final_dir, stem, perms) as batch:
+            # One read of the raw trace writes the gzipped copy and feeds the analyses.
+            with batch.open("trace", TRACE_SUFFIX) as fh:
+                n_events = _write_trace(fh, raw, name, stem, rank, world_size, groups.add)
+            head: dict[str, str] = dict(header or {})
+            head.setdefault("rank", str(rank))
+            head.setdefault("world_size", str(world_size))
+            head.setdefault("trace", stem + TRACE_SUFFIX)
+            head.setdefault("raw_bytes", str(raw_bytes))
+            head.setdefault("events", str(n_events))
+            parsed = ParsedTrace(stem, head, top_n, groups)
+            # The step statistics belong to the result, not to an output, so they fail the
+            # capture.
+            steps = parsed.steps
+            rendered, output_errors = render_outputs(outputs, parsed, stem)
+            del parsed, groups
+            for out in rendered:
+                batch.write(out.kind, out.suffix, out.data)
+    except TraceFormatError as exc:
+        if made_dir:
+            with contextlib.suppress(OSError):
+                os.rmdir(final_dir)  # only if it is still empty
+        raise PipelineError(str(exc)) from None
 
     return ProcessedTrace(
         files=tuple(batch.files),

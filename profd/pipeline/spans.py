@@ -8,9 +8,8 @@ steps the same way.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 STEP_PREFIX = "ProfilerStep#"
 
@@ -38,19 +37,19 @@ class StepStats:
         return tuple(step for step, _ in self.durations_ms)
 
 
-def step_spans(events: Iterable[Mapping[str, Any]]) -> list[StepSpan]:
+def step_spans(steps: Iterable[tuple[str, float, float]]) -> list[StepSpan]:
     """Every ``ProfilerStep#N`` span torch.profiler emitted, in time order.
 
-    ``events`` are complete events named ``ProfilerStep#...`` (``EventGroups.steps``); a name
-    with no step number after the prefix is no step.
+    ``steps`` are the complete events named ``ProfilerStep#...`` as (name, start, duration)
+    (``EventGroups.steps``); a name with no step number after the prefix is no step.
     """
     out = []
-    for ev in events:
+    for name, ts, dur in steps:
         try:
-            step = int(ev["name"][len(STEP_PREFIX) :])
+            step = int(name[len(STEP_PREFIX) :])
         except ValueError:
             continue
-        out.append(StepSpan(step, float(ev["ts"]), float(ev["dur"])))
+        out.append(StepSpan(step, ts, dur))
     return sorted(out, key=lambda s: s.start_us)
 
 
