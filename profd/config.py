@@ -41,6 +41,9 @@ class S3Config:
     max_attempts: int = 8
     backoff_base: float = 1.0
     backoff_max: float = 60.0
+    #: Retry delay cap for a file that used up ``max_attempts``: it is ``failed`` but, while
+    #: its local file exists, still retried on the same backoff, capped at this.
+    failed_backoff_max: float = 300.0
 
     @property
     def enabled(self) -> bool:
@@ -207,6 +210,8 @@ def _s3(table: Mapping[str, Any], url: str | None, endpoint: str | None) -> S3Co
             kw[k] = _number(v, name, int, 0)
         elif k in ("backoff_base", "backoff_max"):
             kw[k] = _number(v, name, float, 0, zero_ok=True)  # 0: retry at once
+        elif k == "failed_backoff_max":
+            kw[k] = _number(v, name, float, 0)  # never 0: failed files would retry in a loop
         elif k == "checksum_when_required":
             if not isinstance(v, bool):
                 raise ConfigError(f"{name}: must be true or false, got {v!r}")

@@ -12,7 +12,7 @@ import json
 import os
 import sqlite3
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -93,7 +93,8 @@ CREATE TABLE IF NOT EXISTS files (
     upload_state TEXT NOT NULL, -- local | pending | uploading | uploaded | failed
     s3_uri TEXT,
     attempts INTEGER NOT NULL DEFAULT 0,
-    next_attempt_at REAL NOT NULL DEFAULT 0,
+    next_attempt_at REAL NOT NULL DEFAULT 0,  -- when a pending or failed file is tried next;
+                                -- 0 on a failed file: never by itself (its local file is gone)
     last_error TEXT,
     uploaded_at REAL,
     deleted INTEGER NOT NULL DEFAULT 0
@@ -108,6 +109,10 @@ CREATE TABLE IF NOT EXISTS inbox (
     done INTEGER NOT NULL DEFAULT 0
 );
 """
+
+#: Files a worker may take once their ``next_attempt_at`` has come: pending ones, and failed
+#: ones that a retry may fix (a failed file whose local file is gone has 0).
+_DUE = "(upload_state = 'pending' OR (upload_state = 'failed' AND next_attempt_at > 0))"
 
 _FILE_COLS = ("kind", "path", "bytes", "upload_state", "s3_uri", "last_error", "deleted")
 
@@ -357,10 +362,13 @@ class Index:
 
     # --- upload queue (upload workers) --------------------------------------------------------
     def claim_upload(self, now: float) -> dict[str, Any] | None:
-        """Take the next due upload; ``session`` files wait until the rest of their session."""
+        """Take the next due upload; ``session`` files wait until the rest of their session.
+
+        ``failed`` files are due too when their retry time has come (see :meth:`upload_retry`):
+        the returned row's ``upload_state`` is the one it had before it was claimed."""
         with self._tx():
             r = self.db.execute(
-                "SELECT * FROM files f WHERE upload_state = 'pending' AND next_attempt_at <= ?"
+                f"SELECT * FROM files f WHERE {_DUE} AND next_attempt_at <= ?"
                 " AND deleted = 0 AND (kind != 'session' OR NOT EXISTS (SELECT 1 FROM files g"
                 " WHERE g.session = f.session AND g.kind != 'session'"
                 " AND g.upload_state IN ('pending', 'uploading', 'failed')))"
@@ -385,6 +393,8 @@ class Index:
         )
 
     def upload_retry(self, file_id: int, error: str, at: float, give_up: bool) -> None:
+        """A failed attempt: the file is tried again at ``at``; with ``give_up`` it is
+        ``failed`` (it used up its attempts), and ``at`` 0 means never again by itself."""
         self.db.execute(
             "UPDATE files SET upload_state = ?, last_error = ?, next_attempt_at = ? WHERE id = ?",
             ("failed" if give_up else "pending", error, at, file_id),
@@ -405,6 +415,31 @@ class Index:
             args.append(session)
         return self.db.execute(sql, args).rowcount
 
+    def requeue_recovered(self, keep: Callable[[str], bool]) -> int:
+        """The store is back after an outage: ``failed`` files that a retry can fix (and whose
+        path ``keep`` accepts: the local file exists) go back to the queue with their attempts
+        reset, and files waiting out a backoff become due now. Returns how many were failed."""
+        rows = self.db.execute(
+            "SELECT id, path FROM files WHERE upload_state = 'failed' AND next_attempt_at > 0"
+            " AND deleted = 0"
+        ).fetchall()
+        ids = [r["id"] for r in rows if keep(r["path"])]
+        n = 0
+        with self._tx():
+            for i in range(0, len(ids), 500):
+                chunk = ids[i : i + 500]
+                # A worker may have claimed one since: only rows still failed are requeued.
+                n += self.db.execute(
+                    "UPDATE files SET upload_state = 'pending', next_attempt_at = 0, attempts = 0"
+                    f" WHERE upload_state = 'failed' AND id IN ({','.join('?' * len(chunk))})",
+                    chunk,
+                ).rowcount
+            self.db.execute(
+                "UPDATE files SET next_attempt_at = 0"
+                " WHERE upload_state = 'pending' AND deleted = 0 AND next_attempt_at > 0"
+            )
+        return n
+
     def uploading(self) -> list[dict[str, Any]]:
         """Rows a worker held: at start-up, the uploads a dead daemon was in the middle of."""
         return [
@@ -417,8 +452,8 @@ class Index:
     def next_upload_due(self, now: float) -> float | None:
         """When the earliest backed-off upload becomes due (None if nothing waits on a timer)."""
         r = self.db.execute(
-            "SELECT MIN(next_attempt_at) AS at FROM files"
-            " WHERE upload_state = 'pending' AND deleted = 0 AND next_attempt_at > ?",
+            f"SELECT MIN(next_attempt_at) AS at FROM files"
+            f" WHERE {_DUE} AND deleted = 0 AND next_attempt_at > ?",
             (now,),
         ).fetchone()
         return float(r["at"]) if r["at"] is not None else None

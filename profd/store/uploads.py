@@ -6,6 +6,11 @@ object becomes visible in S3 only when its PutObject or CompleteMultipartUpload 
 a daemon killed mid-upload leaves no complete-looking object; the retry uploads it again from
 the start and aborts the orphaned multipart upload.
 
+A file that used up ``max_attempts`` is ``failed`` but not abandoned while its local file
+exists: it is retried on the same backoff capped at ``failed_backoff_max``, and at once when
+the HeadBucket probe sees the store come back after it was unreachable. Only a file whose local
+copy is gone stays failed until ``profctl retry`` or the next start.
+
 Workers never touch the event loop's state; ``status()`` and ``prune()`` are called on the
 event loop thread and only read cached values or use their own index connection.
 """
@@ -67,6 +72,15 @@ class Uploads:
         self._error: str | None = None
         self._checked_at: float | None = None
         self._cred_source: str | None = None
+        #: The last upload that failed (store errors only, not a missing local file), when,
+        #: and whether the store answered it; the last upload that succeeded.
+        self._upload_error: str | None = None
+        self._upload_error_at: float | None = None
+        self._upload_error_answered = False
+        self._upload_ok_at: float | None = None
+        #: Set when the store is found unreachable; the next probe that gets an answer
+        #: clears it and requeues what failed in the meantime.
+        self._down_seen = False
         self._active = 0
         #: Files a killed daemon was uploading: their multipart uploads may still be open.
         self._interrupted: set[int] = set()
@@ -139,6 +153,7 @@ class Uploads:
 
     def status(self) -> dict[str, Any]:
         with self._health_lock:
+            health, error = self._health_word()
             return {
                 "configured": True,
                 "url": self.s3cfg.url,
@@ -146,13 +161,35 @@ class Uploads:
                 "prefix": self.prefix,
                 "endpoint_url": s3.shown_endpoint(self.s3cfg.endpoint_url),
                 "region": self.s3cfg.region,
+                "health": health,
                 "reachable": self._reachable,
-                "error": self._error,
+                "error": error,
                 "checked_at": self._checked_at,
+                "last_upload_error": self._upload_error,
+                "last_upload_error_at": self._upload_error_at,
+                "last_upload_at": self._upload_ok_at,
                 "workers": self.workers,
                 "active": self._active,
                 "credentials": self._cred_source,  # where they came from, never the values
             }
+
+    def _health_word(self) -> tuple[str, str | None]:
+        """(health, the error that explains it); called with ``_health_lock`` held.
+
+        ``unreachable``: the store does not answer (probe or upload). ``uploads_failing``: it
+        answers, but the last upload failed since the last one that succeeded (wrong
+        credentials, a policy that allows HeadBucket but not PutObject, a verify mismatch).
+        ``ok``: it answers and uploads work or have not failed yet. ``unknown``: not checked."""
+        if self._reachable is False:
+            return "unreachable", self._error
+        failing = self._upload_error_at is not None and (
+            self._upload_ok_at is None or self._upload_error_at > self._upload_ok_at
+        )
+        if failing and self._upload_error_answered:
+            return "uploads_failing", self._upload_error
+        if self._reachable is True:
+            return "ok", self._error
+        return "unknown", self._error
 
     # --- quota ---------------------------------------------------------------------------------
     def prune(self) -> int:
@@ -271,28 +308,55 @@ class Uploads:
                 log.info("upload of %s interrupted by shutdown", row["rel"])
                 return
             err = s3.describe(exc)
-            give_up = isinstance(exc, LocalFileMissing) or attempt >= limit
-            delay = min(
-                self.s3cfg.backoff_max,
-                self.s3cfg.backoff_base * 2 ** (attempt - 1) * (1 + 0.25 * random.random()),
-            )
-            idx.upload_retry(row["id"], err, time.time() + delay, give_up)
-            if s3.is_unreachable(exc):
+            now = time.time()
+            if isinstance(exc, LocalFileMissing):
+                # Nothing a retry can fix: failed until profctl retry or the next start.
+                idx.upload_retry(row["id"], err, 0.0, True)
+                log.warning(
+                    "upload of %s failed: %s; giving up (profctl retry requeues it)",
+                    row["rel"],
+                    err,
+                )
+                return
+            give_up = attempt >= limit
+            delay = self._backoff(attempt, give_up)
+            idx.upload_retry(row["id"], err, now + delay, give_up)
+            unreachable = s3.is_unreachable(exc)
+            with self._health_lock:
+                self._upload_error, self._upload_error_at = err, now
+                self._upload_error_answered = not unreachable
+            if unreachable:
                 self._health(False, err)
-            elif not isinstance(exc, LocalFileMissing):
-                self._health(True, err)
-            log.warning(
-                "upload of %s failed (attempt %d/%d): %s; %s",
-                row["rel"],
-                attempt,
-                limit,
-                err,
-                "giving up (profctl retry requeues it)" if give_up else f"retry in {delay:.1f}s",
-            )
+            if give_up:
+                # Once failed, it keeps failing quietly until it uploads.
+                level = logging.DEBUG if row["upload_state"] == "failed" else logging.WARNING
+                log.log(
+                    level,
+                    "upload of %s failed (attempt %d, max_attempts %d): %s; marked failed, retried"
+                    " in %.1fs, or when S3 comes back, or now with profctl retry",
+                    row["rel"],
+                    attempt,
+                    limit,
+                    err,
+                    delay,
+                )
+            else:
+                log.warning(
+                    "upload of %s failed (attempt %d/%d): %s; retry in %.1fs",
+                    row["rel"],
+                    attempt,
+                    limit,
+                    err,
+                    delay,
+                )
         else:
             idx.upload_done(row["id"], s3.uri(self.bucket, key))
             self._interrupted.discard(row["id"])
             self._health(True, None)
+            with self._health_lock:
+                self._upload_ok_at = time.time()
+            if row["upload_state"] == "failed":
+                log.info("uploaded %s, which had failed before", row["rel"])
             log.debug(
                 "uploaded %s (%d bytes, verified %s) in %.2fs",
                 key,
@@ -310,6 +374,16 @@ class Uploads:
             # A finished file may unblock its session.json for another worker.
             self.kick()
 
+    def _backoff(self, attempt: int, failed: bool) -> float:
+        """Seconds before the next try: ``backoff_base * 2^(attempt-1)`` capped at
+        ``backoff_max`` (``failed_backoff_max`` once the file is failed), less up to 25% so
+        that files (and nodes) that failed together do not all retry together."""
+        cfg = self.s3cfg
+        cap = max(cfg.backoff_max, cfg.failed_backoff_max) if failed else cfg.backoff_max
+        # The exponent is bounded so a file failing for weeks cannot overflow the float.
+        grown = cfg.backoff_base * 2.0 ** min(attempt - 1, 64)
+        return min(cap, grown) * (1 - 0.25 * random.random())
+
     def _started(self, future: Any) -> None:
         with self._client_lock:
             self._inflight.add(future)
@@ -325,20 +399,44 @@ class Uploads:
             self._reachable = reachable
             self._error = error
             self._checked_at = time.time()
+            if reachable is False:
+                self._down_seen = True
 
     def _probe_loop(self) -> None:
         client: Any = None
         while not self._stopping.is_set():
+            up = False
             try:
                 self._client()  # resolves credentials off the event loop
                 if client is None:
                     client = s3.make_client(self.s3cfg, probe=True, pool=1)
-                self._probe(client)
+                up = self._probe(client)
             except Exception as exc:
                 self._health(False, s3.describe(exc))
+            if up:
+                # The store answers after the probe or an upload found it unreachable.
+                with self._health_lock:
+                    back, self._down_seen = self._down_seen, False
+                if back:
+                    try:
+                        self._recovered()
+                    except Exception:
+                        log.exception("requeueing uploads after an outage (again next probe)")
+                        with self._health_lock:
+                            self._down_seen = True
             self._stopping.wait(PROBE_OK_S if self._reachable else PROBE_DOWN_S)
+        idx: Index | None = getattr(self._local, "index", None)
+        if idx is not None:  # opened by _recovered
+            idx.close()
 
-    def _probe(self, client: Any) -> None:
+    def _recovered(self) -> None:
+        """The store answers again: what failed or backed off while it did not is due now."""
+        n = self._index().requeue_recovered(lambda p: Path(p).is_file())
+        log.info("S3 answers again: %d failed upload(s) requeued, backed-off uploads due now", n)
+        self.kick()
+
+    def _probe(self, client: Any) -> bool:
+        """One HeadBucket; whether the store answered (even if it refused)."""
         from botocore.exceptions import ClientError, NoCredentialsError
 
         try:
@@ -348,16 +446,19 @@ class Uploads:
         except ClientError as exc:
             code = str(exc.response.get("Error", {}).get("Code", ""))
             if code in ("403", "AccessDenied", "Forbidden"):
-                # HeadBucket needs s3:ListBucket, which an upload-only role may lack.
+                # HeadBucket needs s3:ListBucket, which an upload-only role may lack. Wrong
+                # credentials get this too: status says so once an upload fails.
                 self._health(True, "HeadBucket denied (uploads may still work)")
-            elif code in ("404", "NoSuchBucket", "NotFound"):
+                return True
+            if code in ("404", "NoSuchBucket", "NotFound"):
                 self._health(False, f"bucket {self.bucket!r} does not exist")
             else:
                 self._health(False, s3.describe(exc))
         except Exception as exc:
             self._health(False, s3.describe(exc))
         else:
-            # Keep the last upload error visible until an upload succeeds.
-            with self._health_lock:
-                was_down = self._reachable is not True
-            self._health(True, None if was_down else self._error)
+            # Upload errors are kept apart (status' last_upload_error), so this clears only
+            # what a probe or an unreachable store said.
+            self._health(True, None)
+            return True
+        return False

@@ -131,6 +131,7 @@ workers = 3
 max_attempts = 5
 backoff_base = 0.5
 backoff_max = 10
+failed_backoff_max = 120
 
 [nsys]
 path = "/opt/nsys"
@@ -173,6 +174,7 @@ def test_every_key(tmp_path: Path) -> None:
         max_attempts=5,
         backoff_base=0.5,
         backoff_max=10,
+        failed_backoff_max=120,
     )
     assert cfg.s3.enabled
     assert cfg.s3.bucket_prefix() == ("ml-traces", "profd")
@@ -375,6 +377,7 @@ def test_bad_toml_names_the_file_and_place(tmp_path: Path) -> None:
         ("[s3]\nmax_attempts = 0\n", "s3.max_attempts: must be an integer > 0"),
         ("[s3]\nbackoff_base = '1s'\n", "s3.backoff_base: must be a number >= 0"),
         ("[s3]\nbackoff_max = -1\n", "s3.backoff_max: must be a number >= 0"),
+        ("[s3]\nfailed_backoff_max = 0\n", "s3.failed_backoff_max: must be a number > 0"),
         ("[s3]\nchecksum_when_required = 'yes'\n", "s3.checksum_when_required: must be true or"),
         ("[nsys]\npath = 1\n", "nsys.path: must be a string"),
         ("[nsys]\nfinalize_timeout = 'soon'\n", "nsys.finalize_timeout: must be a number > 0"),

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from profd_client import protocol as P
 
 from ..main import Env, command
-from ..render import emit_json, opt, size
+from ..render import ago, emit_json, size
 
 
 @click.command()
@@ -33,10 +35,29 @@ def status(env: Env) -> None:
         f" {q['uploaded']} uploaded",
     ]
     if s3.get("configured"):
-        reach = {True: "reachable", False: "UNREACHABLE", None: "not checked yet"}[
-            s3.get("reachable")
-        ]
-        lines.append(f"s3       {s3['url']}  {reach}{opt(s3.get('error'), '  ({})')}")
+        lines += s3_lines(s3)
     else:
         lines.append("s3       not configured (traces stay in the spool)")
     click.echo("\n".join(lines))
+
+
+#: ``s3.health`` as the text status shows it.
+HEALTH = {
+    "ok": "reachable",
+    "uploads_failing": "UPLOADS FAILING",
+    "unreachable": "UNREACHABLE",
+    "unknown": "not checked yet",
+}
+
+
+def s3_lines(s3: dict[str, Any]) -> list[str]:
+    """The store's health and, while uploads fail, the last upload error and its age."""
+    err, last = s3.get("error"), s3.get("last_upload_error")
+    line = f"s3       {s3['url']}  {HEALTH.get(s3.get('health', ''), 'not checked yet')}"
+    if err and err != last:
+        line += f"  ({err})"
+    out = [line]
+    err_at, ok_at = s3.get("last_upload_error_at"), s3.get("last_upload_at")
+    if last and err_at and (ok_at is None or err_at > ok_at):
+        out.append(f"         last upload error {ago(err_at)}: {last}")
+    return out
