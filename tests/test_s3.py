@@ -17,13 +17,14 @@ import signal
 import sqlite3
 import subprocess
 import time
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from harness import BIN, Daemon, wait_for
-from s3fixtures import ACCESS_KEY, BUCKET, SECRET_KEY, MotoServer, moto_server
+from s3fixtures import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, MotoServer, moto_server
 
 __all__ = ["moto_server"]  # the fixture, imported so pytest finds it
 
@@ -57,15 +58,17 @@ def attached(d: Daemon, n: int, reap: list[int], min_step: int = 1) -> None:
     reap.extend(r["pid"] for r in rows)
 
 
-def s3_config(extra: str = "", max_attempts: int = 1000) -> str:
+def s3_config(
+    extra: str = "", max_attempts: int = 1000, backoff_base: float = 0.2, backoff_max: float = 2.0
+) -> str:
     return f"""
 [s3]
 url = "{URL}"
 region = "us-east-1"
 addressing_style = "path"
 checksum_when_required = true
-backoff_base = 0.2
-backoff_max = 2.0
+backoff_base = {backoff_base}
+backoff_max = {backoff_max}
 max_attempts = {max_attempts}
 {extra}
 """
@@ -113,10 +116,94 @@ def status(d: Daemon) -> dict[str, Any]:
     return st
 
 
-def assert_no_credentials(text: str) -> None:
+def assert_no_credentials(text: str, *keys: tuple[str, str]) -> None:
     assert ACCESS_KEY not in text
     assert SECRET_KEY not in text
     assert SECRET_KEY.split("/")[1] not in text
+    for key_id, secret in keys:
+        assert key_id not in text and secret not in text
+
+
+def s3_status(d: Daemon, health: str) -> dict[str, Any]:
+    """``profctl status --json`` once ``s3.health`` is ``health``."""
+
+    def seen() -> dict[str, Any] | None:
+        st = status(d)
+        return st if st["s3"]["health"] == health else None
+
+    st: dict[str, Any] = wait_for(seen, WAIT, f"status to show S3 {health}", every=0.3)
+    return st
+
+
+def trace_files(d: Daemon, sid: str, state: str, min_attempts: int = 1) -> list[dict[str, Any]]:
+    """The session's files other than session.json, once all are in ``state`` with at least
+    ``min_attempts`` tries each."""
+
+    def seen() -> list[dict[str, Any]] | None:
+        rows = [f for f in files_of(d, sid) if f["kind"] != "session"]
+        ok = all(f["upload_state"] == state and f["attempts"] >= min_attempts for f in rows)
+        return rows if rows and ok else None
+
+    what = f"session {sid}'s files {state} after {min_attempts}+ tries"
+    rows: list[dict[str, Any]] = wait_for(seen, WAIT, what, every=0.3)
+    return rows
+
+
+# --- moto's IAM: credentials it refuses, and a user that may HeadBucket but not PutObject ---
+Keys = tuple[str, str]
+
+
+def iam(srv: MotoServer, keys: Keys = (ACCESS_KEY, SECRET_KEY)) -> Any:
+    import boto3
+
+    session = boto3.session.Session(
+        aws_access_key_id=keys[0], aws_secret_access_key=keys[1], region_name=REGION
+    )
+    return session.client("iam", endpoint_url=srv.endpoint)
+
+
+def allow(
+    srv: MotoServer, user: str, actions: list[str], keys: Keys = (ACCESS_KEY, SECRET_KEY)
+) -> None:
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [{"Effect": "Allow", "Action": actions, "Resource": "*"}],
+    }
+    iam(srv, keys).put_user_policy(
+        UserName=user, PolicyName="profd-test", PolicyDocument=json.dumps(policy)
+    )
+
+
+def iam_user(srv: MotoServer, name: str, actions: list[str]) -> Keys:
+    """A user allowed ``actions``, and its access key (made before :func:`auth_on`)."""
+    iam(srv).create_user(UserName=name)
+    allow(srv, name, actions)
+    key = iam(srv).create_access_key(UserName=name)["AccessKey"]
+    return key["AccessKeyId"], key["SecretAccessKey"]
+
+
+def auth_on(srv: MotoServer) -> None:
+    """From now on moto checks every request against its IAM users: the fixture's own key,
+    which no user has, is refused (InvalidAccessKeyId). A restart turns it off again."""
+    req = urllib.request.Request(
+        srv.endpoint + "/moto-api/reset-auth",
+        data=b"0",
+        method="POST",
+        headers={"Content-Type": "text/plain"},  # moto reads the raw body, not a form
+    )
+    urllib.request.urlopen(req, timeout=30).close()
+
+
+def s3_as(srv: MotoServer, keys: Keys) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    session = boto3.session.Session(
+        aws_access_key_id=keys[0], aws_secret_access_key=keys[1], region_name=REGION
+    )
+    return session.client(
+        "s3", endpoint_url=srv.endpoint, config=Config(s3={"addressing_style": "path"})
+    )
 
 
 # --- tests -------------------------------------------------------------------------------------
@@ -247,10 +334,11 @@ def test_outage_then_quota(
         return [Path(f["path"]).is_file() for f in files_of(d, s)]
 
     # Room for everything but the oldest uploaded session: exactly that one is pruned. This
-    # daemon gives a file up after one try, so e's uploads end failed while S3 is down.
+    # daemon gives a file up after one try, so e's uploads end failed while S3 is down, and
+    # its backoff puts their next try by themselves 750 s or more away.
     assert d.config is not None
     d.stop()
-    d.config.write_text(s3_config(max_attempts=1))
+    d.config.write_text(s3_config(max_attempts=1, backoff_base=1000, backoff_max=1000))
     d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(size[b] + size[c] + size[e])
     d.start()
     wait_for(lambda: not any(on_disk(a)), 60, "oldest uploaded session pruned")
@@ -259,21 +347,24 @@ def test_outage_then_quota(
 
     # retry (by a short id) requeues exactly that session's failed files, and they are tried
     # again. session.json waits for the rest of its session, so it is pending, not failed.
-    def e_failed(after: float) -> list[dict[str, Any]] | None:
-        """e's trace files, once every one has failed with a retry time later than ``after``."""
+    def e_failed(before: dict[int, float]) -> list[dict[str, Any]] | None:
+        """e's trace files, once every one has failed with a retry time other than ``before``'s
+        (id -> next_attempt_at): a new retry time can only come from a new try."""
         rows = [f for f in files_of(d, e) if f["kind"] != "session"]
-        ok = all(f["upload_state"] == "failed" and f["next_attempt_at"] > after for f in rows)
+        ok = all(
+            f["upload_state"] == "failed" and f["next_attempt_at"] != before.get(f["id"])
+            for f in rows
+        )
         return rows if rows and ok else None
 
-    failed = wait_for(lambda: e_failed(0.0), WAIT, "e's uploads failed for good")
+    failed = wait_for(lambda: e_failed({}), WAIT, "e's uploads failed for good")
     manifest = [f for f in files_of(d, e) if f["kind"] == "session"]
     assert len(manifest) == 1 and manifest[0]["upload_state"] == "pending"
     assert status(d)["queue"]["failed"] == len(failed)
-    # Once the recorded retry times have passed, a later one can only come from a new try.
-    time.sleep(max(0.0, max(f["next_attempt_at"] for f in failed) - time.time()) + 0.1)
-    requeued_at = time.time()
+    assert all(f["next_attempt_at"] > time.time() + WAIT for f in failed)
+    before = {f["id"]: f["next_attempt_at"] for f in failed}
     assert d.ctl_json("retry", e[:-2])["requeued"] == len(failed)
-    wait_for(lambda: e_failed(requeued_at), WAIT, "e's requeued uploads tried again")
+    wait_for(lambda: e_failed(before), WAIT, "e's requeued uploads tried again")
     assert d.ctl_json("retry", a)["requeued"] == 0  # uploaded (and pruned): nothing to retry
 
     # Un-uploaded data alone over the quota: uploaded files go, pending ones never do, and
@@ -409,3 +500,115 @@ def test_s3_listing_reads_newest_sessions_first(moto_server: MotoServer, tmp_pat
     rows = json.loads(r.stdout)
     assert rows[0]["session"] == "20250101-000000-0000aa" and len(rows) == 41
     assert "skipping" in r.stderr and "0000bb/session.json" in r.stderr
+
+
+def test_outage_longer_than_retry_budget(
+    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, reap: list[int]
+) -> None:
+    """Files that failed for good while S3 was down upload once it is back, with no retry.
+
+    One try each, then ``failed``, with the next try by backoff at least 750 s away: within
+    WAIT only the requeue that follows the probe finding the store back can upload them."""
+    cfg = s3_config(
+        "failed_backoff_max = 3600", max_attempts=1, backoff_base=1000, backoff_max=1000
+    )
+    d = daemon_factory(config=cfg, **moto_server.env())
+    torchrun("train.py", nproc=1, daemon=d, STEPS=LONG_JOB_STEPS)
+    attached(d, 1, reap)
+
+    moto_server.stop()
+    sid = capture(d)["session"]
+    failed = trace_files(d, sid, "failed")
+    assert all(f["next_attempt_at"] > time.time() + WAIT for f in failed)
+    assert all(f["last_error"] for f in failed)
+    st = s3_status(d, "unreachable")
+    assert st["queue"]["failed"] == len(failed)
+    assert st["s3"]["reachable"] is False and st["s3"]["error"]
+    assert st["s3"]["last_upload_error"] and st["s3"]["last_upload_at"] is None
+    human = d.ctl("status").stdout
+    assert f"{URL}  UNREACHABLE" in human and "last upload error" in human
+
+    moto_server.start()  # empty again: the fixture recreates the bucket
+    rows = wait_uploaded(d, sid)
+    for f in rows:
+        assert moto_server.get(f"{PREFIX}/{f['rel']}") == Path(f["path"]).read_bytes()
+        # Requeued with a fresh budget (as profctl retry does), and uploaded at the first try.
+        assert f["attempts"] == 1, f
+    log = d.log.read_text(errors="replace")
+    assert f"S3 answers again: {len(failed)} failed upload(s) requeued" in log
+    st = s3_status(d, "ok")
+    assert st["queue"]["failed"] == 0 and st["s3"]["last_upload_at"] > time.time() - WAIT
+    human = d.ctl("status").stdout
+    assert f"{URL}  reachable" in human and "last upload error" not in human
+    assert_no_credentials(json.dumps(st) + human + log)
+
+
+def test_wrong_credentials_are_not_reachable(
+    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, reap: list[int]
+) -> None:
+    """HeadBucket answers (403) with a key the store does not know; every upload fails."""
+    auth_on(moto_server)
+    cfg = s3_config("failed_backoff_max = 0.5", max_attempts=2)
+    d = daemon_factory(config=cfg, **moto_server.env())
+    torchrun("train.py", nproc=1, daemon=d, STEPS=LONG_JOB_STEPS)
+    attached(d, 1, reap)
+    started = time.time()
+    sid = capture(d)["session"]
+
+    st = s3_status(d, "uploads_failing")
+    s3st = st["s3"]
+    assert s3st["reachable"] is True  # all that HeadBucket can tell
+    assert "InvalidAccessKeyId" in s3st["last_upload_error"]
+    assert s3st["error"] == s3st["last_upload_error"]
+    assert s3st["last_upload_error_at"] >= started and s3st["last_upload_at"] is None
+    human = d.ctl("status")
+    assert human.returncode == 0, human.stderr
+    assert f"{URL}  UPLOADS FAILING" in human.stdout, human.stdout
+    assert "last upload error" in human.stdout and "InvalidAccessKeyId" in human.stdout
+    assert f"{URL}  reachable" not in human.stdout
+
+    # Failed after max_attempts, and still tried: retrying costs little and may yet work.
+    trace_files(d, sid, "failed", min_attempts=4)
+    assert s3_status(d, "uploads_failing")["queue"]["failed"] > 0
+    assert_no_credentials(json.dumps(st) + human.stdout + d.log.read_text(errors="replace"))
+
+
+def test_denied_uploads_fail_then_upload_once_allowed(
+    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, reap: list[int]
+) -> None:
+    """A role that may HeadBucket but not PutObject: status says uploads fail, and once the
+    policy allows them, the failed files upload by their own backoff. The store never went
+    away, so no outage requeue (and no profctl retry) is involved."""
+    admin = iam_user(moto_server, "admin", ["*"])
+    readonly = ["s3:HeadBucket", "s3:ListBucket", "s3:GetObject"]
+    uploader = iam_user(moto_server, "uploader", readonly)
+    auth_on(moto_server)
+    cfg = s3_config("failed_backoff_max = 1", max_attempts=1, backoff_max=1.0)
+    creds = {"AWS_ACCESS_KEY_ID": uploader[0], "AWS_SECRET_ACCESS_KEY": uploader[1]}
+    d = daemon_factory(config=cfg, **{**moto_server.env(), **creds})
+    torchrun("train.py", nproc=1, daemon=d, STEPS=LONG_JOB_STEPS)
+    attached(d, 1, reap)
+    sid = capture(d)["session"]
+
+    failed = trace_files(d, sid, "failed")
+    st = s3_status(d, "uploads_failing")
+    assert st["s3"]["reachable"] is True
+    assert "AccessDenied" in st["s3"]["last_upload_error"]
+    human = d.ctl("status").stdout
+    assert f"{URL}  UPLOADS FAILING" in human and "AccessDenied" in human
+
+    allow(moto_server, "uploader", ["s3:*"], keys=admin)
+    rows = wait_uploaded(d, sid)
+    s3c = s3_as(moto_server, admin)
+    for f in rows:
+        body = s3c.get_object(Bucket=BUCKET, Key=f"{PREFIX}/{f['rel']}")["Body"].read()
+        assert body == Path(f["path"]).read_bytes()
+    assert all(f["attempts"] >= 2 for f in rows if f["id"] in {g["id"] for g in failed})
+    log = d.log.read_text(errors="replace")
+    assert "S3 answers again" not in log
+    assert "which had failed before" in log
+    st = s3_status(d, "ok")
+    assert st["s3"]["last_upload_at"] > st["s3"]["last_upload_error_at"]
+    human = d.ctl("status").stdout
+    assert f"{URL}  reachable" in human and "last upload error" not in human
+    assert_no_credentials(json.dumps(st) + human + log, admin, uploader)
