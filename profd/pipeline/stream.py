@@ -226,7 +226,8 @@ class TraceReader:
                     raise self._error(
                         "not valid JSON (the file ends inside a string: truncated?)"
                     ) from None
-                raise self._error(f"not valid JSON ({exc.msg})", exc.pos) from None
+                msg = exc.msg.removesuffix(" at")  # "Invalid control character at"
+                raise self._error(f"not valid JSON ({msg})", exc.pos) from None
             # A value that ends near the end of the buffer may be a number cut short ("1" of
             # "1e-5"): it is read again with more text behind it.
             if end >= n - _NEAR_END and not self._eof:
@@ -257,7 +258,7 @@ class TraceReader:
         pending = len(self._buf) - self._pos
         if pending > MAX_VALUE_CHARS:
             raise self._error(
-                f"not valid JSON (a value longer than {MAX_VALUE_CHARS >> 20} MiB: malformed?)"
+                f"not valid JSON (a value longer than {MAX_VALUE_CHARS:,} characters: malformed?)"
             )
         target = pending + max(pending, self._chunk)
         while not self._eof and len(self._buf) - self._pos < target:

@@ -1,0 +1,327 @@
+"""Synthetic kineto Chrome traces of any size, laid out like torch.profiler's own.
+
+What ``export_chrome_trace`` writes for a CUDA training job with ``record_shapes``,
+``with_stack`` and ``profile_memory``: kineto's indentation (4-space keys, ``"dur": x`` then a
+line with a lone ``,``), top-level metadata before ``traceEvents`` and ``traceName`` after it,
+``ProfilerStep#N`` annotations, nested CPU ops on the main thread (a parent and its first
+child may start on the same nanosecond) and backward ops on the autograd thread, CUDA runtime
+calls with their flow events, kernels and memcpys on GPU streams, ``[memory]`` events for every
+allocation and free, and the main thread's Python functions written after all of its ops, as
+kineto does (so each thread's CPU events are two sorted runs, not one). Some names are not
+ASCII. The same ``seed`` and size give the same bytes.
+
+Used by ``bench/bench_pipeline.py`` (up to 1 GB) and the pipeline tests (a few MB).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import random
+import shutil
+import tempfile
+from dataclasses import dataclass
+from typing import BinaryIO
+
+PID = 4242
+MAIN_TID = 4242
+BWD_TID = 4299
+STREAM = 7
+T0_NS = 4_511_131_474_961_378  # kineto timestamps: µs with ns decimals, far from zero
+LAYERS = 48
+CLAMP_KERNEL = (
+    "void at::native::vectorized_elementwise_kernel<4,"
+    " at::native::(anonymous namespace)::launch_clamp_scalar>"
+)
+
+
+@dataclass
+class SynthInfo:
+    bytes: int = 0
+    events: int = 0
+    steps: int = 0
+    cpu_events: int = 0
+    python_events: int = 0
+    gpu_events: int = 0
+    memory_events: int = 0
+
+
+def _ts(ns: int) -> str:
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+class _Writer:
+    def __init__(self, out: BinaryIO, side: BinaryIO, rng: random.Random) -> None:
+        self.out = out
+        self.side = side  # the main thread's python_function events, appended at the end
+        self.rng = rng
+        self.info = SynthInfo()
+        self.first = True
+        self.step_main: list[str] = []
+        self.step_side: list[str] = []
+        self.ext_id = 0
+        self.ev_idx = 0
+        self.corr = 0
+        self.py_id = 0
+        self.alloc = 1 << 30
+        self.gpu_ns = T0_NS
+
+    def emit(self, text: str, side: bool = False) -> None:
+        # Held until the step ends: its ProfilerStep annotation (whose length is known only
+        # then) goes before them, as kineto writes it.
+        (self.step_side if side else self.step_main).append(text)
+        self.info.events += 1
+
+    def flush(self) -> None:
+        for texts, fh in ((self.step_main, self.out), (self.step_side, self.side)):
+            if texts:
+                lead = "  " if fh is self.out and self.first else ",\n  "
+                fh.write((lead + ",\n  ".join(texts)).encode("utf-8"))
+                if fh is self.out:
+                    self.first = False
+            texts.clear()
+
+    def complete(
+        self, cat: str, name: str, tid: int | str, ts: int, dur: int, args: str, pid: int = PID
+    ) -> str:
+        return (
+            f'{{\n    "ph": "X", "cat": "{cat}", "name": {json.dumps(name, ensure_ascii=False)},'
+            f' "pid": {pid}, "tid": {json.dumps(tid)},\n    "ts": {_ts(ts)}, "dur": {_ts(dur)}\n'
+            f'    ,\n    "args": {{\n      {args}\n    }}\n  }}'
+        )
+
+    def op(
+        self, name: str, tid: int, ts: int, dur: int, dims: str = "[[32, 1024], [1024]]"
+    ) -> None:
+        self.ext_id += 1
+        self.ev_idx += 1
+        args = (
+            f'"External id": {self.ext_id},"Record function id": 0, "Concrete Inputs": ["", ""],'
+            f' "Input type": ["float", "float"], "Input Strides": [[1024, 1], [1]],'
+            f' "Input Dims": {dims}, "Sequence number": {self.ext_id // 3},'
+            f' "Fwd thread id": 0, "Ev Idx": {self.ev_idx}'
+        )
+        self.emit(self.complete("cpu_op", name, tid, ts, dur, args))
+        self.info.cpu_events += 1
+
+    def annotation(self, name: str, tid: int, ts: int, dur: int) -> None:
+        self.ext_id += 1
+        self.ev_idx += 1
+        args = f'"External id": {self.ext_id},"Record function id": 0, "Ev Idx": {self.ev_idx}'
+        self.emit(self.complete("user_annotation", name, tid, ts, dur, args))
+        self.info.cpu_events += 1
+
+    def python(self, name: str, ts: int, dur: int) -> None:
+        self.py_id += 1
+        self.ev_idx += 1
+        args = (
+            f'"Python parent id": {self.py_id - 1}, "Python id": {self.py_id},'
+            f' "Ev Idx": {self.ev_idx}'
+        )
+        self.emit(self.complete("python_function", name, MAIN_TID, ts, dur, args), side=True)
+        self.info.python_events += 1
+
+    def memory(self, tid: int, ts: int, nbytes: int) -> None:
+        self.alloc += nbytes
+        self.ev_idx += 1
+        self.emit(
+            f'{{\n    "ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]",\n'
+            f'    "pid": {PID}, "tid": {tid},\n    "ts": {_ts(ts)}\n    ,\n    "args": {{\n'
+            f'      "Total Reserved": {(self.alloc | ((1 << 26) - 1)) + 1}, "Total Allocated":'
+            f' {self.alloc}, "Bytes": {nbytes}, "Device Id": 0, "Device Type": 1, "Addr":'
+            f' {139_000_000_000_000 + self.alloc}, "finished": false, "Ev Idx": {self.ev_idx}\n'
+            f"    }}\n  }}"
+        )
+        self.info.memory_events += 1
+
+    def launch(self, tid: int, ts: int, kernel: str, kdur: int) -> int:
+        """cudaLaunchKernel at ``ts`` with its flow and kernel; returns the call's length."""
+        self.corr += 1
+        dur = 4_000 + self.rng.randrange(3_000)
+        args = f'"cbid": 211, "correlation": {self.corr}'
+        self.emit(self.complete("cuda_runtime", "cudaLaunchKernel", tid, ts, dur, args))
+        self.emit(
+            f'{{\n    "ph": "s", "id": {self.corr}, "pid": {PID}, "tid": {tid},'
+            f' "ts": {_ts(ts)},\n    "cat": "ac2g", "name": "ac2g"\n  }}'
+        )
+        self.gpu_ns = max(self.gpu_ns, ts + dur) + 1_000
+        cat = "gpu_memcpy" if kernel.startswith("Memcpy") else "kernel"
+        kargs = (
+            f'"queued": 0, "device": 0, "context": 1, "stream": {STREAM}, "correlation":'
+            f' {self.corr}, "registers per thread": 128, "shared memory": 16384, "blocks per SM":'
+            f' 1.2, "warps per SM": 4.8, "grid": [132, 1, 1], "block": [256, 1, 1],'
+            f' "est. achieved occupancy %": 12'
+        )
+        self.emit(self.complete(cat, kernel, STREAM, self.gpu_ns, kdur, kargs, pid=0))
+        self.emit(
+            f'{{\n    "ph": "f", "id": {self.corr}, "pid": 0, "tid": {STREAM},'
+            f' "ts": {_ts(self.gpu_ns)},\n    "cat": "ac2g", "name": "ac2g", "bp": "e"\n  }}'
+        )
+        self.gpu_ns += kdur
+        self.info.gpu_events += 1
+        return dur
+
+    def linear(self, layer: int, t: int) -> int:
+        """One nn.Linear forward on the main thread from ``t``; returns its end."""
+        rng = self.rng
+        start = t
+        # aten::linear and aten::t start on the same nanosecond: the longer one is the parent.
+        t_dur = 9_000 + rng.randrange(2_000)
+        transpose = t_dur - 3_000
+        mm_start = t + t_dur + 500
+        k_dur = 40_000 + rng.randrange(20_000)
+        inner = self.rng.randrange(1_000)
+        mm_end = mm_start + 2_000 + 8_000 + inner
+        end = mm_end + 700
+        self.python(f"nn.Module: Linear_{layer}", start - 1_200, end - start + 2_400)
+        self.python("torch/nn/modules/linear.py(125): forward", start - 600, end - start + 1_200)
+        self.op("aten::linear", MAIN_TID, start, end - start)
+        self.op("aten::t", MAIN_TID, start, t_dur, "[[1024, 1024]]")
+        self.op("aten::transpose", MAIN_TID, start + 1_000, transpose, "[[1024, 1024], [], []]")
+        self.op("aten::as_strided", MAIN_TID, start + 2_000, transpose - 2_500, "[[1024, 1024]]")
+        self.op("aten::addmm", MAIN_TID, mm_start, mm_end - mm_start)
+        self.memory(MAIN_TID, mm_start + 1_000, 131_072)
+        self.launch(MAIN_TID, mm_start + 2_000, "sm90_xmma_gemm_f32f32_tf32f32_f32_nn_n", k_dur)
+        if layer % 2:
+            relu = end + 300
+            self.op("aten::relu", MAIN_TID, relu, 12_000, "[[32, 1024]]")
+            self.op("aten::clamp_min", MAIN_TID, relu + 800, 10_000, "[[32, 1024], []]")
+            self.launch(
+                MAIN_TID,
+                relu + 2_000,
+                CLAMP_KERNEL,
+                3_000,
+            )
+            end = relu + 12_000
+        return end
+
+    def backward(self, layer: int, t: int) -> int:
+        name = "AddmmBackward0"
+        dur = 30_000 + self.rng.randrange(10_000)
+        self.annotation(f"autograd::engine::evaluate_function: {name}", BWD_TID, t, dur)
+        self.op(name, BWD_TID, t + 500, dur - 1_000)
+        half = (dur - 3_000) // 2
+        self.op("aten::mm", BWD_TID, t + 1_000, half)
+        self.launch(BWD_TID, t + 1_500, "sm90_xmma_gemm_f32f32_tf32f32_f32_tn_n", 45_000)
+        self.op("aten::mm", BWD_TID, t + 1_000 + half + 500, half)
+        self.launch(
+            BWD_TID, t + 1_500 + half + 500, "sm90_xmma_gemm_f32f32_tf32f32_f32_nt_n", 45_000
+        )
+        self.memory(BWD_TID, t + dur - 200, -131_072)
+        return t + dur + 400 + layer % 3
+
+    def step(self, n: int, t: int) -> int:
+        start = t
+        t += 5_000
+        for layer in range(LAYERS):
+            t = self.linear(layer, t + 1_500)
+        self.op("aten::sum", MAIN_TID, t + 1_000, 8_000, "[[32, 8]]")
+        t += 10_000
+        bt = t
+        for layer in reversed(range(LAYERS)):
+            bt = self.backward(layer, bt + 800)
+        t = bt + 2_000
+        self.annotation("Optimizer.step#SGD.step", MAIN_TID, t, 60_000)
+        self.op("aten::_foreach_add_", MAIN_TID, t + 5_000, 50_000, "[[], []]")
+        self.launch(MAIN_TID, t + 6_000, "Memcpy HtoD (Pageable -> Device)", 2_000)
+        end = t + 64_000
+        # The step's annotation and its Python frame go first, in time order with the rest.
+        main, side = self.step_main[:], self.step_side[:]
+        self.step_main.clear()
+        self.step_side.clear()
+        self.annotation(f"ProfilerStep#{n}", MAIN_TID, start, end - start)
+        self.python("train_ü.py(42): step ✓", start + 1_000, end - start - 2_000)
+        self.step_main.extend(main)
+        self.step_side.extend(side)
+        self.flush()
+        self.info.steps += 1
+        return end + 20_000
+
+
+def write_trace(
+    out: BinaryIO,
+    target_bytes: int,
+    *,
+    seed: int = 0,
+    info: str = "head",
+    rank: int = 3,
+    world_size: int = 8,
+    first_step: int = 100,
+) -> SynthInfo:
+    """Write a trace of about ``target_bytes`` (at least one step) to ``out``.
+
+    ``info``: where ``distributedInfo`` goes: ``"head"`` (before traceEvents, as kineto writes
+    it for a distributed job), ``"tail"`` (after), or ``"none"`` (a single-process job).
+    """
+    if info not in ("head", "tail", "none"):
+        raise ValueError(f"info must be head, tail or none, not {info!r}")
+    dist = json.dumps(
+        {
+            "backend": "nccl",
+            "rank": rank,
+            "world_size": world_size,
+            "pg_count": 2,
+            "pg_config": [
+                {
+                    "pg_name": "0",
+                    "pg_desc": "default_pg",
+                    "backend_config": "cuda:nccl",
+                    "pg_size": world_size,
+                    "ranks": list(range(world_size)),
+                }
+            ],
+            "nccl_version": "2.27.3",
+        }
+    )
+    head = (
+        '{\n  "schemaVersion": 1,\n  "deviceProperties": [\n    {\n      "id": 0,'
+        ' "name": "NVIDIA H100 80GB HBM3", "totalGlobalMem": 85045477376,\n'
+        '      "computeMajor": 9, "computeMinor": 0,\n      "maxThreadsPerBlock": 1024,'
+        ' "maxThreadsPerMultiprocessor": 2048,\n      "regsPerBlock": 65536,'
+        ' "warpSize": 32,\n      "sharedMemPerBlock": 49152, "numSms": 132\n    }\n  ],\n'
+        + (f'  "distributedInfo": {dist},\n' if info == "head" else "")
+        + '  "record_shapes": 1,\n  "with_stack": 1,\n  "profile_memory": 1,\n'
+        '  "trace_id": "F5CA9CA483284BA898E2018D10527100",\n  "displayTimeUnit": "ms",\n'
+        '  "baseTimeNanoseconds": 1790857026000000000,\n  "traceEvents": [\n'
+    )
+    with tempfile.TemporaryFile() as side:
+        w = _Writer(out, side, random.Random(seed))
+        start = out.tell()
+        out.write(head.encode())
+        meta = [
+            ("process_name", 0, '"name": "python"'),
+            ("thread_name", MAIN_TID, '"name": "thread 4242 (python)"'),
+            ("thread_name", BWD_TID, '"name": "thread 4299 (pt_autograd_0)"'),
+        ]
+        for name, tid, args in meta:
+            w.emit(
+                f'{{\n    "name": "{name}", "ph": "M", "ts": {_ts(T0_NS)}, "pid": {PID},'
+                f' "tid": {tid},\n    "args": {{\n      {args}\n    }}\n  }}'
+            )
+        w.flush()
+        t = T0_NS + 1_000_000
+        step = first_step
+        while True:
+            t = w.step(step, t)
+            step += 1
+            if out.tell() - start + side.tell() >= target_bytes * 0.97:
+                break
+        side.seek(0)
+        shutil.copyfileobj(side, out, 1 << 20)
+    w.emit(
+        '{\n    "ph": "i", "s": "g", "name": "Record Window End", "pid": "", "tid": "",'
+        f' "ts": {_ts(t)}\n  }}'
+    )
+    w.flush()
+    tail = '\n  ],\n  "traceName": "synthetic.pt.trace.json"'
+    if info == "tail":
+        tail += f',\n  "distributedInfo": {dist}'
+    out.write((tail + "\n}\n").encode())
+    w.info.bytes = out.tell() - start
+    return w.info
+
+
+def trace_bytes(target_bytes: int, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    write_trace(buf, target_bytes, **kw)  # type: ignore[arg-type]
+    return buf.getvalue()
