@@ -124,11 +124,13 @@ BAD = [
     ('{"a": 1 "traceEvents": []}', "expecting ',' or '}'"),
     ('{"traceEvents": [], "traceEvents": []}', "traceEvents appears twice"),
     ('{"traceEvents": [], "x": 1e}', "not valid JSON"),
+    ('{"traceEvents": [' + "[" * 100_000 + "]" * 100_000 + "]}", "nested too deeply"),
+    ('{"a": ' + "[" * 100_000 + "]" * 100_000 + ', "traceEvents": []}', "nested too deeply"),
 ]
 
 
 @pytest.mark.parametrize("chunk", [1, 4096])
-@pytest.mark.parametrize(("text", "why"), BAD)
+@pytest.mark.parametrize(("text", "why"), BAD, ids=[f"{i}-{why}" for i, (_, why) in enumerate(BAD)])
 def test_reader_rejects_what_is_no_chrome_trace(text: str, why: str, chunk: int) -> None:
     with pytest.raises(TraceFormatError, match=r"^t: .*" + why.replace("(", r"\(")) as info:
         read_all(text.encode(), chunk)

@@ -112,7 +112,7 @@ class TraceReader:
             n = len(buf)
             try:
                 value, end = scan(buf, pos)
-            except (StopIteration, json.JSONDecodeError):
+            except (StopIteration, json.JSONDecodeError, RecursionError):
                 value, end = self._value_slow(), -1
             else:
                 if end >= n - _NEAR_END:  # a number ("1e" + "5") may go on in the next chunk
@@ -228,6 +228,8 @@ class TraceReader:
                     ) from None
                 msg = exc.msg.removesuffix(" at")  # "Invalid control character at"
                 raise self._error(f"not valid JSON ({msg})", exc.pos) from None
+            except RecursionError:
+                raise self._error("not a Chrome trace (a value nested too deeply)") from None
             # A value that ends near the end of the buffer may be a number cut short ("1" of
             # "1e-5"): it is read again with more text behind it.
             if end >= n - _NEAR_END and not self._eof:
