@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import threading
 import time
@@ -83,8 +84,10 @@ def main() -> None:
             rank=rank,
             local_rank=i,
             world_size=args.world,
-            host=host,
-            pid=1_000_000 + rank,
+            # The daemon believes only the kernel's pid: every simulated client is this
+            # process, told apart by its host name.
+            host=f"{host}-sim{rank}",
+            pid=os.getpid(),
         )
         st = Stepper(stem=f"{args.role}-r{rank}", notify=lambda: None)
         ag = TimedAgent(ident, st, "manual", True, args.runtime_dir, args.hb)
