@@ -19,6 +19,7 @@ from profd_client import protocol as P
 
 from .. import __version__
 from ..store.index import Index
+from . import faults
 from .arming import Arms
 from .autorules import AutoRules
 from .captures import Captures, Job
@@ -287,6 +288,7 @@ class AgentHandler:
         fresh = self.index.inbox_put(key, stored)
         # Ack only once the report is durable: a daemon killed now redoes it on restart.
         self.send(c.ident, ack)
+        faults.point("report-acked")
         if fresh:
             self.submit(key, stored)
 
@@ -323,7 +325,12 @@ class AgentHandler:
         t = s.targets.get((cl["host"], cl["pid"])) if s is not None else None
         if s is not None and t is not None:
             self.sessions.queued(s, t)
-        self.captures.submit(_job(key, m, cl, m["job"]))
+        self.captures.submit(job_of(key, stored))
+
+
+def job_of(key: str, stored: dict[str, Any]) -> Job:
+    """The capture of an inbox row."""
+    return _job(key, stored["report"], stored["client"], stored["report"]["job"])
 
 
 def _job(key: str, m: dict[str, Any], cl: dict[str, Any], job: str) -> Job:

@@ -36,7 +36,7 @@ from profd_client import protocol as P
 
 from ..pipeline.files import FilePerms, ProcessedFile
 from ..pipeline.process import PipelineError, ProcessedTrace, process_open
-from . import clientfiles
+from . import clientfiles, faults
 from .clientfiles import DirSpec
 from .reactor import Reactor
 from .spoolperms import SpoolPerms
@@ -140,6 +140,7 @@ def _run(a: dict[str, Any]) -> ProcessedTrace:
         raise PipelineError(str(exc)) from None
     except FileNotFoundError as exc:
         raise PipelineError(f"missing: {exc.filename or exc}") from None
+    faults.point("outputs-written", os.getppid())
     return replace(res, files=res.files + tuple(extras))
 
 
@@ -156,6 +157,12 @@ def _move_extra(src: int, dst: int, name: str, a: dict[str, Any]) -> int:
         return clientfiles.move(src, name, (fd, st), dst, a["file_mode"])
     finally:
         os.close(fd)
+
+
+def _report_files(report: dict[str, Any]) -> list[tuple[str, str]]:
+    """(kind, name) of a report's files: the agent handler matched each path to the
+    process's own files already, so only the name is used, in that process's dir."""
+    return [(f["kind"], Path(f["path"]).name) for f in report.get("files") or []]
 
 
 def _die_with(daemon_pid: int) -> None:
@@ -187,12 +194,14 @@ class Captures:
         reactor: Reactor,
         workers: int,
         on_done: Callable[[Job, ProcessedTrace | None, str | None, bool], None],
+        on_raw_deleted: Callable[[Job], None],
         perms: SpoolPerms,
         max_trace_bytes: int,
     ) -> None:
         self.spool = spool
         self.reactor = reactor
         self.on_done = on_done
+        self.on_raw_deleted = on_raw_deleted
         self.perms = perms
         self.max_trace_bytes = max_trace_bytes
         self.in_flight = 0  # captures queued or running, until on_done
@@ -277,13 +286,11 @@ class Captures:
         """Validate and queue one capture; bad reports fail at once, without the pool."""
         trace: str | None = None
         extras: list[tuple[str, str]] = []
-        for f in j.report.get("files") or []:
-            # The agent handler matched each path to this process's own files already.
-            name = Path(f["path"]).name
-            if f["kind"] == "trace" and trace is None:
+        for kind, name in _report_files(j.report):
+            if kind == "trace" and trace is None:
                 trace = name
             else:
-                extras.append((f["kind"], name))
+                extras.append((kind, name))
         if trace is None:
             return self._fail(j, j.report.get("error") or "no trace file in report")
         uid, gid = self._file_owner(j)
@@ -460,10 +467,17 @@ class Captures:
         self.in_flight -= 1
         self.on_done(task.job, res, error, retryable)
         if res is not None:
-            # Only now, with the result in the index: a daemon killed before this line
-            # processes the raw trace again at its next start, and the outputs it wrote
-            # the first time are simply replaced.
-            self.discard(task.job, [task.args["trace"]])
+            faults.point("trace-indexed")
+            # Only now, with the result in the index: a daemon killed before on_done
+            # processes the raw trace again at its next start (the outputs it wrote the first
+            # time are simply replaced), one killed after it deletes the raw trace then.
+            self.drop_raw(task.job)
+            faults.point("raw-deleted")
+
+    def drop_raw(self, j: Job) -> None:
+        """Delete an indexed capture's raw trace, and say so (``on_raw_deleted``)."""
+        self.discard(j, [n for kind, n in _report_files(j.report) if kind == "trace"][:1])
+        self.on_raw_deleted(j)
 
     def _fail(self, j: Job, error: str) -> None:
         self.on_done(j, None, error, False)

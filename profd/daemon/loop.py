@@ -23,8 +23,8 @@ from profd_client import protocol as P
 from .. import __version__
 from ..config import Config
 from ..store.index import Index
-from . import runtime
-from .agents import AgentHandler, Welcome
+from . import faults, runtime
+from .agents import AgentHandler, Welcome, job_of
 from .arming import Arms
 from .autorules import AutoRules
 from .autorules import check as check_rules
@@ -78,6 +78,7 @@ class Daemon:
             self.reactor,
             cfg.pipeline_workers,
             self._on_processed,
+            self.results.raw_deleted,
             perms,
             cfg.max_trace_bytes,
         )
@@ -231,8 +232,11 @@ class Daemon:
                 self.nsys.restored(s)
             else:
                 self.liveness.restored(s.targets)
+        for key, stored in self.index.inbox_raw_left():
+            _guarded("deleting an indexed raw trace", self.captures.drop_raw, job_of(key, stored))
         for key, stored in self.index.inbox_pending():
             _guarded("resubmitting a capture", self.agents.submit, key, stored)
+        self.sessions.settle_restored()
 
     # --- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -258,6 +262,8 @@ class Daemon:
             if now >= next_tick:
                 _guarded("housekeeping", self.liveness.tick, now)
                 _guarded("polling nsys", self.nsys.poll, now)
+                if self.sessions.manifests_owed:
+                    self.write_manifests()
                 self.flush()
                 next_tick = now + hb
 
@@ -271,19 +277,31 @@ class Daemon:
             _guarded("handling a message", handle, [f.bytes for f in msg], _peer(msg[-1]))
 
     def flush(self) -> None:
-        """Persist this iteration's session changes; index finished sessions' manifests."""
+        """Persist this iteration's session changes; write finished sessions' manifests."""
         try:
             finished = self.sessions.flush()
         except Exception as exc:  # the index is unwritable now; changes wait for the next try
             log.error("cannot write the index: %r", exc)
             return
-        for s, manifest in finished:
+        for s in finished:
             log.info("session %s %s", s.id, s.state)
             self.arms.ended(s.id)
             if s.backend == "nsys":
                 _guarded("ending an nsys session", self.nsys.session_ended, s)
             self.captures.remove_incoming(s.job, s.id)
-            _guarded("indexing a manifest", self.results.session_manifest, s.id, s.job, manifest)
+        if finished:
+            faults.point("session-ended")
+            self.write_manifests()
+
+    def write_manifests(self) -> None:
+        """Write and index owed ``session.json`` files; what fails waits for the next tick."""
+        exc = self.sessions.write_manifests(
+            lambda s, path: self.results.session_manifest(s.id, s.job, path)
+        )
+        if exc is not None:
+            log.error(
+                "cannot write a session.json (%d waiting): %r", self.sessions.manifests_owed, exc
+            )
 
 
 def _peer(frame: Any) -> PeerCred | None:

@@ -44,12 +44,21 @@ class Results:
     def on_processed(
         self, j: Job, res: ProcessedTrace | None, error: str | None, retryable: bool
     ) -> None:
+        # One commit for the trace, its inbox row and its target: a daemon killed on either
+        # side of it redoes the capture from the raw trace or finds it whole.
+        with self.index.transaction():
+            self._record(j, res, error, retryable)
+        self.kick()
+
+    def _record(
+        self, j: Job, res: ProcessedTrace | None, error: str | None, retryable: bool
+    ) -> None:
         s = self.sessions.exact(j.session)
         t = s.targets.get((j.host, j.pid)) if s is not None else None
         if res is not None:
             self.index_trace(j, res)
         if not retryable:
-            self.index.inbox_done(j.key)
+            self.index.inbox_done(j.key, raw_left=res is not None)
         if s is None or t is None:
             return
         result: dict[str, Any] = {"cycle": j.cycle, "steps": j.report.get("steps", [])}
@@ -78,6 +87,10 @@ class Results:
         else:
             result["error"] = error
         self.sessions.processed(s, t, result, traced=res is not None, error=error)
+
+    def raw_deleted(self, j: Job) -> None:
+        """The capture's raw trace is gone: nothing of it is left for a restart to redo."""
+        self.index.inbox_done(j.key)
 
     def _rel(self, path: str) -> str:
         return str(Path(path).relative_to(self.spool))
@@ -118,7 +131,6 @@ class Results:
             },
             files,
         )
-        self.kick()
 
     def session_manifest(self, session: str, job: str, manifest: Path) -> None:
         """Index a finished session's ``session.json`` (the last file uploaded)."""

@@ -12,6 +12,7 @@ import json
 import os
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +21,7 @@ from profd_client.protocol import REPORT_TERMINAL, SESSION_TERMINAL, TARGET_TERM
 
 from ..fsutil import atomic_write
 from ..store.index import Index
+from . import faults
 from .clientfiles import made_dir
 from .registry import Client
 from .schedule import Cycle, steps_of
@@ -139,6 +141,10 @@ class Target:
             "updated_at": time.time(),
         }
 
+    def stored(self, session: str) -> dict[str, Any]:
+        """:meth:`row` and what a restarted daemon needs to finish the target."""
+        return {**self.row(session), "final": self.client_final, "results": self.results}
+
 
 @dataclass
 class Session:
@@ -255,6 +261,8 @@ class Sessions:
         self.by_id: dict[str, Session] = {}
         # Session id -> (session, changed target keys; None means all of them).
         self._dirty: dict[str, tuple[Session, set[tuple[str, int]] | None]] = {}
+        #: Finished sessions whose ``session.json`` is not written and indexed yet.
+        self._owed: dict[str, Session] = {}
 
     def add(self, s: Session) -> None:
         self.by_id[s.id] = s
@@ -312,7 +320,11 @@ class Sessions:
     def processed(
         self, s: Session, t: Target, result: dict[str, Any], traced: bool, error: str | None
     ) -> None:
+        """A capture is through the pipeline. The target row is written at once, in the
+        caller's transaction with the trace and its inbox row: a daemon killed after that
+        commit restarts with the result in the target, never with half of it."""
         t._processed(result, traced, error)
+        self.index.save_target(t.stored(s.id))
         self.save(s, t)
 
     def replan(self, s: Session, cycles: list[Cycle], now: float) -> None:
@@ -341,8 +353,8 @@ class Sessions:
             keys.update(t.key for t in targets)
             self._dirty[s.id] = (s, keys)
 
-    def flush(self) -> list[tuple[Session, Path]]:
-        """Write every change; returns the sessions this flush finished, with their manifest."""
+    def flush(self) -> list[Session]:
+        """Write every change; the sessions this flush finished (their manifests are owed)."""
         if not self._dirty:
             return []
         dirty, self._dirty = self._dirty, {}
@@ -355,7 +367,7 @@ class Sessions:
                     s.recompute()
                     targets = s.targets.values() if keys is None else [s.targets[k] for k in keys]
                     for t in targets:
-                        self.index.save_target(t.row(s.id))
+                        self.index.save_target(t.stored(s.id))
                     self.index.save_session(s.row())
                     if s.terminal and not was_terminal:
                         finished.append(s)
@@ -365,10 +377,31 @@ class Sessions:
                 s.state = states[sid]
                 self._dirty.setdefault(sid, (s, None))
             raise
-        return [(s, self.finish(s)) for s in finished]
+        for s in finished:
+            # The index keeps it from now on; only its manifest is still to be written.
+            self.by_id.pop(s.id, None)
+            self._owed[s.id] = s
+        return finished
 
-    def finish(self, s: Session) -> Path:
-        """Write ``session.json`` and forget the session from memory (the index keeps it)."""
+    @property
+    def manifests_owed(self) -> int:
+        return len(self._owed)
+
+    def write_manifests(self, indexed: Callable[[Session, Path], None]) -> Exception | None:
+        """Write every owed ``session.json`` and hand it to ``indexed``; the first failure
+        (a full disk, most likely, and then the rest would fail too) stops the round and
+        is returned: the failed and the untried stay owed for the next round."""
+        for sid, s in list(self._owed.items()):
+            try:
+                path = self._write_manifest(s)
+                faults.point("manifest-written")
+                indexed(s, path)
+            except Exception as exc:
+                return exc
+            del self._owed[sid]
+        return None
+
+    def _write_manifest(self, s: Session) -> Path:
         with made_dir(self.spool, [self.perms.shared(s.job), self.perms.final(s.id)]):
             pass
         path = self.spool / s.job / s.id / "session.json"
@@ -376,7 +409,6 @@ class Sessions:
         if s.owner is not None and os.geteuid() == 0:
             # Its processes' user reads it (and pull copies it); others do not.
             os.chown(path, s.owner, self.perms.group if self.perms.group is not None else -1)
-        self.by_id.pop(s.id, None)
         return path
 
     def busy_until(self, key: tuple[str, int]) -> int:
@@ -389,38 +421,60 @@ class Sessions:
         return end
 
     def restore(self) -> list[Session]:
-        """Sessions left open by a previous daemon, with their targets."""
+        """Sessions left open by a previous daemon, with their targets; finished sessions
+        whose manifest it never wrote become owed again."""
         out = []
         for row in self.index.open_sessions():
-            req = row["request"]
-            s = Session(
-                id=row["id"],
-                job=row["job"],
-                request=req,
-                cycles=[tuple(c) for c in row["cycles"]],
-                backend=row["backend"],
-                options=req.get("options", {}),
-                region=row["region"],
-                label=row["label"],
-                created_at=row["created_at"],
-                state=row["state"],
-                error=row["error"],
-                revision=row["plan"],
-                owner=row.get("owner"),
-            )
-            for t in row["targets"]:
-                tgt = Target(
-                    t["host"],
-                    t["pid"],
-                    t["job"],
-                    t["role"],
-                    t["rank"],
-                    t["world_size"],
-                    state=t["state"],
-                    error=t["error"],
-                    traces=t["traces"],
-                )
-                s.targets[tgt.key] = tgt
+            s = _session_of(row)
             self.by_id[s.id] = s
+            # Its state is derived again at the first flush: the previous daemon may have
+            # died between a target's last result and the session row.
+            self.save(s)
             out.append(s)
+        for row in self.index.unwritten_manifests():
+            self._owed[row["id"]] = _session_of(row)
         return out
+
+    def settle_restored(self) -> None:
+        """After the inbox replay: restored targets with nothing left in the pipeline end
+        as their client's last word says (it came before the restart and will not again)."""
+        for s in self.live():
+            for t in s.targets.values():
+                if t.outstanding == 0 and t.state not in TARGET_TERMINAL:
+                    t._settle()
+                    self.save(s, t)
+
+
+def _session_of(row: dict[str, Any]) -> Session:
+    req = row["request"]
+    s = Session(
+        id=row["id"],
+        job=row["job"],
+        request=req,
+        cycles=[tuple(c) for c in row["cycles"]],
+        backend=row["backend"],
+        options=req.get("options", {}),
+        region=row["region"],
+        label=row["label"],
+        created_at=row["created_at"],
+        state=row["state"],
+        error=row["error"],
+        revision=row["plan"],
+        owner=row.get("owner"),
+    )
+    for t in row["targets"]:
+        tgt = Target(
+            t["host"],
+            t["pid"],
+            t["job"],
+            t["role"],
+            t["rank"],
+            t["world_size"],
+            state=t["state"],
+            error=t["error"],
+            traces=t["traces"],
+            client_final=t.get("final"),
+            results=list(t.get("results") or []),
+        )
+        s.targets[tgt.key] = tgt
+    return s

@@ -19,7 +19,10 @@ from typing import Any
 
 from .. import globs
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
+
+#: ``inbox.done`` of a capture that is indexed while its raw trace still exists.
+INBOX_RAW_LEFT = 2
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -51,6 +54,8 @@ CREATE TABLE IF NOT EXISTS targets (
     state TEXT NOT NULL,
     error TEXT,
     traces INTEGER NOT NULL DEFAULT 0,
+    final TEXT,                 -- the client's own last word (done/stopped/...), if any
+    results TEXT NOT NULL DEFAULT '[]',  -- json: per-cycle results, as session.json lists them
     updated_at REAL NOT NULL,
     PRIMARY KEY (session, host, pid)
 );
@@ -106,7 +111,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     key TEXT PRIMARY KEY,       -- session/host/pid/cycle: a report is processed once
     message TEXT NOT NULL,      -- json: the client's captured report plus its identity
     received_at REAL NOT NULL,
-    done INTEGER NOT NULL DEFAULT 0
+    done INTEGER NOT NULL DEFAULT 0  -- 0 to process, 1 done, 2 indexed with its raw left
 );
 """
 
@@ -168,6 +173,10 @@ class Index:
             self.db.execute("ALTER TABLE sessions ADD COLUMN plan INTEGER NOT NULL DEFAULT 0")
         if "owner" not in cols:  # schema 2
             self.db.execute("ALTER TABLE sessions ADD COLUMN owner INTEGER")
+        tcols = {r[1] for r in self.db.execute("PRAGMA table_info(targets)")}
+        if "final" not in tcols:  # schema 3
+            self.db.execute("ALTER TABLE targets ADD COLUMN final TEXT")
+            self.db.execute("ALTER TABLE targets ADD COLUMN results TEXT NOT NULL DEFAULT '[]'")
 
     def close(self) -> None:
         self.db.close()
@@ -190,13 +199,16 @@ class Index:
         )
 
     def save_target(self, row: Mapping[str, Any]) -> None:
+        """Insert or update a target; ``final`` and ``results`` (a list) are what a
+        restarted daemon needs to finish it and to write its ``session.json``."""
         self.db.execute(
             "INSERT INTO targets (session, host, pid, job, role, rank, world_size, state, error,"
-            " traces, updated_at) VALUES (:session, :host, :pid, :job, :role, :rank,"
-            " :world_size, :state, :error, :traces, :updated_at)"
+            " traces, final, results, updated_at) VALUES (:session, :host, :pid, :job, :role,"
+            " :rank, :world_size, :state, :error, :traces, :final, :results, :updated_at)"
             " ON CONFLICT(session, host, pid) DO UPDATE SET state=excluded.state,"
-            " error=excluded.error, traces=excluded.traces, updated_at=excluded.updated_at",
-            row,
+            " error=excluded.error, traces=excluded.traces, final=excluded.final,"
+            " results=excluded.results, updated_at=excluded.updated_at",
+            {**row, "results": json.dumps(row["results"])},
         )
 
     def sessions(
@@ -228,7 +240,7 @@ class Index:
             r = rows[0]
         d = self._session_dict(r)
         d["targets"] = [
-            dict(t)
+            {**t, "results": json.loads(t["results"])}
             for t in self.db.execute(
                 "SELECT * FROM targets WHERE session = ? ORDER BY rank, pid", (d["id"],)
             )
@@ -246,6 +258,15 @@ class Index:
                 out.append(s)
         return out
 
+    def unwritten_manifests(self) -> list[dict[str, Any]]:
+        """Finished sessions whose ``session.json`` was never indexed (a daemon killed, or a
+        full disk, between the session's end and its manifest), with their targets."""
+        rows = self.db.execute(
+            "SELECT id FROM sessions s WHERE state IN ('done','partial','failed','cancelled')"
+            " AND NOT EXISTS (SELECT 1 FROM files f WHERE f.session = s.id AND f.kind = 'session')"
+        ).fetchall()
+        return [s for r in rows if (s := self.session(r["id"])) is not None]
+
     @staticmethod
     def _session_dict(r: sqlite3.Row) -> dict[str, Any]:
         d = dict(r)
@@ -262,11 +283,22 @@ class Index:
         )
         return cur.rowcount == 1
 
-    def inbox_done(self, key: str) -> None:
-        self.db.execute("UPDATE inbox SET done = 1 WHERE key = ?", (key,))
+    def inbox_done(self, key: str, raw_left: bool = False) -> None:
+        """Processed; ``raw_left``: indexed, but its raw trace is not deleted yet."""
+        self.db.execute(
+            "UPDATE inbox SET done = ? WHERE key = ?", (INBOX_RAW_LEFT if raw_left else 1, key)
+        )
 
     def inbox_pending(self) -> list[tuple[str, dict[str, Any]]]:
-        rows = self.db.execute("SELECT key, message FROM inbox WHERE done = 0").fetchall()
+        """Reports to (re)process."""
+        return self._inbox(0)
+
+    def inbox_raw_left(self) -> list[tuple[str, dict[str, Any]]]:
+        """Indexed captures whose raw trace a killed daemon did not get to delete."""
+        return self._inbox(INBOX_RAW_LEFT)
+
+    def _inbox(self, done: int) -> list[tuple[str, dict[str, Any]]]:
+        rows = self.db.execute("SELECT key, message FROM inbox WHERE done = ?", (done,)).fetchall()
         return [(r["key"], json.loads(r["message"])) for r in rows]
 
     # --- traces and files -------------------------------------------------------------------
@@ -510,12 +542,17 @@ class Index:
 class _Tx:
     def __init__(self, db: sqlite3.Connection) -> None:
         self.db = db
+        self.outer = False
 
     def __enter__(self) -> None:
-        self.db.execute("BEGIN IMMEDIATE")
+        # Nested inside another transaction: part of that one, which commits or rolls back.
+        self.outer = not self.db.in_transaction
+        if self.outer:
+            self.db.execute("BEGIN IMMEDIATE")
 
     def __exit__(self, exc_type: object, *_: object) -> None:
-        self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+        if self.outer:
+            self.db.execute("ROLLBACK" if exc_type else "COMMIT")
 
 
 def _combined_upload_state(states: set[str]) -> str:
