@@ -10,7 +10,8 @@ exactly the requested ranks. While nothing is being captured the cost per step i
 increment and a compare. Nothing in this package raises into training code because the
 daemon is absent, slow, restarted or misbehaving.
 
-This package imports only the standard library, pyzmq, msgpack and (lazily) torch.
+This package imports only the standard library, pyzmq, msgpack and (lazily) torch. It looks
+at ``ray`` only when the process has already imported it.
 """
 
 from __future__ import annotations
@@ -20,13 +21,14 @@ import contextlib
 import logging
 import os
 import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import Any
 
 # None of these import zmq or torch; importing them here keeps attach() itself cheap.
 from . import protocol as P
-from .agent import Agent
-from .identity import Identity, detect
+from .agent import Agent, Explicit
+from .identity import Identity, detect, probe_dist, probe_ray
 from .locations import find_socket
 from .ranks import RankSpecError, parse_ranks
 from .steps import Stepper
@@ -57,10 +59,16 @@ def attach(
     """Register this process with the node's profd daemon; returns at once by default.
 
     Args:
-        role: worker role (``actor``, ``rollout``, ...); default ``PROFD_ROLE`` or ``"main"``.
-        job: job name; default from torchrun/SLURM/``PROFD_JOB``.
-        rank: global rank; default from ``RANK``/``SLURM_PROCID``/MPI/``PROFD_RANK``.
-        world_size: default from ``WORLD_SIZE``/``SLURM_NTASKS``/MPI.
+        role: worker role (``actor``, ``rollout``, ...); default ``PROFD_ROLE``, a Ray
+            actor's class in snake_case (``DTensorPolicyWorker`` → ``dtensor_policy_worker``),
+            or ``"main"``.
+        job: job name; default ``PROFD_JOB``, torchrun's run id, Ray's job, SLURM's job, or
+            the job's rendezvous address (``MASTER_ADDR``/``MASTER_PORT``, or the process
+            group's store), so every rank of one job has the same one.
+        rank: global rank; default ``PROFD_RANK``, the process group's rank once
+            ``torch.distributed`` is initialised, ``RANK``/``SLURM_PROCID``/MPI.
+        world_size: default ``PROFD_WORLD_SIZE``, the process group's size,
+            ``WORLD_SIZE``/``SLURM_NTASKS``/MPI.
         step: ``"optimizer"`` (every ``optimizer.step()`` ends a step) or ``"manual"``
             (call :func:`step` yourself, e.g. in rollout/inference loops).
         runtime_dir: where the daemon's sockets are; default as ``profd`` resolves it.
@@ -74,6 +82,11 @@ def attach(
     Returns ``True`` if the agent started, ``False`` when disabled (``PROFD_DISABLE=1``) or
     already attached. A daemon that is not running yet is not an error: the agent keeps
     trying in the background.
+
+    ``attach()`` may run before a launcher has told the process its rank (Lightning,
+    ``torch.multiprocessing.spawn``): once ``torch.distributed``'s default process group is
+    initialised, the agent thread notices at its next heartbeat and re-registers with the
+    rank, world size and job the group implies. Arguments given here always win.
     """
     global _stepper, _agent, _identity, _hook
     if os.environ.get("PROFD_DISABLE", "").strip() not in ("", "0"):
@@ -83,19 +96,14 @@ def attach(
     if step not in ("optimizer", "manual"):
         raise ValueError(f"step must be 'optimizer' or 'manual', not {step!r}")
     try:
-        ident = detect(job=job, role=role, rank=rank, world_size=world_size)
-        allowed = True
-        ranks_env = os.environ.get("PROFD_RANKS")
-        if ranks_env:
-            try:
-                allow = parse_ranks(ranks_env)
-                allowed = allow is None or ident.rank in allow
-            except RankSpecError as exc:
-                log.warning("profd_client: ignoring PROFD_RANKS: %s; profiling disabled", exc)
-                allowed = False
+        explicit = Explicit(job=job, role=role, rank=rank, world_size=world_size)
+        ray, dist = probe_ray(), probe_dist()
+        ident = detect(job=job, role=role, rank=rank, world_size=world_size, dist=dist, ray=ray)
+        allow = _allowlist()
+        allowed = allow(ident.rank)
         interval = heartbeat or float(os.environ.get("PROFD_HEARTBEAT", "1.0"))
         st = Stepper(stem=f"{ident.role}-r{ident.rank}", notify=lambda: None)
-        agent = Agent(ident, st, step, allowed, runtime_dir, interval)
+        agent = Agent(ident, st, step, allowed, runtime_dir, interval, explicit, ray, dist, allow)
         st._notify = agent.notify
         if step == "optimizer":
             _hook = _install_optimizer_hook(st)
@@ -110,6 +118,21 @@ def attach(
     except Exception as exc:  # attach must never break the training script
         log.warning("profd_client: attach failed, profiling disabled: %r", exc)
         return False
+
+
+def _allowlist() -> Callable[[int], bool]:
+    """``PROFD_RANKS`` as a test on a rank (asked again when the rank changes)."""
+    text = os.environ.get("PROFD_RANKS")
+    if not text:
+        return lambda _rank: True
+    try:
+        ranks = parse_ranks(text)
+    except RankSpecError as exc:
+        log.warning("profd_client: ignoring PROFD_RANKS: %s; profiling disabled", exc)
+        return lambda _rank: False
+    if ranks is None:
+        return lambda _rank: True
+    return lambda rank: rank in ranks
 
 
 def _attach_wait(wait: float | None) -> float:
@@ -182,8 +205,13 @@ def current_step() -> int:
 
 
 def identity() -> Identity | None:
-    """The identity this process registered with, or ``None`` when not attached."""
-    return _identity
+    """The identity this process registered with, or ``None`` when not attached.
+
+    It changes when the process re-registers (``torch.distributed`` initialised after
+    ``attach()``); ``identity().sources`` says where each field came from.
+    """
+    agent = _agent
+    return agent.who if agent is not None else _identity
 
 
 def is_attached() -> bool:

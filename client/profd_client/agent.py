@@ -13,18 +13,30 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from . import protocol as P
 from .capture import torch_info
-from .identity import Identity
+from .identity import DistInfo, Identity, RayInfo, detect, probe_dist
 from .locations import locate_socket, warn_untrusted
 from .steps import Plan, Stepper
 
 log = logging.getLogger("profd_client")
 
 MISSED_HEARTBEATS = 3
+
+
+@dataclass(frozen=True)
+class Explicit:
+    """What ``attach()`` was told: it wins over everything detected, every time."""
+
+    job: str | None = None
+    role: str | None = None
+    rank: int | None = None
+    world_size: int | None = None
 
 
 class Agent(threading.Thread):
@@ -36,9 +48,18 @@ class Agent(threading.Thread):
         allowed: bool,
         runtime_dir: str | None,
         hb_interval: float,
+        explicit: Explicit | None = None,
+        ray: RayInfo | None = None,
+        dist: DistInfo | None = None,
+        allow: Callable[[int], bool] | None = None,
     ) -> None:
         super().__init__(name="profd-agent", daemon=True)
         self.who = ident
+        # For detecting the identity again once the job's process group exists.
+        self._explicit = explicit or Explicit()
+        self._ray = ray
+        self._dist = dist
+        self._allow = allow
         self.stepper = stepper
         self.step_mode = step_mode
         self.allowed = allowed
@@ -112,6 +133,11 @@ class Agent(threading.Thread):
         self._flush_outbox()
         now = time.monotonic()
         if now - self._last_tx >= self.hb_interval:
+            # Once per heartbeat, on this thread: the training thread never pays for it.
+            if self._identity_changed() and self._welcomed:
+                self._send(self._hello())  # re-register; the daemon drops what no longer fits
+                self._last_tx = now
+                return
             if self._welcomed:
                 self._send(P.encode(P.HEARTBEAT, v=self.proto, **self._heartbeat()))
             else:
@@ -176,7 +202,39 @@ class Agent(threading.Thread):
             sessions=self.stepper.busy_sessions(),
             nsys_session=os.environ.get(P.NSYS_SESSION_ENV) or None,
             waiting=self.attaching,
+            identity_source=dict(i.sources),
         )
+
+    def _identity_changed(self) -> bool:
+        """Detect again when the process group appeared, went or changed; True if this
+        process is now someone else (rank, world size, job)."""
+        d = probe_dist()
+        if d == self._dist:
+            return False
+        self._dist = d
+        x = self._explicit
+        new = detect(
+            job=x.job, role=x.role, rank=x.rank, world_size=x.world_size, dist=d, ray=self._ray
+        )
+        if new.key() == self.who.key():
+            self.who = new  # the same, maybe from another source now
+            return False
+        old, self.who = self.who, new
+        self.stepper.stem = f"{new.role}-r{new.rank}"
+        if self._allow is not None:
+            self.allowed = self._allow(new.rank)
+        log.info(
+            "profd_client: now job %s role %s rank %d/%d (was job %s role %s rank %d/%d)",
+            new.job,
+            new.role,
+            new.rank,
+            new.world_size,
+            old.job,
+            old.role,
+            old.rank,
+            old.world_size,
+        )
+        return True
 
     def _own_dir(self, incoming: Path) -> Path:
         # A protocol-1 daemon's arm names a directory shared by every rank; from protocol 2
@@ -280,6 +338,9 @@ class Agent(threading.Thread):
                 incoming=self._own_dir(Path(msg["incoming"])),
                 region=msg.get("region"),
                 rev=msg.get("plan", 0),
+                # The identity of our last hello: the one the daemon armed, or one it is about
+                # to see and then disarm this plan for.
+                stem=f"{self.who.role}-r{self.who.rank}",
             )
         except P.ProtocolError as exc:
             self._arm_failed(session, str(exc), msg.get("plan", 0))

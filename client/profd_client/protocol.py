@@ -405,6 +405,12 @@ OPTIONS: Final = Struct(
 )
 
 
+#: Where each identity field of a ``hello`` came from (``env:RANK``, ``torch.distributed``,
+#: ``ray``, ...); open, so a newer client may name more fields.
+IDENTITY_FIELDS: Final = ("job", "role", "rank", "local_rank", "world_size")
+IDENTITY_SOURCE: Final = Struct({k: (Str(64), False) for k in IDENTITY_FIELDS}, open=True)
+
+
 START_SPEC: Final = Struct(
     {
         "job": (Nullable(NAME), False),
@@ -515,6 +521,9 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # attach() is blocked until the welcome (``attach(wait=...)``): step 1 has not begun,
         # so ``[[auto]]`` rules may arm it; their ``arm`` is sent before the ``welcome``.
         waiting=(Bool(), _O),
+        # Where each identity field came from, for ``profctl ps --sources``. A ``hello`` from
+        # a registered process with another job, role, rank or world size re-registers it.
+        identity_source=(IDENTITY_SOURCE, _O),
     ),
     HEARTBEAT: _msg(step=(STEP, _O), sps=(Num(0.0, MAX_RATE), _O), state=(SHORT, _O)),
     # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).

@@ -43,6 +43,9 @@ class Plan:
     incoming: Path
     region: str | None = None
     rev: int = 0  # the daemon's revision of these steps (``arm``'s ``plan``)
+    #: "{role}-r{rank}" as the daemon knew this process when it armed it: the names its files
+    #: must have, even if the process re-registers under another rank meanwhile.
+    stem: str = ""
     next_cycle: int = 0
     region_entries: int = 0
 
@@ -270,7 +273,9 @@ class Stepper:
         if plan.backend == "nsys":
             cap = NsysRange(a)
         else:
-            cap = TorchCapture(plan.options, plan.incoming / f"c{cycle}", self.stem, w, a)
+            cap = TorchCapture(
+                plan.options, plan.incoming / f"c{cycle}", plan.stem or self.stem, w, a
+            )
         try:
             cap.start()
         except Exception as exc:
@@ -310,7 +315,9 @@ class Stepper:
         cycle = plan.region_entries
         plan.region_entries += 1
         running = self.count + 1
-        cap = TorchCapture(plan.options, plan.incoming / f"c{cycle}", self.stem, running, running)
+        cap = TorchCapture(
+            plan.options, plan.incoming / f"c{cycle}", plan.stem or self.stem, running, running
+        )
         try:
             cap.start()
             live.capture = cap
