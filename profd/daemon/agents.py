@@ -182,10 +182,21 @@ class AgentHandler:
             node_pid=peer.pid,
             uid=peer.uid,
             gid=peer.gid,
+            identity_source=_sources(m.get("identity_source")),
         )
         old = self.registry.add(c)
+        moved = old is not None and old.identity != c.identity
         if old is None:
             log.info("attached: %s pid %s job %s %s rank %s", c.host, c.pid, c.job, c.role, c.rank)
+        elif moved:
+            log.info(
+                "re-registered: %s pid %s as job %s %s rank %s/%s (was job %s %s rank %s/%s)",
+                c.host,
+                c.pid,
+                *c.identity,
+                *old.identity,
+            )
+        self._void_stale_targets(c)
         self.liveness.attached(c)
         # Arms go out before the welcome: a client waiting in attach() applies them before
         # its first step, which is what lets an [[auto]] rule capture step 1.
@@ -196,7 +207,8 @@ class AgentHandler:
                 t = s.targets.get(c.key)
                 if t is not None and t.awaiting_arm:
                     self.arms.arm(s, c)
-            if old is None:
+            if old is None or moved:
+                # A new job (or rank) may match rules the old identity did not.
                 self.auto_rules.attached(c)
         finally:
             # Whatever went wrong with the rules, the process must not wait for nothing.
@@ -215,6 +227,30 @@ class AgentHandler:
                     **extra,
                 ),
             )
+
+    def _void_stale_targets(self, c: Client) -> None:
+        """Targets chosen by an identity the process no longer has, and not yet capturing,
+        end here with the reason: their selector (job, role, ranks) matched someone else,
+        and their files would be named after the old rank. A capture already running goes
+        on under the identity it began with (the client names its files after the plan)."""
+        for s in self.sessions.live():
+            t = s.targets.get(c.key)
+            if t is None or not t.open or t.state not in ("pending", "armed"):
+                continue
+            if (t.job, t.role, t.rank, t.world_size) == c.identity:
+                continue
+            why = (
+                f"the process re-registered as job {c.job} {c.role} rank {c.rank}/"
+                f"{c.world_size} (was job {t.job} {t.role} rank {t.rank}/{t.world_size})"
+                " before its capture began"
+            )
+            if s.auto_rule is not None:
+                # Not what a user asked for, so not a failure: a rule arms the process
+                # again if its new job matches it (see auto_rules.attached).
+                self.sessions.reported(s, t, "cancelled", why)
+            else:
+                self.sessions.fail(s, t, why + "; start the session again")
+            self.arms.disarm(s, c, keep=False)
 
     def _target(self, c: Client, m: dict[str, Any]) -> tuple[Session, Any] | None:
         """The session and target a report is about, if it is current."""
@@ -331,6 +367,13 @@ class AgentHandler:
 def job_of(key: str, stored: dict[str, Any]) -> Job:
     """The capture of an inbox row."""
     return _job(key, stored["report"], stored["client"], stored["report"]["job"])
+
+
+def _sources(value: object) -> dict[str, str]:
+    """The identity fields' sources a hello names (validated; other keys dropped)."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if k in P.IDENTITY_FIELDS and isinstance(v, str)}
 
 
 def _job(key: str, m: dict[str, Any], cl: dict[str, Any], job: str) -> Job:

@@ -45,10 +45,17 @@ class Client:
     gpu_mem: int | None = None
     #: The protocol version the client speaks; replies go out in it.
     version: int = 1
+    #: Where the client says each identity field came from (hello ``identity_source``).
+    identity_source: dict[str, str] = field(default_factory=dict)
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.host, self.pid)
+
+    @property
+    def identity(self) -> tuple[str, str, int, int]:
+        """What sessions select it by and name its files after."""
+        return (self.job, self.role, self.rank, self.world_size)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -74,6 +81,7 @@ class Client:
             "attached_at": self.attached_at,
             "protocol": self.version,
             "uid": self.uid,
+            "identity_source": self.identity_source,
         }
 
 

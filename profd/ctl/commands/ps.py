@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 import click
@@ -38,21 +39,61 @@ COLUMNS: list[Column] = [
 ]
 
 
+def _source(field: str) -> Callable[[dict[str, Any]], str]:
+    def cell(r: dict[str, Any]) -> str:
+        src = r.get("identity_source") or {}
+        return str(src.get(field) or "-")
+
+    return cell
+
+
+def _rank_source(r: dict[str, Any]) -> str:
+    src = r.get("identity_source") or {}
+    rank, world = src.get("rank") or "-", src.get("world_size") or "-"
+    return str(rank) if rank == world else f"{rank}/{world}"
+
+
+# Where each identity field came from (the client's detection, see docs/configuration.md).
+SOURCE_COLUMNS: list[Column] = [
+    ("HOST", lambda r: r["host"]),
+    ("PID", lambda r: opt(r["pid"], "{}")),
+    ("JOB", lambda r: r["job"]),
+    ("JOB FROM", _source("job")),
+    ("ROLE", lambda r: r["role"]),
+    ("ROLE FROM", _source("role")),
+    ("RANK", lambda r: f"{opt(r['rank'], '{}')}/{opt(r.get('world_size'), '{}')}"),
+    ("RANK/WORLD FROM", _rank_source),
+    ("LOCAL", lambda r: opt(r.get("local_rank"), "{}")),
+    ("LOCAL FROM", _source("local_rank")),
+]
+
+
 @click.command()
 @click.option("--job", help="Only this job.")
 @click.option("--role", help="Only roles matching this glob.")
+@click.option(
+    "--sources",
+    is_flag=True,
+    help="Show where each process's job, role and rank came from instead of its load.",
+)
 @click.option("--watch", is_flag=True, help="Refresh every second until Ctrl-C.")
 @click.option("--interval", default=1.0, show_default=True, help="Refresh interval for --watch.")
 @click.pass_obj
 @command
-def ps(env: Env, job: str | None, role: str | None, watch: bool, interval: float) -> None:
-    """Attached processes: host pid job role rank/world step steps/s state cpu% rss gpu."""
+def ps(
+    env: Env, job: str | None, role: str | None, sources: bool, watch: bool, interval: float
+) -> None:
+    """Attached processes: host pid job role rank/world step steps/s state cpu% rss gpu.
+
+    --sources: where each identity field came from (env:RANK, torch.distributed, ray, ...).
+    """
     while True:
         rows = env.conn.request(P.C_PS, job=job, role=role)
         if env.json:
             emit_json(rows)
         else:
-            text = table(rows, COLUMNS) if rows else "no attached processes"
+            columns = SOURCE_COLUMNS if sources else COLUMNS
+            text = table(rows, columns) if rows else "no attached processes"
             if watch:
                 # Clear and redraw in place, like top.
                 click.echo("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + f"{len(rows)} attached")
