@@ -1,0 +1,64 @@
+"""A ``torch.multiprocessing.spawn`` job (gloo, CPU), as in PyTorch's DDP tutorial.
+
+Each child calls the two profd lines first, then sets ``MASTER_ADDR``/``MASTER_PORT`` and
+passes its rank to ``init_process_group`` itself: nothing tells profd the rank before the
+process group exists. Env: PORT (the rendezvous port), STEPS (default 8), NPROC (default 2),
+GATE (as in workers.py, waited for after ``init_process_group``), PREINIT_GATE (the same,
+waited for between ``attach()`` and ``init_process_group``). Prints ``RESULT {json}`` per
+rank.
+"""
+
+import json
+import os
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+
+def wait_gate(gate: str | None) -> None:
+    give_up = time.monotonic() + 600  # a test that died must not leave workers behind
+    while gate and not os.path.exists(gate):
+        if time.monotonic() > give_up:
+            raise SystemExit("gate never opened")
+        time.sleep(0.05)
+
+
+def worker(rank: int, world: int) -> None:
+    import profd_client
+
+    profd_client.attach()
+
+    wait_gate(os.environ.get("PREINIT_GATE"))
+    os.environ["MASTER_ADDR"] = "localhost"
+    os.environ["MASTER_PORT"] = os.environ["PORT"]
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    )
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    wait_gate(os.environ.get("GATE"))
+    for _ in range(int(os.environ.get("STEPS", "8"))):
+        model(torch.randn(32, 32)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
+    ident = profd_client.identity()
+    print(
+        "RESULT "
+        + json.dumps(
+            {
+                "rank": rank,
+                "profd_rank": ident.rank if ident else None,
+                "steps": profd_client.current_step(),
+            }
+        ),
+        flush=True,
+    )
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    n = int(os.environ.get("NPROC", "2"))
+    mp.spawn(worker, args=(n,), nprocs=n)
