@@ -9,11 +9,15 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
 from harness import Daemon
+
+from profd_client import protocol as P
 
 HELLO = {
     "v": 1,
@@ -94,3 +98,79 @@ def spawn_peer(d: Daemon, job: str, routing_id: str = "", **fields: Any) -> subp
         [sys.executable, "-c", _CHILD, pack(hello).hex(), sock, routing_id],
         stdout=subprocess.PIPE,
     )
+
+
+def big_trace(path: Path, events: int = 300_000) -> Path:
+    """A valid ~40 MB kineto-like trace: a second or more of work for a worker."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pad = "x" * 40
+    with path.open("w") as fh:
+        fh.write('{"traceEvents": [')
+        fh.write(
+            ",".join(
+                f'{{"name": "op{i % 500}", "ph": "X", "ts": {i}, "dur": 1, "pid": 1, "tid": 1,'
+                f' "args": {{"pad": "{pad}"}}}}'
+                for i in range(events)
+            )
+        )
+        fh.write("]}")
+    return path
+
+
+class TracePeer:
+    """A raw agent peer (rank 0 of role ``r`` in ``job``) that reports hand-made traces."""
+
+    def __init__(self, ctx: zmq.Context, d: Daemon, job: str) -> None:
+        self.d = d
+        self.job = job
+        self.sock = dealer(ctx, d, "agent.sock")
+        self.ids = iter(range(1, 1 << 30))
+        self.hello()
+
+    def hello(self) -> None:
+        """(Re-)register: it sends no heartbeats, so the daemon drops it after a few seconds."""
+        self.sock.send(pack({**HELLO, "job": self.job, "host": f"node-of-{self.job}"}))
+        self.recv("welcome")
+
+    def recv(self, t: str) -> dict[str, Any]:
+        while True:
+            m = reply(self.sock, 10_000)
+            assert m is not None, f"no {t!r} from the daemon"
+            if m["t"] == t:
+                return m
+
+    def send(self, t: str, wait: bool = True, **fields: Any) -> None:
+        """Send a report; unless ``wait`` is false, until the daemon acks it."""
+        self.sock.send(pack({"v": P.VERSION, "t": t, "id": next(self.ids), **fields}))
+        if wait:
+            self.recv("ack")
+
+    def capture(self, write: Callable[[Path], Path], wait: bool = True) -> tuple[str, Path]:
+        """Start a ``--next`` session on this peer's job, report ``write(path)`` as cycle 0's
+        trace; the session id and the raw trace. ``wait=False``: the report and the final
+        progress are sent without waiting for acks (a daemon that cannot store them)."""
+        sid = self.d.ctl_json("start", "--job", self.job, "--next")["session"]
+        arm = self.recv("arm")
+        assert arm["session"] == sid
+        raw = write(Path(arm["incoming"]) / "c0" / "r-r0.pt.trace.json")
+        self.send("progress", session=sid, state="capturing", step=1)
+        self.send(
+            "captured",
+            wait,
+            session=sid,
+            job=self.job,
+            cycle=0,
+            steps=[1],
+            files=[{"kind": "trace", "path": str(raw)}],
+            started_at=1.0,
+            ended_at=2.0,
+            stall_ms=1.0,
+        )
+        self.send("progress", wait, session=sid, state="done", step=2)
+        return sid, raw
+
+
+def small_trace(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"traceEvents": [{"name": "op", "ph": "X", "ts": 1, "dur": 1}]}')
+    return path

@@ -76,7 +76,7 @@ def test_a_daemon_killed_at_each_point_of_a_capture_loses_nothing(
         # Raw traces are deleted once indexed, and the session's incoming dirs with them.
         assert not (d.spool / ".incoming" / s["job"] / sid).exists(), point
         manifest = wait_for(
-            lambda s=s: (lambda p: p.is_file() and json.loads(p.read_text()))(
+            lambda s=s, sid=sid: (lambda p: p.is_file() and json.loads(p.read_text()))(
                 d.spool / s["job"] / sid / "session.json"
             ),
             WAIT,

@@ -22,7 +22,7 @@ import pytest
 import zmq
 from daemonproc import wait_for
 from harness import Daemon, Job
-from rawpeer import HELLO, dealer, pack, reply
+from rawpeer import TracePeer, big_trace, small_trace
 
 from profd_client import protocol as P
 
@@ -82,80 +82,12 @@ def wait_end(d: Daemon, sid: str) -> dict[str, Any]:
     return s
 
 
-def big_trace(path: Path, events: int = 300_000) -> Path:
-    """A valid ~40 MB kineto-like trace: a second or more of work for a worker."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pad = "x" * 40
-    with path.open("w") as fh:
-        fh.write('{"traceEvents": [')
-        fh.write(
-            ",".join(
-                f'{{"name": "op{i % 500}", "ph": "X", "ts": {i}, "dur": 1, "pid": 1, "tid": 1,'
-                f' "args": {{"pad": "{pad}"}}}}'
-                for i in range(events)
-            )
-        )
-        fh.write("]}")
-    return path
-
-
-class Peer:
-    """A raw agent peer (rank 0 of role ``r`` in ``job``) that reports hand-made traces."""
-
-    def __init__(self, ctx: zmq.Context, d: Daemon, job: str) -> None:
-        self.d = d
-        self.job = job
-        self.sock = dealer(ctx, d, "agent.sock")
-        self.ids = iter(range(1, 1 << 30))
-        self.sock.send(pack({**HELLO, "job": job, "host": f"node-of-{job}"}))
-        self.recv("welcome")
-
-    def recv(self, t: str) -> dict[str, Any]:
-        while True:
-            m = reply(self.sock, 10_000)
-            assert m is not None, f"no {t!r} from the daemon"
-            if m["t"] == t:
-                return m
-
-    def send(self, t: str, **fields: Any) -> None:
-        self.sock.send(pack({"v": P.VERSION, "t": t, "id": next(self.ids), **fields}))
-        self.recv("ack")
-
-    def capture(self, write: Callable[[Path], Path]) -> tuple[str, Path]:
-        """Start a ``--next`` session on this peer's job, report ``write(path)`` as cycle 0's
-        trace; the session id and the raw trace."""
-        sid = self.d.ctl_json("start", "--job", self.job, "--next")["session"]
-        arm = self.recv("arm")
-        assert arm["session"] == sid
-        raw = write(Path(arm["incoming"]) / "c0" / "r-r0.pt.trace.json")
-        self.send("progress", session=sid, state="capturing", step=1)
-        self.send(
-            "captured",
-            session=sid,
-            job=self.job,
-            cycle=0,
-            steps=[1],
-            files=[{"kind": "trace", "path": str(raw)}],
-            started_at=1.0,
-            ended_at=2.0,
-            stall_ms=1.0,
-        )
-        self.send("progress", session=sid, state="done", step=2)
-        return sid, raw
-
-
-def small_trace(path: Path) -> Path:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text('{"traceEvents": [{"name": "op", "ph": "X", "ts": 1, "dur": 1}]}')
-    return path
-
-
 @pytest.fixture
-def peer_of(daemon: Daemon, ctx: zmq.Context) -> Iterator[Callable[[str], Peer]]:
-    made: list[Peer] = []
+def peer_of(daemon: Daemon, ctx: zmq.Context) -> Iterator[Callable[[str], TracePeer]]:
+    made: list[TracePeer] = []
 
-    def make(job: str) -> Peer:
-        made.append(Peer(ctx, daemon, job))
+    def make(job: str) -> TracePeer:
+        made.append(TracePeer(ctx, daemon, job))
         return made[-1]
 
     yield make
@@ -199,7 +131,7 @@ def test_killed_idle_worker_is_replaced_and_the_next_capture_is_done(
 
 
 def test_worker_killed_while_processing_is_retried_once(
-    daemon: Daemon, peer_of: Callable[[str], Peer]
+    daemon: Daemon, peer_of: Callable[[str], TracePeer]
 ) -> None:
     sid, raw = peer_of("big").capture(big_trace)
     victim = wait_for(lambda: workers(daemon), WAIT, "the worker processing the capture")[0]
@@ -217,7 +149,7 @@ def test_worker_killed_while_processing_is_retried_once(
 
 
 def test_worker_killed_twice_fails_the_capture_keeps_the_raw_trace_and_the_daemon_serves_on(
-    daemon: Daemon, peer_of: Callable[[str], Peer]
+    daemon: Daemon, peer_of: Callable[[str], TracePeer]
 ) -> None:
     peer = peer_of("big")
     sid, raw = peer.capture(big_trace)
@@ -249,7 +181,7 @@ def test_worker_killed_twice_fails_the_capture_keeps_the_raw_trace_and_the_daemo
 
 
 def test_workers_and_resource_tracker_die_with_a_sigkilled_daemon(
-    daemon: Daemon, peer_of: Callable[[str], Peer]
+    daemon: Daemon, peer_of: Callable[[str], TracePeer]
 ) -> None:
     peer = peer_of("big")
     sid, _ = peer.capture(small_trace)

@@ -8,6 +8,7 @@ daemon.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 import time
@@ -149,6 +150,9 @@ class TorchCapture:
             os.makedirs(self.out_dir, exist_ok=True)
             trace = self.out_dir / f"{self.stem}.pt.trace.json"
             self.prof.export_chrome_trace(str(trace))
+            if not trace.exists():
+                # kineto logs a failed write and returns; what it wrote is in ``.tmp``.
+                raise _ExportFailed(self.out_dir, "torch wrote no trace file")
             files.append({"kind": "trace", "path": str(trace)})
             if self.snapshot:
                 import torch
@@ -158,7 +162,11 @@ class TorchCapture:
                 torch.cuda.memory._record_memory_history(enabled=None)
                 files.append({"kind": "memory", "path": str(snap)})
         except Exception as exc:  # a failed export must not reach training code
-            error = f"export failed: {type(exc).__name__}: {exc}"
+            error = "export failed: " + _why(exc, self.out_dir)
+            # Nothing half written stays behind: the daemon would never clean it up.
+            for name in (".pt.trace.json", ".pt.trace.json.tmp", ".memory.pickle"):
+                _remove(self.out_dir / f"{self.stem}{name}")
+            files = []
         finally:
             _scopes.uninstall()
         steps = range(self.start_step, last_step + 1)
@@ -178,6 +186,40 @@ class TorchCapture:
                 torch.cuda.memory._record_memory_history(enabled=None)
             except Exception:
                 pass
+
+
+class _ExportFailed(Exception):
+    def __init__(self, out_dir: Path, why: str) -> None:
+        super().__init__(why)
+        self.out_dir = out_dir
+
+
+def _why(exc: Exception, out_dir: Path) -> str:
+    """A failed export in one line; a full disk says so (kineto itself does not)."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"disk full in {out_dir} ({exc.strerror})"
+    if isinstance(exc, _ExportFailed) and _free_bytes(out_dir) < _FULL_BELOW:
+        return f"disk full in {out_dir} ({exc})"
+    return f"{type(exc).__name__}: {exc}"
+
+
+#: Free space under which a failed write is taken for a full disk.
+_FULL_BELOW = 1 << 20
+
+
+def _free_bytes(d: Path) -> int:
+    try:
+        st = os.statvfs(d)
+    except OSError:
+        return _FULL_BELOW
+    return st.f_bavail * st.f_frsize
+
+
+def _remove(p: Path) -> None:
+    try:
+        p.unlink()
+    except OSError:
+        pass
 
 
 class _OptimizerScopes:

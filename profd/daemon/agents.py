@@ -29,6 +29,7 @@ from .peers import PeerCred, claim_problem
 from .registry import Client, Registry
 from .sessions import Session, Sessions, Target
 from .starts import Starter
+from .storage import Storage, is_disk_full
 
 log = logging.getLogger("profd.agents")
 
@@ -57,6 +58,7 @@ class AgentHandler:
         captures: Captures,
         nsys: NsysRuns,
         send: Send,
+        storage: Storage,
     ) -> None:
         self.welcome = welcome
         self.registry = registry
@@ -69,6 +71,10 @@ class AgentHandler:
         self.captures = captures
         self.nsys = nsys
         self.send = send
+        self.storage = storage
+        #: Reports the index could not store (a full disk), not acked: key -> (ident, stored,
+        #: ack). Their clients keep them; :meth:`retry_deferred` stores and acks them.
+        self._deferred: dict[str, tuple[bytes, dict[str, Any], bytes]] = {}
         self.own_uid = os.geteuid()
         self.rejected = 0  # malformed frames seen, for status
         self._heartbeats: dict[int, bytes] = {}  # the same reply bytes for every client
@@ -321,12 +327,45 @@ class AgentHandler:
                 "gid": c.gid,
             },
         }
-        fresh = self.index.inbox_put(key, stored)
+        if key in self._deferred:  # sent again while it waits for space: answer that one
+            self._deferred[key] = (c.ident, stored, ack)
+            return
+        try:
+            fresh = self.index.inbox_put(key, stored)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            # Not durable, so not acked: the target waits in "capturing"/"processing" (its
+            # capture counted as outstanding), and status says why, until space is back.
+            self.storage.failed("index", exc, f"the capture report {key}")
+            self._deferred[key] = (c.ident, stored, ack)
+            self.sessions.queued(s, t)
+            return
         # Ack only once the report is durable: a daemon killed now redoes it on restart.
         self.send(c.ident, ack)
         faults.point("report-acked")
         if fresh:
             self.submit(key, stored)
+
+    @property
+    def deferred(self) -> int:
+        return len(self._deferred)
+
+    def retry_deferred(self) -> None:
+        """Store and ack the reports a full index refused (every housekeeping tick)."""
+        for key, (ident, stored, ack) in list(self._deferred.items()):
+            try:
+                fresh = self.index.inbox_put(key, stored)
+            except Exception as exc:
+                if not is_disk_full(exc):
+                    raise
+                self.storage.failed("index", exc, f"the capture report {key}")
+                return
+            self.storage.ok("index")
+            del self._deferred[key]
+            self.send(ident, ack)
+            if fresh:  # counted as outstanding when it was deferred
+                self.captures.submit(job_of(key, stored))
 
     def _own_files(self, s: Session, t: Target, revision: int, cycle: int) -> dict[str, Path]:
         return self.captures.own_files(

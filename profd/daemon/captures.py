@@ -40,6 +40,7 @@ from . import clientfiles, faults
 from .clientfiles import DirSpec
 from .reactor import Reactor
 from .spoolperms import SpoolPerms
+from .storage import Storage, is_disk_full
 
 log = logging.getLogger("profd.captures")
 
@@ -104,6 +105,10 @@ class _Task:
     job: Job
     args: dict[str, Any]
     deaths: int = 0
+
+
+#: What the pipeline made of a capture: result, error, and whether a restart may redo it.
+_Outcome = tuple[ProcessedTrace | None, str | None, bool]
 
 
 @dataclass
@@ -197,8 +202,10 @@ class Captures:
         on_raw_deleted: Callable[[Job], None],
         perms: SpoolPerms,
         max_trace_bytes: int,
+        storage: Storage,
     ) -> None:
         self.spool = spool
+        self.storage = storage
         self.reactor = reactor
         self.on_done = on_done
         self.on_raw_deleted = on_raw_deleted
@@ -211,6 +218,9 @@ class Captures:
         self._ctx = multiprocessing.get_context("spawn")
         self._lanes = [_Lane() for _ in range(max(1, workers))]
         self._queue: deque[_Task] = deque()
+        #: Captures a full disk stopped, with their outcome when only its index write is
+        #: left (None: the pipeline runs again): :meth:`retry_parked` tries them again.
+        self._parked: list[tuple[_Task, _Outcome | None]] = []
         self._homes: set[tuple[str, int, str]] = set()  # (session, revision, target dir) made
 
     # --- where clients write --------------------------------------------------------------
@@ -343,6 +353,7 @@ class Captures:
                 self._replace(lane, None)
         return {
             "in_flight": self.in_flight,
+            "waiting_for_space": len(self._parked),
             "workers": len(self._lanes),
             "restarts": self.restarts,
             "last_worker_death": self.last_death.as_dict() if self.last_death else None,
@@ -397,11 +408,18 @@ class Captures:
         except PipelineError as exc:
             self._finish(task, None, f"pipeline: {exc}", False)
         except Exception as exc:
-            # A full disk, say: the raw trace is still in place, so the next daemon start
-            # tries again (the inbox row stays open).
-            log.error("pipeline failed on %s: %r", j.key, exc)
-            self._finish(task, None, f"pipeline error: {type(exc).__name__}: {exc}", True)
+            if is_disk_full(exc):
+                # Outputs half written were removed by the pipeline; the raw trace is in
+                # place: the capture waits, and is done once space is back.
+                self.storage.failed("spool", exc, f"the outputs of capture {j.key}")
+                self._parked.append((task, None))
+            else:
+                # The raw trace is still in place, so the next daemon start tries again
+                # (the inbox row stays open).
+                log.error("pipeline failed on %s: %r", j.key, exc)
+                self._finish(task, None, f"pipeline error: {type(exc).__name__}: {exc}", True)
         else:
+            self.storage.ok("spool")
             self._finish(task, res, None, False)
         if not self.closing:
             self._dispatch()
@@ -464,8 +482,17 @@ class Captures:
     def _finish(
         self, task: _Task, res: ProcessedTrace | None, error: str | None, retryable: bool
     ) -> None:
+        try:
+            self.on_done(task.job, res, error, retryable)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            # The index is full: its write waits; the outputs are written already.
+            self.storage.failed("index", exc, f"the result of capture {task.job.key}")
+            self._parked.append((task, (res, error, retryable)))
+            return
+        self.storage.ok("index")
         self.in_flight -= 1
-        self.on_done(task.job, res, error, retryable)
         if res is not None:
             faults.point("trace-indexed")
             # Only now, with the result in the index: a daemon killed before on_done
@@ -479,8 +506,24 @@ class Captures:
         self.discard(j, [n for kind, n in _report_files(j.report) if kind == "trace"][:1])
         self.on_raw_deleted(j)
 
+    def retry_parked(self) -> None:
+        """Try again what a full disk stopped (called every housekeeping tick)."""
+        parked, self._parked = self._parked, []
+        for task, outcome in parked:
+            if outcome is not None:
+                self._finish(task, *outcome)
+            else:
+                self._queue.append(task)
+        if not self.closing:
+            self._dispatch()
+
+    @property
+    def parked(self) -> int:
+        return len(self._parked)
+
     def _fail(self, j: Job, error: str) -> None:
-        self.on_done(j, None, error, False)
+        self.in_flight += 1
+        self._finish(_Task(j, {}), None, error, False)
 
     def shutdown(self) -> None:
         """Run every queued and running capture to its end, then stop the workers: a raw

@@ -113,6 +113,10 @@ class ControlHandler:
         if t == P.C_SESSIONS:
             return self.index.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
         if t == P.C_SHOW:
+            live = self.sessions.get(m["session"])
+            if live is not None:
+                # From memory: right even while the index cannot be written (a full disk).
+                return live.summary()
             s = self.index.session(m["session"])
             if s is None:
                 raise Refused("unknown_session", f"no session {m['session']!r}")

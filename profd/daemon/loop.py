@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import signal
 import socket
+import sqlite3
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,6 +44,7 @@ from .sdnotify import Notifier
 from .sessions import Sessions
 from .spoolperms import SpoolPerms
 from .starts import Starter
+from .storage import Storage
 
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
     from ..store.uploads import Uploads
@@ -68,6 +70,7 @@ class Daemon:
         self.control_sock: Any = None
 
         self.reactor = Reactor()
+        self.storage = Storage({"index": cfg.state_dir, "spool": spool})
         self.index = Index(cfg.index_path)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.registry = Registry()
@@ -81,6 +84,7 @@ class Daemon:
             self.results.raw_deleted,
             perms,
             cfg.max_trace_bytes,
+            self.storage,
         )
         self.arms = Arms(self._send_agent, self.captures)
         self.nsys = NsysRuns(
@@ -108,6 +112,7 @@ class Daemon:
             self.captures,
             self.nsys,
             self._send_agent,
+            self.storage,
         )
         facts = DaemonFacts(
             host, time.time(), cfg.runtime_dir, cfg.state_dir, spool, cfg.max_spool_bytes
@@ -144,6 +149,11 @@ class Daemon:
     def _live_status(self) -> dict[str, Any]:
         return {
             "pipeline": self.captures.status(),
+            "storage": {
+                **self.storage.status(),
+                "reports_waiting": self.agents.deferred,
+                "manifests_waiting": self.sessions.manifests_owed,
+            },
             "rejected_messages": self.agents.rejected,
             "s3": self.uploads.status() if self.uploads is not None else {"configured": False},
         }
@@ -262,8 +272,7 @@ class Daemon:
             if now >= next_tick:
                 _guarded("housekeeping", self.liveness.tick, now)
                 _guarded("polling nsys", self.nsys.poll, now)
-                if self.sessions.manifests_owed:
-                    self.write_manifests()
+                self._retry_writes()
                 self.flush()
                 next_tick = now + hb
 
@@ -276,13 +285,23 @@ class Daemon:
                 return
             _guarded("handling a message", handle, [f.bytes for f in msg], _peer(msg[-1]))
 
+    def _retry_writes(self) -> None:
+        """What a full disk stopped, tried again: the first success is the recovery."""
+        _guarded("storing deferred reports", self.agents.retry_deferred)
+        _guarded("retrying captures", self.captures.retry_parked)
+        if self.sessions.manifests_owed:
+            self.write_manifests()
+
     def flush(self) -> None:
         """Persist this iteration's session changes; write finished sessions' manifests."""
+        if not self.sessions.changed:
+            return
         try:
             finished = self.sessions.flush()
         except Exception as exc:  # the index is unwritable now; changes wait for the next try
-            log.error("cannot write the index: %r", exc)
+            self.storage.failed("index", exc, "session changes")
             return
+        self.storage.ok("index")
         for s in finished:
             log.info("session %s %s", s.id, s.state)
             self.arms.ended(s.id)
@@ -298,10 +317,11 @@ class Daemon:
         exc = self.sessions.write_manifests(
             lambda s, path: self.results.session_manifest(s.id, s.job, path)
         )
-        if exc is not None:
-            log.error(
-                "cannot write a session.json (%d waiting): %r", self.sessions.manifests_owed, exc
-            )
+        if exc is None:
+            self.storage.ok("spool")
+        else:
+            area = "index" if isinstance(exc, sqlite3.Error) else "spool"
+            self.storage.failed(area, exc, f"{self.sessions.manifests_owed} session.json")
 
 
 def _peer(frame: Any) -> PeerCred | None:

@@ -233,15 +233,12 @@ class Session:
     def summary(self) -> dict[str, Any]:
         d = self.row()
         d["steps"] = steps_of(self.cycles)
-        d["targets"] = [t.row(self.id) for t in self.targets.values()]
+        d["targets"] = [t.stored(self.id) for t in self.targets.values()]
         return d
 
     def manifest(self) -> dict[str, Any]:
         """``session.json``: request, resolved steps and per-rank results."""
         d = self.summary()
-        by_key = {t.key: t for t in self.targets.values()}
-        for row in d["targets"]:
-            row["results"] = by_key[(row["host"], row["pid"])].results
         d["finished_at"] = time.time()
         return d
 
@@ -323,8 +320,14 @@ class Sessions:
         """A capture is through the pipeline. The target row is written at once, in the
         caller's transaction with the trace and its inbox row: a daemon killed after that
         commit restarts with the result in the target, never with half of it."""
+        before = (t.state, t.error, t.traces, t.outstanding, list(t.results))
         t._processed(result, traced, error)
-        self.index.save_target(t.stored(s.id))
+        try:
+            self.index.save_target(t.stored(s.id))
+        except Exception:
+            # Not written (a full disk): the caller retries the whole result later.
+            t.state, t.error, t.traces, t.outstanding, t.results = before
+            raise
         self.save(s, t)
 
     def replan(self, s: Session, cycles: list[Cycle], now: float) -> None:
@@ -352,6 +355,11 @@ class Sessions:
         else:
             keys.update(t.key for t in targets)
             self._dirty[s.id] = (s, keys)
+
+    @property
+    def changed(self) -> bool:
+        """Changes wait for :meth:`flush`."""
+        return bool(self._dirty)
 
     def flush(self) -> list[Session]:
         """Write every change; the sessions this flush finished (their manifests are owed)."""

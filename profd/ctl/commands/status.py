@@ -30,10 +30,12 @@ def status(env: Env) -> None:
         f"clients  {st['clients']}",
         f"sessions {st['sessions']['live']} live"
         + "".join(f", {n} {k}" for k, n in sorted(st["sessions"]["by_state"].items())),
-        f"pipeline {st['pipeline']['in_flight']} in flight",
+        pipeline_line(st["pipeline"]),
         f"uploads  {q['queued']} queued, {q['failed']} failed, {size(q['bytes_pending'])} pending,"
         f" {q['uploaded']} uploaded",
     ]
+    if "storage" in st:  # a daemon older than 0.3 does not say
+        lines += storage_lines(st["storage"])
     if s3.get("configured"):
         lines += s3_lines(s3)
     else:
@@ -60,4 +62,36 @@ def s3_lines(s3: dict[str, Any]) -> list[str]:
     err_at, ok_at = s3.get("last_upload_error_at"), s3.get("last_upload_at")
     if last and err_at and (ok_at is None or err_at > ok_at):
         out.append(f"         last upload error {ago(err_at)}: {last}")
+    return out
+
+
+def pipeline_line(p: dict[str, Any]) -> str:
+    line = f"pipeline {p['in_flight']} in flight"
+    if p.get("waiting_for_space"):
+        line += f", {p['waiting_for_space']} waiting for disk space"
+    if p.get("restarts"):
+        death = p.get("last_worker_death") or {}
+        line += f", {p['restarts']} worker restarts (last: {death.get('cause', '?')})"
+    return line
+
+
+def storage_lines(st: dict[str, Any]) -> list[str]:
+    """Free space where the daemon writes and, while a write fails, what and since when."""
+    free = st.get("free_bytes") or {}
+    line = "disk     " + ", ".join(
+        f"{area} {size(n) if n is not None else '?'} free" for area, n in sorted(free.items())
+    )
+    out = [line]
+    for area, p in sorted((st.get("problems") or {}).items()):
+        out.append(f"         {area.upper()} NOT WRITABLE since {ago(p['since'])}: {p['error']}")
+    waiting = [
+        f"{n} {what}"
+        for what, n in (
+            ("capture reports", st.get("reports_waiting", 0)),
+            ("session.json", st.get("manifests_waiting", 0)),
+        )
+        if n
+    ]
+    if waiting:
+        out.append(f"         waiting to be written: {', '.join(waiting)}")
     return out
