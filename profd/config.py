@@ -7,6 +7,7 @@ variable (``PROFD_RUNTIME_DIR``) points both at the same daemon.
 from __future__ import annotations
 
 import os
+import socket
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -88,6 +89,41 @@ def _nsys(table: Mapping[str, Any], env: Mapping[str, str]) -> NsysConfig:
     return NsysConfig(**kw)
 
 
+#: The TCP port of ``[cluster] listen`` when a node list names a host without one.
+DEFAULT_CLUSTER_PORT = 7717
+
+
+@dataclass(frozen=True)
+class ClusterConfig:
+    """``[cluster]``: the daemon's authenticated TCP control socket, and profctl's keys.
+
+    ``server_key`` is the daemon's secret key file for ``profd run`` and, for profctl, the
+    file it takes the daemons' public key from (a ``.key`` or ``.key_secret`` file)."""
+
+    listen: str | None = None  # tcp://*:7717
+    server_key: Path | None = None
+    authorized_keys: Path | None = None  # a directory of operators' public ``.key`` files
+    key: Path | None = None  # profctl's own secret key file
+
+
+def _cluster(table: Mapping[str, Any]) -> ClusterConfig:
+    unknown = set(table) - set(ClusterConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"[cluster]: unknown keys {sorted(unknown)}")
+    kw: dict[str, Any] = {}
+    for k, v in table.items():
+        text = _opt_str(v, f"cluster.{k}")
+        if not text:
+            continue
+        kw[k] = text if k == "listen" else Path(text).expanduser()
+    listen = kw.get("listen")
+    if listen is not None and not listen.startswith("tcp://"):
+        raise ConfigError(
+            f"cluster.listen: must look like tcp://*:{DEFAULT_CLUSTER_PORT}, got {listen!r}"
+        )
+    return ClusterConfig(**kw)
+
+
 @dataclass(frozen=True)
 class AutoRule:
     """A standing ``[[auto]]`` rule: a start spec applied to every matching client on attach."""
@@ -114,6 +150,9 @@ class Config:
     s3: S3Config = field(default_factory=S3Config)
     nsys: NsysConfig = field(default_factory=NsysConfig)
     auto: tuple[AutoRule, ...] = ()
+    #: This daemon's name in a cluster: the ``host`` of every row it reports.
+    node_name: str = field(default_factory=socket.gethostname)
+    cluster: ClusterConfig = field(default_factory=ClusterConfig)
 
     @property
     def index_path(self) -> Path:
@@ -227,15 +266,25 @@ def _s3(table: Mapping[str, Any], url: str | None, endpoint: str | None) -> S3Co
     return cfg
 
 
-def configured_runtime_dir(config_file: str | None = None) -> str | None:
-    """``[daemon] runtime_dir`` from the config file profd would read, for profctl."""
+def _profctl_config(config_file: str | None) -> dict[str, Any]:
     path = config_file or os.environ.get("PROFD_CONFIG")
     p = Path(path) if path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
-    if p is None:
-        return None
-    daemon = _read_toml(p).get("daemon", {})
+    return _read_toml(p) if p is not None else {}
+
+
+def configured_runtime_dir(config_file: str | None = None) -> str | None:
+    """``[daemon] runtime_dir`` from the config file profd would read, for profctl."""
+    daemon = _profctl_config(config_file).get("daemon", {})
     value = daemon.get("runtime_dir") if isinstance(daemon, dict) else None
     return str(value) if value else None
+
+
+def configured_cluster(config_file: str | None = None) -> ClusterConfig:
+    """``[cluster]`` from the config file profd would read, for profctl's keys."""
+    table = _profctl_config(config_file).get("cluster", {})
+    if not isinstance(table, dict):
+        raise ConfigError("[cluster] must be a table")
+    return _cluster(table)
 
 
 def load(
@@ -277,6 +326,12 @@ def load(
     nsys_table = data.get("nsys", {})
     if not isinstance(nsys_table, dict):
         raise ConfigError("[nsys] must be a table")
+    cluster_table = data.get("cluster", {})
+    if not isinstance(cluster_table, dict):
+        raise ConfigError("[cluster] must be a table")
+    node_name = _opt_str(e.get("PROFD_NODE_NAME") or daemon.get("node_name"), "node_name")
+    if node_name is not None and not node_name.strip():
+        raise ConfigError("node_name: must not be empty")
     auto = data.get("auto", [])
     if not isinstance(auto, list) or not all(isinstance(a, dict) for a in auto):
         raise ConfigError("[[auto]] must be an array of tables")
@@ -307,6 +362,8 @@ def load(
             s3=_s3(s3_table, s3_url or e.get("PROFD_S3_URL"), e.get("PROFD_S3_ENDPOINT_URL")),
             nsys=_nsys(nsys_table, e),
             auto=tuple(AutoRule(spec=a) for a in auto),
+            node_name=node_name or socket.gethostname(),
+            cluster=_cluster(cluster_table),
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):

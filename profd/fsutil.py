@@ -77,3 +77,12 @@ def current_umask() -> int:
     except (OSError, ValueError):
         pass
     return 0o022
+
+
+def boot_id() -> str | None:
+    """This kernel's boot id: two processes that report the same one run on one machine,
+    so a path one of them names can be tried by the other (profctl pull --cluster)."""
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip() or None
+    except OSError:
+        return None

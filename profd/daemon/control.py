@@ -36,12 +36,14 @@ SendFrames = Callable[[list[bytes]], None]
 class DaemonFacts:
     """What ``status`` reports about the daemon itself; fixed at start."""
 
-    host: str
+    host: str  # the node name: ``[daemon] node_name``, else the hostname
     started: float
     runtime_dir: Path
     state_dir: Path
     spool: Path
     max_spool_bytes: int | None
+    #: The machine's boot id: tells profctl --cluster pull whether spool paths are its own.
+    boot_id: str | None = None
 
 
 class ControlHandler:
@@ -73,6 +75,15 @@ class ControlHandler:
         self.rejected = 0
 
     def handle(self, frames: list[bytes], peer: PeerCred | None) -> None:
+        """A request on ``control.sock``: the kernel says who asks."""
+        self.serve(frames, lambda: Requester.of(peer, self.own_uid, self.admin_gid), self.send)
+
+    def handle_operator(self, frames: list[bytes], send: SendFrames) -> None:
+        """A request over TCP: its key passed the CURVE handshake and ZAP, so it is one of
+        ``[cluster] authorized_keys``, and those operators act on every user's processes."""
+        self.serve(frames, Requester.operator, send)
+
+    def serve(self, frames: list[bytes], who: Callable[[], Requester], send: SendFrames) -> None:
         try:
             envelope, frame = P.split_envelope(frames)
         except P.ProtocolError:
@@ -83,8 +94,7 @@ class ControlHandler:
             raw = P.unpack(frame)
             v = _reply_version(raw)
             msg = P.validate(raw, P.CONTROL_INBOUND)
-            by = Requester.of(peer, self.own_uid, self.admin_gid)
-            reply = P.encode(P.OK, v=v, data=self.dispatch(msg, by))
+            reply = P.encode(P.OK, v=v, data=self.dispatch(msg, who()))
         except P.ProtocolError as exc:
             self.rejected += 1
             if exc.code == "version":
@@ -95,12 +105,28 @@ class ControlHandler:
         except Exception as exc:
             log.exception("control request failed")
             reply = P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
-        self.send(P.join_envelope(envelope, reply))
+        send(P.join_envelope(envelope, reply))
 
     def dispatch(self, m: dict[str, Any], by: Requester) -> Any:
         t = m["t"]
         if t in (P.C_SESSIONS, P.C_SHOW, P.C_TRACES):
             self.flush()  # answer reads from an index that has every change so far
+        data = self._dispatch(m, by)
+        if t in (P.C_PS, P.C_SESSIONS, P.C_TRACES):
+            self._stamp(data)
+        elif t == P.C_SHOW:
+            self._stamp([data, *data["targets"]])
+        return data
+
+    def _stamp(self, rows: list[dict[str, Any]]) -> None:
+        # Which daemon a row came from, for profctl --cluster: a row's own ``host`` is what
+        # the client called its machine (a pod's name, or the same host for several test
+        # daemons), which does not tell nodes apart.
+        for r in rows:
+            r["node"] = self.facts.host
+
+    def _dispatch(self, m: dict[str, Any], by: Requester) -> Any:
+        t = m["t"]
         if t == P.C_STATUS:
             return self.status()
         if t == P.C_PS:
@@ -143,6 +169,7 @@ class ControlHandler:
             "protocol": [P.MIN_VERSION, P.VERSION],
             "pid": os.getpid(),
             "host": f.host,
+            "boot_id": f.boot_id,
             "uptime_s": round(time.time() - f.started, 1),
             "runtime_dir": str(f.runtime_dir),
             "state_dir": str(f.state_dir),

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import socket
 import sqlite3
 import time
 from collections.abc import Callable
@@ -21,7 +20,7 @@ import zmq
 
 from profd_client import protocol as P
 
-from .. import __version__
+from .. import __version__, fsutil
 from ..config import Config
 from ..store.index import Index
 from . import faults, runtime
@@ -45,6 +44,7 @@ from .sessions import Sessions
 from .spoolperms import SpoolPerms
 from .starts import Starter
 from .storage import Storage
+from .tcpcontrol import TcpControl
 
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
     from ..store.uploads import Uploads
@@ -59,7 +59,7 @@ class Daemon:
         self.cfg = cfg
         self.stopping = False
         self.sd = Notifier()  # systemd's READY/WATCHDOG/STOPPING; a no-op outside systemd
-        host = socket.gethostname()
+        host = cfg.node_name
         perms = SpoolPerms(runtime.group_id(cfg.group))
         cfg.spool_dir.mkdir(parents=True, exist_ok=True)
         spool = cfg.spool_dir.resolve()
@@ -68,6 +68,8 @@ class Daemon:
         self.ctx: Any = zmq.Context.instance()
         self.agent_sock: Any = None
         self.control_sock: Any = None
+        # Keys are checked here, before anything is bound: a bad key file stops the start.
+        self.tcp = TcpControl(self.ctx, cfg.cluster) if cfg.cluster.listen else None
 
         self.reactor = Reactor()
         self.storage = Storage({"index": cfg.state_dir, "spool": spool})
@@ -115,7 +117,13 @@ class Daemon:
             self.storage,
         )
         facts = DaemonFacts(
-            host, time.time(), cfg.runtime_dir, cfg.state_dir, spool, cfg.max_spool_bytes
+            host,
+            time.time(),
+            cfg.runtime_dir,
+            cfg.state_dir,
+            spool,
+            cfg.max_spool_bytes,
+            fsutil.boot_id(),
         )
         self.control = ControlHandler(
             facts,
@@ -146,8 +154,24 @@ class Daemon:
         except zmq.ZMQError as exc:
             log.debug("control reply failed: %s", exc)
 
+    def _send_tcp(self, frames: list[bytes]) -> None:
+        assert self.tcp is not None
+        try:
+            self.tcp.sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            log.debug("TCP control reply failed: %s", exc)
+
+    def _handle_tcp(self, frames: list[bytes], _peer: PeerCred | None) -> None:
+        self.control.handle_operator(frames, self._send_tcp)
+
     def _live_status(self) -> dict[str, Any]:
+        tcp = (
+            {"listen": self.tcp.endpoint, "refused": self.tcp.refused}
+            if self.tcp is not None
+            else None
+        )
         return {
+            "tcp": tcp,
             "pipeline": self.captures.status(),
             "storage": {
                 **self.storage.status(),
@@ -165,6 +189,8 @@ class Daemon:
         runtime.claim(rdir)
         self.agent_sock = self._router(rdir / P.AGENT_SOCKET, gid)
         self.control_sock = self._router(rdir / P.CONTROL_SOCKET, gid)
+        if self.tcp is not None:
+            self.tcp.bind()
 
     def _router(self, path: Path, gid: int | None) -> Any:
         s = self.ctx.socket(zmq.ROUTER)
@@ -222,6 +248,8 @@ class Daemon:
         for s in (self.agent_sock, self.control_sock):
             if s is not None:
                 s.close(0)
+        if self.tcp is not None:
+            self.tcp.close()
         for name in (P.AGENT_SOCKET, P.CONTROL_SOCKET):
             (self.cfg.runtime_dir / name).unlink(missing_ok=True)
         if self.uploads is not None:
@@ -254,6 +282,11 @@ class Daemon:
         poller.register(self.agent_sock, zmq.POLLIN)
         poller.register(self.control_sock, zmq.POLLIN)
         poller.register(self.reactor.fd, zmq.POLLIN)
+        tcp = self.tcp
+        if tcp is not None:
+            poller.register(tcp.zap, zmq.POLLIN)
+            poller.register(tcp.monitor, zmq.POLLIN)
+            poller.register(tcp.sock, zmq.POLLIN)
         hb = self.cfg.heartbeat_interval
         next_tick = time.monotonic() + hb
         while not self.stopping:
@@ -264,6 +297,13 @@ class Daemon:
             # Operators first: a start must not wait behind a batch of heartbeats.
             if self.control_sock in events:
                 self._drain(self.control_sock, self.control.handle)
+            if tcp is not None:
+                if tcp.zap in events:
+                    _guarded("answering ZAP", tcp.handle_zap)
+                if tcp.monitor in events:
+                    _guarded("reading the TCP monitor", tcp.handle_monitor)
+                if tcp.sock in events:
+                    self._drain(tcp.sock, self._handle_tcp)
             if self.agent_sock in events:
                 self._drain(self.agent_sock, self.agents.handle)
             self.flush()

@@ -89,10 +89,15 @@ class Requester:
     """A ``profctl`` on ``control.sock``: whose processes and sessions it may act on."""
 
     uid: int
-    privileged: bool  # root, the daemon's own uid, or a member of ``[daemon] admin_group``
+    privileged: bool  # root, the daemon's uid, ``[daemon] admin_group``, a TCP operator
 
     def may_act_on(self, owner: int | None) -> bool:
         return self.privileged or owner == self.uid
+
+    @classmethod
+    def operator(cls) -> Requester:
+        """An operator whose key is in ``[cluster] authorized_keys`` (TCP): an admin."""
+        return cls(-1, True)
 
     @classmethod
     def of(cls, peer: PeerCred | None, own_uid: int, admin_gid: int | None) -> Requester:
