@@ -74,30 +74,34 @@ class Connection:
             self._sock.close(0)
             self._sock = None
             raise NoDaemon(f"profd at {self.path} did not answer in {self.timeout_ms / 1000:.0f}s")
-        frame = self._sock.recv()
-        try:
-            msg = P.decode(frame, P.REPLY_INBOUND, reply=True)
-        except P.ProtocolError as exc:
-            if exc.code == "version":
-                raise CtlError(
-                    f"profd at {self.path} answered in another protocol version ({exc});"
-                    " upgrade profctl or the daemon so they match",
-                    code="version",
-                ) from None
-            raise CtlError(f"bad reply from profd at {self.path}: {exc}", code=exc.code) from None
-        if msg["t"] == P.ERROR:
-            if msg["code"] == "version":
-                raise CtlError(
-                    f"profd at {self.path} does not speak this profctl's protocol: {msg['msg']}",
-                    code="version",
-                )
-            raise CtlError(msg["msg"], code=msg["code"])
-        return msg.get("data")
+        return decode_reply(self._sock.recv(), f"profd at {self.path}")
 
     def close(self) -> None:
         if self._sock is not None:
             self._sock.close(0)
             self._sock = None
+
+
+def decode_reply(frame: bytes, where: str) -> Any:
+    """A control reply's ``data``; the daemon's refusal or an unreadable reply as CtlError.
+    ``where`` names the daemon in messages: ``profd at /run/profd/control.sock``."""
+    try:
+        msg = P.decode(frame, P.REPLY_INBOUND, reply=True)
+    except P.ProtocolError as exc:
+        if exc.code == "version":
+            raise CtlError(
+                f"{where} answered in another protocol version ({exc});"
+                " upgrade profctl or the daemon so they match",
+                code="version",
+            ) from None
+        raise CtlError(f"bad reply from {where}: {exc}", code=exc.code) from None
+    if msg["t"] == P.ERROR:
+        if msg["code"] == "version":
+            raise CtlError(
+                f"{where} does not speak this profctl's protocol: {msg['msg']}", code="version"
+            )
+        raise CtlError(msg["msg"], code=msg["code"])
+    return msg.get("data")
 
 
 def _denied(path: Path) -> CtlError:

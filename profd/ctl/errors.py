@@ -1,4 +1,9 @@
-"""profctl errors and their exit codes (1: refused or failed, 2: no daemon or bad usage)."""
+"""profctl errors and their exit codes.
+
+0: ok. 1: refused or failed. 2: no daemon or bad usage. With ``--cluster``: 4: some nodes
+did not answer within ``--node-timeout`` (the output has what the others said), 5: some
+node refused this profctl's key (authentication failed). docs/operations.md lists them.
+"""
 
 from __future__ import annotations
 
@@ -16,3 +21,17 @@ class NoDaemon(CtlError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="no_daemon")
+
+
+#: ``--cluster``: at least one node did not answer in time (down, unreachable, wedged).
+EXIT_NODES_MISSING = 4
+#: ``--cluster``: at least one node refused the handshake (unknown key, wrong server key).
+EXIT_AUTH_FAILED = 5
+
+
+class NoAnswer(CtlError):
+    """No node of the cluster answered: nothing to show, and the exit code says why."""
+
+    def __init__(self, message: str, exit_code: int) -> None:
+        super().__init__(message, code="auth" if exit_code == EXIT_AUTH_FAILED else "no_answer")
+        self.exit_code = exit_code

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import wraps
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
@@ -14,6 +14,9 @@ from .. import __version__
 from .connection import Connection
 from .errors import CtlError
 from .render import emit_json
+
+if TYPE_CHECKING:  # zmq and the cluster code load only with --cluster
+    from .cluster import ClientKeys, Gathered, Node
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -23,12 +26,53 @@ class Env:
     runtime_dir: str | None
     json: bool
     _conn: Connection | None = None
+    #: ``--cluster``: the nodes to talk to over TCP instead of the local unix socket.
+    cluster_spec: str | None = None
+    key_file: str | None = None
+    server_key_file: str | None = None
+    node_timeout: float = 5.0
+    _nodes: list[Node] | None = None
+    _keys: ClientKeys | None = None
+    #: Every fan-out's outcome: the command wrapper names the nodes that did not answer.
+    gathered: list[Gathered] = field(default_factory=list)
 
     @property
     def conn(self) -> Connection:
         if self._conn is None:
             self._conn = Connection(self.runtime_dir)
         return self._conn
+
+    @property
+    def cluster(self) -> bool:
+        return bool(self.cluster_spec)
+
+    @property
+    def nodes(self) -> list[Node]:
+        if self._nodes is None:
+            from .cluster import parse_nodes
+
+            assert self.cluster_spec
+            self._nodes = parse_nodes(self.cluster_spec)
+        return self._nodes
+
+    def gather(self, t: str, **fields: Any) -> Gathered:
+        """Ask every node of ``--cluster``; at least one must answer (else CtlError)."""
+        from .cluster import Gathered, fan_out, load_keys
+
+        if self._keys is None:
+            self._keys = load_keys(self.key_file, self.server_key_file)
+        g = Gathered(fan_out(self.nodes, t, fields, self._keys, self.node_timeout))
+        self.gathered.append(g)
+        g.require_some()
+        return g
+
+    def rows(self, t: str, **fields: Any) -> list[dict[str, Any]]:
+        """A listing request's rows: from the local daemon, or every node's with its name as
+        ``host`` (``--cluster``)."""
+        if not self.cluster:
+            rows: list[dict[str, Any]] = self.conn.request(t, **fields)
+            return rows
+        return self.gather(t, **fields).rows()
 
 
 def json_option(f: F) -> F:
@@ -55,7 +99,7 @@ def command(f: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         env = click.get_current_context().find_object(Env)
         try:
-            return f(*args, **kwargs)
+            result = f(*args, **kwargs)
         except CtlError as exc:
             if env is not None and env.json:
                 emit_json({"error": str(exc), "code": exc.code})
@@ -63,8 +107,28 @@ def command(f: F) -> F:
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             sys.exit(130)
+        if env is not None and env.gathered:
+            _missing_nodes(env)
+        return result
 
     return json_option(wrapper)  # type: ignore[return-value]
+
+
+def _missing_nodes(env: Env) -> None:
+    """After a cluster command's output: the nodes that did not answer, once each, and the
+    exit code that tells scripts the output is partial."""
+    seen: dict[str, str] = {}
+    code = 0
+    for g in env.gathered:
+        code = max(code, g.exit_code)
+        for a in g.missing:
+            seen.setdefault(a.node.address, a.why)
+    for why in seen.values():
+        click.echo(f"profctl: {why}", err=True)
+    if code:
+        n = len(env.nodes)
+        click.echo(f"profctl: {len(seen)} of {n} node(s) did not answer", err=True)
+        sys.exit(code)
 
 
 class LazyGroup(click.Group):
@@ -97,23 +161,68 @@ class LazyGroup(click.Group):
     "--config", "config_file", envvar="PROFD_CONFIG", help="profd.toml to read runtime_dir from."
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document on stdout.")
+@click.option(
+    "--cluster",
+    "cluster_spec",
+    envvar="PROFD_CLUSTER",
+    metavar="NODES",
+    help="Talk to these nodes' daemons over TCP: host[:port],..., @FILE or slurm[:JOBID].",
+)
+@click.option(
+    "--key", "key_file", envvar="PROFD_CLIENT_KEY", help="profctl's secret key (.key_secret)."
+)
+@click.option(
+    "--server-key",
+    "server_key_file",
+    envvar="PROFD_SERVER_KEY",
+    help="The daemons' public key (.key).",
+)
+@click.option(
+    "--node-timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    default=5.0,
+    show_default=True,
+    help="With --cluster: seconds to wait for each node.",
+)
 @click.pass_context
 def cli(
-    ctx: click.Context, runtime_dir: str | None, config_file: str | None, as_json: bool
+    ctx: click.Context,
+    runtime_dir: str | None,
+    config_file: str | None,
+    as_json: bool,
+    cluster_spec: str | None,
+    key_file: str | None,
+    server_key_file: str | None,
+    node_timeout: float,
 ) -> None:
-    """profctl: control the node's profd daemon.
+    """profctl: control the node's profd daemon, or with --cluster every node's.
 
     The daemon is found the way `profd run` places it: --runtime-dir, else PROFD_RUNTIME_DIR,
-    else [daemon] runtime_dir in the config file, else the defaults.
+    else [daemon] runtime_dir in the config file, else the defaults. With --cluster
+    (PROFD_CLUSTER) profctl talks to each node's daemon over TCP with CURVE; keys come from
+    --key/--server-key, else PROFD_CLIENT_KEY/PROFD_SERVER_KEY, else [cluster] key and
+    server_key in the config file. Exit codes: 4 when some nodes did not answer, 5 when a
+    node refused the key.
     """
-    if runtime_dir is None:
-        from ..config import ConfigError, configured_runtime_dir
+    from ..config import ConfigError, configured_cluster, configured_runtime_dir
 
-        try:
+    try:
+        if runtime_dir is None:
             runtime_dir = configured_runtime_dir(config_file)
-        except ConfigError as exc:
-            raise click.UsageError(str(exc)) from None
-    ctx.obj = Env(runtime_dir=runtime_dir, json=as_json)
+        if cluster_spec and not (key_file and server_key_file):
+            keys = configured_cluster(config_file)
+            key_file = key_file or (str(keys.key) if keys.key else None)
+            server_key_file = server_key_file or (str(keys.server_key) if keys.server_key else None)
+    except ConfigError as exc:
+        raise click.UsageError(str(exc)) from None
+    ctx.obj = Env(
+        runtime_dir=runtime_dir,
+        json=as_json,
+        cluster_spec=cluster_spec or None,
+        key_file=key_file,
+        server_key_file=server_key_file,
+        node_timeout=node_timeout,
+    )
 
 
 def main() -> None:

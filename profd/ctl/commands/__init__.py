@@ -15,4 +15,5 @@ COMMANDS: dict[str, str] = {
     "pull": "pull:pull",
     "retry": "retry:retry",
     "run": "run:run",
+    "keys": "keys:keys",
 }

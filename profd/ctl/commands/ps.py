@@ -88,7 +88,8 @@ def ps(
     --sources: where each identity field came from (env:RANK, torch.distributed, ray, ...).
     """
     while True:
-        rows = env.conn.request(P.C_PS, job=job, role=role)
+        env.gathered.clear()  # --watch: only the latest round's missing nodes count
+        rows = env.rows(P.C_PS, job=job, role=role)
         if env.json:
             emit_json(rows)
         else:

@@ -9,6 +9,7 @@ HTA and TensorBoard open ``DIR/{session}/c0`` directly.
 from __future__ import annotations
 
 import contextlib
+import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -83,6 +84,59 @@ def plan_from_daemon(env: Env, session: str) -> Plan:
     else:
         note = f"session {s['id']} is {s['state']}: no session.json yet"
     return Plan(s["id"], s["job"], items, s3_url, note)
+
+
+def plan_from_cluster(env: Env, session: str) -> Plan:
+    """Every node's files of the session in one plan: the cycle dirs merge (one file per
+    rank), and each node's ``session.json`` becomes ``session.{node}.json``. A node's spool
+    is read directly only when it is on this machine; otherwise its files come from S3."""
+    from .sessions import cluster_show
+
+    s = cluster_show(env, session)
+    sid = s["id"]
+    statuses = {a.node: a.data for a in env.gather(P.C_STATUS).ok}
+    listed = env.gather(P.C_TRACES, filters={"session": sid, "limit": 100000})
+    here = fsutil.boot_id()
+    items: list[Item] = []
+    origin: dict[str, str] = {}
+    s3_url: str | None = None
+    for a in listed.ok:
+        st = statuses.get(a.node)
+        if st is None:
+            continue  # answered one request and not the other: named as missing already
+        name = str(st.get("host") or a.node.address)
+        spool = Path(st["spool_dir"])
+        mine = here is not None and st.get("boot_id") == here
+        node_s3 = st["s3"].get("url") if st["s3"].get("configured") else None
+        s3_url = s3_url or node_s3
+        node_items: list[Item] = []
+        for r in a.data:
+            for f in r["files"]:
+                path = Path(f["path"])
+                local = path if mine and not f["deleted"] else None
+                node_items.append(
+                    Item(below_job(str(path.relative_to(spool))), f["bytes"], local, f["s3_uri"])
+                )
+        if not node_items:
+            continue
+        manifest = spool / s["job"] / sid / "session.json"
+        dest = f"{sid}/session.{_safe(name)}.json"
+        if mine and manifest.exists():
+            node_items.append(Item(dest, None, manifest, None))
+        elif node_s3:
+            bucket, prefix = s3.split_url(node_s3)
+            key = s3.join_key(prefix, f"{s['job']}/{sid}/session.json")
+            node_items.append(Item(dest, None, None, s3.uri(bucket, key)))
+        for it in node_items:
+            if it.dest in origin:
+                raise CtlError(f"{it.dest} comes from both {origin[it.dest]} and {name}")
+            origin[it.dest] = name
+        items += node_items
+    return Plan(sid, s["job"], items, s3_url)
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
@@ -204,11 +258,13 @@ def fetch(
 @click.pass_obj
 @command
 def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
-    """Copy a session's traces (spool, else S3) into DIR, one directory per cycle."""
+    """Copy a session's traces (spool, else S3) into DIR, one directory per cycle.
+
+    With --cluster, every node's files of the session go into the same DIR/SESSION."""
     plan: Plan | None = None
     daemon_s3: str | None = None
     try:
-        plan = plan_from_daemon(env, session)
+        plan = plan_from_cluster(env, session) if env.cluster else plan_from_daemon(env, session)
     except NoDaemon:
         if not s3_url:
             raise

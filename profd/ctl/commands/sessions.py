@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from profd_client import protocol as P
 
+from ..errors import CtlError
 from ..main import Env, command
 from ..render import Column, ago, emit_json, opt, steps_text, table
 
@@ -36,12 +39,17 @@ TARGET_COLUMNS: list[Column] = [
 @click.pass_obj
 @command
 def sessions(env: Env, state: str | None, job: str | None, limit: int) -> None:
-    """List sessions, newest first."""
-    rows = env.conn.request(P.C_SESSIONS, state=state, job=job, limit=limit)
+    """List sessions, newest first (--cluster: the newest LIMIT rows of all nodes, one row
+    per session per node)."""
+    rows = env.rows(P.C_SESSIONS, state=state, job=job, limit=limit)
+    columns = COLUMNS
+    if env.cluster:
+        rows = sorted(rows, key=lambda r: -(r.get("created_at") or 0))[:limit]
+        columns = [("HOST", lambda r: r["host"]), *COLUMNS]
     if env.json:
         emit_json(rows)
     else:
-        click.echo(table(rows, COLUMNS) if rows else "no sessions")
+        click.echo(table(rows, columns) if rows else "no sessions")
 
 
 @click.command()
@@ -50,7 +58,7 @@ def sessions(env: Env, state: str | None, job: str | None, limit: int) -> None:
 @command
 def show(env: Env, session: str) -> None:
     """One session: request, resolved steps, state per rank."""
-    s = env.conn.request(P.C_SHOW, session=session)
+    s = cluster_show(env, session) if env.cluster else env.conn.request(P.C_SHOW, session=session)
     if env.json:
         emit_json(s)
         return
@@ -63,3 +71,51 @@ def show(env: Env, session: str) -> None:
     if s["error"]:
         click.echo(f"error   {s['error']}")
     click.echo(table(s["targets"], TARGET_COLUMNS))
+
+
+#: Live states, least advanced first: a cluster session is as far as its slowest node.
+_LIVE = ("pending", "armed", "capturing", "processing")
+
+
+def combined_state(states: list[str]) -> str:
+    """One state for a session from its state on each node."""
+    live = [st for st in _LIVE if st in states]
+    if live:
+        return live[0]
+    distinct = set(states)
+    if len(distinct) == 1:
+        return states[0]
+    return "partial" if distinct & {"done", "partial"} else "failed"
+
+
+def cluster_show(env: Env, session: str) -> dict[str, Any]:
+    """The session as every node that knows it has it: its targets from all of them (each
+    with its node as ``host``), its state combined, and ``nodes``: each node's own state."""
+    from ..cluster import on_node
+
+    g = env.gather(P.C_SHOW, session=session)
+    known = g.ok
+    if not known:
+        errors = [a.error for a in g.answers if a.error is not None]
+        other = [e for e in errors if e.code != "unknown_session"]
+        raise (other or errors)[0] if errors else CtlError(f"no session {session!r}")
+    ids = sorted({a.data["id"] for a in known})
+    if len(ids) > 1:
+        raise CtlError(f"session {session!r} is ambiguous across nodes: {', '.join(ids)}")
+    nodes = [
+        {
+            "host": a.data.get("node") or a.node.address,
+            "address": a.node.address,
+            "state": a.data["state"],
+            "error": a.data.get("error"),
+        }
+        for a in known
+    ]
+    merged: dict[str, Any] = dict(known[0].data)
+    merged.pop("node", None)
+    merged["targets"] = [on_node(t, a.node) for a in known for t in a.data["targets"]]
+    merged["nodes"] = nodes
+    merged["state"] = combined_state([n["state"] for n in nodes])
+    why = sorted({str(n["error"]) for n in nodes if n["error"]})
+    merged["error"] = "; ".join(why) or None
+    return merged

@@ -9,7 +9,7 @@ import click
 from profd_client import protocol as P
 
 from ..main import Env, command
-from ..render import ago, emit_json, size
+from ..render import Column, ago, emit_json, size, table
 
 
 @click.command()
@@ -17,6 +17,9 @@ from ..render import ago, emit_json, size
 @command
 def status(env: Env) -> None:
     """Daemon health: version, uptime, clients, sessions, upload queue, spool, S3."""
+    if env.cluster:
+        cluster_status(env)
+        return
     st = env.conn.request(P.C_STATUS)
     if env.json:
         emit_json(st)
@@ -95,3 +98,30 @@ def storage_lines(st: dict[str, Any]) -> list[str]:
     if waiting:
         out.append(f"         waiting to be written: {', '.join(waiting)}")
     return out
+
+
+CLUSTER_COLUMNS: list[Column] = [
+    ("HOST", lambda r: r["host"]),
+    ("ADDRESS", lambda r: r["address"]),
+    ("VERSION", lambda r: r["version"]),
+    ("UP", lambda r: f"{r['uptime_s']:.0f}s"),
+    ("CLIENTS", lambda r: r["clients"]),
+    ("SESSIONS", lambda r: r["sessions"]["live"]),
+    ("SPOOL", lambda r: size(r["spool"]["bytes"])),
+    ("UPLOADS", lambda r: f"{r['queue']['queued']} queued, {r['queue']['failed']} failed"),
+    ("S3", lambda r: _s3_cell(r["s3"])),
+]
+
+
+def _s3_cell(s3: dict[str, Any]) -> str:
+    return HEALTH.get(s3.get("health", ""), "-") if s3.get("configured") else "-"
+
+
+def cluster_status(env: Env) -> None:
+    """One row per node that answered: its status document with ``address`` added."""
+    g = env.gather(P.C_STATUS)
+    rows = [{**a.data, "address": a.node.address} for a in g.ok]
+    if env.json:
+        emit_json(rows)
+    else:
+        click.echo(table(rows, CLUSTER_COLUMNS))

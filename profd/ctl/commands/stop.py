@@ -6,13 +6,33 @@ import click
 
 from profd_client import protocol as P
 
+from ..errors import CtlError
 from ..main import Env, command
 from ..render import emit_json
 
 
 def _end(env: Env, request: str, session: str, verb: str) -> None:
+    if env.cluster:
+        _end_cluster(env, request, session, verb)
+        return
     res = env.conn.request(request, session=session)
     emit_json(res) if env.json else click.echo(f"session {res['session']}: {verb}")
+
+
+def _end_cluster(env: Env, request: str, session: str, verb: str) -> None:
+    """Every node that has the session ends it; those that do not know it are not errors,
+    unless no node does."""
+    g = env.gather(request, session=session)
+    rows = [{**a.data, "host": a.node.address} for a in g.ok]
+    if not rows:
+        errors = [a.error for a in g.answers if a.error is not None]
+        other = [e for e in errors if e.code != "unknown_session"]
+        raise (other or errors)[0] if errors else CtlError(f"no session {session!r}")
+    if env.json:
+        emit_json(rows)
+    else:
+        ids = ", ".join(sorted({r["session"] for r in rows}))
+        click.echo(f"session {ids}: {verb} on {len(rows)} node(s)")
 
 
 @click.command()

@@ -61,8 +61,14 @@ def traces(env: Env, /, s3_url: str | None, since: str | None, **kw: Any) -> Non
         filters = {k: v for k, v in kw.items() if v is not None}
         if since:
             filters["since"] = parse_since(since)
-        rows = env.conn.request(P.C_TRACES, filters=filters)
+        host = filters.pop("host", None) if env.cluster else None
+        rows = env.rows(P.C_TRACES, filters=filters)
+        if env.cluster:
+            # --host names a node (or a client's own hostname), which only profctl knows.
+            rows = [r for r in rows if host is None or host in (r["host"], r.get("client_host"))]
+            rows = sorted(rows, key=lambda r: -(r.get("created_at") or 0))[: kw["limit"]]
+    columns = [("HOST", lambda r: r["host"]), *COLUMNS] if env.cluster else COLUMNS
     if env.json:
         emit_json(rows)
     else:
-        click.echo(table(rows, COLUMNS) if rows else "no traces")
+        click.echo(table(rows, columns) if rows else "no traces")

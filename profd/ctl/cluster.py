@@ -1,0 +1,383 @@
+"""profctl as the coordinator of many daemons: node lists, CURVE keys, and the fan-out that
+sends one control request to every node in parallel and collects what each one said.
+
+A node's outcome is one of: its answer, its refusal (the daemon's error, e.g. an unknown
+session), or no answer: down or too slow (``--node-timeout``), or the handshake refused
+(unknown key, wrong server key), seen on a socket monitor as it happens rather than as a
+timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import shutil
+import stat
+import subprocess
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from profd_client import protocol as P
+
+from ..config import DEFAULT_CLUSTER_PORT
+from .connection import decode_reply
+from .errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, CtlError, NoAnswer
+
+DEFAULT_NODE_TIMEOUT = 5.0
+#: Descriptors a node costs while its request is open: the TCP connection, the socket's
+#: and its monitor's mailboxes, and slack.
+_FDS_PER_NODE = 4
+
+
+@dataclass(frozen=True)
+class Node:
+    host: str
+    port: int = DEFAULT_CLUSTER_PORT
+
+    @property
+    def address(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def endpoint(self) -> str:
+        return f"tcp://{self.address}"
+
+
+def parse_node(text: str) -> Node:
+    """``host``, ``host:port``, ``[v6addr]:port``."""
+    t = text.strip()
+    host, port = t, DEFAULT_CLUSTER_PORT
+    if t.startswith("["):
+        end = t.find("]")
+        if end < 0:
+            raise CtlError(f"bad node {text!r}: no closing ]", code="usage")
+        host, rest = t[1:end], t[end + 1 :]
+        if rest:
+            if not rest.startswith(":"):
+                raise CtlError(f"bad node {text!r}", code="usage")
+            port = _port(rest[1:], text)
+    elif t.count(":") == 1:
+        host, p = t.split(":")
+        port = _port(p, text)
+    if not host or any(c.isspace() for c in host):
+        raise CtlError(f"bad node {text!r}", code="usage")
+    return Node(host, port)
+
+
+def _port(p: str, text: str) -> int:
+    if not p.isdigit() or not 0 < int(p) < 65536:
+        raise CtlError(f"bad node {text!r}: port must be 1-65535", code="usage")
+    return int(p)
+
+
+def parse_nodes(
+    spec: str,
+    env: Mapping[str, str] | None = None,
+    run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+) -> list[Node]:
+    """``--cluster``: ``host[:port],...``, ``@FILE`` (one per line, ``#`` comments), or
+    ``slurm[:JOBID]`` (``scontrol show hostnames``; the job is ``SLURM_JOB_ID`` when not
+    given). Duplicates are dropped, order kept."""
+    e = os.environ if env is None else env
+    s = spec.strip()
+    if s.startswith("@"):
+        try:
+            lines = Path(s[1:]).expanduser().read_text().splitlines()
+        except OSError as exc:
+            raise CtlError(f"--cluster {s}: {exc.strerror or exc}", code="usage") from None
+        items = [ln.split("#", 1)[0].strip() for ln in lines]
+    elif s == "slurm" or s.startswith("slurm:"):
+        job = s[len("slurm:") :]
+        if not job and e.get("SLURM_JOB_NODELIST"):
+            # Inside the allocation: its own node list, no lookup of the job.
+            items = _scontrol(["show", "hostnames", e["SLURM_JOB_NODELIST"]], "slurm", run).split()
+        else:
+            items = slurm_hosts(job or e.get("SLURM_JOB_ID") or "", run)
+    else:
+        items = s.split(",")
+    nodes = list(dict.fromkeys(parse_node(i) for i in items if i.strip()))
+    if not nodes:
+        raise CtlError(f"--cluster {spec!r} names no nodes", code="usage")
+    return nodes
+
+
+def slurm_hosts(
+    job: str, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run
+) -> list[str]:
+    if not job:
+        raise CtlError("--cluster slurm: no job id (give slurm:JOBID or set SLURM_JOB_ID)")
+    if not job.isdigit() and not job.replace("_", "").isdigit():
+        raise CtlError(f"--cluster slurm:{job}: not a job id", code="usage")
+    # The job's nodelist (``gpu[01-04]``) expanded by SLURM itself: no home-made parser.
+    hosts_of = _nodelist(_scontrol(["show", "job", job], f"slurm:{job}", run))
+    if hosts_of is None:
+        raise CtlError(f"--cluster slurm:{job}: the job has no nodes (yet)")
+    return _scontrol(["show", "hostnames", hosts_of], f"slurm:{job}", run).split()
+
+
+def _scontrol(
+    args: list[str], what: str, run: Callable[..., subprocess.CompletedProcess[str]]
+) -> str:
+    exe = shutil.which("scontrol")
+    if exe is None:
+        raise CtlError(f"--cluster {what}: scontrol not found on PATH")
+    try:
+        r = run([exe, *args], capture_output=True, text=True, check=False, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CtlError(f"--cluster {what}: scontrol: {exc}") from None
+    if r.returncode != 0:
+        why = (r.stderr or r.stdout).strip().splitlines()
+        raise CtlError(f"--cluster {what}: {why[-1] if why else 'scontrol failed'}")
+    return str(r.stdout)
+
+
+def _nodelist(show_job: str) -> str | None:
+    """``NodeList=gpu[01-04]`` from ``scontrol show job``; None while it has none."""
+    for word in show_job.split():
+        if word.startswith("NodeList="):
+            value = word[len("NodeList=") :]
+            return value if value and value != "(null)" else None
+    return None
+
+
+# --- keys --------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ClientKeys:
+    public: bytes
+    secret: bytes
+    server: bytes  # the daemons' public key
+    #: No ``--key``: a throwaway key pair, which no daemon knows; said in the refusal.
+    ephemeral: bool = False
+
+
+def load_keys(key_file: str | None, server_key_file: str | None) -> ClientKeys:
+    import zmq
+    import zmq.auth
+
+    if not server_key_file:
+        raise CtlError(
+            "--cluster needs the daemons' public key: --server-key FILE, PROFD_SERVER_KEY or"
+            " [cluster] server_key",
+            code="usage",
+        )
+    try:
+        server, _ = zmq.auth.load_certificate(server_key_file)
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"--server-key {server_key_file}: {exc}", code="usage") from None
+    if not key_file:
+        public, secret = zmq.curve_keypair()
+        return ClientKeys(public, secret, server, ephemeral=True)
+    try:
+        mode = os.stat(key_file).st_mode
+        public, secret_or_none = zmq.auth.load_certificate(key_file)
+    except (OSError, ValueError) as exc:
+        raise CtlError(f"--key {key_file}: {exc}", code="usage") from None
+    if secret_or_none is None:
+        raise CtlError(f"--key {key_file}: not a secret key (give the .key_secret file)")
+    if mode & 0o077:
+        raise CtlError(
+            f"--key {key_file} is readable by group or others (mode"
+            f" {stat.S_IMODE(mode):04o}): chmod 600 it"
+        )
+    return ClientKeys(public, secret_or_none, server)
+
+
+# --- the fan-out -------------------------------------------------------------------------
+@dataclass
+class Answer:
+    node: Node
+    data: Any = None
+    #: The daemon answered with a refusal (unknown session, bad request, ...).
+    error: CtlError | None = None
+    #: Why it did not answer at all: ``"timeout"`` or ``"auth"``; with ``why``.
+    failure: str | None = None
+    why: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and self.failure is None
+
+
+@dataclass
+class _Open:
+    node: Node
+    index: int
+    sock: Any
+    monitor: Any
+    deadline: float
+
+
+def _window(n: int) -> int:
+    """How many nodes may have a request open at once: as many as descriptors allow."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = n * _FDS_PER_NODE + 64
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+            soft = new
+        except (OSError, ValueError):
+            pass
+    if soft == resource.RLIM_INFINITY:
+        return n
+    return max(1, min(n, (soft - 64) // _FDS_PER_NODE))
+
+
+def fan_out(
+    nodes: Sequence[Node],
+    t: str,
+    fields: Mapping[str, Any] | Callable[[Node], Mapping[str, Any]],
+    keys: ClientKeys,
+    timeout: float = DEFAULT_NODE_TIMEOUT,
+) -> list[Answer]:
+    """Send request ``t`` to every node at once and wait up to ``timeout`` s for each; one
+    :class:`Answer` per node, in the nodes' order. ``fields`` may differ per node."""
+    import zmq
+    from zmq.utils.monitor import parse_monitor_message
+
+    answers = [Answer(n) for n in nodes]
+    frames: dict[int, bytes] = {}
+    for i, n in enumerate(nodes):
+        f = fields(n) if callable(fields) else fields
+        try:
+            frames[i] = P.encode(t, **f)
+        except P.ProtocolError as exc:
+            # The daemons would refuse it the same way: say so without a round trip.
+            raise CtlError(str(exc), code=exc.code) from None
+    window = _window(len(nodes))
+    ctx = zmq.Context()
+    ctx.setsockopt(zmq.MAX_SOCKETS, 2 * window + 16)
+    events = (
+        zmq.EVENT_HANDSHAKE_FAILED_AUTH
+        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+    )
+    todo = list(range(len(nodes)))
+    todo.reverse()
+    live: dict[Any, _Open] = {}  # by socket and by monitor
+    poller = zmq.Poller()
+
+    def finish(o: _Open) -> None:
+        for s in (o.sock, o.monitor):
+            poller.unregister(s)
+            live.pop(s, None)
+        o.sock.disable_monitor()
+        o.monitor.close(0)
+        o.sock.close(0)
+
+    try:
+        while todo or live:
+            while todo and len(live) // 2 < window:  # a socket and a monitor per node
+                i = todo.pop()
+                s = ctx.socket(zmq.DEALER)
+                s.setsockopt(zmq.LINGER, 0)
+                s.setsockopt(zmq.MAXMSGSIZE, P.MAX_REPLY_BYTES)
+                s.curve_publickey = keys.public
+                s.curve_secretkey = keys.secret
+                s.curve_serverkey = keys.server
+                m = s.get_monitor_socket(events)
+                o = _Open(nodes[i], i, s, m, time.monotonic() + timeout)
+                s.connect(nodes[i].endpoint)
+                # The empty frame makes the envelope a REQ's, which the daemon expects.
+                s.send_multipart([b"", frames[i]])
+                live[s] = live[m] = o
+                poller.register(s, zmq.POLLIN)
+                poller.register(m, zmq.POLLIN)
+            now = time.monotonic()
+            first = min(o.deadline for o in live.values())
+            ready = dict(poller.poll(max(0, int((first - now) * 1000) + 1)))
+            for sock in ready:
+                found = live.get(sock)
+                if found is None:
+                    continue  # finished by its other socket in this round
+                o = found
+                a = answers[o.index]
+                if sock is o.sock:
+                    reply = sock.recv_multipart()
+                    try:
+                        a.data = decode_reply(reply[-1], f"profd at {o.node.address}")
+                    except CtlError as exc:
+                        a.error = exc
+                    finish(o)
+                    continue
+                ev = parse_monitor_message(sock.recv_multipart())
+                a.failure = "auth"
+                if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                    a.why = f"authentication failed for {o.node.address}: " + (
+                        "no --key given, and the daemon accepts only its authorized keys"
+                        if keys.ephemeral
+                        else "the daemon does not know this profctl's key"
+                    )
+                elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                    a.why = (
+                        f"authentication failed for {o.node.address}: the handshake failed"
+                        " (is --server-key that daemon's public key?)"
+                    )
+                else:
+                    a.why = (
+                        f"authentication failed for {o.node.address}: not a profd TCP"
+                        " control socket (no CURVE)"
+                    )
+                finish(o)
+            now = time.monotonic()
+            for o in {id(o): o for o in live.values()}.values():
+                if o.deadline <= now:
+                    a = answers[o.index]
+                    a.failure = "timeout"
+                    a.why = f"{o.node.address} did not answer within {timeout:g}s"
+                    finish(o)
+    finally:
+        for o in list({id(o): o for o in live.values()}.values()):
+            finish(o)
+        ctx.term()
+    return answers
+
+
+# --- what a cluster command does with the answers ---------------------------------------
+@dataclass
+class Gathered:
+    """Every node's answer to one request, and what the command tells about the rest."""
+
+    answers: list[Answer]
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[Answer]:
+        return [a for a in self.answers if a.ok]
+
+    @property
+    def missing(self) -> list[Answer]:
+        return [a for a in self.answers if a.failure is not None]
+
+    @property
+    def exit_code(self) -> int:
+        if any(a.failure == "auth" for a in self.answers):
+            return EXIT_AUTH_FAILED
+        return EXIT_NODES_MISSING if self.missing else 0
+
+    def rows(self) -> list[dict[str, Any]]:
+        """The answering nodes' row lists as one, each row with its node as ``host``."""
+        out: list[dict[str, Any]] = []
+        for a in self.ok:
+            out += [on_node(r, a.node) for r in a.data]
+        return out
+
+    def require_some(self) -> None:
+        """Nobody answered: that is the whole result, one line and the exit code."""
+        if self.answers and not self.ok and not any(a.error for a in self.answers):
+            raise NoAnswer("; ".join(a.why for a in self.missing), self.exit_code)
+
+
+def on_node(row: dict[str, Any], node: Node) -> dict[str, Any]:
+    """A daemon's row as a cluster row: ``host`` is the daemon's node name (what it calls
+    itself, else the address it was reached at); a client's own different hostname (a pod
+    name) stays as ``client_host``."""
+    name = row.pop("node", None) or node.address
+    own = row.get("host")
+    if own is not None and own != name:
+        row["client_host"] = own
+    row["host"] = name
+    return row
