@@ -56,20 +56,18 @@ def load_server_key(path: Path) -> ServerKeys:
     """The daemon's key pair; refused unless the file is a secret key only its owner reads."""
     try:
         st = path.stat()
-    except OSError as exc:
-        raise ConfigError(f"cluster.server_key {path}: {exc.strerror or exc}") from None
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError) as exc:
+        msg = exc.strerror if isinstance(exc, OSError) and exc.strerror else exc
+        raise ConfigError(f"cluster.server_key {path}: {msg}") from None
+    if not secret or not public:
+        raise ConfigError(
+            f"cluster.server_key {path} holds no secret key: give the .key_secret file"
+        )
     if st.st_mode & 0o077:
         raise ConfigError(
             f"cluster.server_key {path} is readable by group or others"
             f" (mode {stat.S_IMODE(st.st_mode):04o}): chmod 600 it"
-        )
-    try:
-        public, secret = zmq.auth.load_certificate(path)
-    except (OSError, ValueError) as exc:
-        raise ConfigError(f"cluster.server_key {path}: {exc}") from None
-    if not secret or not public:
-        raise ConfigError(
-            f"cluster.server_key {path} holds no secret key: give the .key_secret file"
         )
     return ServerKeys(public, secret)
 

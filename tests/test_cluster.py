@@ -1,0 +1,304 @@
+"""profctl --cluster against real daemons on this machine, each with its own node name, state
+and TCP port on 127.0.0.1, CURVE keys made by ``profctl keys new``.
+
+Raw agent peers (``rawpeer.py``) stand in for training processes: enough for rows to list.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import zmq
+import zmq.auth
+from daemonproc import BIN, wait_for
+from harness import Daemon
+from rawpeer import HELLO, TracePeer, pack, small_trace, spawn_peer
+
+from profd_client import protocol as P
+
+DOUBLES = Path(__file__).resolve().parent / "doubles"
+EXIT_NODES_MISSING, EXIT_AUTH_FAILED = 4, 5
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def keys_new(name: str, directory: Path) -> None:
+    r = subprocess.run(
+        [str(BIN / "profctl"), "keys", "new", name, "--dir", str(directory)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 0, r.stderr
+
+
+@dataclass
+class Cluster:
+    base: Path
+    make: Callable[..., Daemon]
+    nodes: list[tuple[Daemon, str]]  # (daemon, "127.0.0.1:PORT")
+
+    @property
+    def keys(self) -> Path:
+        return self.base / "keys"
+
+    def add(self, name: str, **cluster: str) -> tuple[Daemon, str]:
+        port = free_port()
+        table = {
+            "listen": f"tcp://127.0.0.1:{port}",
+            "server_key": str(self.keys / "daemon.key_secret"),
+            "authorized_keys": str(self.base / "authorized"),
+            **cluster,
+        }
+        text = (
+            f'[daemon]\nnode_name = "{name}"\n'
+            # Raw peers send no heartbeats: let them stay listed for the whole test.
+            "heartbeat_interval = 60\n[cluster]\n"
+            + "".join(f'{k} = "{v}"\n' for k, v in table.items())
+        )
+        node = (self.make(config=text), f"127.0.0.1:{port}")
+        self.nodes.append(node)
+        return node
+
+    def ctl(
+        self, *args: str, nodes: list[str] | None = None, key: str | None = "alice", **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        e = {k: v for k, v in os.environ.items() if not k.startswith("PROFD_")}
+        # Nothing local to fall back on: every answer comes over TCP.
+        e["PROFD_RUNTIME_DIR"] = str(self.base / "no-local-daemon")
+        e["PROFD_CLUSTER"] = ",".join(nodes if nodes is not None else [a for _, a in self.nodes])
+        e["PROFD_SERVER_KEY"] = str(self.keys / "daemon.key")
+        if key is not None:
+            e["PROFD_CLIENT_KEY"] = str(self.keys / f"{key}.key_secret")
+        e.update(env)
+        return subprocess.run(
+            [str(BIN / "profctl"), *args], env=e, capture_output=True, text=True, timeout=60
+        )
+
+    def json(self, *args: str, **kw: Any) -> Any:
+        r = self.ctl(*args, "--json", **kw)
+        assert r.returncode == 0, f"profctl {args} exited {r.returncode}: {r.stderr}"
+        return json.loads(r.stdout)
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, daemon_factory: Callable[..., Daemon]) -> Cluster:
+    c = Cluster(tmp_path, daemon_factory, [])
+    for name in ("daemon", "alice", "mallory"):
+        keys_new(name, c.keys)
+    (tmp_path / "authorized").mkdir()
+    (tmp_path / "authorized" / "alice.key").write_bytes((c.keys / "alice.key").read_bytes())
+    return c
+
+
+@pytest.fixture
+def peers() -> Iterator[list[subprocess.Popen[bytes]]]:
+    made: list[subprocess.Popen[bytes]] = []
+    yield made
+    for p in made:
+        p.kill()
+        p.wait()
+
+
+def test_keys_new_writes_a_pyzmq_key_pair(cluster: Cluster) -> None:
+    public, secret = cluster.keys / "alice.key", cluster.keys / "alice.key_secret"
+    assert secret.stat().st_mode & 0o777 == 0o600
+    pub, sec = zmq.auth.load_certificate(secret)
+    assert sec is not None and zmq.auth.load_certificate(public) == (pub, None)
+    r = subprocess.run(
+        [str(BIN / "profctl"), "keys", "new", "alice", "--dir", str(cluster.keys)],
+        capture_output=True,
+        text=True,
+    )
+    assert r.returncode == 1 and "exists" in r.stderr  # never replaces a key
+
+
+def test_ps_status_sessions_show_stop_across_nodes(
+    cluster: Cluster, peers: list[subprocess.Popen[bytes]]
+) -> None:
+    for i, name in enumerate(("node-a", "node-b", "node-c")):
+        d, _ = cluster.add(name)
+        peers.append(spawn_peer(d, "train", rank=i, world_size=3))
+        d.wait_attached(1)
+
+    rows = cluster.json("ps")
+    assert sorted((r["host"], r["rank"]) for r in rows) == [
+        ("node-a", 0),
+        ("node-b", 1),
+        ("node-c", 2),
+    ]
+    # The peers' own hostname is not the node's: it stays, as client_host.
+    assert {r["client_host"] for r in rows} == {"hostile-test"}
+    text = cluster.ctl("ps")
+    assert text.returncode == 0 and "node-b" in text.stdout
+
+    status = cluster.json("status")
+    assert sorted((s["host"], s["clients"]) for s in status) == [
+        ("node-a", 1),
+        ("node-b", 1),
+        ("node-c", 1),
+    ]
+    assert {s["address"] for s in status} == {a for _, a in cluster.nodes}
+
+    # A session started on one node (cluster start is another issue): listed with its host.
+    d_b = cluster.nodes[1][0]
+    sid = d_b.ctl_json("start", "--job", "train", "--next")["session"]
+    sessions = cluster.json("sessions")
+    assert [(s["host"], s["id"]) for s in sessions] == [("node-b", sid)]
+    shown = cluster.json("show", sid)
+    assert shown["id"] == sid
+    assert [(t["host"], t["rank"]) for t in shown["targets"]] == [("node-b", 1)]
+    assert [n["host"] for n in shown["nodes"]] == ["node-b"]
+
+    # An operator over TCP is privileged: it may cancel any user's session.
+    cancelled = cluster.json("cancel", sid)
+    assert [(r["host"], r["session"]) for r in cancelled] == [(cluster.nodes[1][1], sid)]
+    unknown = cluster.ctl("stop", "nosuchsession")
+    assert unknown.returncode == 1 and "nosuchsession" in unknown.stderr
+
+
+def test_traces_and_pull_across_nodes(cluster: Cluster, ctx: zmq.Context, tmp_path: Path) -> None:
+    cluster.add("node-a")
+    d_b, _ = cluster.add("node-b")
+    sid, _ = TracePeer(ctx, d_b, "jobb").capture(small_trace)
+    wait_for(lambda: d_b.ctl_json("show", sid)["state"] == "done", 60, "session done")
+
+    rows = cluster.json("traces", "--session", sid)
+    assert [(r["host"], r["session"], r["cycle"]) for r in rows] == [("node-b", sid, 0)]
+    assert cluster.json("traces", "--host", "node-a") == []
+
+    out = tmp_path / "pulled"
+    pulled = cluster.json("pull", sid, "-o", str(out))
+    assert pulled["session"] == sid
+    names = sorted(str(p.relative_to(out)) for p in out.rglob("*") if p.is_file())
+    assert f"{sid}/session.node-b.json" in names
+    assert any(n.startswith(f"{sid}/c0/") and ".pt.trace.json" in n for n in names)
+
+
+def test_unknown_and_missing_keys_are_refused_and_logged(cluster: Cluster) -> None:
+    d, address = cluster.add("node-a")
+
+    bad = cluster.ctl("ps", key="mallory")
+    assert bad.returncode == EXIT_AUTH_FAILED
+    assert f"authentication failed for {address}" in bad.stderr
+    assert bad.stdout == ""
+    mallory = zmq.auth.load_certificate(cluster.keys / "mallory.key")[0].decode()
+    wait_for(lambda: mallory in d.log.read_text(), 10, "the refusal in the daemon's log")
+    assert "refused control connection from 127.0.0.1: unknown key" in d.log.read_text()
+
+    none = cluster.ctl("ps", key=None)
+    assert none.returncode == EXIT_AUTH_FAILED
+    assert f"authentication failed for {address}: no --key given" in none.stderr
+    wait_for(lambda: d.log.read_text().count("unknown key") == 2, 10, "the second refusal logged")
+
+    # A daemon's public key that is not this daemon's: the handshake fails, said as such.
+    wrong = cluster.ctl("ps", PROFD_SERVER_KEY=str(cluster.keys / "alice.key"))
+    assert wrong.returncode == EXIT_AUTH_FAILED
+    assert "is --server-key that daemon's public key?" in wrong.stderr
+
+    # The key that is authorized still works, and --json on a refusal says why.
+    assert cluster.json("ps") == []
+    j = cluster.ctl("--json", "status", key="mallory")
+    assert json.loads(j.stdout)["code"] == "auth"
+
+
+def test_tcp_serves_control_requests_only(cluster: Cluster) -> None:
+    d, address = cluster.add("node-a")
+    pub, sec = zmq.auth.load_certificate(cluster.keys / "alice.key_secret")
+    ctx = zmq.Context()
+    try:
+        s = ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.curve_publickey, s.curve_secretkey = pub, sec
+        s.curve_serverkey = zmq.auth.load_certificate(cluster.keys / "daemon.key")[0]
+        s.connect(f"tcp://{address}")
+        s.send_multipart([b"", pack(HELLO)])
+        assert s.poll(30_000)
+        reply = P.unpack(s.recv_multipart()[-1])
+        assert reply["t"] == "error" and reply["code"] == "type"
+    finally:
+        ctx.destroy(linger=0)
+    assert d.ps() == []  # nobody attached over TCP
+
+
+def test_a_node_that_is_down_is_named_with_its_own_exit_code(
+    cluster: Cluster, peers: list[subprocess.Popen[bytes]]
+) -> None:
+    d, up = cluster.add("node-a")
+    peers.append(spawn_peer(d, "train"))
+    d.wait_attached(1)
+    down = f"127.0.0.1:{free_port()}"  # nothing listens there
+    r = cluster.ctl("--node-timeout", "1", "ps", "--json", nodes=[up, down])
+    assert r.returncode == EXIT_NODES_MISSING
+    assert [row["host"] for row in json.loads(r.stdout)] == ["node-a"]
+    assert f"{down} did not answer within 1s" in r.stderr
+    assert "1 of 2 node(s) did not answer" in r.stderr
+
+    alone = cluster.ctl("--node-timeout", "1", "status", nodes=[down])
+    assert alone.returncode == EXIT_NODES_MISSING
+    assert alone.stdout == "" and f"{down} did not answer" in alone.stderr
+
+
+def test_slurm_job_names_the_nodes(cluster: Cluster, tmp_path: Path) -> None:
+    """``slurm:123`` through the scontrol test double: its hosts are the nodes asked (none
+    runs a daemon on the default port, so each is named as not answering)."""
+    calls = tmp_path / "scontrol-calls"
+    r = cluster.ctl(
+        "--node-timeout",
+        "1",
+        "status",
+        PROFD_CLUSTER="slurm:123",
+        PATH=f"{DOUBLES}:{os.environ['PATH']}",
+        FAKE_SLURM_JOBS=json.dumps({"123": "127.0.0.2,127.0.0.3"}),
+        FAKE_SLURM_CALLS=str(calls),
+    )
+    assert r.returncode == EXIT_NODES_MISSING, r.stderr
+    assert "127.0.0.2:7717 did not answer" in r.stderr
+    assert "127.0.0.3:7717 did not answer" in r.stderr
+    assert calls.read_text().splitlines() == ["show job 123", "show hostnames 127.0.0.2,127.0.0.3"]
+
+
+def test_a_daemon_without_keys_or_with_a_readable_secret_refuses_to_start(
+    cluster: Cluster,
+) -> None:
+    def refused(config: str) -> str:
+        d = cluster.make(config=config, start=False)
+        d.launch()
+        assert d.proc is not None
+        rc = d.proc.wait(30)
+        d.proc = None
+        assert rc != 0
+        lines = [ln for ln in d.log.read_text().splitlines() if ln.strip()]
+        assert len(lines) == 1, lines
+        return lines[0]
+
+    port = free_port()
+    no_keys = refused(f'[cluster]\nlisten = "tcp://127.0.0.1:{port}"\n')
+    assert "server_key" in no_keys and "authorized_keys" in no_keys
+
+    open_secret = cluster.keys / "open.key_secret"
+    open_secret.write_bytes((cluster.keys / "daemon.key_secret").read_bytes())
+    open_secret.chmod(0o644)
+    readable = refused(
+        f'[cluster]\nlisten = "tcp://127.0.0.1:{port}"\nserver_key = "{open_secret}"\n'
+        f'authorized_keys = "{cluster.base / "authorized"}"\n'
+    )
+    assert "readable by group or others" in readable and "chmod 600" in readable
+
+    public_only = refused(
+        f'[cluster]\nlisten = "tcp://127.0.0.1:{port}"\n'
+        f'server_key = "{cluster.keys / "daemon.key"}"\n'
+        f'authorized_keys = "{cluster.base / "authorized"}"\n'
+    )
+    assert "no secret key" in public_only
