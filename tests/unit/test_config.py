@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -203,8 +204,41 @@ def test_spool_defaults_to_the_state_dir(tmp_path: Path) -> None:
 
 def test_unknown_daemon_keys_and_tables_are_ignored(tmp_path: Path) -> None:
     # Documented: a newer config file still starts an older daemon.
-    cfg = load(toml(tmp_path, "[daemon]\nfuture_key = 1\n[cluster]\nlisten = 'x'\n"), env={})
+    cfg = load(toml(tmp_path, "[daemon]\nfuture_key = 1\n[future]\nlisten = 'x'\n"), env={})
     assert cfg.heartbeat_interval == 1.0
+
+
+def test_node_name_and_cluster(tmp_path: Path) -> None:
+    assert load(env={}).node_name == socket.gethostname()
+    assert load(env={}).cluster == C.ClusterConfig()
+    p = toml(
+        tmp_path,
+        '[daemon]\nnode_name = "gpu07"\n[cluster]\nlisten = "tcp://*:7717"\n'
+        'server_key = "/etc/profd/keys/daemon.key_secret"\nauthorized_keys = "/etc/profd/ops"\n'
+        'key = "~/.config/profd/me.key_secret"\n',
+    )
+    cfg = load(p, env={})
+    assert cfg.node_name == "gpu07"
+    assert cfg.cluster.listen == "tcp://*:7717"
+    assert cfg.cluster.server_key == Path("/etc/profd/keys/daemon.key_secret")
+    assert cfg.cluster.authorized_keys == Path("/etc/profd/ops")
+    assert cfg.cluster.key == Path.home() / ".config/profd/me.key_secret"
+    assert load(p, env={"PROFD_NODE_NAME": "n3"}).node_name == "n3"
+    assert C.configured_cluster(str(p)) == cfg.cluster
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('[cluster]\nlisten = "ipc:///tmp/x"\n', "cluster.listen: must look like tcp://"),
+        ('[cluster]\nauthorised_keys = "/x"\n', "[cluster]: unknown keys ['authorised_keys']"),
+        ("[cluster]\nlisten = 7717\n", "cluster.listen: must be a string"),
+        ('[daemon]\nnode_name = " "\n', "node_name: must not be empty"),
+    ],
+)
+def test_bad_cluster_config(tmp_path: Path, text: str, error: str) -> None:
+    with pytest.raises(ConfigError, match=re.escape(error)):
+        load(toml(tmp_path, text), env={})
 
 
 @pytest.mark.parametrize(
