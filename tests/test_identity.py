@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,10 +212,10 @@ def ray_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, 
     d.root.mkdir()
     d.start()
     stop = root / "stop"
-    # Ray keeps its session files under the temp dir: a private one, removed with the test's.
-    job = run_script(
-        d, root / "ray.log", "ray_actors.py", STOP=str(stop), RAY_TMPDIR=str(root / "rt")
-    )
+    # Ray keeps its sockets under its temp dir, and a unix socket path has at most 107 bytes:
+    # a private dir with a short name, not one below pytest's.
+    ray_tmp = tempfile.mkdtemp(prefix="ray-", dir="/tmp")
+    job = run_script(d, root / "ray.log", "ray_actors.py", STOP=str(stop), RAY_TMPDIR=ray_tmp)
     try:
         yield d, stop, job
     finally:
@@ -222,6 +224,20 @@ def ray_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, 
             job.proc.wait(60)
         kill_ray_tree(job)
         d.stop()
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def ray_rows(d: Daemon, job: Job, ready: Any, what: str) -> list[dict[str, Any]]:
+    """``ps`` rows once ``ready(rows)``; fails at once with the driver's output if it died."""
+
+    def check() -> list[dict[str, Any]] | None:
+        if job.proc.poll() is not None:
+            raise AssertionError(f"the Ray driver exited ({job.proc.returncode}):\n{job.output()}")
+        rows = d.ps()
+        return rows if ready(rows) else None
+
+    rows: list[dict[str, Any]] = wait_for(check, WAIT, what, every=0.5)
+    return rows
 
 
 def kill_ray_tree(job: Job) -> None:
@@ -238,13 +254,8 @@ def kill_ray_tree(job: Job) -> None:
 
 def test_ray_actors_get_ray_job_and_class_roles(ray_job: tuple[Daemon, Path, Job]) -> None:
     d, _, job = ray_job
-    rows = wait_for(
-        lambda: (lambda rs: rs if len(rs) == 3 and all(r["step"] > 0 for r in rs) else None)(
-            d.ps()
-        ),
-        WAIT,
-        "three Ray actors stepping",
-        every=0.5,
+    rows = ray_rows(
+        d, job, lambda rs: len(rs) == 3 and all(r["step"] > 0 for r in rs), "3 actors stepping"
     )
     assert sorted(r["role"] for r in rows) == [
         "dtensor_policy_worker",
@@ -259,10 +270,11 @@ def test_ray_actors_get_ray_job_and_class_roles(ray_job: tuple[Daemon, Path, Job
 def test_ray_role_glob_reaches_exactly_the_policy_actors(
     ray_job: tuple[Daemon, Path, Job],
 ) -> None:
-    d, _, _ = ray_job
-    wait_for(lambda: len(d.ps()) == 3, WAIT, "three Ray actors", every=0.5)
-    wait_for(lambda: all(r["steps_per_s"] > 0 for r in d.ps()), WAIT, "step rates", every=0.2)
-    policy = {r["pid"] for r in d.ps() if r["role"] == "dtensor_policy_worker"}
+    d, _, job = ray_job
+    rows = ray_rows(
+        d, job, lambda rs: len(rs) == 3 and all(r["steps_per_s"] > 0 for r in rs), "step rates"
+    )
+    policy = {r["pid"] for r in rows if r["role"] == "dtensor_policy_worker"}
     r = d.ctl(
         "start", "--role", "*policy*", "--next", "--wait", "--json", "--timeout", str(WAIT),
         timeout=WAIT + 30,
