@@ -302,3 +302,10 @@ def test_a_daemon_without_keys_or_with_a_readable_secret_refuses_to_start(
         f'authorized_keys = "{cluster.base / "authorized"}"\n'
     )
     assert "no secret key" in public_only
+
+
+def test_bad_node_lists_and_missing_keys_are_usage_errors(cluster: Cluster) -> None:
+    bad = cluster.ctl("ps", nodes=["gpu01:99999"])
+    assert bad.returncode == 2 and "port must be 1-65535" in bad.stderr
+    no_server_key = cluster.ctl("ps", nodes=["127.0.0.1:1"], PROFD_SERVER_KEY="")
+    assert no_server_key.returncode == 2 and "--server-key" in no_server_key.stderr

@@ -24,7 +24,7 @@ from profd_client import protocol as P
 
 from ..config import DEFAULT_CLUSTER_PORT
 from .connection import decode_reply
-from .errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, CtlError, NoAnswer
+from .errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, BadUsage, CtlError, NoAnswer
 
 DEFAULT_NODE_TIMEOUT = 5.0
 #: Descriptors a node costs while its request is open: the TCP connection, the socket's
@@ -53,23 +53,23 @@ def parse_node(text: str) -> Node:
     if t.startswith("["):
         end = t.find("]")
         if end < 0:
-            raise CtlError(f"bad node {text!r}: no closing ]", code="usage")
+            raise BadUsage(f"bad node {text!r}: no closing ]")
         host, rest = t[1:end], t[end + 1 :]
         if rest:
             if not rest.startswith(":"):
-                raise CtlError(f"bad node {text!r}", code="usage")
+                raise BadUsage(f"bad node {text!r}")
             port = _port(rest[1:], text)
     elif t.count(":") == 1:
         host, p = t.split(":")
         port = _port(p, text)
     if not host or any(c.isspace() for c in host):
-        raise CtlError(f"bad node {text!r}", code="usage")
+        raise BadUsage(f"bad node {text!r}")
     return Node(host, port)
 
 
 def _port(p: str, text: str) -> int:
     if not p.isdigit() or not 0 < int(p) < 65536:
-        raise CtlError(f"bad node {text!r}: port must be 1-65535", code="usage")
+        raise BadUsage(f"bad node {text!r}: port must be 1-65535")
     return int(p)
 
 
@@ -87,7 +87,7 @@ def parse_nodes(
         try:
             lines = Path(s[1:]).expanduser().read_text().splitlines()
         except OSError as exc:
-            raise CtlError(f"--cluster {s}: {exc.strerror or exc}", code="usage") from None
+            raise BadUsage(f"--cluster {s}: {exc.strerror or exc}") from None
         items = [ln.split("#", 1)[0].strip() for ln in lines]
     elif s == "slurm" or s.startswith("slurm:"):
         job = s[len("slurm:") :]
@@ -100,7 +100,7 @@ def parse_nodes(
         items = s.split(",")
     nodes = list(dict.fromkeys(parse_node(i) for i in items if i.strip()))
     if not nodes:
-        raise CtlError(f"--cluster {spec!r} names no nodes", code="usage")
+        raise BadUsage(f"--cluster {spec!r} names no nodes")
     return nodes
 
 
@@ -110,7 +110,7 @@ def slurm_hosts(
     if not job:
         raise CtlError("--cluster slurm: no job id (give slurm:JOBID or set SLURM_JOB_ID)")
     if not job.isdigit() and not job.replace("_", "").isdigit():
-        raise CtlError(f"--cluster slurm:{job}: not a job id", code="usage")
+        raise BadUsage(f"--cluster slurm:{job}: not a job id")
     # The job's nodelist (``gpu[01-04]``) expanded by SLURM itself: no home-made parser.
     hosts_of = _nodelist(_scontrol(["show", "job", job], f"slurm:{job}", run))
     if hosts_of is None:
@@ -158,15 +158,14 @@ def load_keys(key_file: str | None, server_key_file: str | None) -> ClientKeys:
     import zmq.auth
 
     if not server_key_file:
-        raise CtlError(
+        raise BadUsage(
             "--cluster needs the daemons' public key: --server-key FILE, PROFD_SERVER_KEY or"
-            " [cluster] server_key",
-            code="usage",
+            " [cluster] server_key"
         )
     try:
         server, _ = zmq.auth.load_certificate(server_key_file)
     except (OSError, ValueError) as exc:
-        raise CtlError(f"--server-key {server_key_file}: {exc}", code="usage") from None
+        raise BadUsage(f"--server-key {server_key_file}: {exc}") from None
     if not key_file:
         public, secret = zmq.curve_keypair()
         return ClientKeys(public, secret, server, ephemeral=True)
@@ -174,7 +173,7 @@ def load_keys(key_file: str | None, server_key_file: str | None) -> ClientKeys:
         mode = os.stat(key_file).st_mode
         public, secret_or_none = zmq.auth.load_certificate(key_file)
     except (OSError, ValueError) as exc:
-        raise CtlError(f"--key {key_file}: {exc}", code="usage") from None
+        raise BadUsage(f"--key {key_file}: {exc}") from None
     if secret_or_none is None:
         raise CtlError(f"--key {key_file}: not a secret key (give the .key_secret file)")
     if mode & 0o077:

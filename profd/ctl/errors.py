@@ -1,8 +1,9 @@
 """profctl errors and their exit codes.
 
-0: ok. 1: refused or failed. 2: no daemon or bad usage. With ``--cluster``: 4: some nodes
-did not answer within ``--node-timeout`` (the output has what the others said), 5: some
-node refused this profctl's key (authentication failed). docs/operations.md lists them.
+0: ok. 1: refused or failed. 2: no daemon or bad usage (click's, and :class:`BadUsage`).
+With ``--cluster``: 4: some nodes did not answer within ``--node-timeout`` (the output has
+what the others said), 5: some node refused this profctl's key (authentication failed).
+docs/operations.md lists them.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ class NoDaemon(CtlError):
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="no_daemon")
+
+
+class BadUsage(CtlError):
+    """A bad argument found past click's own checks (a node list, a key file)."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="usage")
 
 
 #: ``--cluster``: at least one node did not answer in time (down, unreachable, wedged).

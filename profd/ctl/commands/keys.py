@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from ..errors import CtlError
+from ..errors import BadUsage, CtlError
 from ..main import Env, command
 from ..render import emit_json
 
@@ -36,7 +36,7 @@ def new(env: Env, name: str, directory: str) -> None:
     import zmq
 
     if not name or "/" in name or name.startswith("."):
-        raise CtlError(f"bad key name {name!r}: a plain file name", code="usage")
+        raise BadUsage(f"bad key name {name!r}: a plain file name")
     d = Path(directory)
     public_file, secret_file = d / f"{name}.key", d / f"{name}.key_secret"
     for p in (public_file, secret_file):
