@@ -37,6 +37,9 @@ def status(env: Env) -> None:
         f"uploads  {q['queued']} queued, {q['failed']} failed, {size(q['bytes_pending'])} pending,"
         f" {q['uploaded']} uploaded",
     ]
+    if st.get("tcp"):
+        tcp = st["tcp"]
+        lines.append(f"tcp      {tcp['listen']} (CURVE), {tcp['refused']} refused connection(s)")
     if "storage" in st:  # a daemon older than 0.3 does not say
         lines += storage_lines(st["storage"])
     if s3.get("configured"):
