@@ -18,6 +18,7 @@ from harness import Daemon
 from rawpeer import HELLO, dealer, pack, recv
 
 from profd.daemon.planner import MAX_REPLANS
+from profd.store.index import SCHEMA_VERSION
 
 
 def target(d: Daemon, sid: str) -> dict[str, Any]:
@@ -116,7 +117,7 @@ def test_an_index_from_schema_1_gains_the_plan_column(daemon_factory: Any) -> No
     assert s["plan"] == 0 and s["steps"] == [5] and s["state"] == "done"
     with contextlib.closing(sqlite3.connect(d.state_dir / "index.db")) as db:
         assert db.execute("SELECT value FROM meta WHERE key = 'schema_version'").fetchone() == (
-            "2",
+            str(SCHEMA_VERSION),
         )
 
 

@@ -42,7 +42,7 @@ def describe(exc: BaseException, where: Path | None = None) -> str:
 
 @dataclass
 class Problem:
-    error: str
+    reason: str
     since: float
     count: int = 1
 
@@ -62,7 +62,7 @@ class Storage:
             self.problems[area] = Problem(why, time.time())
             log.error("cannot write %s: %s; it waits until the write succeeds", what, why)
         else:
-            p.error = why
+            p.reason = why
             p.count += 1
         return why
 
@@ -76,7 +76,7 @@ class Storage:
         return {
             "ok": not self.problems,
             "problems": {
-                area: {"error": p.error, "since": p.since, "failed_writes": p.count}
+                area: {"error": p.reason, "since": p.since, "failed_writes": p.count}
                 for area, p in self.problems.items()
             },
             "free_bytes": {area: _free(d) for area, d in self.dirs.items()},
