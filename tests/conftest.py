@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import zmq
+from clusters import Cluster, keys_new
 from harness import Daemon, Daemons, Job, Jobs
 
 
@@ -53,3 +54,15 @@ def torchrun(tmp_path: Path) -> Iterator[Callable[..., Job]]:
         yield jobs.start
     finally:
         jobs.kill_all()
+
+
+@pytest.fixture
+def cluster(tmp_path: Path, daemon_factory: Callable[..., Daemon]) -> Cluster:
+    """Daemons added by ``cluster.add(name)`` answer ``cluster.ctl(...)`` over TCP with CURVE:
+    key ``daemon`` is theirs, ``alice`` is authorized, ``mallory`` is not."""
+    c = Cluster(tmp_path, daemon_factory, [])
+    for name in ("daemon", "alice", "mallory"):
+        keys_new(name, c.keys)
+    (tmp_path / "authorized").mkdir()
+    (tmp_path / "authorized" / "alice.key").write_bytes((c.keys / "alice.key").read_bytes())
+    return c

@@ -8,6 +8,7 @@ How the daemon process is launched and talked to lives in ``daemonproc.py``, sha
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import re
@@ -165,3 +166,14 @@ class Jobs:
     def kill_all(self) -> None:
         for j in self.started:
             j.kill()
+
+
+def step_markers(trace: Path) -> list[int]:
+    """The N of every ``ProfilerStep#N`` span in a gzipped Chrome trace."""
+    with gzip.open(trace, "rt", encoding="utf-8") as fh:
+        doc = json.load(fh)
+    return sorted(
+        int(ev["name"].split("#", 1)[1])
+        for ev in doc["traceEvents"]
+        if ev.get("ph") == "X" and str(ev.get("name", "")).startswith("ProfilerStep#")
+    )

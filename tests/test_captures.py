@@ -22,7 +22,7 @@ from typing import Any
 
 import psutil
 import pytest
-from harness import BIN, JOBS, Daemon, Job, wait_for
+from harness import BIN, JOBS, Daemon, Job, step_markers, wait_for
 
 # torch-tb-profiler's worker/span file-name pattern.
 TB_PROFILER_RE = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")
@@ -48,17 +48,6 @@ pytestmark = pytest.mark.slow
 
 
 # --- helpers -----------------------------------------------------------------------------------
-def step_markers(trace: Path) -> list[int]:
-    """The N of every ``ProfilerStep#N`` span in a gzipped Chrome trace."""
-    with gzip.open(trace, "rt", encoding="utf-8") as fh:
-        doc = json.load(fh)
-    return sorted(
-        int(ev["name"].split("#", 1)[1])
-        for ev in doc["traceEvents"]
-        if ev.get("ph") == "X" and str(ev.get("name", "")).startswith("ProfilerStep#")
-    )
-
-
 def event_names(trace: Path) -> set[str]:
     with gzip.open(trace, "rt", encoding="utf-8") as fh:
         return {str(ev.get("name")) for ev in json.load(fh)["traceEvents"]}

@@ -8,98 +8,21 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 import zmq
 import zmq.auth
+from clusters import Cluster, free_port
 from daemonproc import BIN, wait_for
-from harness import Daemon
 from rawpeer import HELLO, TracePeer, pack, small_trace, spawn_peer
 
 from profd_client import protocol as P
 
 DOUBLES = Path(__file__).resolve().parent / "doubles"
 EXIT_NODES_MISSING, EXIT_AUTH_FAILED = 4, 5
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def keys_new(name: str, directory: Path) -> None:
-    r = subprocess.run(
-        [str(BIN / "profctl"), "keys", "new", name, "--dir", str(directory)],
-        capture_output=True,
-        text=True,
-    )
-    assert r.returncode == 0, r.stderr
-
-
-@dataclass
-class Cluster:
-    base: Path
-    make: Callable[..., Daemon]
-    nodes: list[tuple[Daemon, str]]  # (daemon, "127.0.0.1:PORT")
-
-    @property
-    def keys(self) -> Path:
-        return self.base / "keys"
-
-    def add(self, name: str, **cluster: str) -> tuple[Daemon, str]:
-        port = free_port()
-        table = {
-            "listen": f"tcp://127.0.0.1:{port}",
-            "server_key": str(self.keys / "daemon.key_secret"),
-            "authorized_keys": str(self.base / "authorized"),
-            **cluster,
-        }
-        text = (
-            f'[daemon]\nnode_name = "{name}"\n'
-            # Raw peers send no heartbeats: let them stay listed for the whole test.
-            "heartbeat_interval = 60\n[cluster]\n"
-            + "".join(f'{k} = "{v}"\n' for k, v in table.items())
-        )
-        node = (self.make(config=text), f"127.0.0.1:{port}")
-        self.nodes.append(node)
-        return node
-
-    def ctl(
-        self, *args: str, nodes: list[str] | None = None, key: str | None = "alice", **env: str
-    ) -> subprocess.CompletedProcess[str]:
-        e = {k: v for k, v in os.environ.items() if not k.startswith("PROFD_")}
-        # Nothing local to fall back on: every answer comes over TCP.
-        e["PROFD_RUNTIME_DIR"] = str(self.base / "no-local-daemon")
-        e["PROFD_CLUSTER"] = ",".join(nodes if nodes is not None else [a for _, a in self.nodes])
-        e["PROFD_SERVER_KEY"] = str(self.keys / "daemon.key")
-        if key is not None:
-            e["PROFD_CLIENT_KEY"] = str(self.keys / f"{key}.key_secret")
-        e.update(env)
-        return subprocess.run(
-            [str(BIN / "profctl"), *args], env=e, capture_output=True, text=True, timeout=60
-        )
-
-    def json(self, *args: str, **kw: Any) -> Any:
-        r = self.ctl(*args, "--json", **kw)
-        assert r.returncode == 0, f"profctl {args} exited {r.returncode}: {r.stderr}"
-        return json.loads(r.stdout)
-
-
-@pytest.fixture
-def cluster(tmp_path: Path, daemon_factory: Callable[..., Daemon]) -> Cluster:
-    c = Cluster(tmp_path, daemon_factory, [])
-    for name in ("daemon", "alice", "mallory"):
-        keys_new(name, c.keys)
-    (tmp_path / "authorized").mkdir()
-    (tmp_path / "authorized" / "alice.key").write_bytes((c.keys / "alice.key").read_bytes())
-    return c
 
 
 @pytest.fixture

@@ -432,8 +432,16 @@ START_SPEC: Final = Struct(
         "region": (Nullable(Str(MAX_NAME, 1)), False),
         "label": (Nullable(Str(MAX_NAME)), False),
         "backend": (Nullable(Str(16, choices=BACKENDS)), False),
+        # From a cluster coordinator (profctl --cluster start): ``probe`` asks only for the
+        # matching targets and their steps; ``session`` and ``cycles`` are the id and the
+        # absolute steps it resolved once for every node.
+        "probe": (Nullable(Bool()), False),
+        "session": (Nullable(SESSION_ID), False),
+        "cycles": (Nullable(Cycles()), False),
     }
 )
+#: Keys only a cluster coordinator sends (never in an ``[[auto]]`` rule).
+COORDINATOR_KEYS: Final = frozenset({"probe", "session", "cycles"})
 #: The keys a start spec may hold (profctl start, ``[[auto]]`` rules, the cluster planner).
 START_KEYS: Final = frozenset(START_SPEC.fields)
 

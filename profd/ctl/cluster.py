@@ -194,6 +194,8 @@ class Answer:
     #: Why it did not answer at all: ``"timeout"`` or ``"auth"``; with ``why``.
     failure: str | None = None
     why: str = ""
+    #: ``time.monotonic()`` when the reply came (a planner ages each node's steps from it).
+    received_at: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -296,6 +298,7 @@ def fan_out(
                 a = answers[o.index]
                 if sock is o.sock:
                     reply = sock.recv_multipart()
+                    a.received_at = time.monotonic()
                     try:
                         a.data = decode_reply(reply[-1], f"profd at {o.node.address}")
                     except CtlError as exc:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import wraps
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -55,13 +55,21 @@ class Env:
             self._nodes = parse_nodes(self.cluster_spec)
         return self._nodes
 
-    def gather(self, t: str, **fields: Any) -> Gathered:
-        """Ask every node of ``--cluster``; at least one must answer (else CtlError)."""
+    def gather(
+        self,
+        t: str,
+        nodes: Sequence[Node] | None = None,
+        each: Callable[[Node], Mapping[str, Any]] | None = None,
+        **fields: Any,
+    ) -> Gathered:
+        """Ask every node of ``--cluster`` (or ``nodes``) with ``fields`` (or ``each(node)``);
+        at least one must answer (else CtlError)."""
         from .cluster import Gathered, fan_out, load_keys
 
         if self._keys is None:
             self._keys = load_keys(self.key_file, self.server_key_file)
-        g = Gathered(fan_out(self.nodes, t, fields, self._keys, self.node_timeout))
+        asked = self.nodes if nodes is None else nodes
+        g = Gathered(fan_out(asked, t, each or fields, self._keys, self.node_timeout))
         self.gathered.append(g)
         g.require_some()
         return g

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from profd_client import protocol as P
+
 from ..config import AutoRule, ConfigError
 from . import planner
 from . import schedule as sch
@@ -26,7 +28,10 @@ def check(rules: Sequence[AutoRule]) -> list[StartRequest]:
         except Refused as exc:
             raise ConfigError(f"[[auto]] rule {i}: {exc}") from None
         why = None
-        if not req.schedule.explicit:
+        coordinator = sorted(P.COORDINATOR_KEYS & set(rule.spec))
+        if coordinator:
+            why = f"{', '.join(coordinator)}: only a cluster coordinator sends these"
+        elif not req.schedule.explicit:
             why = "needs steps or at_step: --next would differ per rank"
         elif req.backend != "torch":
             # Ranks join a rule's session one by one as they attach; an nsys collection is

@@ -116,6 +116,8 @@ class ControlHandler:
             self._stamp(data)
         elif t == P.C_SHOW:
             self._stamp([data, *data["targets"]])
+        elif t == P.C_START:
+            self._stamp(data.get("targets") or data.get("candidates") or [])
         return data
 
     def _stamp(self, rows: list[dict[str, Any]]) -> None:
@@ -133,6 +135,8 @@ class ControlHandler:
             return self.ps(m.get("job"), m.get("role"))
         if t == P.C_START:
             req = StartRequest.parse(m["spec"], validated=True)
+            if req.probe:
+                return {"candidates": self.starter.candidates(req, by)}
             return started(self.starter.start(req, by=by))
         if t in (P.C_STOP, P.C_CANCEL):
             return self.stop(m["session"], keep=t == P.C_STOP, by=by)

@@ -77,20 +77,22 @@ def plan(
     if cycles[-1][2] > MAX_STEP:
         raise Refused("bad_request", f"steps {sch.describe(cycles)} go beyond {MAX_STEP}")
     if sched.explicit:
-        _check_reachable(sched, cycles, targets, now)
+        check_reachable(cycles, targets, now, warmup=bool(sched.warmup))
     return cycles
 
 
-def _check_reachable(
-    sched: sch.Schedule, cycles: list[sch.Cycle], targets: Sequence[TargetState], now: float
+def check_reachable(
+    cycles: Sequence[sch.Cycle], targets: Sequence[TargetState], now: float, warmup: bool = False
 ) -> None:
+    """:class:`Refused` unless every target can still be armed for ``cycles``: explicit
+    steps, or steps a cluster coordinator resolved for targets on many nodes."""
     first = cycles[0][0]
     for t in targets:
         est = t.estimated_step(now)
         earliest_step = t.armable_from(int(est))
         if first < earliest_step:
             what = "already passed" if first <= est else "starts before it can be armed"
-            warm = f" (with --warmup the first step is {first})" if sched.warmup else ""
+            warm = f" (with --warmup the first step is {first})" if warmup else ""
             hint = (
                 "; step 1 can be captured only by an [[auto]] rule on a process that"
                 " waits in attach() (PROFD_ATTACH_WAIT=SECONDS)"
@@ -99,7 +101,7 @@ def _check_reachable(
             )
             raise Refused(
                 "steps_passed",
-                f"steps {sch.describe(cycles)} {what} for {t.name} (at step {int(est)}; the"
+                f"steps {sch.describe(list(cycles))} {what} for {t.name} (at step {int(est)}; the"
                 f" earliest step is {earliest_step}){warm}{hint}",
             )
         if t.busy_until > first:

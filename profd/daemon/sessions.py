@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -28,11 +27,6 @@ from .schedule import Cycle, steps_of
 from .spoolperms import SpoolPerms
 
 _ORDER = ["pending", "armed", "capturing", "processing"]
-
-
-def new_session_id() -> str:
-    # Sortable by creation time, short enough to type.
-    return time.strftime("%Y%m%d-%H%M%S", time.gmtime()) + "-" + secrets.token_hex(3)
 
 
 @dataclass
@@ -274,6 +268,10 @@ class Sessions:
 
     def exact(self, session_id: str) -> Session | None:
         return self.by_id.get(session_id)
+
+    def taken(self, session_id: str) -> bool:
+        """A live or finished session has this id (a coordinator's id must be new)."""
+        return session_id in self.by_id or self.index.has_session(session_id)
 
     def live(self) -> list[Session]:
         return [s for s in self.by_id.values() if not s.terminal]

@@ -13,6 +13,7 @@ from typing import Any
 
 from profd_client import protocol as P
 
+from ..ids import new_session_id
 from . import planner
 from . import schedule as sch
 from .arming import Arms
@@ -21,7 +22,7 @@ from .peers import Requester
 from .refusal import Refused
 from .registry import Client, Registry
 from .selector import Selector, SelectorError, describe_attached
-from .sessions import Session, Sessions, Target, new_session_id
+from .sessions import Session, Sessions, Target
 
 log = logging.getLogger("profd.starts")
 
@@ -37,6 +38,11 @@ class StartRequest:
     backend: str
     region: str | None
     label: str | None
+    #: From a cluster coordinator: only report the matching targets (``probe``), or start
+    #: with its session id and absolute cycles.
+    probe: bool = False
+    session: str | None = None
+    cycles: list[sch.Cycle] | None = None
 
     @classmethod
     def parse(cls, raw: Mapping[str, Any], validated: bool = False) -> StartRequest:
@@ -51,6 +57,9 @@ class StartRequest:
                 backend=spec.get("backend") or P.DEFAULT_BACKEND,
                 region=spec.get("region") or None,
                 label=spec.get("label") or None,
+                probe=bool(spec.get("probe")),
+                session=spec.get("session") or None,
+                cycles=[(w, a, b) for w, a, b in spec["cycles"]] if spec.get("cycles") else None,
             )
         except (SelectorError, sch.ScheduleError, P.ProtocolError) as exc:
             raise Refused("bad_request", str(exc)) from None
@@ -91,46 +100,30 @@ class Starter:
     ) -> Session:
         """``by``: the profctl asking (None: the daemon itself, for an ``[[auto]]`` rule)."""
         self.check_quota()
+        targets = self._select(req, by)
         sel = req.selector
-        try:
-            targets = sel.select(self.registry)
-        except SelectorError as exc:
-            raise Refused("no_match", str(exc)) from None
-        if by is not None and not by.privileged:
-            theirs = [c for c in targets if not by.may_act_on(c.uid)]
-            if theirs:
-                c = theirs[0]
-                raise Refused(
-                    "permission",
-                    f"{sel.describe()} matches processes of other users ({c.role} rank"
-                    f" {c.rank}, pid {c.pid}, uid {c.uid}); profctl as uid {by.uid} may act"
-                    " only on its own processes",
-                )
         if not targets:
             raise Refused(
                 "no_match",
                 f"no attached process matches {sel.describe()}; "
                 + describe_attached(self.registry),
             )
-        if req.options.get("memory_snapshot"):
-            no_cuda = [c for c in targets if not (c.device or "").startswith("cuda")]
-            if no_cuda:
-                c = no_cuda[0]
-                raise Refused(
-                    "unsupported",
-                    f"--memory-snapshot needs CUDA: {c.role} rank {c.rank} (pid {c.pid})"
-                    f" runs on {c.device or 'cpu'}",
-                )
-        if req.backend == "nsys":
-            self.nsys.check(req.spec, req.options, targets)
         jobs = sorted({c.job for c in targets})
         if len(jobs) > 1:
             raise Refused(
                 "no_match", f"selector matches several jobs ({', '.join(jobs)}): add --job"
             )
-        cycles = self.plan(req.schedule, targets, req.backend)
+        if req.cycles is not None:
+            # A coordinator planned them for every node: not ours to move, only to check.
+            cycles = req.cycles
+            states = [target_state(c, self.sessions.busy_until(c.key)) for c in targets]
+            planner.check_reachable(cycles, states, time.monotonic(), bool(req.schedule.warmup))
+        else:
+            cycles = self.plan(req.schedule, targets, req.backend)
+        if req.session is not None and self.sessions.taken(req.session):
+            raise Refused("bad_request", f"session {req.session} exists on this node")
         s = Session(
-            id=new_session_id(),
+            id=req.session or new_session_id(),
             job=jobs[0],
             request=req.spec,
             cycles=cycles,
@@ -160,6 +153,57 @@ class Starter:
         )
         return s
 
+    def candidates(self, req: StartRequest, by: Requester | None) -> list[dict[str, Any]]:
+        """What a coordinator plans with: the targets ``req`` matches here, with their last
+        step, rate and how long ago (``age_s``: clocks differ between nodes, ages do not)."""
+        now = time.monotonic()
+        return [
+            {
+                "host": c.host,
+                "pid": c.pid,
+                "job": c.job,
+                "role": c.role,
+                "rank": c.rank,
+                "uid": c.uid,
+                "step": c.step,
+                "sps": c.sps,
+                "age_s": max(0.0, now - c.step_at),
+                "busy_until": self.sessions.busy_until(c.key),
+                "attaching": c.attaching,
+            }
+            for c in self._select(req, by)
+        ]
+
+    def _select(self, req: StartRequest, by: Requester | None) -> list[Client]:
+        """The processes ``req`` matches and may capture (:class:`Refused` if some may not)."""
+        sel = req.selector
+        try:
+            targets = sel.select(self.registry)
+        except SelectorError as exc:
+            raise Refused("no_match", str(exc)) from None
+        if by is not None and not by.privileged:
+            theirs = [c for c in targets if not by.may_act_on(c.uid)]
+            if theirs:
+                c = theirs[0]
+                raise Refused(
+                    "permission",
+                    f"{sel.describe()} matches processes of other users ({c.role} rank"
+                    f" {c.rank}, pid {c.pid}, uid {c.uid}); profctl as uid {by.uid} may act"
+                    " only on its own processes",
+                )
+        if req.options.get("memory_snapshot"):
+            no_cuda = [c for c in targets if not (c.device or "").startswith("cuda")]
+            if no_cuda:
+                c = no_cuda[0]
+                raise Refused(
+                    "unsupported",
+                    f"--memory-snapshot needs CUDA: {c.role} rank {c.rank} (pid {c.pid})"
+                    f" runs on {c.device or 'cpu'}",
+                )
+        if targets and req.backend == "nsys":
+            self.nsys.check(req.spec, req.options, targets)
+        return targets
+
     def plan(
         self,
         sched: sch.Schedule,
@@ -176,9 +220,14 @@ class Starter:
         self.registry.observed_step(c, step, now)
         why = f"steps already passed: at step {step}"
         sched = sch.parse(s.request)
-        fixed = s.auto_rule is not None or any(
-            x.traces or x.outstanding or x.state in ("capturing", "processing", "done")
-            for x in s.targets.values()
+        # A coordinator's steps are every node's: moving them here would split the capture.
+        fixed = (
+            s.auto_rule is not None
+            or "cycles" in s.request
+            or any(
+                x.traces or x.outstanding or x.state in ("capturing", "processing", "done")
+                for x in s.targets.values()
+            )
         )
         if not planner.replannable(sched, s.backend, fixed, s.revision):
             self.sessions.fail(s, t, why)

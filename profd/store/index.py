@@ -247,6 +247,10 @@ class Index:
         ]
         return d
 
+    def has_session(self, session_id: str) -> bool:
+        row = self.db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()
+        return row is not None
+
     def open_sessions(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
             "SELECT id FROM sessions WHERE state NOT IN ('done','partial','failed','cancelled')"

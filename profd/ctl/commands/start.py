@@ -73,6 +73,9 @@ def start(env: Env, /, **kw: Any) -> None:
         },
     }
     spec = {k: v for k, v in spec.items() if v is not None}
+    if env.cluster:
+        _start_cluster(env, spec, kw["wait_"], kw["timeout"])
+        return
     res = env.conn.request(P.C_START, spec=spec)
     if not env.json:
         targets = ", ".join(f"{t['role']}:{t['rank']}" for t in res["targets"])
@@ -87,6 +90,31 @@ def start(env: Env, /, **kw: Any) -> None:
         if env.json:
             emit_json(res)
         if final["state"] not in ("done",):
+            raise SystemExit(1)
+        return
+    if env.json:
+        emit_json(res)
+
+
+def _start_cluster(env: Env, spec: dict[str, Any], wait: bool, timeout: float) -> None:
+    from ..clusterstart import echo_started, follow_everywhere, start_everywhere
+
+    res = start_everywhere(env, spec)
+    if not env.json:
+        echo_started(res)
+    if wait:
+        final = follow_everywhere(env, res, timeout)
+        res.update(state=final["state"], final=final)
+        if env.json:
+            emit_json(res)
+        else:
+            click.echo(f"session {res['session']}: {final['state']}")
+            if final["error"]:
+                click.echo(f"  {final['error']}", err=True)
+            for t in final["targets"]:
+                if t.get("error"):
+                    click.echo(f"  {t['host']} {t['role']}:{t['rank']}: {t['error']}", err=True)
+        if final["state"] != "done":
             raise SystemExit(1)
         return
     if env.json:

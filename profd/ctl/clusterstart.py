@@ -1,0 +1,251 @@
+"""``profctl --cluster start``: one plan for every node, one session id, the same steps.
+
+Three rounds over the nodes, each in parallel: ``probe`` (every node's matching targets with
+their last step, rate and its age), a plan resolved once here by the daemon's own planner,
+then ``start`` with that session id and those absolute cycles, each node limited to the
+processes it reported. ``--wait`` then follows every node's copy of the session. Nothing is
+retried behind the operator's back: a node that does not answer is named, left out, and the
+session's result says ``partial``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import click
+
+from profd_client import protocol as P
+from profd_client.ranks import RankSpecError, parse_ranks
+
+from ..daemon import planner
+from ..daemon import schedule as sch
+from ..daemon.refusal import Refused
+from ..ids import new_session_id
+from .cluster import Answer, Node, on_node
+from .errors import CtlError
+from .main import Env
+from .render import steps_text
+
+
+@dataclass
+class ClusterPlan:
+    """What the coordinator resolved: the session, its steps, and who runs it where."""
+
+    session: str
+    job: str
+    cycles: list[sch.Cycle]
+    #: Each node's planned processes (its own rows, ``host`` as the client sent it).
+    targets: dict[Node, list[dict[str, Any]]]
+    #: Nodes left out, with why (no answer, or a refusal).
+    left_out: dict[str, str] = field(default_factory=dict)
+    missing_ranks: list[int] = field(default_factory=list)
+
+
+def plan_cluster(spec: dict[str, Any], answers: list[Answer]) -> ClusterPlan:
+    """The plan from every node's ``probe`` answer (pure but for the session id and clock)."""
+    found: list[tuple[Node, dict[str, Any], float]] = []
+    left_out: dict[str, str] = {}
+    for a in answers:
+        if a.ok:
+            found += [(a.node, c, a.received_at) for c in a.data["candidates"]]
+        elif a.error is not None:
+            # The same request fails the same way everywhere (a bad spec, a permission):
+            # one line, as on one node.
+            raise a.error
+        else:
+            left_out[a.node.address] = a.why
+    if not found:
+        raise CtlError("no attached process matches on any answering node", code="no_match")
+    jobs = sorted({c["job"] for _, c, _ in found})
+    if len(jobs) > 1:
+        raise CtlError(
+            f"selector matches several jobs ({', '.join(jobs)}): add --job", code="no_match"
+        )
+    states = [
+        planner.TargetState(
+            name=f"{c['role']} rank {c['rank']} (pid {c['pid']} on {node.address})",
+            step=c["step"],
+            sps=c["sps"],
+            step_at=received - c["age_s"],
+            busy_until=c["busy_until"],
+            attaching=c["attaching"],
+        )
+        for node, c, received in found
+    ]
+    try:
+        sched = sch.parse(spec)
+        cycles = planner.plan(
+            sched, states, time.monotonic(), spec.get("backend") or P.DEFAULT_BACKEND
+        )
+    except Refused as exc:
+        raise CtlError(str(exc), code=exc.code) from None
+    except sch.ScheduleError as exc:
+        raise CtlError(str(exc), code="bad_request") from None
+    targets: dict[Node, list[dict[str, Any]]] = {}
+    for node, c, _ in found:
+        targets.setdefault(node, []).append(c)
+    return ClusterPlan(
+        session=new_session_id(),
+        job=jobs[0],
+        cycles=cycles,
+        targets=targets,
+        left_out=left_out,
+        missing_ranks=_missing_ranks(spec, [c["rank"] for _, c, _ in found]),
+    )
+
+
+def _missing_ranks(spec: dict[str, Any], found: list[int]) -> list[int]:
+    """Ranks named by ``--ranks`` that no answering node has (a down node's, say)."""
+    raw = spec.get("ranks")
+    if raw is None:
+        return []
+    try:
+        wanted = parse_ranks(str(raw))
+    except RankSpecError:
+        return []  # the daemons refused it already
+    return sorted(wanted - set(found)) if wanted is not None else []
+
+
+def start_everywhere(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
+    """Probe, plan, start; the ``start`` reply of a cluster session (``--json`` shape: the
+    single-node one plus ``nodes``, ``missing_ranks`` and ``host`` on every target)."""
+    probe = env.gather(P.C_START, spec={**spec, "probe": True})
+    p = plan_cluster(spec, probe.answers)
+    cycles = [list(c) for c in p.cycles]
+
+    def node_spec(node: Node) -> dict[str, Any]:
+        pids = sorted(c["pid"] for c in p.targets[node])
+        return {"spec": {**spec, "session": p.session, "cycles": cycles, "pids": pids}}
+
+    started = env.gather(P.C_START, nodes=list(p.targets), each=node_spec)
+    nodes: list[dict[str, Any]] = []
+    targets: list[dict[str, Any]] = []
+    for a in started.answers:
+        row: dict[str, Any] = {"address": a.node.address, "state": "started", "error": None}
+        if a.ok:
+            mine = [on_node(dict(t), a.node) for t in a.data["targets"]]
+            targets += mine
+            row["host"] = mine[0]["host"] if mine else None
+        else:
+            row["state"] = "not started"
+            row["error"] = str(a.error) if a.error is not None else a.why
+        row["host"] = row.get("host") or a.node.address
+        nodes.append(row)
+    for address, why in p.left_out.items():
+        nodes.append({"address": address, "host": address, "state": "no answer", "error": why})
+    if not targets:
+        raise CtlError("no node started the session: " + "; ".join(str(n["error"]) for n in nodes))
+    return {
+        "session": p.session,
+        "job": p.job,
+        "steps": sch.steps_of(p.cycles),
+        "cycles": cycles,
+        "state": "pending",
+        "targets": targets,
+        "nodes": nodes,
+        "missing_ranks": p.missing_ranks,
+    }
+
+
+def follow_everywhere(env: Env, res: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Poll every started node's copy of the session until each has ended; the result is
+    ``done`` only if every node and every asked-for rank is, ``partial`` naming what is
+    missing, else ``failed`` (``cancelled`` if every node cancelled)."""
+    from .cluster import fan_out, load_keys
+
+    started = {n["address"] for n in res["nodes"] if n["state"] == "started"}
+    nodes = [n for n in env.nodes if n.address in started]
+    keys = load_keys(env.key_file, env.server_key_file)
+    deadline = time.monotonic() + timeout if timeout else None
+    silent: dict[str, int] = {}
+    last: dict[str, dict[str, Any]] = {}
+    line = ""
+    while True:
+        for a in fan_out(nodes, P.C_SHOW, {"session": res["session"]}, keys, env.node_timeout):
+            if a.ok:
+                last[a.node.address] = a.data
+                silent.pop(a.node.address, None)
+            else:
+                silent[a.node.address] = silent.get(a.node.address, 0) + 1
+        # A node that stops answering three polls in a row is lost (its daemon died).
+        lost = sorted(addr for addr, n in silent.items() if n >= 3)
+        states = {addr: s["state"] for addr, s in last.items()}
+        now_line = " ".join(f"{addr}={st}" for addr, st in sorted(states.items()))
+        if now_line != line:
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {now_line}", err=True)
+            line = now_line
+        pending = [
+            n.address
+            for n in nodes
+            if n.address not in lost and states.get(n.address) not in P.SESSION_TERMINAL
+        ]
+        if not pending:
+            return _final(res, last, lost)
+        if deadline is not None and time.monotonic() > deadline:
+            raise CtlError(
+                f"timed out waiting for session {res['session']} on {', '.join(pending)}"
+            )
+        time.sleep(0.3)
+
+
+def _final(res: dict[str, Any], last: dict[str, dict[str, Any]], lost: list[str]) -> dict[str, Any]:
+    node_by_addr = {n["address"]: n for n in res["nodes"]}
+    targets = []
+    for addr, s in last.items():
+        node = next(n for n in _nodes_of(res) if n.address == addr)
+        targets += [on_node(dict(t), node) for t in s["targets"]]
+        node_by_addr[addr].update(state=s["state"], error=s.get("error"))
+    for addr in lost:
+        node_by_addr[addr].update(state="no answer", error=f"{addr} stopped answering")
+    states = [s["state"] for s in last.values()]
+    missing = [n for n in node_by_addr.values() if n["state"] in ("no answer", "not started")]
+    done = [st for st in states if st in ("done", "partial")]
+    if states and all(st == "done" for st in states) and not missing and not res["missing_ranks"]:
+        state = "done"
+    elif done:
+        state = "partial"
+    elif states and all(st == "cancelled" for st in states):
+        state = "cancelled"
+    else:
+        state = "failed"
+    why = [f"{n['host']}: {n['error']}" for n in missing]
+    if res["missing_ranks"]:
+        why.append(f"ranks {','.join(map(str, res['missing_ranks']))} not found on any node")
+    return {
+        "id": res["session"],
+        "session": res["session"],
+        "job": res["job"],
+        "state": state,
+        "steps": res["steps"],
+        "cycles": res["cycles"],
+        "targets": targets,
+        "nodes": list(node_by_addr.values()),
+        "missing_ranks": res["missing_ranks"],
+        "error": "; ".join(why) or None,
+    }
+
+
+def _nodes_of(res: dict[str, Any]) -> list[Node]:
+    from .cluster import parse_node
+
+    return [parse_node(n["address"]) for n in res["nodes"]]
+
+
+def echo_started(res: dict[str, Any]) -> None:
+    """The text form of a cluster start."""
+    hosts = sorted({t["host"] for t in res["targets"]})
+    click.echo(f"session {res['session']}  job {res['job']}  on {len(hosts)} node(s)")
+    click.echo(f"steps   {steps_text(res['steps'])}  ({len(res['cycles'])} cycle(s))")
+    by_host: dict[str, list[str]] = {}
+    for t in res["targets"]:
+        by_host.setdefault(t["host"], []).append(f"{t['role']}:{t['rank']}")
+    for host in hosts:
+        click.echo(f"targets {host}: {', '.join(by_host[host])}")
+    for n in res["nodes"]:
+        if n["state"] != "started":
+            click.echo(f"profctl: {n['host']} left out ({n['state']}): {n['error']}", err=True)
+    if res["missing_ranks"]:
+        ranks = ",".join(map(str, res["missing_ranks"]))
+        click.echo(f"profctl: ranks {ranks} are on no answering node", err=True)

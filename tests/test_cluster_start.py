@@ -1,0 +1,142 @@
+"""``profctl --cluster start`` with a real two-node torchrun job (issue 12 item 5).
+
+Two torchrun agents (``--nnodes 2``, c10d rendezvous on 127.0.0.1) of one job, each node's
+two ranks attached to a different daemon; profctl plans once for all four ranks and arms
+both nodes with one session id and the same absolute steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clusters import Cluster, free_port
+from daemonproc import BIN, wait_for
+from harness import JOBS, Daemon, step_markers
+
+pytestmark = pytest.mark.slow
+
+WAIT = 120.0
+
+
+@pytest.fixture
+def two_nodes(cluster: Cluster, tmp_path: Path) -> Iterator[list[tuple[Daemon, str]]]:
+    """node-a and node-b, each with one torchrun agent (2 ranks) of job ``twonode``."""
+    port = free_port()
+    agents = []
+    for k, name in enumerate(("node-a", "node-b")):
+        d, _ = cluster.add(name, heartbeat=0.5)
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("PROFD_")},
+            "PROFD_RUNTIME_DIR": str(d.runtime_dir),
+            "PROFD_HEARTBEAT": "0.5",
+            "OMP_NUM_THREADS": "1",
+            "PYTHONUNBUFFERED": "1",
+            "STEPS": "1000000",
+            "STEP_SLEEP": "0.05",
+        }
+        log = (tmp_path / f"agent{k}.log").open("w")
+        agents.append(
+            subprocess.Popen(
+                [
+                    str(BIN / "torchrun"),
+                    "--nnodes=2",
+                    f"--node-rank={k}",
+                    "--nproc-per-node=2",
+                    "--rdzv-backend=c10d",
+                    f"--rdzv-endpoint=127.0.0.1:{port}",
+                    "--rdzv-id=twonode",
+                    str(JOBS / "train.py"),
+                ],
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        )
+    try:
+        yield cluster.nodes
+    finally:
+        for a in agents:
+            try:
+                os.killpg(a.pid, 9)
+            except ProcessLookupError:
+                pass
+            a.wait()
+
+
+def stepping(cluster: Cluster) -> list[dict[str, Any]]:
+    def ready() -> list[dict[str, Any]] | None:
+        r = cluster.ctl("ps", "--json")
+        rows = json.loads(r.stdout) if r.returncode == 0 else []
+        return rows if len(rows) == 4 and all(x["steps_per_s"] > 0 for x in rows) else None
+
+    rows: list[dict[str, Any]] = wait_for(ready, WAIT, "4 ranks stepping on 2 nodes", every=0.3)
+    return rows
+
+
+def traces(cluster: Cluster, sid: str) -> dict[int, dict[str, Any]]:
+    return {r["rank"]: r for r in cluster.json("traces", "--session", sid)}
+
+
+def test_one_plan_arms_ranks_on_two_nodes_with_the_same_steps(
+    cluster: Cluster, two_nodes: list[tuple[Daemon, str]]
+) -> None:
+    rows = stepping(cluster)
+    node_of = {r["rank"]: r["host"] for r in rows}
+    assert sorted(node_of) == [0, 1, 2, 3]
+    assert set(node_of.values()) == {"node-a", "node-b"}
+    assert node_of[1] != node_of[2], node_of  # c10d puts ranks 0,1 and 2,3 on one agent each
+    assert len({r["job"] for r in rows}) == 1, rows
+
+    # Explicit steps on ranks that live on different nodes.
+    first = max(r["step"] for r in rows) + 60
+    r = cluster.ctl(
+        "start", "--ranks", "1,2", "--steps", f"{first}:{first + 2}", "--wait",
+        "--timeout", str(WAIT), "--json",
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["state"] == "done", res
+    got = traces(cluster, res["session"])
+    assert sorted(got) == [1, 2] and got[1]["host"] != got[2]["host"], got
+    for rank in (1, 2):
+        assert step_markers(Path(got[rank]["path"])) == [first, first + 1], rank
+
+    # --next: the first step every rank on every node can make, the same on all four.
+    r = cluster.ctl("start", "--next", "--wait", "--timeout", str(WAIT), "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["state"] == "done", res
+    got = traces(cluster, res["session"])
+    assert sorted(got) == [0, 1, 2, 3], got
+    assert {tuple(step_markers(Path(t["path"]))) for t in got.values()} == {tuple(res["steps"])}
+    # One session id on both nodes.
+    assert {n["host"] for n in cluster.json("show", res["session"])["nodes"]} == {
+        "node-a",
+        "node-b",
+    }
+
+
+def test_a_node_that_is_down_is_named_and_the_session_is_partial(
+    cluster: Cluster, two_nodes: list[tuple[Daemon, str]]
+) -> None:
+    stepping(cluster)
+    down = f"127.0.0.1:{free_port()}"  # nothing listens there
+    nodes = [a for _, a in two_nodes] + [down]
+    r = cluster.ctl(
+        "--node-timeout", "2", "start", "--next", "--wait", "--timeout", str(WAIT), "--json",
+        nodes=nodes,
+    )  # fmt: skip
+    assert r.returncode == 1, r.stderr
+    res = json.loads(r.stdout)
+    assert res["state"] == "partial", res
+    assert down in res["final"]["error"], res
+    [left] = [n for n in res["final"]["nodes"] if n["address"] == down]
+    assert left["state"] == "no answer", left
+    assert sorted(t["rank"] for t in res["final"]["targets"]) == [0, 1, 2, 3]
