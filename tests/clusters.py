@@ -41,9 +41,17 @@ class Cluster:
     def keys(self) -> Path:
         return self.base / "keys"
 
-    def add(self, name: str, heartbeat: float = 60, **cluster: str) -> tuple[Daemon, str]:
+    def add(
+        self,
+        name: str,
+        heartbeat: float = 60,
+        config: str = "",
+        env: dict[str, str] | None = None,
+        **cluster: str,
+    ) -> tuple[Daemon, str]:
         """A daemon named ``name`` listening on a free port; ``heartbeat``: its interval
-        (long by default: raw peers send none, and must stay listed for the whole test)."""
+        (long by default: raw peers send none, and must stay listed for the whole test);
+        ``config``: more TOML tables (``[s3]``), ``env``: more environment."""
         port = free_port()
         table = {
             "listen": f"tcp://127.0.0.1:{port}",
@@ -56,7 +64,7 @@ class Cluster:
             f"heartbeat_interval = {heartbeat}\n[cluster]\n"
             + "".join(f'{k} = "{v}"\n' for k, v in table.items())
         )
-        node = (self.make(config=text), f"127.0.0.1:{port}")
+        node = (self.make(config=text + config, **(env or {})), f"127.0.0.1:{port}")
         self.nodes.append(node)
         return node
 

@@ -18,20 +18,24 @@ import pytest
 from clusters import Cluster, free_port
 from daemonproc import BIN, wait_for
 from harness import JOBS, Daemon, step_markers
+from s3fixtures import MotoServer, moto_server
+from test_s3 import PREFIX, URL, s3_config
 
 pytestmark = pytest.mark.slow
+__all__ = ["moto_server"]  # the fixture, imported so pytest finds it
 
 WAIT = 120.0
 
 
-@pytest.fixture
-def two_nodes(cluster: Cluster, tmp_path: Path) -> Iterator[list[tuple[Daemon, str]]]:
+def launch_two_nodes(
+    cluster: Cluster, logs: Path, config: str = "", env: dict[str, str] | None = None
+) -> list[subprocess.Popen[bytes]]:
     """node-a and node-b, each with one torchrun agent (2 ranks) of job ``twonode``."""
     port = free_port()
     agents = []
     for k, name in enumerate(("node-a", "node-b")):
-        d, _ = cluster.add(name, heartbeat=0.5)
-        env = {
+        d, _ = cluster.add(name, heartbeat=0.5, config=config, env=env)
+        job_env = {
             **{k: v for k, v in os.environ.items() if not k.startswith("PROFD_")},
             "PROFD_RUNTIME_DIR": str(d.runtime_dir),
             "PROFD_HEARTBEAT": "0.5",
@@ -40,7 +44,7 @@ def two_nodes(cluster: Cluster, tmp_path: Path) -> Iterator[list[tuple[Daemon, s
             "STEPS": "1000000",
             "STEP_SLEEP": "0.05",
         }
-        log = (tmp_path / f"agent{k}.log").open("w")
+        log = (logs / f"agent{k}.log").open("w")
         agents.append(
             subprocess.Popen(
                 [
@@ -53,21 +57,31 @@ def two_nodes(cluster: Cluster, tmp_path: Path) -> Iterator[list[tuple[Daemon, s
                     "--rdzv-id=twonode",
                     str(JOBS / "train.py"),
                 ],
-                env=env,
+                env=job_env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         )
+    return agents
+
+
+def stop_agents(agents: list[subprocess.Popen[bytes]]) -> None:
+    for a in agents:
+        try:
+            os.killpg(a.pid, 9)
+        except ProcessLookupError:
+            pass
+        a.wait()
+
+
+@pytest.fixture
+def two_nodes(cluster: Cluster, tmp_path: Path) -> Iterator[list[tuple[Daemon, str]]]:
+    agents = launch_two_nodes(cluster, tmp_path)
     try:
         yield cluster.nodes
     finally:
-        for a in agents:
-            try:
-                os.killpg(a.pid, 9)
-            except ProcessLookupError:
-                pass
-            a.wait()
+        stop_agents(agents)
 
 
 def stepping(cluster: Cluster) -> list[dict[str, Any]]:
@@ -140,3 +154,58 @@ def test_a_node_that_is_down_is_named_and_the_session_is_partial(
     [left] = [n for n in res["final"]["nodes"] if n["address"] == down]
     assert left["state"] == "no answer", left
     assert sorted(t["rank"] for t in res["final"]["targets"]) == [0, 1, 2, 3]
+
+
+def test_a_two_node_session_is_one_s3_directory_that_pulls_and_loads_as_one(
+    cluster: Cluster, tmp_path: Path, moto_server: MotoServer
+) -> None:
+    agents = launch_two_nodes(cluster, tmp_path, config=s3_config(), env=moto_server.env())
+    try:
+        stepping(cluster)
+        r = cluster.ctl("start", "--next", "--wait", "--timeout", str(WAIT), "--json")
+        assert r.returncode == 0, r.stderr
+        res = json.loads(r.stdout)
+        assert res["state"] == "done", res
+    finally:
+        stop_agents(agents)
+    sid, job = res["session"], res["job"]
+    base = f"{PREFIX}/{job}/{sid}/"
+
+    def complete() -> dict[str, int] | None:
+        objs = moto_server.objects(base)
+        names = {k[len(base) :] for k in objs}
+        want = {"session.node-a.json", "session.node-b.json"}
+        return (
+            objs if want <= names and len([n for n in names if n.startswith("c0/")]) >= 4 else None
+        )
+
+    objs = wait_for(complete, WAIT, "both nodes' uploads", every=0.5)
+    names = sorted(k[len(base) :] for k in objs)
+    # One directory: every rank's trace in c0, one manifest per node, none overwritten.
+    assert "session.json" not in names, names
+    assert {n for n in names if n.startswith("c0/") and n.endswith(".pt.trace.json.gz")} == {
+        f"c0/main-r{r}.pt.trace.json.gz" for r in range(4)
+    }
+    nodes = {
+        json.loads(moto_server.get(base + n))["node"] for n in names if n.startswith("session.")
+    }
+    assert nodes == {"node-a", "node-b"}
+
+    # Read as one from S3 alone: no daemon involved.
+    env = {**moto_server.env(), "PROFD_CLUSTER": ""}
+    rows = cluster.json("traces", "--s3", URL, "--session", sid, nodes=[], **env)
+    assert sorted(r["rank"] for r in rows) == [0, 1, 2, 3], rows
+    out = tmp_path / "pulled"
+    r = cluster.ctl("pull", sid, "--s3", URL, "-o", str(out), nodes=[], **env)
+    assert r.returncode == 0, r.stderr
+    cycle = out / sid / "c0"
+    assert sorted(p.name for p in cycle.glob("*.pt.trace.json.gz")) == [
+        f"main-r{r}.pt.trace.json.gz" for r in range(4)
+    ]
+    assert (out / sid / "session.node-a.json").is_file()
+    assert (out / sid / "session.node-b.json").is_file()
+
+    from hta.trace_analysis import TraceAnalysis
+
+    analyzer = TraceAnalysis(trace_dir=str(cycle))
+    assert sorted(analyzer.t.traces) == [0, 1, 2, 3]

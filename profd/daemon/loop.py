@@ -22,6 +22,7 @@ from profd_client import protocol as P
 
 from .. import __version__, fsutil
 from ..config import Config
+from ..store import layout
 from ..store.index import Index
 from . import faults, runtime
 from .agents import AgentHandler, Welcome, job_of
@@ -76,8 +77,8 @@ class Daemon:
         self.index = Index(cfg.index_path)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.registry = Registry()
-        self.sessions = Sessions(self.index, spool, perms)
-        self.results = Results(self.sessions, self.index, spool, self.uploads)
+        self.sessions = Sessions(self.index, spool, perms, host)
+        self.results = Results(self.sessions, self.index, spool, self.uploads, host)
         self.captures = Captures(
             spool,
             self.reactor,
@@ -355,7 +356,9 @@ class Daemon:
     def write_manifests(self) -> None:
         """Write and index owed ``session.json`` files; what fails waits for the next tick."""
         exc = self.sessions.write_manifests(
-            lambda s, path: self.results.session_manifest(s.id, s.job, path)
+            lambda s, path: self.results.session_manifest(
+                s.id, s.job, path, layout.is_cluster_session(s.request)
+            )
         )
         if exc is None:
             self.storage.ok("spool")

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from ..pipeline.process import ProcessedTrace
+from ..store import layout
 from ..store.index import Index
 from .captures import Job
 from .sessions import Sessions
@@ -21,8 +22,14 @@ class UploadQueue(Protocol):
 
 class Results:
     def __init__(
-        self, sessions: Sessions, index: Index, spool: Path, uploads: UploadQueue | None
+        self,
+        sessions: Sessions,
+        index: Index,
+        spool: Path,
+        uploads: UploadQueue | None,
+        node: str,
     ) -> None:
+        self.node = node
         self.sessions = sessions
         self.index = index
         self.spool = spool
@@ -132,15 +139,19 @@ class Results:
             files,
         )
 
-    def session_manifest(self, session: str, job: str, manifest: Path) -> None:
-        """Index a finished session's ``session.json`` (the last file uploaded)."""
+    def session_manifest(self, session: str, job: str, manifest: Path, cluster: bool) -> None:
+        """Index a finished session's ``session.json`` (the last file uploaded); a cluster
+        session's goes to S3 under this node's name, beside the other nodes'."""
+        rel = self._rel(str(manifest))
+        if cluster:
+            rel = str(Path(rel).with_name(layout.manifest_name(self.node)))
         self.index.add_file(
             {
                 "session": session,
                 "job": job,
                 "kind": "session",
                 "path": str(manifest),
-                "rel": self._rel(str(manifest)),
+                "rel": rel,
                 "bytes": manifest.stat().st_size,
                 "upload_state": self.upload_state,
             }

@@ -230,9 +230,10 @@ class Session:
         d["targets"] = [t.stored(self.id) for t in self.targets.values()]
         return d
 
-    def manifest(self) -> dict[str, Any]:
-        """``session.json``: request, resolved steps and per-rank results."""
+    def manifest(self, node: str) -> dict[str, Any]:
+        """``session.json``: request, resolved steps and per-rank results, from ``node``."""
         d = self.summary()
+        d["node"] = node
         d["finished_at"] = time.time()
         return d
 
@@ -245,7 +246,8 @@ class Sessions:
     A 1024-rank session thus costs one commit per burst of acks, not one per ack.
     """
 
-    def __init__(self, index: Index, spool: Path, perms: SpoolPerms) -> None:
+    def __init__(self, index: Index, spool: Path, perms: SpoolPerms, node: str) -> None:
+        self.node = node  # this daemon's node name, in every manifest it writes
         self.index = index
         self.spool = spool
         self.perms = perms
@@ -411,7 +413,9 @@ class Sessions:
         with made_dir(self.spool, [self.perms.shared(s.job), self.perms.final(s.id)]):
             pass
         path = self.spool / s.job / s.id / "session.json"
-        atomic_write(path, json.dumps(s.manifest(), indent=2, sort_keys=True), self.perms.file_mode)
+        atomic_write(
+            path, json.dumps(s.manifest(self.node), indent=2, sort_keys=True), self.perms.file_mode
+        )
         if s.owner is not None and os.geteuid() == 0:
             # Its processes' user reads it (and pull copies it); others do not.
             os.chown(path, s.owner, self.perms.group if self.perms.group is not None else -1)

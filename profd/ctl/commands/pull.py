@@ -9,7 +9,6 @@ HTA and TensorBoard open ``DIR/{session}/c0`` directly.
 from __future__ import annotations
 
 import contextlib
-import re
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ import click
 from profd_client import protocol as P
 
 from ... import fsutil
-from ...store import s3
+from ...store import layout, s3
 from ..errors import CtlError, NoDaemon
 from ..main import Env, command
 from ..render import emit_json, size
@@ -119,13 +118,16 @@ def plan_from_cluster(env: Env, session: str) -> Plan:
                 )
         if not node_items:
             continue
-        manifest = spool / s["job"] / sid / "session.json"
-        dest = f"{sid}/session.{_safe(name)}.json"
+        manifest = spool / s["job"] / sid / layout.MANIFEST
+        dest = f"{sid}/{layout.manifest_name(name)}"
         if mine and manifest.exists():
             node_items.append(Item(dest, None, manifest, None))
         elif node_s3:
             bucket, prefix = s3.split_url(node_s3)
-            key = s3.join_key(prefix, f"{s['job']}/{sid}/session.json")
+            # In S3 a cluster session's manifests carry the node's name already.
+            cluster = layout.is_cluster_session(s.get("request") or {})
+            in_s3 = layout.manifest_name(name if cluster else None)
+            key = s3.join_key(prefix, f"{s['job']}/{sid}/{in_s3}")
             node_items.append(Item(dest, None, None, s3.uri(bucket, key)))
         for it in node_items:
             if it.dest in origin:
@@ -133,10 +135,6 @@ def plan_from_cluster(env: Env, session: str) -> Plan:
             origin[it.dest] = name
         items += node_items
     return Plan(sid, s["job"], items, s3_url)
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]", "_", name)
 
 
 def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
@@ -147,7 +145,7 @@ def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
         for job in child_dirs(client, bucket, base):
             for sid in child_dirs(client, bucket, f"{base}{job}/{session}"):
                 hits.append((job, sid))
-        complete = [h for h in hits if _exists(client, bucket, f"{base}{h[0]}/{h[1]}/session.json")]
+        complete = [h for h in hits if _has_manifest(client, bucket, f"{base}{h[0]}/{h[1]}/")]
         if len(complete) > 1 and session in {sid for _, sid in complete}:
             complete = [h for h in complete if h[1] == session]
         if not complete:
@@ -177,6 +175,14 @@ def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
     except Exception as exc:
         raise s3_error(exc) from None
     return Plan(sid, job, items, s3_url)
+
+
+def _has_manifest(client: Any, bucket: str, session_dir: str) -> bool:
+    """``session.json`` is there, or (a cluster session) some node's ``session.{node}.json``."""
+    if _exists(client, bucket, session_dir + layout.MANIFEST):
+        return True
+    listed = client.list_objects_v2(Bucket=bucket, Prefix=session_dir + "session.", Delimiter="/")
+    return any(layout.is_manifest(o["Key"][len(session_dir) :]) for o in listed.get("Contents", []))
 
 
 def _exists(client: Any, bucket: str, key: str) -> bool:

@@ -1,4 +1,4 @@
-"""``profctl traces --s3``: list captures straight from the ``session.json`` manifests in S3.
+"""``profctl traces --s3``: list captures straight from the session manifests in S3.
 
 No daemon and no SQLite index needed, so any node (or a laptop with credentials) sees the
 whole cluster's captures. A session is listed only once its ``session.json`` is in S3, which
@@ -19,7 +19,7 @@ import click
 
 from ... import globs
 from ...config import ConfigError, S3Config, load
-from ...store import s3
+from ...store import layout, s3
 from ..errors import CtlError
 
 #: Sessions whose id says they started this long before ``--since`` are not even fetched.
@@ -93,11 +93,28 @@ def find_sessions(
     return out
 
 
-def read_manifest(client: Any, bucket: str, prefix: str, job: str, sid: str) -> Any:
-    """The session's ``session.json``, or None while the session is not complete in S3."""
+def read_manifests(client: Any, bucket: str, prefix: str, job: str, sid: str) -> list[Any]:
+    """The session's manifests: its ``session.json``, or for a cluster session each node's
+    ``session.{node}.json``; empty while the session is not complete in S3."""
+    one = _get_json(client, bucket, s3.join_key(prefix, f"{job}/{sid}/{layout.MANIFEST}"))
+    if one is not None:
+        return [one]
+    # Only a cluster session lacks session.json: one listing finds every node's manifest.
+    base = s3.join_key(prefix, f"{job}/{sid}/")
+    keys = [
+        obj["Key"]
+        for page in client.get_paginator("list_objects_v2").paginate(
+            Bucket=bucket, Prefix=base + "session.", Delimiter="/"
+        )
+        for obj in page.get("Contents", [])
+        if layout.is_manifest(obj["Key"][len(base) :])
+    ]
+    return [m for k in sorted(keys) if (m := _get_json(client, bucket, k)) is not None]
+
+
+def _get_json(client: Any, bucket: str, key: str) -> Any:
     from botocore.exceptions import ClientError
 
-    key = s3.join_key(prefix, f"{job}/{sid}/session.json")
     try:
         body = client.get_object(Bucket=bucket, Key=key)["Body"].read()
     except ClientError as exc:
@@ -142,6 +159,7 @@ def manifest_rows(m: dict[str, Any], bucket: str, prefix: str) -> list[dict[str,
                     "session": m["id"],
                     "job": m["job"],
                     "host": t["host"],
+                    "node": m.get("node"),
                     "pid": t["pid"],
                     "role": t["role"],
                     "rank": t["rank"],
@@ -208,13 +226,13 @@ def list_from_s3(
                     batch = [p for p in batch if could_rank(p[1], cutoff)]
                 if not batch:
                     break  # the rest are older still
-                for m in pool.map(lambda p: read_manifest(client, bucket, prefix, *p), batch):
-                    if m:
-                        rows.extend(
-                            r
-                            for r in manifest_rows(m, bucket, prefix)
-                            if keep(r, rank=rank, role=role, host=host, since=since)
-                        )
+                for ms in pool.map(lambda p: read_manifests(client, bucket, prefix, *p), batch):
+                    rows.extend(
+                        r
+                        for m in ms
+                        for r in manifest_rows(m, bucket, prefix)
+                        if keep(r, rank=rank, role=role, host=host, since=since)
+                    )
     except CtlError:
         raise
     except Exception as exc:
