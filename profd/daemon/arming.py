@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
@@ -23,9 +23,15 @@ class Homes(Protocol):
 
     def incoming_dir(self, job: str, session: str) -> Path: ...
 
+    def home(self, job: str, session: str, revision: int, host: str, pid: int) -> Path: ...
+
     def make_home(
         self, job: str, session: str, revision: int, host: str, pid: int, uid: int, gid: int
-    ) -> Path: ...
+    ) -> None: ...
+
+    def make_homes(
+        self, job: str, session: str, revision: int, procs: Iterable[tuple[str, int, int, int]]
+    ) -> None: ...
 
 
 class Arms:
@@ -36,17 +42,24 @@ class Arms:
         # start encodes it once per protocol version, not 1024 times.
         self._frames: dict[tuple[str, int, int], bytes] = {}
 
+    def prepare(self, s: Session, clients: Iterable[Client]) -> None:
+        """Make the incoming dirs of many processes about to be armed, in one walk."""
+        self._homes.make_homes(
+            s.job, s.id, s.revision, [(c.host, c.pid, c.uid, c.gid) for c in clients]
+        )
+
     def arm(self, s: Session, c: Client) -> None:
         try:
-            home = self._homes.make_home(s.job, s.id, s.revision, c.host, c.pid, c.uid, c.gid)
+            self._homes.make_home(s.job, s.id, s.revision, c.host, c.pid, c.uid, c.gid)
+            made = True
         except (OSError, UnsafeFile) as exc:
             # Armed all the same: its capture then fails writing and says why, per rank.
             log.error("session %s: no incoming dir for pid %s: %s", s.id, c.pid, exc)
-            home = None
-        if c.version < 2 and home is not None:
+            made = False
+        if c.version < 2 and made:
             # Protocol 1 writes straight into the arm's dir: this process gets its own.
             fields = s.arm_fields(self._homes.incoming_dir(s.job, s.id))
-            fields["incoming"] = str(home)
+            fields["incoming"] = str(self._homes.home(s.job, s.id, s.revision, c.host, c.pid))
             self._send(c.ident, P.encode(P.ARM, v=c.version, **fields))
             return
         key = (s.id, s.revision, c.version)

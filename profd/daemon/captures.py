@@ -25,7 +25,7 @@ import stat
 import sys
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import asdict, dataclass, replace
 from functools import partial
@@ -238,19 +238,41 @@ class Captures:
 
     def make_home(
         self, job: str, session: str, revision: int, host: str, pid: int, uid: int, gid: int
-    ) -> Path:
+    ) -> None:
         """Create the process's own directory (its uid's, mode 0700) before it is armed."""
         name = P.target_dir(host, pid)
-        key = (session, revision, name)
-        if key not in self._homes:
-            root = os.geteuid() == 0
-            own = DirSpec(name, 0o700, uid if root else -1, gid if root else -1)
+        if (session, revision, name) not in self._homes:
             with clientfiles.made_dir(
-                self.spool, [*self._incoming_levels(job, session, revision), own]
+                self.spool,
+                [*self._incoming_levels(job, session, revision), self._own(name, uid, gid)],
             ):
                 pass
-            self._homes.add(key)
-        return self.home(job, session, revision, host, pid)
+            self._homes.add((session, revision, name))
+
+    def make_homes(
+        self, job: str, session: str, revision: int, procs: Iterable[tuple[str, int, int, int]]
+    ) -> None:
+        """:meth:`make_home` for many processes (host, pid, uid, gid) in one walk of the
+        shared levels. Best effort: one that fails here is tried alone when it is armed."""
+        todo = [
+            self._own(name, uid, gid)
+            for host, pid, uid, gid in procs
+            if (session, revision, name := P.target_dir(host, pid)) not in self._homes
+        ]
+        if not todo:
+            return
+        try:
+            made = clientfiles.make_children(
+                self.spool, self._incoming_levels(job, session, revision), todo
+            )
+        except (OSError, clientfiles.UnsafeFile):
+            return
+        self._homes.update((session, revision, name) for name in made)
+
+    @staticmethod
+    def _own(name: str, uid: int, gid: int) -> DirSpec:
+        root = os.geteuid() == 0
+        return DirSpec(name, 0o700, uid if root else -1, gid if root else -1)
 
     def own_files(
         self, job: str, session: str, revision: int, host: str, pid: int, cycle: int, stem: str

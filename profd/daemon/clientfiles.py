@@ -19,7 +19,7 @@ import errno
 import os
 import shutil
 import stat
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -83,27 +83,52 @@ def made_dir(root: Path, levels: Sequence[DirSpec]) -> Iterator[int]:
     fd = _open_dir(None, "", root)
     try:
         for lv in levels:
-            name = _component(lv.name)
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(name, 0o700, dir_fd=fd)
-            nxt = _open_dir(fd, name, root)
+            nxt = _made_level(fd, lv, root)
             os.close(fd)
             fd = nxt
-            st = os.fstat(fd)
-            want_uid = os.geteuid() if lv.uid < 0 else lv.uid
-            if st.st_uid != want_uid:
-                if st.st_uid != os.geteuid():
-                    # Made by someone else: its contents are not ours to hand over.
-                    raise UnsafeFile(f"{lv.name!r} belongs to uid {st.st_uid}, not {want_uid}")
-                os.fchown(fd, want_uid, -1)
-            if lv.gid >= 0 and st.st_gid != lv.gid:
-                with contextlib.suppress(PermissionError):  # not a member: keep our group
-                    os.fchown(fd, -1, lv.gid)
-            if stat.S_IMODE(st.st_mode) != lv.mode:
-                os.fchmod(fd, lv.mode)
         yield fd
     finally:
         os.close(fd)
+
+
+def make_children(root: Path, levels: Sequence[DirSpec], children: Iterable[DirSpec]) -> list[str]:
+    """:func:`made_dir` for ``levels``, then each of ``children`` in it: the shared levels
+    are walked once for all of them (a start arms a thousand processes). The names made; a
+    child that cannot be made is left out (its caller tries it alone, and says why)."""
+    made = []
+    with made_dir(root, levels) as parent:
+        for child in children:
+            try:
+                os.close(_made_level(parent, child, root))
+            except (OSError, UnsafeFile):
+                continue
+            made.append(child.name)
+    return made
+
+
+def _made_level(fd: int, lv: DirSpec, root: Path) -> int:
+    """The descriptor of ``lv`` in ``fd``, made if missing, with its mode and owner."""
+    name = _component(lv.name)
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=fd)
+    nxt = _open_dir(fd, name, root)
+    try:
+        st = os.fstat(nxt)
+        want_uid = os.geteuid() if lv.uid < 0 else lv.uid
+        if st.st_uid != want_uid:
+            if st.st_uid != os.geteuid():
+                # Made by someone else: its contents are not ours to hand over.
+                raise UnsafeFile(f"{lv.name!r} belongs to uid {st.st_uid}, not {want_uid}")
+            os.fchown(nxt, want_uid, -1)
+        if lv.gid >= 0 and st.st_gid != lv.gid:
+            with contextlib.suppress(PermissionError):  # not a member: keep our group
+                os.fchown(nxt, -1, lv.gid)
+        if stat.S_IMODE(st.st_mode) != lv.mode:
+            os.fchmod(nxt, lv.mode)
+    except BaseException:
+        os.close(nxt)
+        raise
+    return nxt
 
 
 def open_regular(

@@ -142,6 +142,7 @@ class Starter:
             self.nsys.begin(s, targets)
         else:
             # Arm first: the index write happens in the loop's flush, after the reply.
+            self.arms.prepare(s, targets)
             for c in targets:
                 self.arms.arm(s, c)
         log.info(
@@ -253,9 +254,10 @@ class Starter:
             took,
             sch.describe(s.cycles),
         )
-        for x in clients:
-            if s.targets[x.key].awaiting_arm:
-                self.arms.arm(s, x)
+        rearm = [x for x in clients if s.targets[x.key].awaiting_arm]
+        self.arms.prepare(s, rearm)
+        for x in rearm:
+            self.arms.arm(s, x)
 
     def stop(self, session_id: str, keep: bool, by: Requester | None = None) -> Session | None:
         """Disarm every open target; None if no live session has that id."""
