@@ -325,3 +325,100 @@ def trace_bytes(target_bytes: int, **kw: object) -> bytes:
     buf = io.BytesIO()
     write_trace(buf, target_bytes, **kw)  # type: ignore[arg-type]
     return buf.getvalue()
+
+
+def sync_job_events(
+    compute_us: list[list[float]],
+    *,
+    comm_us: float = 500.0,
+    idle_us: float = 100.0,
+    first_step: int = 1,
+    gpu: bool = False,
+    t0_us: float = 1_000_000.0,
+) -> list[list[dict[str, object]]]:
+    """Chrome-trace events of a synchronous data-parallel job, one list per rank.
+
+    ``compute_us[r][k]``: rank ``r``'s compute before the collective in its ``k``-th step.
+    Every step starts on every rank at once, each rank computes (``aten::mm`` in a
+    ``cpu_op``), then all-reduces: on CPU (gloo) a short ``c10d::allreduce_`` on the training
+    thread and a ``gloo:all_reduce`` range on gloo's own thread, which lasts until the last
+    rank has arrived plus ``comm_us``; with ``gpu`` an NCCL kernel of that length instead, after
+    a ``aten::mm`` kernel. ``idle_us`` of nothing follows each step's collective.
+    """
+    ranks = len(compute_us)
+    out: list[list[dict[str, object]]] = [[] for _ in range(ranks)]
+    t = t0_us
+    for k in range(len(compute_us[0])):
+        arrive = [t + 50 + compute_us[r][k] for r in range(ranks)]
+        done = max(arrive) + comm_us
+        end = done + idle_us
+        for r in range(ranks):
+            ev = out[r]
+            main = {"pid": 100 + r, "tid": 100 + r}
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "user_annotation",
+                    "name": f"ProfilerStep#{first_step + k}",
+                    "ts": t,
+                    "dur": end - t,
+                    **main,
+                }
+            )
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "aten::mm",
+                    "ts": t + 50,
+                    "dur": compute_us[r][k],
+                    **main,
+                }
+            )
+            ev.append(
+                {
+                    "ph": "X",
+                    "cat": "cpu_op",
+                    "name": "c10d::allreduce_",
+                    "ts": arrive[r],
+                    "dur": 20.0,
+                    **main,
+                }
+            )
+            if gpu:
+                ev.append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "ampere_sgemm_128x64_nn",
+                        "pid": 0,
+                        "tid": 7,
+                        "ts": t + 60,
+                        "dur": compute_us[r][k] - 20,
+                    }
+                )
+                ev.append(
+                    {
+                        "ph": "X",
+                        "cat": "kernel",
+                        "name": "ncclDevKernel_AllReduce_Sum_f32_RING_LL",
+                        "pid": 0,
+                        "tid": 20,
+                        "ts": arrive[r] + 10,
+                        "dur": done - arrive[r] - 10,
+                    }
+                )
+            else:
+                ev.append(
+                    {
+                        "ph": "X",
+                        "cat": "user_annotation",
+                        "name": "gloo:all_reduce",
+                        "pid": 100 + r,
+                        "tid": 900 + r,
+                        "ts": arrive[r] + 5,
+                        "dur": done - arrive[r] - 5,
+                    }
+                )
+        t = end
+    return out

@@ -91,6 +91,9 @@ class Results:
                     {"kind": f.kind, "path": self._rel(f.path), "bytes": f.bytes} for f in res.files
                 ],
             )
+            # The pipeline's records (per-rank statistics) travel with the result: into the
+            # index's targets and session.json, which is all profctl report reads.
+            result.update(res.records)
         else:
             result["error"] = error
         self.sessions.processed(s, t, result, traced=res is not None, error=error)
@@ -134,6 +137,7 @@ class Results:
                 "step_ms_max": res.step_ms_max,
                 "torch": j.report.get("torch"),
                 "device": j.report.get("device"),
+                "stats": res.records.get("stats"),
                 "created_at": time.time(),
             },
             files,

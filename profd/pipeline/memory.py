@@ -107,6 +107,12 @@ class MemoryEvents:
             series = self._series[dev] = SampleSeries()
         series.append(ts_us, alloc, reserved)
 
+    def peaks(self) -> dict[str, tuple[int, int]]:
+        """Per device, the highest allocated and reserved totals (no sort needed)."""
+        return {
+            dev: (max(s.allocated), max(s.reserved)) for dev, s in self._series.items() if len(s)
+        }
+
     def series(self) -> dict[str, SampleSeries]:
         """Per device, the running totals in time order (empty without ``profile_memory``)."""
         return {dev: s.in_time_order() for dev, s in self._series.items()}

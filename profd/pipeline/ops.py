@@ -10,7 +10,7 @@ resolved.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable, Mapping
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,12 +32,20 @@ class OpStat:
 class _Thread:
     """One thread's CPU events, in trace order."""
 
-    __slots__ = ("dur", "name", "ts")
+    __slots__ = ("_order", "dur", "name", "ts")
 
     def __init__(self) -> None:
         self.ts = array("d")
         self.dur = array("d")
         self.name = array("I")  # index into CpuOps.names
+        self._order: Sequence[int] | None = None
+
+    def order(self) -> Sequence[int]:
+        """Parents before children: earlier start first, and at equal start the longer one
+        (then trace order: the sort is stable). Sorted once for every analysis that sweeps."""
+        if self._order is None or len(self._order) != len(self.ts):
+            self._order = sorted_order(self.ts, self.dur)
+        return self._order
 
 
 class CpuOps:
@@ -46,12 +54,17 @@ class CpuOps:
     def __init__(self) -> None:
         self.ids: dict[str, int] = {}  # name -> id, each distinct name stored once
         self.names: list[str] = []
+        # The category a name was first seen with: kept per name rather than per event, since
+        # a name keeps its category in practice, and it costs nothing per event.
+        self.cats: list[str] = []
         self.threads: dict[Hashable, _Thread] = {}  # (pid, tid) -> columns, first seen first
 
     def __len__(self) -> int:
         return sum(len(t.ts) for t in self.threads.values())
 
-    def add(self, pid: Any, tid: Any, name: str, ts: float, dur: float) -> None:
+    def add(
+        self, pid: Any, tid: Any, name: str, ts: float, dur: float, cat: str = "cpu_op"
+    ) -> None:
         key: Hashable
         try:
             thread = self.threads.get((pid, tid))
@@ -65,6 +78,7 @@ class CpuOps:
         if nid is None:
             nid = self.ids[name] = len(self.names)
             self.names.append(name)
+            self.cats.append(cat)
         thread.ts.append(ts)
         thread.dur.append(dur)
         thread.name.append(nid)
@@ -83,9 +97,7 @@ class CpuOps:
         total_us = [0.0] * len(self.names)
         for thread in self.threads.values():
             ts, dur, nid = thread.ts, thread.dur, thread.name
-            # Parents before children: earlier start first, and at equal start the longer one
-            # (then trace order: the sort is stable).
-            order = sorted_order(ts, dur)
+            order = thread.order()
             children_us = array("d", bytes(8 * len(ts)))
             stack: list[tuple[float, int]] = []  # (end, index)
             for i in order:
@@ -116,15 +128,31 @@ class CpuOps:
 
 
 class GpuOps:
-    """Per-name GPU kernel/memcpy/memset totals (``EventGroups.gpu``), summed as they come."""
+    """Per-name GPU kernel/memcpy/memset totals (``EventGroups.gpu``), summed as they come,
+    and each activity's interval as compact columns (the rank statistics need the device's
+    busy time per step: 20 bytes an activity)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
         self.dur_us: dict[str, float] = {}
+        self.ids: dict[str, int] = {}
+        self.names: list[str] = []
+        self.ts = array("d")
+        self.dur = array("d")
+        self.name = array("I")
 
-    def add(self, name: str, dur: float) -> None:
+    def add(self, name: str, dur: float, ts: float | None = None) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
         self.dur_us[name] = self.dur_us.get(name, 0.0) + dur
+        if ts is None:
+            return
+        nid = self.ids.get(name)
+        if nid is None:
+            nid = self.ids[name] = len(self.names)
+            self.names.append(name)
+        self.ts.append(ts)
+        self.dur.append(dur)
+        self.name.append(nid)
 
     def stats(self) -> list[OpStat]:
         """Device activities do not nest, so self time is total time."""
@@ -136,7 +164,8 @@ def cpu_op_stats(events: Iterable[Mapping[str, Any]]) -> list[OpStat]:
     ops = CpuOps()
     for ev in events:
         name = str(ev.get("name", ""))
-        ops.add(ev.get("pid"), ev.get("tid"), name, float(ev["ts"]), float(ev["dur"]))
+        cat = str(ev.get("cat", "cpu_op"))
+        ops.add(ev.get("pid"), ev.get("tid"), name, float(ev["ts"]), float(ev["dur"]), cat)
     return ops.stats()
 
 

@@ -18,13 +18,14 @@ that it is retried.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .memory_report import MemoryReport
 from .nsys_stats import NsysReport, NsysStats
 from .parsed import ParsedTrace
+from .rankstats import RankStatistics
 from .summary import Summary
 
 log = logging.getLogger("profd.pipeline")
@@ -51,8 +52,24 @@ class TraceOutput(Protocol[In]):
         ...
 
 
+class TraceResult(Protocol[In]):
+    """A small record made from each capture, kept with its result rather than as a file.
+
+    What it returns goes under ``key`` into the capture's result: the index and the session's
+    ``session.json`` keep it, so reports read it without the trace (S3 alone suffices). It
+    must stay small (a few kilobytes): a session's manifest holds one per rank and cycle. A
+    record that raises costs only itself, like an output's file.
+    """
+
+    @property
+    def key(self) -> str: ...
+
+    def compute(self, parsed: In, /) -> Mapping[str, Any] | None: ...
+
+
 TRACE_OUTPUTS: tuple[TraceOutput[ParsedTrace], ...] = (Summary(), MemoryReport())
 NSYS_OUTPUTS: tuple[TraceOutput[NsysReport], ...] = (NsysStats(),)
+TRACE_RESULTS: tuple[TraceResult[ParsedTrace], ...] = (RankStatistics(),)
 
 
 @dataclass(frozen=True)
@@ -84,3 +101,21 @@ def render_outputs(
             raw = data.encode("utf-8") if isinstance(data, str) else data
             rendered.append(Rendered(out.kind, out.suffix, raw))
     return rendered, tuple(errors)
+
+
+def compute_results(
+    results: Iterable[TraceResult[T]], parsed: T, stem: str
+) -> tuple[dict[str, Any], tuple[OutputError, ...]]:
+    """Each record by its key, and the errors of those that raised (as for outputs)."""
+    records: dict[str, Any] = {}
+    errors = []
+    for r in results:
+        try:
+            value = r.compute(parsed)
+        except Exception as exc:
+            log.exception("%s record for %s failed", r.key, stem)
+            errors.append(OutputError(r.key, f"{type(exc).__name__}: {exc}"))
+            continue
+        if value is not None:
+            records[r.key] = dict(value)
+    return records, tuple(errors)

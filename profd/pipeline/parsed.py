@@ -58,9 +58,9 @@ class EventGroups:
         if isinstance(cat, str):
             if cat in CPU_OP_CATS:
                 op = name if isinstance(name, str) else str(get("name", ""))
-                self.cpu.add(get("pid"), get("tid"), op, ts, dur)
+                self.cpu.add(get("pid"), get("tid"), op, ts, dur, cat)
             elif cat in GPU_OP_CATS:
-                self.gpu.add(name if isinstance(name, str) else str(get("name", "")), dur)
+                self.gpu.add(name if isinstance(name, str) else str(get("name", "")), dur, ts)
         if isinstance(name, str) and name.startswith(STEP_PREFIX):
             self.steps.append((name, ts, dur))
 

@@ -30,11 +30,19 @@ import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import IO, Any, BinaryIO
 
 from .files import Batch, FilePerms, ProcessedFile, move_into
-from .outputs import TRACE_OUTPUTS, OutputError, TraceOutput, render_outputs
+from .outputs import (
+    TRACE_OUTPUTS,
+    TRACE_RESULTS,
+    OutputError,
+    TraceOutput,
+    TraceResult,
+    compute_results,
+    render_outputs,
+)
 from .parsed import EventGroups, ParsedTrace
 from .stream import CHUNK_BYTES, TraceFormatError, TraceReader
 
@@ -63,6 +71,8 @@ class ProcessedTrace:
     step_ms_max: float | None
     raw_bytes: int  # size of the raw (uncompressed, kineto-indented) trace file
     output_errors: tuple[OutputError, ...] = ()  # outputs that raised and wrote no file
+    #: The result plug-ins' records by key (``stats``: see :mod:`.rankstats`).
+    records: Mapping[str, Any] = field(default_factory=dict)
 
 
 def inject_rank(doc: dict[str, Any], rank: int, world_size: int) -> bool:
@@ -232,6 +242,7 @@ def process_trace(
     top_n: int = DEFAULT_TOP_N,
     header: Mapping[str, str] | None = None,
     outputs: Sequence[TraceOutput[ParsedTrace]] = TRACE_OUTPUTS,
+    results: Sequence[TraceResult[ParsedTrace]] = TRACE_RESULTS,
 ) -> ProcessedTrace:
     """Finalize a raw trace file the caller owns (paths trusted); the raw file goes last.
 
@@ -254,6 +265,7 @@ def process_trace(
             header=header,
             outputs=outputs,
             name=raw_trace,
+            results=results,
         )
     files = list(res.files)
     for kind, path in extra_files:
@@ -275,6 +287,7 @@ def process_open(
     outputs: Sequence[TraceOutput[ParsedTrace]] = TRACE_OUTPUTS,
     perms: FilePerms | None = None,
     name: str = "raw trace",
+    results: Sequence[TraceResult[ParsedTrace]] = TRACE_RESULTS,
 ) -> ProcessedTrace:
     """Write the outputs of the raw trace read from ``raw`` into ``final_dir``.
 
@@ -303,6 +316,8 @@ def process_open(
             # capture.
             steps = parsed.steps
             rendered, output_errors = render_outputs(outputs, parsed, stem)
+            records, record_errors = compute_results(results, parsed, stem)
+            output_errors += record_errors
             del parsed, groups
             for out in rendered:
                 batch.write(out.kind, out.suffix, out.data)
@@ -321,4 +336,5 @@ def process_open(
         step_ms_max=steps.max_ms,
         raw_bytes=raw_bytes,
         output_errors=output_errors,
+        records=records,
     )

@@ -19,7 +19,7 @@ from typing import Any
 
 from .. import globs
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 
 #: ``inbox.done`` of a capture that is indexed while its raw trace still exists.
 INBOX_RAW_LEFT = 2
@@ -79,6 +79,7 @@ CREATE TABLE IF NOT EXISTS traces (
     torch TEXT,
     device TEXT,
     created_at REAL NOT NULL,
+    stats TEXT,                 -- json: the pipeline's per-rank statistics (rankstats.py)
     UNIQUE (session, host, pid, cycle)
 );
 CREATE INDEX IF NOT EXISTS traces_job ON traces(job, created_at);
@@ -177,6 +178,9 @@ class Index:
         if "final" not in tcols:  # schema 3
             self.db.execute("ALTER TABLE targets ADD COLUMN final TEXT")
             self.db.execute("ALTER TABLE targets ADD COLUMN results TEXT NOT NULL DEFAULT '[]'")
+        trcols = {r[1] for r in self.db.execute("PRAGMA table_info(traces)")}
+        if "stats" not in trcols:  # schema 4
+            self.db.execute("ALTER TABLE traces ADD COLUMN stats TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -312,10 +316,14 @@ class Index:
             cur = self.db.execute(
                 "INSERT OR REPLACE INTO traces (session, job, host, pid, role, rank, cycle,"
                 " region, steps, path, bytes, state, stall_ms, step_ms_p50, step_ms_max, torch,"
-                " device, created_at) VALUES (:session, :job, :host, :pid, :role, :rank, :cycle,"
-                " :region, :steps, :path, :bytes, :state, :stall_ms, :step_ms_p50, :step_ms_max,"
-                " :torch, :device, :created_at)",
-                {**row, "steps": json.dumps(row["steps"])},
+                " device, created_at, stats) VALUES (:session, :job, :host, :pid, :role, :rank,"
+                " :cycle, :region, :steps, :path, :bytes, :state, :stall_ms, :step_ms_p50,"
+                " :step_ms_max, :torch, :device, :created_at, :stats)",
+                {
+                    **row,
+                    "steps": json.dumps(row["steps"]),
+                    "stats": None if row.get("stats") is None else json.dumps(row["stats"]),
+                },
             )
             trace_id = int(cur.lastrowid or 0)
             for f in files:
@@ -371,6 +379,7 @@ class Index:
         by_id = {r["id"]: r for r in rows}
         for r in rows:
             r["steps"] = json.loads(r["steps"])
+            r["stats"] = json.loads(r["stats"]) if r.get("stats") else None
             r["files"] = []
         marks = ",".join("?" * len(by_id))
         cur.execute(

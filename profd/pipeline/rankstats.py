@@ -1,0 +1,267 @@
+"""Per-rank statistics of one capture, for reports across ranks (``profctl report``).
+
+Computed in the pipeline from the columns the other analyses already keep (see
+:mod:`.parsed`), while the trace is open once anyway, so a report over thousands of ranks
+reads a few kilobytes per rank from the index or from S3 manifests, never the traces.
+
+Each step (a ``ProfilerStep#N`` span) is split into three parts that add up to its length:
+
+* **compute**: the training thread inside a ``cpu_op`` that is no collective (or, when the
+  trace has GPU activities, the device busy with non-collective kernels, memcpys, memsets).
+  Annotations and Python frames do not count: a collective waited for inside a
+  ``record_function`` block would otherwise pass for compute.
+* **collective**: a collective in flight (``c10d::``, ``record_param_comms``, ``gloo:``/``nccl:``
+  ranges on any thread, NCCL kernels) while nothing counted as compute runs. Compute wins the
+  overlap: DDP's allreduce runs beside the backward pass, and only the wait it adds is a cost.
+  gloo runs its collectives on threads of its own while the training thread blocks, which is
+  why every thread's ranges are taken.
+* **idle**: the rest: Python between operators, data loading, sleeps.
+
+In a synchronous job the ranks that arrive first at a collective wait there for the last one,
+so the rank everyone waits for is the one with the least collective time (see
+:mod:`profd.report.straggler`).
+"""
+
+from __future__ import annotations
+
+import bisect
+from array import array
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .columns import sorted_order
+from .spans import STEP_PREFIX, StepSpan
+
+if TYPE_CHECKING:
+    from .parsed import ParsedTrace
+
+#: Bump when the meaning of a field changes; readers skip versions they do not know.
+STATS_VERSION = 1
+#: Operators kept per list: a rank's statistics stay a few kilobytes however large its trace.
+STATS_TOP_N = 20
+#: Steps kept (the first ones); ``steps_total`` says how many the trace had.
+MAX_STEPS = 128
+MAX_NAME = 160
+STEP_COLUMNS = ("step", "start_us", "ms", "compute_ms", "collective_ms", "idle_ms", "gap_ms")
+
+_CPU_COLLECTIVE_PREFIXES = ("c10d::", "gloo:", "nccl:", "mpi:", "ucc:", "record_param_comms")
+
+
+def is_cpu_collective(name: str) -> bool:
+    return name.startswith(_CPU_COLLECTIVE_PREFIXES)
+
+
+def is_gpu_collective(name: str) -> bool:
+    return "nccl" in name.lower()
+
+
+class Intervals:
+    """Disjoint intervals in time order, as two columns."""
+
+    __slots__ = ("ends", "starts")
+
+    def __init__(self) -> None:
+        self.starts = array("d")
+        self.ends = array("d")
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def extend_sorted(self, start: float, end: float) -> None:
+        """Add one interval that starts no earlier than every one before it."""
+        if end <= start:
+            return
+        if self.ends and start <= self.ends[-1]:
+            if end > self.ends[-1]:
+                self.ends[-1] = end
+            return
+        self.starts.append(start)
+        self.ends.append(end)
+
+    @classmethod
+    def of(cls, pairs: Iterable[tuple[float, float]]) -> Intervals:
+        out = cls()
+        for s, e in sorted(pairs):
+            out.extend_sorted(s, e)
+        return out
+
+    def union(self, other: Intervals) -> Intervals:
+        return Intervals.of(
+            [*zip(self.starts, self.ends, strict=True), *zip(other.starts, other.ends, strict=True)]
+        )
+
+    def intersection(self, other: Intervals) -> Intervals:
+        out = Intervals()
+        i = j = 0
+        a_s, a_e, b_s, b_e = self.starts, self.ends, other.starts, other.ends
+        while i < len(a_s) and j < len(b_s):
+            lo, hi = max(a_s[i], b_s[j]), min(a_e[i], b_e[j])
+            if lo < hi:
+                out.extend_sorted(lo, hi)
+            if a_e[i] < b_e[j]:
+                i += 1
+            else:
+                j += 1
+        return out
+
+    def measure(self, lo: float, hi: float) -> float:
+        """Time covered inside ``[lo, hi)``."""
+        total = 0.0
+        i = bisect.bisect_right(self.ends, lo)
+        while i < len(self.starts) and self.starts[i] < hi:
+            total += min(self.ends[i], hi) - max(self.starts[i], lo)
+            i += 1
+        return total
+
+    def longest_gap(self, lo: float, hi: float) -> float:
+        """The longest stretch of ``[lo, hi)`` that no interval covers."""
+        best, at = 0.0, lo
+        i = bisect.bisect_right(self.ends, lo)
+        while i < len(self.starts) and self.starts[i] < hi:
+            best = max(best, self.starts[i] - at)
+            at = max(at, self.ends[i])
+            i += 1
+        return max(best, hi - at)
+
+
+def _training_thread(parsed: ParsedTrace) -> Hashable | None:
+    """The thread that holds the ``ProfilerStep`` spans (the one that calls ``step()``)."""
+    cpu = parsed.groups.cpu
+    step_ids = [i for i, n in enumerate(cpu.names) if n.startswith(STEP_PREFIX)]
+    best, best_n = None, 0
+    for key, thread in cpu.threads.items():
+        n = sum(thread.name.count(i) for i in step_ids)  # array.count: a C loop per step id
+        if n > best_n:
+            best, best_n = key, n
+    return best
+
+
+def _parts(parsed: ParsedTrace) -> tuple[str, Intervals, Intervals, dict[str, list[float]]]:
+    """(mode, compute, collective, per collective name [calls, µs])."""
+    cpu = parsed.groups.cpu
+    coll_ids = {i for i, n in enumerate(cpu.names) if is_cpu_collective(n)}
+    compute_ids = {i for i, c in enumerate(cpu.cats) if c == "cpu_op" and i not in coll_ids}
+    main = _training_thread(parsed)
+    by_name: dict[str, list[float]] = {}
+    coll_pairs: list[tuple[float, float]] = []
+    cpu_compute = Intervals()
+
+    def note(name: str, dur: float) -> None:
+        acc = by_name.setdefault(name, [0, 0.0])
+        acc[0] += 1
+        acc[1] += dur
+
+    for key, thread in cpu.threads.items():
+        ts, dur, nid = thread.ts, thread.dur, thread.name
+        if key == main:
+            for i in thread.order():
+                n = nid[i]
+                if n in compute_ids:
+                    cpu_compute.extend_sorted(ts[i], ts[i] + dur[i])
+                elif n in coll_ids:
+                    coll_pairs.append((ts[i], ts[i] + dur[i]))
+                    note(cpu.names[n], dur[i])
+        elif coll_ids and any(thread.name.count(c) for c in coll_ids):
+            # Only threads that hold a collective are walked in Python: gloo's own threads.
+            for i, n in enumerate(nid):
+                if n in coll_ids:
+                    coll_pairs.append((ts[i], ts[i] + dur[i]))
+                    note(cpu.names[n], dur[i])
+
+    gpu = parsed.groups.gpu
+    if not gpu.ts:
+        return "cpu", cpu_compute, Intervals.of(coll_pairs), by_name
+    gpu_coll = [is_gpu_collective(n) for n in gpu.names]
+    gpu_compute = Intervals()
+    for i in sorted_order(gpu.ts):
+        n = gpu.name[i]
+        start, end = gpu.ts[i], gpu.ts[i] + gpu.dur[i]
+        if gpu_coll[n]:
+            coll_pairs.append((start, end))
+            note(gpu.names[n], gpu.dur[i])
+        else:
+            gpu_compute.extend_sorted(start, end)
+    return "gpu", gpu_compute, Intervals.of(coll_pairs), by_name
+
+
+def _ms(us: float) -> float:
+    return round(us / 1000.0, 3)
+
+
+def _clip(name: str) -> str:
+    name = " ".join(name.split())
+    return name if len(name) <= MAX_NAME else name[: MAX_NAME - 3] + "..."
+
+
+def step_table(
+    spans: Sequence[StepSpan], compute: Intervals, collective: Intervals
+) -> dict[str, list[float]]:
+    """Per step: start (µs, the trace's clock), length, compute, collective, idle, and the
+    longest stretch with neither, in ms."""
+    both = compute.intersection(collective)
+    busy = compute.union(collective)
+    cols: dict[str, list[float]] = {k: [] for k in STEP_COLUMNS}
+    seen: set[int] = set()
+    for sp in spans:
+        if sp.step in seen or len(seen) >= MAX_STEPS:
+            continue
+        seen.add(sp.step)
+        lo, hi = sp.start_us, sp.end_us
+        comp = compute.measure(lo, hi)
+        coll = collective.measure(lo, hi) - both.measure(lo, hi)
+        idle = max(sp.dur_us - comp - coll, 0.0)
+        cols["step"].append(sp.step)
+        cols["start_us"].append(round(lo, 3))
+        cols["ms"].append(_ms(sp.dur_us))
+        cols["compute_ms"].append(_ms(comp))
+        cols["collective_ms"].append(_ms(coll))
+        cols["idle_ms"].append(_ms(idle))
+        cols["gap_ms"].append(_ms(busy.longest_gap(lo, hi)))
+    return cols
+
+
+def rank_stats(parsed: ParsedTrace, top_n: int = STATS_TOP_N) -> dict[str, Any]:
+    """The statistics of one capture as a small JSON-able dict (see the module doc)."""
+    mode, compute, collective, by_name = _parts(parsed)
+    spans = parsed.spans
+    steps = step_table(spans, compute, collective)
+    out: dict[str, Any] = {
+        "v": STATS_VERSION,
+        "mode": mode,
+        "steps": steps,
+        "steps_total": len({sp.step for sp in spans}),
+        "ops": [
+            [_clip(o.name), o.calls, _ms(o.self_us), _ms(o.total_us)]
+            for o in parsed.cpu_ops[:top_n]
+        ],
+        "gpu_ops": [[_clip(o.name), o.calls, _ms(o.self_us)] for o in parsed.gpu_ops[:top_n]],
+        "collectives": [
+            [_clip(name), int(calls), _ms(us)]
+            for name, (calls, us) in sorted(by_name.items(), key=lambda kv: (-kv[1][1], kv[0]))[
+                :top_n
+            ]
+        ],
+    }
+    memory = _peaks(parsed.groups.memory.peaks())
+    if memory:
+        out["memory"] = memory
+    return out
+
+
+def _peaks(peaks: Mapping[str, tuple[int, int]]) -> dict[str, dict[str, int]]:
+    return {
+        dev: {"peak_allocated": alloc, "peak_reserved": res}
+        for dev, (alloc, res) in sorted(peaks.items())
+    }
+
+
+class RankStatistics:
+    """The result plug-in behind ``stats`` in each capture's result (see :mod:`.outputs`)."""
+
+    key = "stats"
+
+    def __init__(self, top_n: int = STATS_TOP_N) -> None:
+        self.top_n = top_n
+
+    def compute(self, parsed: ParsedTrace) -> dict[str, Any]:
+        return rank_stats(parsed, self.top_n)
