@@ -232,3 +232,18 @@ def test_bad_node_lists_and_missing_keys_are_usage_errors(cluster: Cluster) -> N
     assert bad.returncode == 2 and "port must be 1-65535" in bad.stderr
     no_server_key = cluster.ctl("ps", nodes=["127.0.0.1:1"], PROFD_SERVER_KEY="")
     assert no_server_key.returncode == 2 and "--server-key" in no_server_key.stderr
+
+
+def test_a_fan_out_to_more_nodes_than_libzmq_allows_sockets_by_default_answers_for_each() -> None:
+    """600 nodes need 1,800 ZeroMQ sockets (each, its monitor and the monitor's peer): more
+    than libzmq's default of 1,023 per context. Nothing listens on these ports, so every
+    node is a timeout; the code before raised "Too many open files" after about 340."""
+    from profd.ctl.cluster import ClientKeys, fan_out, parse_node
+
+    public, secret = zmq.curve_keypair()
+    server, _ = zmq.curve_keypair()
+    keys = ClientKeys(public, secret, server)
+    port = free_port()  # closed: every connection attempt is refused
+    answers = fan_out([parse_node(f"127.0.0.1:{port}")] * 600, P.C_PS, {}, keys, timeout=1.0)
+    assert len(answers) == 600
+    assert {a.failure for a in answers} == {"timeout"}

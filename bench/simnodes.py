@@ -1,0 +1,169 @@
+"""Simulated profd nodes for ``bench_cluster.py``: many per process, the real control protocol.
+
+Each node is a ZeroMQ ROUTER on its own TCP port on 127.0.0.1 with the daemon's CURVE server
+key (every client key is let in: no ZAP handler, so the handshake's cryptography runs but
+the authorization lookup of a real daemon does not), answering ``status``, ``ps`` and
+``start`` (a ``probe``, then a start with the coordinator's session id and cycles) for
+``--ranks`` simulated ranks. The time a node gets its start is when its ranks would be
+armed (a real daemon sends the arms inside that handler). Rows come from the daemon's own
+``Client.row()``.
+
+Commands on stdin, one JSON line each, one JSON reply line on stdout:
+``{"cmd": "ready"}`` -> ``{"ports": [...]}``; ``{"cmd": "arms"}`` -> ``{"arms": [[session,
+node, wall time], ...]}`` (and forgets them); ``{"cmd": "quit"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import zmq
+import zmq.auth
+
+from profd.daemon.registry import Client
+from profd_client import protocol as P
+
+
+def make_clients(node: int, ranks: int) -> list[Client]:
+    now = time.monotonic()
+    return [
+        Client(
+            ident=b"sim",
+            host=f"sim{node:04d}",
+            pid=100_000 + k,
+            job="simjob",
+            role="trainer",
+            rank=node * ranks + k,
+            local_rank=k,
+            world_size=0,
+            step_mode="optimizer",
+            allowed=True,
+            torch="2.13.0",
+            device="cuda:0",
+            step=1000,
+            step_at=now,
+            sps=10.0,
+            version=P.VERSION,
+        )
+        for k in range(ranks)
+    ]
+
+
+class Nodes:
+    def __init__(self, first: int, count: int, ranks: int, secret: str) -> None:
+        public, secret_key = zmq.auth.load_certificate(secret)
+        self.ctx = zmq.Context()
+        self.socks: dict[Any, int] = {}
+        self.ports: list[int] = []
+        self.clients: dict[int, list[Client]] = {}
+        for node in range(first, first + count):
+            s = self.ctx.socket(zmq.ROUTER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.curve_server = True
+            s.curve_publickey = public
+            s.curve_secretkey = secret_key
+            port = s.bind_to_random_port("tcp://127.0.0.1")
+            self.socks[s] = node
+            self.ports.append(port)
+            self.clients[node] = make_clients(node, ranks)
+        self.arms: list[tuple[str, int, float]] = []
+        self.lock = threading.Lock()
+        self.stopping = False
+
+    def serve(self) -> None:
+        poller = zmq.Poller()
+        for s in self.socks:
+            poller.register(s, zmq.POLLIN)
+        while not self.stopping:
+            for s, _ in poller.poll(200):
+                frames = s.recv_multipart()
+                envelope, frame = P.split_envelope(frames)
+                msg = P.unpack(frame)
+                node = self.socks[s]
+                try:
+                    data = self.answer(node, msg)
+                    reply = P.encode(P.OK, data=data)
+                except Exception as exc:  # a bench bug: say so to the coordinator
+                    reply = P.error("internal", repr(exc))
+                s.send_multipart(P.join_envelope(envelope, reply))
+
+    def answer(self, node: int, m: dict[str, Any]) -> Any:
+        t = m["t"]
+        clients = self.clients[node]
+        name = f"sim{node:04d}"
+        if t == P.C_PS:
+            return [{**c.row(), "node": name} for c in clients]
+        if t == P.C_STATUS:
+            return {"host": name, "version": "sim", "clients": len(clients)}
+        if t == P.C_START:
+            spec = m["spec"]
+            now = time.monotonic()
+            if spec.get("probe"):
+                return {
+                    "candidates": [
+                        {
+                            "host": c.host,
+                            "pid": c.pid,
+                            "job": c.job,
+                            "role": c.role,
+                            "rank": c.rank,
+                            "uid": 0,
+                            "step": c.step + int(c.sps * (now - c.step_at)),
+                            "sps": c.sps,
+                            "age_s": 0.0,
+                            "busy_until": 0,
+                            "attaching": False,
+                            "node": name,
+                        }
+                        for c in clients
+                    ]
+                }
+            with self.lock:
+                self.arms.append((spec["session"], node, time.time()))
+            return {
+                "session": spec["session"],
+                "job": "simjob",
+                "steps": [],
+                "cycles": spec["cycles"],
+                "state": "armed",
+                "targets": [
+                    {"host": c.host, "pid": c.pid, "role": c.role, "rank": c.rank, "node": name}
+                    for c in clients
+                ],
+            }
+        raise ValueError(f"simulated node does not answer {t!r}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--first", type=int, required=True)
+    ap.add_argument("--count", type=int, required=True)
+    ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--secret", required=True)
+    a = ap.parse_args()
+    nodes = Nodes(a.first, a.count, a.ranks, a.secret)
+    t = threading.Thread(target=nodes.serve, daemon=True)
+    t.start()
+    for line in sys.stdin:
+        cmd = json.loads(line)["cmd"]
+        if cmd == "ready":
+            out: dict[str, Any] = {"ports": nodes.ports, "pid": os.getpid()}
+        elif cmd == "arms":
+            with nodes.lock:
+                out = {"arms": nodes.arms}
+                nodes.arms = []
+        else:
+            break
+        print(json.dumps(out), flush=True)
+    nodes.stopping = True
+    t.join(2)
+
+
+if __name__ == "__main__":
+    main()
