@@ -16,4 +16,6 @@ COMMANDS: dict[str, str] = {
     "retry": "retry:retry",
     "run": "run:run",
     "keys": "keys:keys",
+    "report": "report:report",
+    "diff": "report:diff",
 }

@@ -1,0 +1,258 @@
+"""A session's report, built from the per-rank statistics in its results (never the traces).
+
+The input is a session as ``profctl show --json`` gives it (from a daemon, from every node
+with ``--cluster``) or as its ``session.json`` manifests hold it in S3: targets, each with
+per-cycle results carrying ``stats`` (see :mod:`profd.pipeline.rankstats`). So the same
+report comes out of any of the three.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+from typing import Any, NamedTuple
+
+from .straggler import MAD_SIGMA, RankSteps, Verdict, find_stragglers
+
+#: Statistics versions this reader understands.
+KNOWN_VERSIONS = frozenset({1})
+#: Operators compared across ranks in a report.
+REPORT_OPS = 15
+
+
+@dataclass
+class RankData:
+    """One process's statistics, its cycles' merged (a step appears in one cycle)."""
+
+    host: str
+    role: str
+    rank: int
+    mode: str = "cpu"
+    #: step -> (ms, compute_ms, collective_ms, idle_ms, gap_ms)
+    steps: dict[int, tuple[float, float, float, float, float]] = field(default_factory=dict)
+    #: step -> (cycle, start in µs on the trace's clock): where the timeline aligns ranks
+    starts: dict[int, tuple[int, float]] = field(default_factory=dict)
+    ops: dict[str, float] = field(default_factory=dict)  # CPU self time, ms, all steps
+    gpu_ops: dict[str, float] = field(default_factory=dict)
+    collectives: dict[str, float] = field(default_factory=dict)
+    memory: dict[str, int] = field(default_factory=dict)  # device -> peak allocated bytes
+    profiled_steps: int = 0  # steps the operator times cover (for per-step averages)
+    traces: list[tuple[int, str]] = field(default_factory=list)  # (cycle, path) per capture
+
+    @property
+    def label(self) -> str:
+        return f"{self.role} r{self.rank} @{self.host}"
+
+    def per_step(self, total_ms: float) -> float:
+        return total_ms / self.profiled_steps if self.profiled_steps else 0.0
+
+
+class RankSummary(NamedTuple):
+    """A rank's means per step over the report's steps, in ms."""
+
+    step_ms: float
+    compute_ms: float
+    collective_ms: float
+    idle_ms: float
+
+
+@dataclass(frozen=True)
+class Straggler:
+    index: int  # into Report.ranks
+    why: str
+    wait_ms: float  # what the median rank waits for it per step
+
+
+@dataclass(frozen=True)
+class OpRow:
+    """One operator across ranks, ms per step."""
+
+    name: str
+    median_ms: float
+    min_ms: float
+    max_ms: float
+    max_index: int
+    outliers: tuple[int, ...]  # ranks far above the median (indices into Report.ranks)
+
+
+@dataclass
+class Report:
+    session: str
+    job: str
+    ranks: list[RankData]
+    steps: list[int]  # the steps every rank has statistics for
+    summaries: list[RankSummary]
+    verdict: Verdict
+    stragglers: list[Straggler]
+    ops: list[OpRow]
+    skipped: int = 0  # targets without statistics (failed, or an older profd)
+
+    @property
+    def mode(self) -> str:
+        return "gpu" if any(r.mode == "gpu" for r in self.ranks) else "cpu"
+
+    @property
+    def has_memory(self) -> bool:
+        return any(r.memory for r in self.ranks)
+
+    @property
+    def median_step_ms(self) -> float:
+        return median(s.step_ms for s in self.summaries) if self.summaries else 0.0
+
+
+def _add(acc: dict[str, float], rows: Iterable[Sequence[Any]], col: int) -> None:
+    for row in rows:
+        acc[str(row[0])] = acc.get(str(row[0]), 0.0) + float(row[col])
+
+
+def rank_data(target: Mapping[str, Any]) -> RankData | None:
+    """A target's statistics, or None when none of its results has any this reader knows."""
+    r = RankData(str(target["host"]), str(target["role"]), int(target["rank"]))
+    found = False
+    for res in target.get("results") or []:
+        st = res.get("stats")
+        if not isinstance(st, dict) or st.get("v") not in KNOWN_VERSIONS:
+            continue
+        found = True
+        cycle = int(res.get("cycle") or 0)
+        if res.get("path"):
+            r.traces.append((cycle, str(res["path"])))
+        if st.get("mode") == "gpu":
+            r.mode = "gpu"
+        s = st["steps"]
+        for i, step in enumerate(s["step"]):
+            if step in r.steps:
+                continue
+            r.steps[step] = (
+                s["ms"][i],
+                s["compute_ms"][i],
+                s["collective_ms"][i],
+                s["idle_ms"][i],
+                s["gap_ms"][i],
+            )
+            r.starts[step] = (cycle, s["start_us"][i])
+        r.profiled_steps += int(st.get("steps_total") or len(s["step"]))
+        _add(r.ops, st.get("ops") or [], 2)
+        _add(r.gpu_ops, st.get("gpu_ops") or [], 2)
+        _add(r.collectives, st.get("collectives") or [], 2)
+        for dev, m in (st.get("memory") or {}).items():
+            r.memory[dev] = max(r.memory.get(dev, 0), int(m["peak_allocated"]))
+    return r if found else None
+
+
+def _summary(r: RankData, steps: Sequence[int]) -> RankSummary:
+    rows = [r.steps[s] for s in steps] or list(r.steps.values())
+    if not rows:
+        return RankSummary(0.0, 0.0, 0.0, 0.0)
+    n = len(rows)
+    return RankSummary(*(round(sum(x[c] for x in rows) / n, 3) for c in range(4)))
+
+
+def _ops(ranks: Sequence[RankData]) -> list[OpRow]:
+    """The operators with the most time across ranks; outliers: far above the median rank."""
+    totals: dict[str, float] = {}
+    for r in ranks:
+        for name, ms in r.ops.items():
+            totals[name] = totals.get(name, 0.0) + r.per_step(ms)
+    out = []
+    for name in sorted(totals, key=lambda n: (-totals[n], n))[:REPORT_OPS]:
+        # A rank that does not list it had it below its own top-N: 0 is the honest floor.
+        vals = [r.per_step(r.ops.get(name, 0.0)) for r in ranks]
+        med = median(vals)
+        mad = median(abs(v - med) for v in vals)
+        cut = med + max(3 * MAD_SIGMA * mad, 0.25 * med, 0.05)
+        hi = max(range(len(vals)), key=lambda i: (vals[i], -i))
+        outliers = tuple(sorted((i for i, v in enumerate(vals) if v > cut), key=lambda i: -vals[i]))
+        out.append(
+            OpRow(name, round(med, 3), round(min(vals), 3), round(vals[hi], 3), hi, outliers)
+        )
+    return out
+
+
+def _why(report_ranks: Sequence[RankData], steps: Sequence[int], k: int, wait: float) -> str:
+    me = report_ranks[k]
+    others = [r for i, r in enumerate(report_ranks) if i != k]
+
+    def excess(col: int) -> float:
+        return median(me.steps[s][col] - median(o.steps[s][col] for o in others) for s in steps)
+
+    compute, idle = excess(1), excess(3)
+    if compute >= idle:
+        what = f"{compute:.1f} ms more per step in compute than the median rank"
+        deltas = {
+            n: me.per_step(ms) - median(o.per_step(o.ops.get(n, 0.0)) for o in others)
+            for n, ms in me.ops.items()
+        }
+        top = max(deltas, key=lambda n: (deltas[n], n), default=None)
+        if top is not None and deltas[top] > 0.1 * compute:
+            what += f" (most in {top}: +{deltas[top]:.1f} ms)"
+    else:
+        what = (
+            f"{idle:.1f} ms more per step than the median rank outside any operator"
+            " (Python, data loading, sleeps)"
+        )
+    waited: dict[str, float] = {}
+    for o in others:
+        for n, ms in o.collectives.items():
+            waited[n] = waited.get(n, 0.0) + ms
+    where = f" in {max(waited, key=lambda n: (waited[n], n))}" if waited else ""
+    return (
+        f"rank {me.rank} ({me.label}) spends {what}; "
+        f"the other ranks wait {wait:.1f} ms per step for it{where}"
+    )
+
+
+def build_report(session: Mapping[str, Any]) -> Report:
+    ranks: list[RankData] = []
+    skipped = 0
+    for t in session.get("targets") or []:
+        rd = rank_data(t)
+        if rd is None:
+            skipped += 1
+        else:
+            ranks.append(rd)
+    ranks.sort(key=lambda r: (r.rank, r.role, r.host))
+    common: set[int] | None = None
+    for r in ranks:
+        common = set(r.steps) if common is None else common & set(r.steps)
+    steps = sorted(common or ())
+    summaries = [_summary(r, steps) for r in ranks]
+    med_step = median(s.step_ms for s in summaries) if summaries else 0.0
+    verdict = find_stragglers(
+        [
+            RankSteps(
+                [r.steps[s][2] for s in steps], [r.steps[s][0] - r.steps[s][2] for s in steps]
+            )
+            for r in ranks
+        ],
+        med_step,
+    )
+    stragglers = [
+        Straggler(i, _why(ranks, steps, i, w), w)
+        for i, w in zip(verdict.stragglers, verdict.wait_ms, strict=True)
+    ]
+    return Report(
+        session=str(session.get("id", "")),
+        job=str(session.get("job", "")),
+        ranks=ranks,
+        steps=steps,
+        summaries=summaries,
+        verdict=verdict,
+        stragglers=stragglers,
+        ops=_ops(ranks),
+        skipped=skipped,
+    )
+
+
+def verdict_text(report: Report) -> str:
+    if report.stragglers:
+        return "; ".join(s.why for s in report.stragglers)
+    return f"no straggler: {report.verdict.reason}"
+
+
+def merge_sessions(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One session from several nodes' manifests (or ``show`` answers) of the same id."""
+    first = dict(parts[0])
+    first["targets"] = [t for p in parts for t in p.get("targets") or []]
+    return first
