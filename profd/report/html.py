@@ -65,8 +65,9 @@ def heat_map(report: Report, col: int, title: str) -> str:
     for gi, g in enumerate(groups):
         y = 20 + gi * cell_h
         label = ranks[g[0]].label if size == 1 else f"r{ranks[g[0]].rank}-r{ranks[g[-1]].rank}"
-        if len(groups) <= ROW_LIMIT or gi % max(1, len(groups) // 16) == 0:
-            weight = ' font-weight="bold" fill="#c00"' if strag & set(g) else ""
+        marked = bool(strag & set(g))
+        if marked or len(groups) <= ROW_LIMIT or gi % max(1, len(groups) // 16) == 0:
+            weight = ' font-weight="bold" fill="#c00"' if marked else ""
             out.append(
                 f'<text x="{LABEL_W - 6}" y="{y + cell_h - 2}" text-anchor="end"{weight}>'
                 f"{esc(label)}</text>"
