@@ -2,7 +2,8 @@
 
 Starts ``profd run`` with temporary dirs, launches a 2-rank ``torchrun`` job that uses the
 two-line integration, shows ``profctl ps`` while it trains, captures three steps on both
-ranks, and prints the session, the indexed traces and a summary.
+ranks, and prints the session, the indexed traces, a summary, and ends with the cross-rank
+report of the capture (``profctl report``: text here, the HTML page beside the spool).
 """
 
 from __future__ import annotations
@@ -114,10 +115,14 @@ def main() -> None:
         summary = next(f["path"] for f in rows[0]["files"] if f["kind"] == "summary")
         say(f"summary of rank {rows[0]['rank']} ({summary})")
         print("\n".join(Path(summary).read_text().splitlines()[:40]))
+        say("the cross-rank report of the capture: who waits for whom, where the time goes")
+        page = root / f"report-{session}.html"
+        ctl(env, "report", session, "-o", str(page))
         say("done")
         spool = root / "state" / "spool"
         print(f"Traces: {spool} (open a cycle dir with HTA, TensorBoard or Perfetto)")
         print(f"Index:  {root / 'state' / 'index.db'}")
+        print(f"Report: {page} (open it in a browser; it needs no network)")
     finally:
         if job is not None:
             job.terminate()
