@@ -30,7 +30,9 @@ else:
         # The API (and the agent, stepper and identity code behind it) loads on first use:
         # profctl and the daemon import profd_client.protocol and need none of it.
         api = importlib.import_module(".api", __name__)
-        value = getattr(api, name)
-        if name in __all__:
-            globals()[name] = value  # later uses are plain attribute reads
-        return value
+        # Every public name at once, and after the import: importing api imports the
+        # submodule identity.py, which binds profd_client.identity to that module, over
+        # the identity() function, and __getattr__ is never asked for it again.
+        for public in __all__:
+            globals()[public] = getattr(api, public)  # later uses are plain attribute reads
+        return getattr(api, name)
