@@ -46,16 +46,29 @@ class VllmGenerationWorker(_Stepping):
     pass
 
 
+def start_ray() -> None:
+    # Small and quiet: a test machine runs this beside the daemon and other tests. Ray gives
+    # its raylet a fixed 30 s to register, which a loaded 2-core machine can miss: try again.
+    for attempt in range(3):
+        try:
+            ray.init(
+                num_cpus=1,
+                include_dashboard=False,
+                log_to_driver=True,
+                object_store_memory=100 << 20,
+            )
+            return
+        except Exception as exc:
+            if "timed out during startup" not in str(exc) or attempt == 2:
+                raise
+            print(f"ray.init: {exc}; trying again", flush=True)
+            ray.shutdown()
+
+
 def main() -> None:
     stop = os.environ["STOP"]
     pause = float(os.environ.get("STEP_SLEEP", "0.05"))
-    # Small and quiet: a test machine runs this beside the daemon and other tests.
-    ray.init(
-        num_cpus=1,
-        include_dashboard=False,
-        log_to_driver=True,
-        object_store_memory=100 << 20,
-    )
+    start_ray()
     actors = [DTensorPolicyWorker.remote() for _ in range(int(os.environ.get("POLICY", "2")))]
     actors.append(VllmGenerationWorker.remote())
     runs = [a.run.remote(stop, pause) for a in actors]

@@ -182,3 +182,19 @@ def test_probes_never_import(monkeypatch: pytest.MonkeyPatch) -> None:
     assert probe_dist() is None
     monkeypatch.delitem(sys.modules, "torch.distributed")
     assert probe_dist() is None
+
+
+def test_the_public_identity_is_the_function_not_the_module() -> None:
+    # A fresh interpreter: the lazy API import must not leave profd_client.identity bound to
+    # the identity submodule, whichever public name is used first.
+    import subprocess
+
+    for first in ("attach", "identity", "step"):
+        code = (
+            "import profd_client\n"
+            f"profd_client.{first}\n"
+            "assert callable(profd_client.identity), profd_client.identity\n"
+            "assert profd_client.identity() is None\n"
+        )
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert r.returncode == 0, (first, r.stderr)
