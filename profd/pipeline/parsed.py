@@ -11,7 +11,7 @@ and keeps in it only the fields it needs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -35,6 +35,9 @@ class EventGroups:
         self.cpu = CpuOps()  # complete CPU_OP_CATS events, ProfilerSteps included for nesting
         self.gpu = GpuOps()  # complete GPU_OP_CATS events
         self.memory = MemoryEvents()  # [memory] events
+        # (pid, tid) -> ProfilerStep spans on it: which thread is the training thread, found
+        # without a scan of every thread's events.
+        self.step_threads: dict[Hashable, int] = {}
 
     def add(self, ev: Any) -> None:
         if not isinstance(ev, dict):
@@ -63,6 +66,11 @@ class EventGroups:
                 self.gpu.add(name if isinstance(name, str) else str(get("name", "")), dur, ts)
         if isinstance(name, str) and name.startswith(STEP_PREFIX):
             self.steps.append((name, ts, dur))
+            key = (get("pid"), get("tid"))
+            try:
+                self.step_threads[key] = self.step_threads.get(key, 0) + 1
+            except TypeError:  # an unhashable pid or tid: no thread to name
+                pass
 
 
 def group_events(events: Iterable[Any]) -> EventGroups:

@@ -30,7 +30,7 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .columns import sorted_order
-from .spans import STEP_PREFIX, StepSpan
+from .spans import StepSpan
 
 if TYPE_CHECKING:
     from .parsed import ParsedTrace
@@ -125,15 +125,9 @@ class Intervals:
 
 
 def _training_thread(parsed: ParsedTrace) -> Hashable | None:
-    """The thread that holds the ``ProfilerStep`` spans (the one that calls ``step()``)."""
-    cpu = parsed.groups.cpu
-    step_ids = [i for i, n in enumerate(cpu.names) if n.startswith(STEP_PREFIX)]
-    best, best_n = None, 0
-    for key, thread in cpu.threads.items():
-        n = sum(thread.name.count(i) for i in step_ids)  # array.count: a C loop per step id
-        if n > best_n:
-            best, best_n = key, n
-    return best
+    """The thread that holds the most ``ProfilerStep`` spans (the one that calls ``step()``)."""
+    counts = parsed.groups.step_threads
+    return max(counts, key=lambda k: counts[k]) if counts else None
 
 
 def _parts(parsed: ParsedTrace) -> tuple[str, Intervals, Intervals, dict[str, list[float]]]:
