@@ -205,11 +205,18 @@ class Answer:
 
 
 @dataclass
-class _Open:
+class _Conn:
+    """One node's socket and its handshake monitor, kept across requests."""
+
     node: Node
-    index: int
     sock: Any
     monitor: Any
+
+
+@dataclass
+class _Pending:
+    conn: _Conn
+    index: int
     deadline: float
 
 
@@ -229,6 +236,181 @@ def _window(n: int) -> int:
     return max(1, min(n, (soft - 64) // _FDS_PER_NODE))
 
 
+class Fanout:
+    """Requests to many nodes at once, over connections kept for the whole command.
+
+    A cluster ``start`` asks every node twice (probe, then start) and ``--wait`` many more
+    times: each CURVE handshake is CPU work on both sides, so a node's connection is made
+    once and reused, unless there are more nodes than descriptors for all of them (then
+    each request's connections close after it). A node that timed out or failed its
+    handshake is disconnected: a late reply must not answer the next request.
+    """
+
+    def __init__(self, keys: ClientKeys, timeout: float = DEFAULT_NODE_TIMEOUT) -> None:
+        import zmq
+
+        self.keys = keys
+        self.timeout = timeout
+        self._zmq = zmq
+        self._ctx: Any = None
+        self._conns: dict[Node, _Conn] = {}
+        self._by_sock: dict[Any, _Conn] = {}
+        self._poller: Any = zmq.Poller()
+
+    def __enter__(self) -> Fanout:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for c in list(self._conns.values()):
+            self._drop(c)
+        if self._ctx is not None:
+            self._ctx.term()
+            self._ctx = None
+
+    def ask(
+        self,
+        nodes: Sequence[Node],
+        t: str,
+        fields: Mapping[str, Any] | Callable[[Node], Mapping[str, Any]],
+    ) -> list[Answer]:
+        """Send request ``t`` to every node at once and wait up to the timeout for each; one
+        :class:`Answer` per node, in the nodes' order. ``fields`` may differ per node."""
+        zmq = self._zmq
+        answers = [Answer(n) for n in nodes]
+        frames: dict[int, bytes] = {}
+        for i, n in enumerate(nodes):
+            f = fields(n) if callable(fields) else fields
+            try:
+                frames[i] = P.encode(t, **f)
+            except P.ProtocolError as exc:
+                # The daemons would refuse it the same way: say so without a round trip.
+                raise CtlError(str(exc), code=exc.code) from None
+        window = _window(len(set(nodes) | set(self._conns)))
+        keep = len(set(nodes) | set(self._conns)) <= window
+        if self._ctx is None:
+            self._ctx = zmq.Context(io_threads=2)  # CURVE handshakes are CPU work
+            # A context option (ctx.set), not a default socket option (ctx.setsockopt):
+            # libzmq refuses a 1,024th socket otherwise, whatever the descriptor limit.
+            self._ctx.set(zmq.MAX_SOCKETS, 3 * window + 16)  # socket, monitor, its peer
+        todo = list(range(len(nodes)))
+        todo.reverse()
+        pending: dict[Any, _Pending] = {}  # by socket and by monitor
+        # In deadline order (one timeout for all, so the order sent in): expiring and the
+        # next wake-up look at its head, not at every node.
+        by_deadline: deque[_Pending] = deque()
+
+        def done(p: _Pending, drop: bool) -> None:
+            for sock in (p.conn.sock, p.conn.monitor):
+                pending.pop(sock, None)
+            if drop or not keep:
+                self._drop(p.conn)
+
+        try:
+            while todo or pending:
+                while todo and len(pending) // 2 < window:
+                    i = todo.pop()
+                    c = self._conns.get(nodes[i]) or self._connect(nodes[i])
+                    p = _Pending(c, i, time.monotonic() + self.timeout)
+                    # The empty frame makes the envelope a REQ's, which the daemon expects.
+                    c.sock.send_multipart([b"", frames[i]])
+                    pending[c.sock] = pending[c.monitor] = p
+                    by_deadline.append(p)
+                while by_deadline and by_deadline[0].conn.sock not in pending:
+                    by_deadline.popleft()  # answered already
+                now = time.monotonic()
+                first = by_deadline[0].deadline if by_deadline else now
+                ready = dict(self._poller.poll(max(0, int((first - now) * 1000) + 1)))
+                for sock in ready:
+                    found = pending.get(sock)
+                    if found is None:
+                        # A kept connection with no request now: drop what it has.
+                        with contextlib.suppress(zmq.Again):
+                            sock.recv_multipart(zmq.NOBLOCK)
+                        continue
+                    p = found
+                    a = answers[p.index]
+                    if sock is p.conn.sock:
+                        reply = sock.recv_multipart()
+                        a.received_at = time.monotonic()
+                        try:
+                            a.data = decode_reply(reply[-1], f"profd at {p.conn.node.address}")
+                        except CtlError as exc:
+                            a.error = exc
+                        done(p, drop=False)
+                        continue
+                    a.failure, a.why = "auth", self._auth_failure(p.conn.node, sock)
+                    done(p, drop=True)
+                now = time.monotonic()
+                while by_deadline and by_deadline[0].deadline <= now:
+                    p = by_deadline.popleft()
+                    if p.conn.sock not in pending:
+                        continue
+                    a = answers[p.index]
+                    a.failure = "timeout"
+                    a.why = f"{p.conn.node.address} did not answer within {self.timeout:g}s"
+                    done(p, drop=True)
+        except BaseException:
+            self.close()
+            raise
+        return answers
+
+    def _connect(self, node: Node) -> _Conn:
+        zmq = self._zmq
+        s = self._ctx.socket(zmq.DEALER)
+        s.setsockopt(zmq.LINGER, 0)
+        s.setsockopt(zmq.MAXMSGSIZE, P.MAX_REPLY_BYTES)
+        s.curve_publickey = self.keys.public
+        s.curve_secretkey = self.keys.secret
+        s.curve_serverkey = self.keys.server
+        m = s.get_monitor_socket(
+            zmq.EVENT_HANDSHAKE_FAILED_AUTH
+            | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+            | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+        )
+        s.connect(node.endpoint)
+        c = _Conn(node, s, m)
+        self._conns[node] = c
+        self._by_sock[s] = self._by_sock[m] = c
+        self._poller.register(s, self._zmq.POLLIN)
+        self._poller.register(m, self._zmq.POLLIN)
+        return c
+
+    def _drop(self, c: _Conn) -> None:
+        if self._conns.pop(c.node, None) is None:
+            return
+        for sock in (c.sock, c.monitor):
+            self._by_sock.pop(sock, None)
+            # Linear in the registered sockets; only failed nodes (or a fallback without
+            # enough descriptors to keep everything) come here.
+            self._poller.unregister(sock)
+        c.sock.disable_monitor()
+        c.monitor.close(0)
+        c.sock.close(0)
+
+    def _auth_failure(self, node: Node, monitor: Any) -> str:
+        from zmq.utils.monitor import parse_monitor_message
+
+        ev = parse_monitor_message(monitor.recv_multipart())
+        zmq = self._zmq
+        if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+            return f"authentication failed for {node.address}: " + (
+                "no --key given, and the daemon accepts only its authorized keys"
+                if self.keys.ephemeral
+                else "the daemon does not know this profctl's key"
+            )
+        if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+            return (
+                f"authentication failed for {node.address}: the handshake failed"
+                " (is --server-key that daemon's public key?)"
+            )
+        return (
+            f"authentication failed for {node.address}: not a profd TCP control socket (no CURVE)"
+        )
+
+
 def fan_out(
     nodes: Sequence[Node],
     t: str,
@@ -236,135 +418,9 @@ def fan_out(
     keys: ClientKeys,
     timeout: float = DEFAULT_NODE_TIMEOUT,
 ) -> list[Answer]:
-    """Send request ``t`` to every node at once and wait up to ``timeout`` s for each; one
-    :class:`Answer` per node, in the nodes' order. ``fields`` may differ per node."""
-    import zmq
-    from zmq.utils.monitor import parse_monitor_message
-
-    answers = [Answer(n) for n in nodes]
-    frames: dict[int, bytes] = {}
-    for i, n in enumerate(nodes):
-        f = fields(n) if callable(fields) else fields
-        try:
-            frames[i] = P.encode(t, **f)
-        except P.ProtocolError as exc:
-            # The daemons would refuse it the same way: say so without a round trip.
-            raise CtlError(str(exc), code=exc.code) from None
-    window = _window(len(nodes))
-    ctx = zmq.Context(io_threads=2)  # CURVE handshakes with many nodes are CPU work
-    # A context option (ctx.set), not a default socket option (ctx.setsockopt): libzmq
-    # refuses a 1,024th socket otherwise, whatever the descriptor limit.
-    ctx.set(zmq.MAX_SOCKETS, 3 * window + 16)  # a socket, its monitor and the monitor's peer
-    events = (
-        zmq.EVENT_HANDSHAKE_FAILED_AUTH
-        | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-        | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
-    )
-    todo = list(range(len(nodes)))
-    todo.reverse()
-    live: dict[Any, _Open] = {}  # by socket and by monitor
-    # In deadline order (one timeout for all, so the order they were opened in): expiring
-    # and the next wake-up look at its head, not at every open node.
-    by_deadline: deque[_Open] = deque()
-    poller = zmq.Poller()
-    # Finished nodes' sockets stay registered and open until enough pile up: Poller's
-    # unregister is linear in what is registered, so one per node made 1,024 nodes
-    # quadratic (1.6 s of a 2.3 s round).
-    stale: list[_Open] = []
-
-    def close(o: _Open) -> None:
-        o.sock.disable_monitor()
-        o.monitor.close(0)
-        o.sock.close(0)
-
-    def finish(o: _Open) -> None:
-        nonlocal poller
-        for s in (o.sock, o.monitor):
-            live.pop(s, None)
-        stale.append(o)
-        if len(stale) >= max(64, len(live) // 2):
-            poller = zmq.Poller()
-            for sock in live:
-                poller.register(sock, zmq.POLLIN)
-            for x in stale:
-                close(x)
-            stale.clear()
-
-    try:
-        while todo or live:
-            while todo and len(live) // 2 < window:  # a socket and a monitor per node
-                i = todo.pop()
-                s = ctx.socket(zmq.DEALER)
-                s.setsockopt(zmq.LINGER, 0)
-                s.setsockopt(zmq.MAXMSGSIZE, P.MAX_REPLY_BYTES)
-                s.curve_publickey = keys.public
-                s.curve_secretkey = keys.secret
-                s.curve_serverkey = keys.server
-                m = s.get_monitor_socket(events)
-                o = _Open(nodes[i], i, s, m, time.monotonic() + timeout)
-                s.connect(nodes[i].endpoint)
-                # The empty frame makes the envelope a REQ's, which the daemon expects.
-                s.send_multipart([b"", frames[i]])
-                live[s] = live[m] = o
-                by_deadline.append(o)
-                poller.register(s, zmq.POLLIN)
-                poller.register(m, zmq.POLLIN)
-            while by_deadline and by_deadline[0].sock not in live:
-                by_deadline.popleft()  # answered already
-            now = time.monotonic()
-            first = by_deadline[0].deadline if by_deadline else now
-            ready = dict(poller.poll(max(0, int((first - now) * 1000) + 1)))
-            for sock in ready:
-                found = live.get(sock)
-                if found is None:
-                    # A finished node's socket, still registered: drop what it has.
-                    with contextlib.suppress(zmq.Again):
-                        sock.recv_multipart(zmq.NOBLOCK)
-                    continue
-                o = found
-                a = answers[o.index]
-                if sock is o.sock:
-                    reply = sock.recv_multipart()
-                    a.received_at = time.monotonic()
-                    try:
-                        a.data = decode_reply(reply[-1], f"profd at {o.node.address}")
-                    except CtlError as exc:
-                        a.error = exc
-                    finish(o)
-                    continue
-                ev = parse_monitor_message(sock.recv_multipart())
-                a.failure = "auth"
-                if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-                    a.why = f"authentication failed for {o.node.address}: " + (
-                        "no --key given, and the daemon accepts only its authorized keys"
-                        if keys.ephemeral
-                        else "the daemon does not know this profctl's key"
-                    )
-                elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-                    a.why = (
-                        f"authentication failed for {o.node.address}: the handshake failed"
-                        " (is --server-key that daemon's public key?)"
-                    )
-                else:
-                    a.why = (
-                        f"authentication failed for {o.node.address}: not a profd TCP"
-                        " control socket (no CURVE)"
-                    )
-                finish(o)
-            now = time.monotonic()
-            while by_deadline and by_deadline[0].deadline <= now:
-                o = by_deadline.popleft()
-                if o.sock not in live:
-                    continue
-                a = answers[o.index]
-                a.failure = "timeout"
-                a.why = f"{o.node.address} did not answer within {timeout:g}s"
-                finish(o)
-    finally:
-        for o in [*{id(o): o for o in live.values()}.values(), *stale]:
-            close(o)
-        ctx.term()
-    return answers
+    """One request to every node over connections made for it (see :class:`Fanout`)."""
+    with Fanout(keys, timeout) as f:
+        return f.ask(nodes, t, fields)
 
 
 # --- what a cluster command does with the answers ---------------------------------------

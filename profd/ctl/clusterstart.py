@@ -153,17 +153,14 @@ def follow_everywhere(env: Env, res: dict[str, Any], timeout: float) -> dict[str
     """Poll every started node's copy of the session until each has ended; the result is
     ``done`` only if every node and every asked-for rank is, ``partial`` naming what is
     missing, else ``failed`` (``cancelled`` if every node cancelled)."""
-    from .cluster import fan_out, load_keys
-
     started = {n["address"] for n in res["nodes"] if n["state"] == "started"}
     nodes = [n for n in env.nodes if n.address in started]
-    keys = load_keys(env.key_file, env.server_key_file)
     deadline = time.monotonic() + timeout if timeout else None
     silent: dict[str, int] = {}
     last: dict[str, dict[str, Any]] = {}
     line = ""
     while True:
-        for a in fan_out(nodes, P.C_SHOW, {"session": res["session"]}, keys, env.node_timeout):
+        for a in env.fanout.ask(nodes, P.C_SHOW, {"session": res["session"]}):
             if a.ok:
                 last[a.node.address] = a.data
                 silent.pop(a.node.address, None)

@@ -16,7 +16,7 @@ from .errors import CtlError
 from .render import emit_json
 
 if TYPE_CHECKING:  # zmq and the cluster code load only with --cluster
-    from .cluster import ClientKeys, Gathered, Node
+    from .cluster import Fanout, Gathered, Node
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -32,7 +32,7 @@ class Env:
     server_key_file: str | None = None
     node_timeout: float = 5.0
     _nodes: list[Node] | None = None
-    _keys: ClientKeys | None = None
+    _fanout: Fanout | None = None
     #: Every fan-out's outcome: the command wrapper names the nodes that did not answer.
     gathered: list[Gathered] = field(default_factory=list)
 
@@ -64,15 +64,27 @@ class Env:
     ) -> Gathered:
         """Ask every node of ``--cluster`` (or ``nodes``) with ``fields`` (or ``each(node)``);
         at least one must answer (else CtlError)."""
-        from .cluster import Gathered, fan_out, load_keys
+        from .cluster import Gathered
 
-        if self._keys is None:
-            self._keys = load_keys(self.key_file, self.server_key_file)
         asked = self.nodes if nodes is None else nodes
-        g = Gathered(fan_out(asked, t, each or fields, self._keys, self.node_timeout))
+        g = Gathered(self.fanout.ask(asked, t, each or fields))
         self.gathered.append(g)
         g.require_some()
         return g
+
+    @property
+    def fanout(self) -> Fanout:
+        """The command's connections to the nodes (closed when the command ends)."""
+        if self._fanout is None:
+            from .cluster import Fanout, load_keys
+
+            self._fanout = Fanout(load_keys(self.key_file, self.server_key_file), self.node_timeout)
+        return self._fanout
+
+    def close(self) -> None:
+        if self._fanout is not None:
+            self._fanout.close()
+            self._fanout = None
 
     def rows(self, t: str, **fields: Any) -> list[dict[str, Any]]:
         """A listing request's rows: from the local daemon, or every node's with its name as
@@ -107,7 +119,11 @@ def command(f: F) -> F:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         env = click.get_current_context().find_object(Env)
         try:
-            result = f(*args, **kwargs)
+            try:
+                result = f(*args, **kwargs)
+            finally:
+                if env is not None:
+                    env.close()
         except CtlError as exc:
             if env is not None and env.json:
                 emit_json({"error": str(exc), "code": exc.code})
