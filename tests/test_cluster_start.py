@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from clusters import Cluster, free_port
 from daemonproc import BIN, wait_for
-from harness import JOBS, Daemon, step_markers
+from harness import JOBS, Daemon, Job, step_markers
 from s3fixtures import MotoServer, moto_server
 from test_s3 import PREFIX, URL, s3_config
 
@@ -29,7 +29,7 @@ WAIT = 120.0
 
 def launch_two_nodes(
     cluster: Cluster, logs: Path, config: str = "", env: dict[str, str] | None = None
-) -> list[subprocess.Popen[bytes]]:
+) -> list[Job]:
     """node-a and node-b, each with one torchrun agent (2 ranks) of job ``twonode``."""
     port = free_port()
     agents = []
@@ -44,35 +44,36 @@ def launch_two_nodes(
             "STEPS": "1000000",
             "STEP_SLEEP": "0.05",
         }
-        log = (logs / f"agent{k}.log").open("w")
+        out = logs / f"agent{k}.log"
+        log = out.open("w")
         agents.append(
-            subprocess.Popen(
-                [
-                    str(BIN / "torchrun"),
-                    "--nnodes=2",
-                    f"--node-rank={k}",
-                    "--nproc-per-node=2",
-                    "--rdzv-backend=c10d",
-                    f"--rdzv-endpoint=127.0.0.1:{port}",
-                    "--rdzv-id=twonode",
-                    str(JOBS / "train.py"),
-                ],
-                env=job_env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
+            Job(
+                subprocess.Popen(
+                    [
+                        str(BIN / "torchrun"),
+                        "--nnodes=2",
+                        f"--node-rank={k}",
+                        "--nproc-per-node=2",
+                        "--rdzv-backend=c10d",
+                        f"--rdzv-endpoint=127.0.0.1:{port}",
+                        "--rdzv-id=twonode",
+                        str(JOBS / "train.py"),
+                    ],
+                    env=job_env,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                    start_new_session=True,
+                ),
+                out,
             )
         )
     return agents
 
 
-def stop_agents(agents: list[subprocess.Popen[bytes]]) -> None:
+def stop_agents(agents: list[Job]) -> None:
     for a in agents:
-        try:
-            os.killpg(a.pid, 9)
-        except ProcessLookupError:
-            pass
-        a.wait()
+        a.kill()  # the whole tree: torchrun's workers run in sessions of their own
 
 
 @pytest.fixture
