@@ -25,10 +25,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-NAMES = ("idle", "trigger", "stall", "daemon", "index", "s3", "cluster")
+NAMES = ("idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report")
 # Two lanes side by side, of about equal length: bench_trigger (its torchrun job and sessions
 # mostly wait) is the longest by far, so the two shortest run after it.
-LANES = (("trigger", "index", "s3"), ("idle", "daemon", "stall", "cluster"))
+LANES = (("trigger", "index", "s3", "report"), ("idle", "daemon", "stall", "cluster"))
 RESULT_KEYS = {"name", "quick", "date", "machine", "params", "rows", "details", "wall_s"}
 ROW_KEYS = {
     "metric",
