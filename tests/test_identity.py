@@ -199,6 +199,67 @@ def test_an_auto_rule_follows_the_process_to_its_job(daemon_factory: Any, tmp_pa
         job.kill()
 
 
+def test_an_auto_rule_arms_a_process_again_when_only_its_rank_changed(
+    daemon_factory: Any, tmp_path: Path
+) -> None:
+    """The ``mp.spawn`` parent exported ``MASTER_ADDR``/``MASTER_PORT``: both children attach
+    under the job's id as rank 0 of 1 and the rule arms them in one session. After
+    ``init_process_group`` their ranks change and their job does not: the rule arms them
+    again as ranks 0 and 1 of 2, and its capture holds both."""
+    d = daemon_factory(config='[[auto]]\nsteps = "3:5"\n')
+    pre, gate = tmp_path / "init", tmp_path / "go"
+    port = free_port()
+    name = f"spawn_ddp-localhost-{port}"
+    job = run_script(
+        d,
+        tmp_path / "job.log",
+        "spawn_ddp.py",
+        PARENT_MASTER="1",
+        PREINIT_GATE=str(pre),
+        GATE=str(gate),
+        PORT=str(port),
+        STEPS="6",
+    )
+
+    def sessions() -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = d.ctl_json("sessions", "--job", name)
+        return rows
+
+    def with_targets(sid: str, n: int) -> dict[str, Any] | None:
+        s: dict[str, Any] = d.ctl_json("show", sid)
+        return s if len(s["targets"]) == n else None
+
+    try:
+        (first,) = wait_for(sessions, WAIT, f"the rule's session for {name}")
+        held = wait_for(lambda: with_targets(first["id"], 2), WAIT, "both children in it")
+        assert {(t["rank"], t["world_size"]) for t in held["targets"]} == {(0, 1)}, held
+        # Both are armed as rank 0 of 1 before either learns its rank.
+        open_gate_when_armed(d, pre, first["id"])
+        one_job(d, 2)
+
+        def again() -> dict[str, Any] | None:
+            fresh = [x for x in sessions() if x["id"] != first["id"]]
+            return with_targets(fresh[0]["id"], 2) if len(fresh) == 1 else None
+
+        rearmed = wait_for(again, WAIT, "the rule's session again, with both ranks")
+        open_gate_when_armed(d, gate, rearmed["id"])
+        s = wait_session(d, rearmed["id"])
+        assert s["state"] == "done", s
+        # The index keeps the identity each target was armed under: the new one.
+        assert sorted((t["rank"], t["world_size"]) for t in s["targets"]) == [(0, 2), (1, 2)]
+        rows = by_rank(traces(d, "--session", rearmed["id"]))
+        assert sorted(rows) == [0, 1]
+        assert all(step_markers(Path(r["path"])) == [3, 4] for r in rows.values())
+        old = wait_session(d, first["id"])
+        assert old["state"] == "cancelled", old
+        for t in old["targets"]:
+            assert f"re-registered as job {name} main rank " in t["error"], t
+            assert f"(was job {name} main rank 0/1) before its capture began" in t["error"], t
+        assert job.wait() == 0, job.output()
+    finally:
+        job.kill()
+
+
 def test_two_unrelated_python_jobs_get_two_job_ids(daemon: Daemon, scripts: Any) -> None:
     # Started from one parent, like two `python train.py` from one shell.
     for _ in range(2):

@@ -66,6 +66,16 @@ class AutoRules:
                 continue
             sid = self.by_job.get((i, c.job))
             s = self.sessions.exact(sid) if sid else None
+            if s is not None and (s.terminal or _voided(s.targets.get(c.key), c)):
+                # The rule's session for this job cannot take the process: it is over, or it
+                # holds this process's target cancelled for an identity it no longer has (its
+                # rank changed, its job did not). That target cannot be armed again in the
+                # same session: the client still holds the old arm (its revision, and file
+                # names after the old rank) and answers the disarm with a "cancelled" report
+                # that would end a fresh target in that session too. A fresh session for the
+                # job has a fresh target with the identity the process has now; the job's
+                # other ranks join it as they re-register.
+                s = None
             if s is None:
                 spec = dict(rule.spec, job=c.job, pids=[c.pid])
                 spec.setdefault("label", f"auto:{i}")
@@ -86,3 +96,13 @@ class AutoRules:
                 self.sessions.fail(s, t, why)
                 continue
             self.arms.arm(s, c)
+
+
+def _voided(t: Target | None, c: Client) -> bool:
+    """``t`` was cancelled because its process re-registered as ``c`` (see
+    ``AgentHandler._void_stale_targets``)."""
+    return (
+        t is not None
+        and t.state == "cancelled"
+        and (t.job, t.role, t.rank, t.world_size) != c.identity
+    )

@@ -4,8 +4,9 @@ Each child calls the two profd lines first, then sets ``MASTER_ADDR``/``MASTER_P
 passes its rank to ``init_process_group`` itself: nothing tells profd the rank before the
 process group exists. Env: PORT (the rendezvous port), STEPS (default 8), NPROC (default 2),
 GATE (as in workers.py, waited for after ``init_process_group``), PREINIT_GATE (the same,
-waited for between ``attach()`` and ``init_process_group``). Prints ``RESULT {json}`` per
-rank.
+waited for between ``attach()`` and ``init_process_group``), PARENT_MASTER=1 (the parent
+exports ``MASTER_ADDR``/``MASTER_PORT`` before spawning, as many scripts do: the children then
+attach under the job's id already, as rank 0 of 1). Prints ``RESULT {json}`` per rank.
 """
 
 import json
@@ -61,4 +62,7 @@ def worker(rank: int, world: int) -> None:
 
 if __name__ == "__main__":
     n = int(os.environ.get("NPROC", "2"))
+    if os.environ.get("PARENT_MASTER") == "1":
+        os.environ["MASTER_ADDR"] = "localhost"
+        os.environ["MASTER_PORT"] = os.environ["PORT"]
     mp.spawn(worker, args=(n,), nprocs=n)
