@@ -29,6 +29,11 @@ else:
     def __getattr__(name: str) -> Any:
         # The API (and the agent, stepper and identity code behind it) loads on first use:
         # profctl and the daemon import profd_client.protocol and need none of it.
+        if name not in __all__ and not (name.startswith("_") and not name.startswith("__")):
+            # A submodule (``from . import protocol`` asks here first): the import system
+            # loads it when this says there is no such attribute. Answering with the API
+            # instead would import agent.py from inside agent.py's own imports.
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
         api = importlib.import_module(".api", __name__)
         # Every public name at once, and after the import: importing api imports the
         # submodule identity.py, which binds profd_client.identity to that module, over

@@ -198,3 +198,19 @@ def test_the_public_identity_is_the_function_not_the_module() -> None:
         )
         r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
         assert r.returncode == 0, (first, r.stderr)
+
+
+def test_client_submodules_import_directly_in_a_fresh_interpreter() -> None:
+    # bench/simclients.py and the daemon import submodules first; ``from . import protocol``
+    # inside agent.py asks the package's __getattr__, which must not load the API from there.
+    import subprocess
+
+    for first in ("profd_client.agent", "profd_client.protocol", "profd_client.steps"):
+        code = (
+            f"import {first}\n"
+            "import profd_client\n"
+            "assert callable(profd_client.attach) and callable(profd_client.identity)\n"
+            "assert profd_client.identity() is None\n"
+        )
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+        assert r.returncode == 0, (first, r.stderr)
