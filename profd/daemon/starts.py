@@ -142,9 +142,7 @@ class Starter:
             self.nsys.begin(s, targets)
         else:
             # Arm first: the index write happens in the loop's flush, after the reply.
-            self.arms.prepare(s, targets)
-            for c in targets:
-                self.arms.arm(s, c)
+            self.arms.arm_all(s, targets)
         log.info(
             "session %s: %s steps %s on %d target(s)",
             s.id,
@@ -254,10 +252,7 @@ class Starter:
             took,
             sch.describe(s.cycles),
         )
-        rearm = [x for x in clients if s.targets[x.key].awaiting_arm]
-        self.arms.prepare(s, rearm)
-        for x in rearm:
-            self.arms.arm(s, x)
+        self.arms.arm_all(s, [x for x in clients if s.targets[x.key].awaiting_arm])
 
     def stop(self, session_id: str, keep: bool, by: Requester | None = None) -> Session | None:
         """Disarm every open target; None if no live session has that id."""
