@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,7 +244,19 @@ def test_a_fan_out_to_more_nodes_than_libzmq_allows_sockets_by_default_answers_f
     public, secret = zmq.curve_keypair()
     server, _ = zmq.curve_keypair()
     keys = ClientKeys(public, secret, server)
-    port = free_port()  # closed: every connection attempt is refused
-    answers = fan_out([parse_node(f"127.0.0.1:{port}")] * 600, P.C_PS, {}, keys, timeout=1.0)
+    # 600 distinct ports, bound here and never listened on: every connection is refused.
+    held = [socket.socket() for _ in range(600)]
+    for h in held:
+        h.bind(("127.0.0.1", 0))
+    nodes = [parse_node(f"127.0.0.1:{h.getsockname()[1]}") for h in held]
+    try:
+        answers = fan_out(nodes, P.C_PS, {}, keys, timeout=1.0)
+    finally:
+        for h in held:
+            h.close()
     assert len(answers) == 600
     assert {a.failure for a in answers} == {"timeout"}
+    # A node listed twice is asked once, and answered in both places.
+    twice = fan_out([nodes[0], nodes[1], nodes[0]], P.C_PS, {}, keys, timeout=0.5)
+    assert [a.node for a in twice] == [nodes[0], nodes[1], nodes[0]]
+    assert {a.failure for a in twice} == {"timeout"}

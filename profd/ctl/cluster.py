@@ -18,7 +18,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -278,6 +278,12 @@ class Fanout:
     ) -> list[Answer]:
         """Send request ``t`` to every node at once and wait up to the timeout for each; one
         :class:`Answer` per node, in the nodes' order. ``fields`` may differ per node."""
+        unique = list(dict.fromkeys(nodes))
+        if len(unique) < len(nodes):
+            # A node listed twice is asked once: two requests in flight on one connection
+            # could not be told apart.
+            by_node = {a.node: a for a in self.ask(unique, t, fields)}
+            return [replace(by_node[n]) for n in nodes]
         zmq = self._zmq
         answers = [Answer(n) for n in nodes]
         frames: dict[int, bytes] = {}
