@@ -8,7 +8,6 @@ clients report. No test depends on how fast the machine is, only on generous tim
 
 from __future__ import annotations
 
-import contextlib
 import gzip
 import json
 import os
@@ -20,7 +19,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from harness import BIN, JOBS, Daemon, Job, step_markers, wait_for
 
@@ -123,18 +121,6 @@ def launch(d: Daemon, log: Path, script: str = "workers.py", nproc: int = 2, **e
     return Job(proc, log)
 
 
-def kill_tree(job: Job) -> None:
-    """torchrun starts its workers in their own sessions: killing its group leaves them running."""
-    try:
-        workers = psutil.Process(job.proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        workers = []
-    for w in workers:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            w.kill()
-    job.kill()
-
-
 @pytest.fixture
 def jobs(torchrun: Callable[..., Job]) -> Iterator[Callable[..., Job]]:
     """``torchrun``, plus a teardown that also kills the workers of a job left running."""
@@ -148,7 +134,7 @@ def jobs(torchrun: Callable[..., Job]) -> Iterator[Callable[..., Job]]:
 
     yield start_job
     for j in started:
-        kill_tree(j)
+        j.kill()
 
 
 def open_gate_when_armed(d: Daemon, gate: Path, *sids: str) -> None:
@@ -172,7 +158,7 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, s
         wait_for(lambda: all(r["steps_per_s"] > 0 for r in d.ps()), WAIT, "step rates", every=0.2)
         yield d, rows[0]["job"]
     finally:
-        kill_tree(job)
+        job.kill()
         d.stop()
 
 

@@ -22,7 +22,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
 from harness import JOBS, Daemon, Job, wait_for
 from test_captures import (
@@ -290,7 +289,7 @@ def ray_job(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, 
         stop.touch()
         with contextlib.suppress(subprocess.TimeoutExpired):
             job.proc.wait(60)
-        kill_ray_tree(job)
+        job.kill()  # the whole tree: Ray's raylet and GCS run in sessions of their own
         d.stop()
         shutil.rmtree(ray_tmp, ignore_errors=True)
 
@@ -308,18 +307,6 @@ def ray_rows(
 
     rows: list[dict[str, Any]] = wait_for(check, timeout, what, every=0.5)
     return rows
-
-
-def kill_ray_tree(job: Job) -> None:
-    """Ray's raylet and GCS run in sessions of their own: kill every descendant."""
-    try:
-        tree = psutil.Process(job.proc.pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        tree = []
-    for p in tree:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            p.kill()
-    job.kill()
 
 
 def test_ray_actors_get_ray_job_and_class_roles(ray_job: tuple[Daemon, Path, Job]) -> None:

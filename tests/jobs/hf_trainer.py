@@ -14,10 +14,10 @@ profd_client.attach()
 
 import json  # noqa: E402
 import os  # noqa: E402
-import time  # noqa: E402
 from typing import Any  # noqa: E402
 
 import torch  # noqa: E402
+from gate import wait_gate  # noqa: E402
 from transformers import (  # noqa: E402
     GPT2Config,
     GPT2LMHeadModel,
@@ -49,12 +49,7 @@ class Gate(TrainerCallback):
     def on_train_begin(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **_: Any
     ) -> None:
-        gate = os.environ.get("GATE")
-        give_up = time.monotonic() + 600  # a test that died must not leave workers behind
-        while gate and not os.path.exists(gate):
-            if time.monotonic() > give_up:
-                raise SystemExit("gate never opened")
-            time.sleep(0.05)
+        wait_gate()
 
 
 def main() -> None:

@@ -11,10 +11,10 @@ profd_client.attach()
 
 import json  # noqa: E402
 import os  # noqa: E402
-import time  # noqa: E402
 
 import lightning as L  # noqa: E402
 import torch  # noqa: E402
+from gate import wait_gate  # noqa: E402
 from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 
 
@@ -35,12 +35,7 @@ class Model(L.LightningModule):
 
 class Gate(L.Callback):
     def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
-        gate = os.environ.get("GATE")
-        give_up = time.monotonic() + 600  # a test that died must not leave workers behind
-        while gate and not os.path.exists(gate):
-            if time.monotonic() > give_up:
-                raise SystemExit("gate never opened")
-            time.sleep(0.05)
+        wait_gate()
 
 
 def main() -> None:

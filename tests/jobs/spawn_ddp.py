@@ -11,19 +11,11 @@ attach under the job's id already, as rank 0 of 1). Prints ``RESULT {json}`` per
 
 import json
 import os
-import time
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-
-def wait_gate(gate: str | None) -> None:
-    give_up = time.monotonic() + 600  # a test that died must not leave workers behind
-    while gate and not os.path.exists(gate):
-        if time.monotonic() > give_up:
-            raise SystemExit("gate never opened")
-        time.sleep(0.05)
+from gate import wait_gate
 
 
 def worker(rank: int, world: int) -> None:
@@ -31,7 +23,7 @@ def worker(rank: int, world: int) -> None:
 
     profd_client.attach()
 
-    wait_gate(os.environ.get("PREINIT_GATE"))
+    wait_gate("PREINIT_GATE")
     os.environ["MASTER_ADDR"] = "localhost"
     os.environ["MASTER_PORT"] = os.environ["PORT"]
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -39,7 +31,7 @@ def worker(rank: int, world: int) -> None:
         torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    wait_gate(os.environ.get("GATE"))
+    wait_gate("GATE")
     for _ in range(int(os.environ.get("STEPS", "8"))):
         model(torch.randn(32, 32)).pow(2).mean().backward()
         opt.step()

@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from gate import wait_gate
 
 import profd_client
 
@@ -49,12 +50,7 @@ opt = None if manual else torch.optim.SGD(model.parameters(), lr=0.01)
 steps = int(os.environ.get("STEPS", "200"))
 pause = float(os.environ.get("STEP_SLEEP", "0.05"))
 
-gate = os.environ.get("GATE")
-give_up = time.monotonic() + 600  # a test that died must not leave workers behind forever
-while gate and not os.path.exists(gate):
-    if time.monotonic() > give_up:
-        raise SystemExit("gate never opened")
-    time.sleep(0.05)
+wait_gate()
 
 for _ in range(steps):
     if opt is None:
