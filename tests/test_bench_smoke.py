@@ -196,7 +196,25 @@ def check_s3(res: dict[str, Any]) -> None:
     assert len(res["rows"]) == len(sets), metrics(res)
 
 
+def check_cluster(res: dict[str, Any]) -> None:
+    d, p = res["details"], res["params"]
+    assert len(res["rows"]) == 3, metrics(res)
+    for k in ("ps_s", "armed_p50_s", "armed_p99_s", "armed_max_s", "start_wall_s"):
+        assert len(d[k]) == p["trials"], k
+    # Every trial's session reached every simulated node (checked inside the benchmark too).
+    assert d["serial_per_host_s"] > 0 and d["serial_inproc_all_armed_s"] > 0
+
+
+def check_report(res: dict[str, Any]) -> None:
+    d, p = res["details"], res["params"]
+    assert len(res["rows"]) == 4, metrics(res)
+    assert len(d["report_cmd_s"]) == len(d["report_inproc_s"]) == p["reps"]
+    assert len(d["pipeline_with_s"]) == len(d["pipeline_without_s"]) == p["pairs"]
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "cluster": check_cluster,
+    "report": check_report,
     "idle": check_idle,
     "trigger": check_trigger,
     "stall": check_stall,
