@@ -1,8 +1,9 @@
 """``profctl --cluster start`` with a real two-node torchrun job (issue 12 item 5).
 
-Two torchrun agents (``--nnodes 2``, c10d rendezvous on 127.0.0.1) of one job, each node's
-two ranks attached to a different daemon; profctl plans once for all four ranks and arms
-both nodes with one session id and the same absolute steps.
+Four daemons on this machine (own dirs, node names, TCP ports, CURVE keys from ``profctl keys
+new``); two torchrun agents (``--nnodes 2``, c10d rendezvous on 127.0.0.1) of one job, each
+node's two ranks attached to a different daemon, the other two daemons idle. profctl plans
+once for all four ranks and arms both nodes with one session id and the same absolute steps.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ WAIT = 120.0
 def launch_two_nodes(
     cluster: Cluster, logs: Path, config: str = "", env: dict[str, str] | None = None
 ) -> list[Job]:
-    """node-a and node-b, each with one torchrun agent (2 ranks) of job ``twonode``."""
+    """Four daemons: node-a and node-b each with one torchrun agent (2 ranks) of job
+    ``twonode``, node-c and node-d with nothing attached (they answer, and take no part)."""
     port = free_port()
     agents = []
     for k, name in enumerate(("node-a", "node-b")):
@@ -68,6 +70,8 @@ def launch_two_nodes(
                 out,
             )
         )
+    for name in ("node-c", "node-d"):
+        cluster.add(name, heartbeat=0.5, config=config, env=env)
     return agents
 
 
@@ -143,7 +147,7 @@ def test_a_node_that_is_down_is_named_and_the_session_is_partial(
 ) -> None:
     stepping(cluster)
     down = f"127.0.0.1:{free_port()}"  # nothing listens there
-    nodes = [a for _, a in two_nodes] + [down]
+    nodes = [a for _, a in two_nodes] + [down]  # four daemons and one that is down
     r = cluster.ctl(
         "--node-timeout", "2", "start", "--next", "--wait", "--timeout", str(WAIT), "--json",
         nodes=nodes,
