@@ -104,7 +104,7 @@ def traces(cluster: Cluster, sid: str) -> dict[int, dict[str, Any]]:
 
 
 def test_one_plan_arms_ranks_on_two_nodes_with_the_same_steps(
-    cluster: Cluster, two_nodes: list[tuple[Daemon, str]]
+    cluster: Cluster, two_nodes: list[tuple[Daemon, str]], tmp_path: Path
 ) -> None:
     rows = stepping(cluster)
     node_of = {r["rank"]: r["host"] for r in rows}
@@ -140,6 +140,11 @@ def test_one_plan_arms_ranks_on_two_nodes_with_the_same_steps(
         "node-a",
         "node-b",
     }
+    # The cross-rank report of a cluster session: every rank of both nodes in one report.
+    report = cluster.json("report", res["session"], "-o", str(tmp_path / "report.html"))
+    assert sorted(x["rank"] for x in report["ranks"]) == [0, 1, 2, 3], report["ranks"]
+    assert set(report) >= {"session", "steps", "ranks", "stragglers", "verdict"}
+    assert (tmp_path / "report.html").stat().st_size > 0
 
 
 def test_a_node_that_is_down_is_named_and_the_session_is_partial(
