@@ -47,6 +47,7 @@ class Run:
     diff: dict[str, Any] = field(default_factory=dict)
     diff_text: str = ""
     from_s3: dict[str, Any] = field(default_factory=dict)
+    s3_timeline_doc: dict[str, Any] = field(default_factory=dict)  # merged from S3 alone
 
 
 def s3_config() -> str:
@@ -146,6 +147,13 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         env = {**os.environ, **moto.env(), "PROFD_RUNTIME_DIR": str(root / "no-daemon")}
         env.pop("PROFD_CONFIG", None)
         r.from_s3 = ctl_json(d, "report", a, "--s3", URL, "-o", str(root / "s3.html"), env=env)
+        s3_tl = ctl_json(
+            d, "report", a, "--s3", URL, "--timeline", "--timeline-dir", str(root / "s3tl"),
+            "-o", str(root / "s3tl.html"), env=env,
+        )  # fmt: skip
+        for path in s3_tl["timelines"]:
+            with gzip.open(path, "rt") as fh:
+                r.s3_timeline_doc = json.load(fh)
         yield r
     finally:
         jobs.kill_all()
@@ -222,6 +230,22 @@ def test_merged_timeline_has_every_rank_aligned_beside_the_cycle_dir(run: Run) -
     first = doc["otherData"]["aligned_on_step"]
     starts = {steps[pid][first] for pid in names}
     assert len(starts) == 1, starts  # the same instant on every rank
+
+
+def test_the_merged_timeline_from_s3_alone_is_the_same_as_from_the_spool(run: Run) -> None:
+    local, remote = run.timeline_doc, run.s3_timeline_doc
+    assert remote, "no timeline written from S3"
+
+    def procs(doc: dict[str, Any]) -> list[str]:
+        return sorted(
+            e["args"]["name"]
+            for e in doc["traceEvents"]
+            if e.get("ph") == "M" and e.get("name") == "process_name"
+        )
+
+    assert procs(remote) == procs(local)
+    assert remote["otherData"]["aligned_on_step"] == local["otherData"]["aligned_on_step"]
+    assert len(remote["traceEvents"]) == len(local["traceEvents"])
 
 
 # --- the page in a real browser ------------------------------------------------------------------
