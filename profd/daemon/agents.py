@@ -330,14 +330,10 @@ class AgentHandler:
         if key in self._deferred:  # sent again while it waits for space: answer that one
             self._deferred[key] = (c.ident, stored, ack)
             return
-        try:
-            fresh = self.index.inbox_put(key, stored)
-        except Exception as exc:
-            if not is_disk_full(exc):
-                raise
+        fresh = self._store(key, stored)
+        if fresh is None:
             # Not durable, so not acked: the target waits in "capturing"/"processing" (its
             # capture counted as outstanding), and status says why, until space is back.
-            self.storage.failed("index", exc, f"the capture report {key}")
             self._deferred[key] = (c.ident, stored, ack)
             self.sessions.queued(s, t)
             return
@@ -354,18 +350,26 @@ class AgentHandler:
     def retry_deferred(self) -> None:
         """Store and ack the reports a full index refused (every housekeeping tick)."""
         for key, (ident, stored, ack) in list(self._deferred.items()):
-            try:
-                fresh = self.index.inbox_put(key, stored)
-            except Exception as exc:
-                if not is_disk_full(exc):
-                    raise
-                self.storage.failed("index", exc, f"the capture report {key}")
-                return
-            self.storage.ok("index")
+            fresh = self._store(key, stored)
+            if fresh is None:
+                return  # still full: the rest would fail the same way
             del self._deferred[key]
             self.send(ident, ack)
             if fresh:  # counted as outstanding when it was deferred
                 self.captures.submit(job_of(key, stored))
+
+    def _store(self, key: str, stored: dict[str, Any]) -> bool | None:
+        """Put a report in the inbox: whether it is new there, or None when a full disk
+        refused it (any other error is a bug, and raises)."""
+        try:
+            fresh = self.index.inbox_put(key, stored)
+        except Exception as exc:
+            if not is_disk_full(exc):
+                raise
+            self.storage.failed("index", exc, f"the capture report {key}")
+            return None
+        self.storage.ok("index")
+        return fresh
 
     def _own_files(self, s: Session, t: Target, revision: int, cycle: int) -> dict[str, Path]:
         return self.captures.own_files(
