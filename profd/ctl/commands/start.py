@@ -49,7 +49,12 @@ from .wait import follow
 @click.pass_obj
 @command
 def start(env: Env, /, **kw: Any) -> None:
-    """Capture steps on matching ranks; prints the session id and resolved steps."""
+    """Capture steps on matching ranks; prints the session id and resolved steps.
+
+    With --cluster: every node is asked for its matching ranks, the steps are resolved once
+    for all of them (--ranks are global ranks), and every node starts the same session on
+    the same steps; --wait ends done, partial (naming what is missing) or failed.
+    """
     spec: dict[str, Any] = {
         "job": kw["job"],
         "roles": list(kw["roles"]) or None,
