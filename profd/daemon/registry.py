@@ -147,13 +147,20 @@ class Registry:
         if state is not None:
             c.state = state
 
-    def observed_step(self, c: Client, step: int, now: float) -> None:
-        """A report says the client was at ``step`` just now (a ``late`` arm)."""
+    def observed_step(self, c: Client, step: int, now: float, sent_at: float) -> None:
+        """A ``late`` report: the client was at ``step`` some time between ``sent_at`` (when
+        the arm it answers was sent) and ``now`` (when the report arrived)."""
         if step > c.step and now > c.step_at:
             # The estimate that planned its steps was low: learn the rate it really ran at
-            # since its last report, or the next plan would be just as early.
+            # since its last report, or the next plan would be just as early. Dividing by the
+            # whole interval keeps this a lower bound however late the report was sent.
             c.sps = max(c.sps, (step - c.step) / (now - c.step_at))
-        c.step, c.step_at = max(c.step, step), now
+        if step > c.step:
+            # The step may have been seen seconds before the report left (a training thread
+            # holding the GIL delays the agent thread): date it at the earliest it could
+            # have been seen, so the next rate is measured over a real interval, not over
+            # the milliseconds between two queued reports.
+            c.step, c.step_at = step, max(c.step_at, min(sent_at, now))
 
     def sampled(
         self,

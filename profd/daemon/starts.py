@@ -216,7 +216,7 @@ class Starter:
     def late(self, s: Session, t: Target, c: Client, step: int) -> None:
         """A rank got the session's first step after it had passed."""
         now = time.monotonic()
-        self.registry.observed_step(c, step, now)
+        self.registry.observed_step(c, step, now, s.armed_at)
         why = f"steps already passed: at step {step}"
         sched = sch.parse(s.request)
         # A coordinator's steps are every node's: moving them here would split the capture.
