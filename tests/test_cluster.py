@@ -137,6 +137,23 @@ def test_unknown_and_missing_keys_are_refused_and_logged(cluster: Cluster) -> No
     assert json.loads(j.stdout)["code"] == "auth"
 
 
+def test_one_fan_out_tells_a_refused_node_from_the_answering_ones(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """All nodes share profctl's one socket: a refusal by a node reached by host name is
+    told apart from the nodes that answer on the same socket."""
+    _, good = cluster.add("node-a")
+    nobody = tmp_path / "nobody-authorized"
+    nobody.mkdir()
+    _, strict = cluster.add("node-b", authorized_keys=str(nobody))
+    by_name = "localhost:" + strict.rsplit(":", 1)[1]
+    r = cluster.ctl("--json", "ps", nodes=[good, by_name])
+    assert r.returncode == EXIT_AUTH_FAILED, r.stderr
+    assert f"authentication failed for {by_name}" in r.stderr
+    assert good not in r.stderr
+    assert json.loads(r.stdout) == []  # node-a answered: no processes there
+
+
 def test_tcp_serves_control_requests_only(cluster: Cluster) -> None:
     d, address = cluster.add("node-a")
     pub, sec = zmq.auth.load_certificate(cluster.keys / "alice.key_secret")

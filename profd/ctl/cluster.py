@@ -29,9 +29,8 @@ from .connection import decode_reply
 from .errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, BadUsage, CtlError, NoAnswer
 
 DEFAULT_NODE_TIMEOUT = 5.0
-#: Descriptors a node costs while its request is open: the TCP connection, the socket's
-#: and its monitor's mailboxes, and slack.
-_FDS_PER_NODE = 4
+#: Descriptors a node costs while its request is open: its TCP connection, and slack.
+_FDS_PER_NODE = 2
 
 
 @dataclass(frozen=True)
@@ -206,11 +205,13 @@ class Answer:
 
 @dataclass
 class _Conn:
-    """One node's socket and its handshake monitor, kept across requests."""
+    """One node's connection on the fan-out's socket, kept across requests."""
 
     node: Node
-    sock: Any
-    monitor: Any
+    #: The routing id the socket gives this connection: a reply names its node by it. New
+    #: for every connection, so a reply a dropped connection still delivers is recognised
+    #: as stale.
+    rid: bytes
 
 
 @dataclass
@@ -239,6 +240,13 @@ def _window(n: int) -> int:
 class Fanout:
     """Requests to many nodes at once, over connections kept for the whole command.
 
+    One ROUTER socket connects to every node, naming each connection with its own routing
+    id (``ZMQ_CONNECT_ROUTING_ID``): a request goes to a node by that id and its reply
+    comes back with it. A socket per node cost more in Python than the handshakes do in
+    C at a thousand nodes (making, polling and closing two thousand sockets). One monitor
+    on that socket reports failed handshakes by endpoint, so a refused key is named at
+    once instead of timing out.
+
     A cluster ``start`` asks every node twice (probe, then start) and ``--wait`` many more
     times: each CURVE handshake is CPU work on both sides, so a node's connection is made
     once and reused, unless there are more nodes than descriptors for all of them (then
@@ -253,9 +261,15 @@ class Fanout:
         self.timeout = timeout
         self._zmq = zmq
         self._ctx: Any = None
+        self._sock: Any = None
+        self._monitor: Any = None
+        self._poller: Any = None
         self._conns: dict[Node, _Conn] = {}
-        self._by_sock: dict[Any, _Conn] = {}
-        self._poller: Any = zmq.Poller()
+        self._by_rid: dict[bytes, _Conn] = {}
+        self._serial = 0
+        #: Resolved ``tcp://ip:port`` endpoints, for monitor events that name those instead
+        #: of the address connected to (libzmq does after a reconnect).
+        self._resolved: dict[str, Node] = {}
 
     def __enter__(self) -> Fanout:
         return self
@@ -264,11 +278,14 @@ class Fanout:
         self.close()
 
     def close(self) -> None:
-        for c in list(self._conns.values()):
-            self._drop(c)
-        if self._ctx is not None:
-            self._ctx.term()
-            self._ctx = None
+        if self._ctx is None:
+            return
+        self._conns.clear()
+        self._by_rid.clear()
+        self._monitor.close(0)
+        self._sock.close(0)
+        self._ctx.term()
+        self._ctx = self._sock = self._monitor = self._poller = None
 
     def ask(
         self,
@@ -296,63 +313,61 @@ class Fanout:
                 raise CtlError(str(exc), code=exc.code) from None
         window = _window(len(set(nodes) | set(self._conns)))
         keep = len(set(nodes) | set(self._conns)) <= window
-        if self._ctx is None:
-            self._ctx = zmq.Context(io_threads=2)  # CURVE handshakes are CPU work
-            # A context option (ctx.set), not a default socket option (ctx.setsockopt):
-            # libzmq refuses a 1,024th socket otherwise, whatever the descriptor limit.
-            self._ctx.set(zmq.MAX_SOCKETS, 3 * window + 16)  # socket, monitor, its peer
+        sock = self._socket()
         todo = list(range(len(nodes)))
         todo.reverse()
-        pending: dict[Any, _Pending] = {}  # by socket and by monitor
+        pending: dict[Node, _Pending] = {}
         # In deadline order (one timeout for all, so the order sent in): expiring and the
         # next wake-up look at its head, not at every node.
         by_deadline: deque[_Pending] = deque()
 
         def done(p: _Pending, drop: bool) -> None:
-            for sock in (p.conn.sock, p.conn.monitor):
-                pending.pop(sock, None)
+            del pending[p.conn.node]
             if drop or not keep:
                 self._drop(p.conn)
 
         try:
             while todo or pending:
-                while todo and len(pending) // 2 < window:
+                while todo and len(pending) < window:
                     i = todo.pop()
                     c = self._conns.get(nodes[i]) or self._connect(nodes[i])
                     p = _Pending(c, i, time.monotonic() + self.timeout)
                     # The empty frame makes the envelope a REQ's, which the daemon expects.
-                    c.sock.send_multipart([b"", frames[i]])
-                    pending[c.sock] = pending[c.monitor] = p
+                    sock.send_multipart([c.rid, b"", frames[i]])
+                    pending[c.node] = p
                     by_deadline.append(p)
-                while by_deadline and by_deadline[0].conn.sock not in pending:
+                while by_deadline and by_deadline[0].conn.node not in pending:
                     by_deadline.popleft()  # answered already
                 now = time.monotonic()
                 first = by_deadline[0].deadline if by_deadline else now
                 ready = dict(self._poller.poll(max(0, int((first - now) * 1000) + 1)))
-                for sock in ready:
-                    found = pending.get(sock)
-                    if found is None:
-                        # A kept connection with no request now: drop what it has.
-                        with contextlib.suppress(zmq.Again):
-                            sock.recv_multipart(zmq.NOBLOCK)
-                        continue
-                    p = found
-                    a = answers[p.index]
-                    if sock is p.conn.sock:
-                        reply = sock.recv_multipart()
+                if self._monitor in ready:
+                    for node, why in self._auth_failures():
+                        found = pending.get(node)
+                        if found is not None:
+                            answers[found.index].failure, answers[found.index].why = "auth", why
+                            done(found, drop=True)
+                if sock in ready:
+                    while True:
+                        try:
+                            reply = sock.recv_multipart(zmq.NOBLOCK)
+                        except zmq.Again:
+                            break
+                        conn = self._by_rid.get(reply[0])
+                        found = pending.get(conn.node) if conn is not None else None
+                        if found is None or found.conn is not conn:
+                            continue  # no request open on that connection now: stale
+                        a = answers[found.index]
                         a.received_at = time.monotonic()
                         try:
-                            a.data = decode_reply(reply[-1], f"profd at {p.conn.node.address}")
+                            a.data = decode_reply(reply[-1], f"profd at {conn.node.address}")
                         except CtlError as exc:
                             a.error = exc
-                        done(p, drop=False)
-                        continue
-                    a.failure, a.why = "auth", self._auth_failure(p.conn.node, sock)
-                    done(p, drop=True)
+                        done(found, drop=False)
                 now = time.monotonic()
                 while by_deadline and by_deadline[0].deadline <= now:
                     p = by_deadline.popleft()
-                    if p.conn.sock not in pending:
+                    if pending.get(p.conn.node) is not p:
                         continue
                     a = answers[p.index]
                     a.failure = "timeout"
@@ -363,58 +378,100 @@ class Fanout:
             raise
         return answers
 
-    def _connect(self, node: Node) -> _Conn:
+    def _socket(self) -> Any:
+        if self._sock is not None:
+            return self._sock
         zmq = self._zmq
-        s = self._ctx.socket(zmq.DEALER)
+        self._ctx = zmq.Context(io_threads=2)  # CURVE handshakes are CPU work
+        s = self._ctx.socket(zmq.ROUTER)
         s.setsockopt(zmq.LINGER, 0)
         s.setsockopt(zmq.MAXMSGSIZE, P.MAX_REPLY_BYTES)
+        # A request to a connection that is gone fails loudly instead of vanishing.
+        s.setsockopt(zmq.ROUTER_MANDATORY, 1)
         s.curve_publickey = self.keys.public
         s.curve_secretkey = self.keys.secret
         s.curve_serverkey = self.keys.server
-        m = s.get_monitor_socket(
+        self._monitor = s.get_monitor_socket(
             zmq.EVENT_HANDSHAKE_FAILED_AUTH
             | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
             | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
         )
-        s.connect(node.endpoint)
-        c = _Conn(node, s, m)
+        self._poller = zmq.Poller()
+        self._poller.register(s, zmq.POLLIN)
+        self._poller.register(self._monitor, zmq.POLLIN)
+        self._sock = s
+        return s
+
+    def _connect(self, node: Node) -> _Conn:
+        self._serial += 1
+        c = _Conn(node, b"n%d" % self._serial)
+        # Set before connect: the pipe is made, and named, by connect() itself, so a request
+        # sent now waits in it for the handshake.
+        self._sock.setsockopt(self._zmq.CONNECT_ROUTING_ID, c.rid)
+        self._sock.connect(node.endpoint)
         self._conns[node] = c
-        self._by_sock[s] = self._by_sock[m] = c
-        self._poller.register(s, self._zmq.POLLIN)
-        self._poller.register(m, self._zmq.POLLIN)
+        self._by_rid[c.rid] = c
         return c
 
     def _drop(self, c: _Conn) -> None:
-        if self._conns.pop(c.node, None) is None:
+        if self._conns.get(c.node) is not c:
             return
-        for sock in (c.sock, c.monitor):
-            self._by_sock.pop(sock, None)
-            # Linear in the registered sockets; only failed nodes (or a fallback without
-            # enough descriptors to keep everything) come here.
-            self._poller.unregister(sock)
-        c.sock.disable_monitor()
-        c.monitor.close(0)
-        c.sock.close(0)
+        del self._conns[c.node]
+        del self._by_rid[c.rid]
+        with contextlib.suppress(self._zmq.ZMQError):
+            self._sock.disconnect(c.node.endpoint)
 
-    def _auth_failure(self, node: Node, monitor: Any) -> str:
+    def _auth_failures(self) -> list[tuple[Node, str]]:
+        """The nodes whose handshake the monitor saw fail, each with why."""
         from zmq.utils.monitor import parse_monitor_message
 
-        ev = parse_monitor_message(monitor.recv_multipart())
         zmq = self._zmq
-        if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
-            return f"authentication failed for {node.address}: " + (
-                "no --key given, and the daemon accepts only its authorized keys"
-                if self.keys.ephemeral
-                else "the daemon does not know this profctl's key"
-            )
-        if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
-            return (
-                f"authentication failed for {node.address}: the handshake failed"
-                " (is --server-key that daemon's public key?)"
-            )
-        return (
-            f"authentication failed for {node.address}: not a profd TCP control socket (no CURVE)"
-        )
+        out: list[tuple[Node, str]] = []
+        while True:
+            try:
+                ev = parse_monitor_message(self._monitor.recv_multipart(zmq.NOBLOCK))
+            except zmq.Again:
+                return out
+            node = self._node_at(ev["endpoint"].decode(errors="replace"))
+            if node is None:
+                continue
+            if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH:
+                why = f"authentication failed for {node.address}: " + (
+                    "no --key given, and the daemon accepts only its authorized keys"
+                    if self.keys.ephemeral
+                    else "the daemon does not know this profctl's key"
+                )
+            elif ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+                why = (
+                    f"authentication failed for {node.address}: the handshake failed"
+                    " (is --server-key that daemon's public key?)"
+                )
+            else:
+                why = (
+                    f"authentication failed for {node.address}: not a profd TCP control"
+                    " socket (no CURVE)"
+                )
+            out.append((node, why))
+
+    def _node_at(self, endpoint: str) -> Node | None:
+        """The connected node a monitor event's endpoint names."""
+        for node in self._conns:
+            if node.endpoint == endpoint:
+                return node
+        if endpoint not in self._resolved:
+            import socket
+
+            for node in self._conns:
+                try:
+                    found = socket.getaddrinfo(node.host, node.port, type=socket.SOCK_STREAM)
+                except OSError:
+                    continue
+                for *_, addr in found:
+                    ip = str(addr[0])
+                    ip = f"[{ip}]" if ":" in ip else ip
+                    self._resolved.setdefault(f"tcp://{ip}:{node.port}", node)
+        node_at = self._resolved.get(endpoint)
+        return node_at if node_at in self._conns else None
 
 
 def fan_out(
