@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import socket
 import subprocess
 from collections.abc import Callable
@@ -69,8 +70,15 @@ class Cluster:
         return node
 
     def ctl(
-        self, *args: str, nodes: list[str] | None = None, key: str | None = "alice", **env: str
+        self,
+        *args: str,
+        nodes: list[str] | None = None,
+        key: str | None = "alice",
+        max_fds: int | None = None,
+        **env: str,
     ) -> subprocess.CompletedProcess[str]:
+        """profctl over TCP to ``nodes`` (default: every daemon added); ``max_fds``: run it
+        with that hard limit on open descriptors."""
         e = {k: v for k, v in os.environ.items() if not k.startswith("PROFD_")}
         # Nothing local to fall back on: every answer comes over TCP.
         e["PROFD_RUNTIME_DIR"] = str(self.base / "no-local-daemon")
@@ -79,8 +87,18 @@ class Cluster:
         if key is not None:
             e["PROFD_CLIENT_KEY"] = str(self.keys / f"{key}.key_secret")
         e.update(env)
+
+        def limit() -> None:
+            if max_fds is not None:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+
         return subprocess.run(
-            [str(BIN / "profctl"), *args], env=e, capture_output=True, text=True, timeout=60
+            [str(BIN / "profctl"), *args],
+            env=e,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            preexec_fn=limit if max_fds is not None else None,
         )
 
     def json(self, *args: str, **kw: Any) -> Any:
