@@ -111,8 +111,7 @@ def _missing_ranks(spec: dict[str, Any], found: list[int]) -> list[int]:
 def start_everywhere(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
     """Probe, plan, start; the ``start`` reply of a cluster session (``--json`` shape: the
     single-node one plus ``nodes``, ``missing_ranks`` and ``host`` on every target)."""
-    probe = env.gather(P.C_START, spec={**spec, "probe": True})
-    p = plan_cluster(spec, probe.answers)
+    p = plan_cluster(spec, _probe(env, spec))
     cycles = [list(c) for c in p.cycles]
 
     def node_spec(node: Node) -> dict[str, Any]:
@@ -147,6 +146,23 @@ def start_everywhere(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
         "nodes": nodes,
         "missing_ranks": p.missing_ranks,
     }
+
+
+def _probe(env: Env, spec: dict[str, Any]) -> list[Answer]:
+    """Every node's matching targets, as fresh as the slowest answering node allows."""
+    probe = {**spec, "probe": True}
+    answers = env.gather(P.C_START, spec=probe).answers
+    answered = [a.node for a in answers if a.ok]
+    if answered and any(a.failure == "timeout" for a in answers):
+        # The plan extrapolates each rank's step from its node's answer at the rank's last
+        # rate; after waiting out silent nodes (--node-timeout) that guess is seconds old,
+        # and a rank that sped up since would be past the steps before they reach it. Ask
+        # the answering nodes again, over the connections just made, and plan from now.
+        click.echo(f"profctl: asking the {len(answered)} answering node(s) again", err=True)
+        again = env.fanout.ask(answered, P.C_START, {"spec": probe})
+        fresh = {a.node: a for a in again if a.ok}
+        answers = [fresh.get(a.node, a) for a in answers]
+    return answers
 
 
 def follow_everywhere(env: Env, res: dict[str, Any], timeout: float) -> dict[str, Any]:
