@@ -19,7 +19,7 @@ import pytest
 from clusters import Cluster, free_port
 from daemonproc import BIN, wait_for
 from harness import JOBS, Daemon, Job, step_markers
-from s3fixtures import MotoServer, moto_server
+from s3fixtures import BUCKET, MotoServer, moto_server
 from test_s3 import PREFIX, URL, s3_config
 
 pytestmark = pytest.mark.slow
@@ -205,7 +205,10 @@ def test_a_two_node_session_is_one_s3_directory_that_pulls_and_loads_as_one(
 
     # Read as one from S3 alone: no daemon involved.
     env = {**moto_server.env(), "PROFD_CLUSTER": ""}
-    rows = cluster.json("traces", "--s3", URL, "--session", sid, nodes=[], **env)
+    listed = cluster.ctl("traces", "--s3", URL, "--session", sid, "--json", nodes=[], **env)
+    assert listed.returncode == 0, listed.stderr
+    assert "manifests are in S3" not in listed.stderr  # both nodes' are there
+    rows = json.loads(listed.stdout)
     assert sorted(r["rank"] for r in rows) == [0, 1, 2, 3], rows
     out = tmp_path / "pulled"
     r = cluster.ctl("pull", sid, "--s3", URL, "-o", str(out), nodes=[], **env)
@@ -221,3 +224,15 @@ def test_a_two_node_session_is_one_s3_directory_that_pulls_and_loads_as_one(
 
     analyzer = TraceAnalysis(trace_dir=str(cycle))
     assert sorted(analyzer.t.traces) == [0, 1, 2, 3]
+
+    # A node whose manifest is not there (still uploading, or its daemon died): what the
+    # other node uploaded is listed and pulled, and every reader says the session is short.
+    moto_server.client().delete_object(Bucket=BUCKET, Key=base + "session.node-b.json")
+    short = "only 1 of 2 nodes' manifests are in S3 (node-a)"
+    partial = cluster.ctl("traces", "--s3", URL, "--session", sid, "--json", nodes=[], **env)
+    assert partial.returncode == 0 and short in partial.stderr, partial.stderr
+    assert len(json.loads(partial.stdout)) == 2
+    again = cluster.ctl("pull", sid, "--s3", URL, "-o", str(tmp_path / "again"), nodes=[], **env)
+    assert again.returncode == 0 and short in again.stderr, again.stderr
+    report = cluster.ctl("report", sid, "--s3", URL, nodes=[], **env)
+    assert report.returncode == 0 and short in report.stderr, report.stderr

@@ -56,6 +56,7 @@ MAX_RATE: Final = 1e9  # steps per second
 MAX_SECONDS: Final = 1e12  # timestamps and durations
 MAX_NAME: Final = 200
 MAX_HOST: Final = 255
+MAX_CLUSTER_NODES: Final = 1 << 20
 MAX_PATH: Final = 4096
 MAX_TEXT: Final = 4096
 MAX_ERROR_TEXT: Final = 64 << 10
@@ -438,10 +439,13 @@ START_SPEC: Final = Struct(
         "probe": (Nullable(Bool()), False),
         "session": (Nullable(SESSION_ID), False),
         "cycles": (Nullable(Cycles()), False),
+        # How many nodes it started the session on: each node's manifest carries it, so a
+        # reader of S3 knows when every node's is there.
+        "nodes": (Nullable(Int(1, MAX_CLUSTER_NODES)), False),
     }
 )
 #: Keys only a cluster coordinator sends (never in an ``[[auto]]`` rule).
-COORDINATOR_KEYS: Final = frozenset({"probe", "session", "cycles"})
+COORDINATOR_KEYS: Final = frozenset({"probe", "session", "cycles", "nodes"})
 #: The keys a start spec may hold (profctl start, ``[[auto]]`` rules, the cluster planner).
 START_KEYS: Final = frozenset(START_SPEC.fields)
 

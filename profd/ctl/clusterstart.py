@@ -116,7 +116,15 @@ def start_everywhere(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
 
     def node_spec(node: Node) -> dict[str, Any]:
         pids = sorted(c["pid"] for c in p.targets[node])
-        return {"spec": {**spec, "session": p.session, "cycles": cycles, "pids": pids}}
+        return {
+            "spec": {
+                **spec,
+                "session": p.session,
+                "cycles": cycles,
+                "pids": pids,
+                "nodes": len(p.targets),
+            }
+        }
 
     started = env.gather(P.C_START, nodes=list(p.targets), each=node_spec)
     nodes: list[dict[str, Any]] = []

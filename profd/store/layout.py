@@ -8,6 +8,8 @@ directory): there each node's manifest is ``session.{node}.json``, so none overw
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
+from typing import Any
 
 MANIFEST = "session.json"
 
@@ -32,3 +34,19 @@ def safe_name(name: str) -> str:
 
 
 _NODE_MANIFEST = re.compile(r"session\.[A-Za-z0-9._-]+\.json")
+
+
+def missing_manifests(manifests: Sequence[dict[str, Any]]) -> str | None:
+    """Why a cluster session's manifests in S3 are not all there yet, or None.
+
+    Each node uploads its own when its part of the session ends; every manifest knows how
+    many nodes the coordinator started the session on (``request.nodes``).
+    """
+    expected = max((int((m.get("request") or {}).get("nodes") or 0) for m in manifests), default=0)
+    have = sorted({str(m.get("node")) for m in manifests})
+    if len(have) >= expected:
+        return None
+    return (
+        f"only {len(have)} of {expected} nodes' manifests are in S3 ({', '.join(have)}):"
+        " the others are still uploading, or their daemon stopped before the session ended"
+    )

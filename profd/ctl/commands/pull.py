@@ -24,7 +24,7 @@ from ...store import layout, s3
 from ..errors import CtlError, NoDaemon
 from ..main import Env, command
 from ..render import emit_json, size
-from .s3list import child_dirs, ctl_s3, s3_error
+from .s3list import child_dirs, ctl_s3, read_manifests, s3_error
 
 _COPY_BUF = 1 << 20
 
@@ -158,6 +158,7 @@ def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
             names = ", ".join(f"{j}/{s}" for j, s in complete)
             raise CtlError(f"session {session!r} is ambiguous in {s3_url}: {names}")
         job, sid = complete[0]
+        read_manifests(client, bucket, prefix, job, sid)  # for its warning: nodes missing
         items = []
         pages = client.get_paginator("list_objects_v2").paginate(
             Bucket=bucket, Prefix=f"{base}{job}/{sid}/"

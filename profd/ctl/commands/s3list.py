@@ -95,7 +95,9 @@ def find_sessions(
 
 def read_manifests(client: Any, bucket: str, prefix: str, job: str, sid: str) -> list[Any]:
     """The session's manifests: its ``session.json``, or for a cluster session each node's
-    ``session.{node}.json``; empty while the session is not complete in S3."""
+    ``session.{node}.json``; empty while the session is not complete in S3. Says on stderr
+    when a cluster session's nodes have not all uploaded theirs: what is listed from them
+    is then not the whole session."""
     one = _get_json(client, bucket, s3.join_key(prefix, f"{job}/{sid}/{layout.MANIFEST}"))
     if one is not None:
         return [one]
@@ -109,7 +111,11 @@ def read_manifests(client: Any, bucket: str, prefix: str, job: str, sid: str) ->
         for obj in page.get("Contents", [])
         if layout.is_manifest(obj["Key"][len(base) :])
     ]
-    return [m for k in sorted(keys) if (m := _get_json(client, bucket, k)) is not None]
+    found = [m for k in sorted(keys) if (m := _get_json(client, bucket, k)) is not None]
+    gap = layout.missing_manifests(found)
+    if gap is not None:
+        click.echo(f"profctl: session {sid}: {gap}", err=True)
+    return found
 
 
 def _get_json(client: Any, bucket: str, key: str) -> Any:
