@@ -234,5 +234,7 @@ def test_a_two_node_session_is_one_s3_directory_that_pulls_and_loads_as_one(
     assert len(json.loads(partial.stdout)) == 2
     again = cluster.ctl("pull", sid, "--s3", URL, "-o", str(tmp_path / "again"), nodes=[], **env)
     assert again.returncode == 0 and short in again.stderr, again.stderr
-    report = cluster.ctl("report", sid, "--s3", URL, nodes=[], **env)
+    page = tmp_path / "short.html"
+    report = cluster.ctl("report", sid, "--s3", URL, "-o", str(page), nodes=[], **env)
     assert report.returncode == 0 and short in report.stderr, report.stderr
+    assert page.is_file()
