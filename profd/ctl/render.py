@@ -45,8 +45,18 @@ def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
 
 
 def emit_json(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, indent=2, sort_keys=True, default=str) + "\n")
+    sys.stdout.write(json_text(doc) + "\n")
     sys.stdout.flush()
+
+
+def json_text(doc: Any) -> str:
+    """``--json`` output: a list of rows one row per line, anything else indented."""
+    if isinstance(doc, list) and doc and all(isinstance(r, dict) for r in doc):
+        # json's indent= runs its pure-Python encoder: at 1,024 processes that was a fifth
+        # of `profctl --json ps`. One line per row keeps the C encoder and stays greppable.
+        row = json.JSONEncoder(sort_keys=True, default=str).encode
+        return "[\n" + ",\n".join("  " + row(r) for r in doc) + "\n]"
+    return json.dumps(doc, indent=2, sort_keys=True, default=str)
 
 
 def steps_text(steps: Sequence[int]) -> str:
