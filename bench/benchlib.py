@@ -12,7 +12,6 @@ import math
 import os
 import platform
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -31,6 +30,7 @@ RESULTS = BENCH / "results"
 sys.path.insert(0, str(ROOT / "tests"))
 from daemonproc import BIN as BIN  # noqa: E402
 from daemonproc import DaemonProcess  # noqa: E402
+from daemonproc import free_port as free_port  # noqa: E402
 from daemonproc import wait_for as wait_for  # noqa: E402
 
 RESULT_KEYS = ("name", "quick", "date", "machine", "params", "rows", "details", "wall_s")
@@ -298,12 +298,6 @@ class Daemon(DaemonProcess):
 
     def __exit__(self, *_: object) -> None:
         self.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn_worker(

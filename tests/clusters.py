@@ -6,21 +6,14 @@ from __future__ import annotations
 import json
 import os
 import resource
-import socket
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from daemonproc import BIN
+from daemonproc import BIN, free_port
 from harness import Daemon
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def keys_new(name: str, directory: Path) -> None:

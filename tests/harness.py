@@ -90,6 +90,21 @@ class Job:
     proc: subprocess.Popen[str]
     out: Path
 
+    @classmethod
+    def spawn(cls, cmd: list[str], env: dict[str, str], out: Path) -> Job:
+        """Start ``cmd`` in a session of its own (so :meth:`kill` reaches its whole tree),
+        stdout and stderr into ``out``."""
+        with out.open("w") as log:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+        return cls(proc, out)
+
     def wait(self, timeout: float = 180) -> int:
         try:
             return self.proc.wait(timeout)
@@ -144,22 +159,8 @@ class Jobs:
             e["PROFD_RUNTIME_DIR"] = str(self.logs / "no-daemon")
         e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", **env)
         out = self.logs / f"job{len(self.started)}.log"
-        with out.open("w") as log:  # the child keeps its own copy of the descriptor
-            proc = subprocess.Popen(
-                [
-                    str(BIN / "torchrun"),
-                    "--standalone",
-                    f"--nproc-per-node={nproc}",
-                    str(JOBS / script),
-                    *args,
-                ],
-                env=e,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                text=True,
-                start_new_session=True,
-            )
-        j = Job(proc, out)
+        cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}"]
+        j = Job.spawn([*cmd, str(JOBS / script), *args], e, out)
         self.started.append(j)
         return j
 

@@ -9,7 +9,6 @@ the bucket.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -20,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemonproc import free_port
 from harness import wait_for
 
 # Distinctive fake credentials: the tests grep logs and status output for them.
@@ -27,13 +27,6 @@ ACCESS_KEY = "AKIAPROFDTEST7QX2ZK4W"
 SECRET_KEY = "profd-test-secret/Zq9xW3vT7mR2pL8kN5hJ"
 REGION = "us-east-1"
 BUCKET = "profd-test"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def credentials_env(tmp: Path) -> dict[str, str]:

@@ -110,15 +110,8 @@ def launch(d: Daemon, log: Path, script: str = "workers.py", nproc: int = 2, **e
     e = d.env()
     # A crash inside torch/kineto shows up in the job log with a Python stack.
     e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **env)
-    proc = subprocess.Popen(
-        [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", str(JOBS / script)],
-        env=e,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    return Job(proc, log)
+    cmd = [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}", str(JOBS / script)]
+    return Job.spawn(cmd, e, log)
 
 
 @pytest.fixture

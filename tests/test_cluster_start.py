@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -46,30 +45,17 @@ def launch_two_nodes(
             "STEPS": "1000000",
             "STEP_SLEEP": "0.05",
         }
-        out = logs / f"agent{k}.log"
-        log = out.open("w")
-        agents.append(
-            Job(
-                subprocess.Popen(
-                    [
-                        str(BIN / "torchrun"),
-                        "--nnodes=2",
-                        f"--node-rank={k}",
-                        "--nproc-per-node=2",
-                        "--rdzv-backend=c10d",
-                        f"--rdzv-endpoint=127.0.0.1:{port}",
-                        "--rdzv-id=twonode",
-                        str(JOBS / "train.py"),
-                    ],
-                    env=job_env,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                    start_new_session=True,
-                ),
-                out,
-            )
-        )
+        cmd = [
+            str(BIN / "torchrun"),
+            "--nnodes=2",
+            f"--node-rank={k}",
+            "--nproc-per-node=2",
+            "--rdzv-backend=c10d",
+            f"--rdzv-endpoint=127.0.0.1:{port}",
+            "--rdzv-id=twonode",
+            str(JOBS / "train.py"),
+        ]
+        agents.append(Job.spawn(cmd, job_env, logs / f"agent{k}.log"))
     for name in ("node-c", "node-d"):
         cluster.add(name, heartbeat=0.5, config=config, env=env)
     return agents

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from daemonproc import free_port
 from harness import JOBS, Daemon, Job, wait_for
 from test_captures import (
     WAIT,
@@ -37,13 +37,6 @@ from test_captures import (
 pytestmark = pytest.mark.slow
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def run_script(d: Daemon, log: Path, script: str, *args: str, **env: str) -> Job:
     """``python tests/jobs/SCRIPT``, with nothing of a launcher in its environment."""
     e = d.env()
@@ -52,15 +45,7 @@ def run_script(d: Daemon, log: Path, script: str, *args: str, **env: str) -> Job
     for name in [n for n in e if n.startswith(("SLURM_", "TORCHELASTIC_", "PROFD_JOB"))]:
         e.pop(name)
     e.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", **env)
-    proc = subprocess.Popen(
-        [sys.executable, str(JOBS / script), *args],
-        env=e,
-        stdout=log.open("w"),
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    return Job(proc, log)
+    return Job.spawn([sys.executable, str(JOBS / script), *args], e, log)
 
 
 @pytest.fixture

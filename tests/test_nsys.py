@@ -49,15 +49,7 @@ class NsysBench:
         log = self.tmp / f"{job}.log"
         cmd = [str(BIN / "profctl"), "run", *run_args, "--job", job, "--"]
         cmd += [str(BIN / "torchrun"), "--standalone", f"--nproc-per-node={nproc}"]
-        proc = subprocess.Popen(
-            [*cmd, str(JOBS / "workers.py")],
-            env=self.env(**env),
-            stdout=log.open("w"),
-            stderr=subprocess.STDOUT,
-            text=True,
-            start_new_session=True,
-        )
-        j = Job(proc, log)
+        j = Job.spawn([*cmd, str(JOBS / "workers.py")], self.env(**env), log)
         self.jobs.append(j)
         return j
 
@@ -168,15 +160,9 @@ def test_report_that_nsys_never_finalised_is_recovered_with_nsys_stop(
 
 
 def test_nsys_refusals_say_why_and_start_nothing(bench: NsysBench, tmp_path: Path) -> None:
-    plain_log = tmp_path / "plain.log"
-    plain = subprocess.Popen(
-        [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=1", str(JOBS / "workers.py")],
-        env=bench.env(PROFD_JOB="plain", STEPS="400"),
-        stdout=plain_log.open("w"),
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
-    bench.jobs.append(Job(plain, plain_log))
+    cmd = [str(BIN / "torchrun"), "--standalone", "--nproc-per-node=1", str(JOBS / "workers.py")]
+    env = bench.env(PROFD_JOB="plain", STEPS="400")
+    bench.jobs.append(Job.spawn(cmd, env, tmp_path / "plain.log"))
     bench.run("under", "--nsys", nproc=1, STEPS="400")
     wait_for(lambda: len(bench.d.ps()) == 2, 60, "both jobs attached")
 
