@@ -102,7 +102,7 @@ def run_profd(
     endpoint: str, files: list[Path], root: Path, spool: Path, run: str, parts: tuple[int, int]
 ) -> float:
     from profd.config import Config, S3Config
-    from profd.daemon.reactor import Reactor
+    from profd.reactor import Reactor
     from profd.store.index import Index
     from profd.store.uploads import Uploads
 

@@ -26,7 +26,7 @@ from typing import Any
 import zmq
 import zmq.auth
 
-from profd.daemon.registry import Client
+from profd.daemon.clients.registry import Client
 from profd_client import protocol as P
 
 

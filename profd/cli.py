@@ -7,9 +7,9 @@ import sys
 
 import click
 
-from . import __version__
-from .config import ConfigError, load
-from .daemon.runtime import RuntimeDirError
+from profd import __version__
+from profd.config import ConfigError, load
+from profd.daemon.runtime.rundir import RuntimeDirError
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -49,12 +49,12 @@ def run(
     logging.basicConfig(
         level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr
     )
-    from .daemon.loop import Daemon
-    from .daemon.reactor import Reactor
+    from profd.daemon.loop import Daemon
+    from profd.reactor import Reactor
 
     make_uploads = None
     if cfg.s3.enabled:
-        from .store.uploads import Uploads
+        from profd.store.uploads import Uploads
 
         def make_uploads(reactor: Reactor) -> Uploads:
             return Uploads(cfg, reactor)

@@ -1,6 +1,6 @@
 """A daemon SIGKILLed at every point of a capture's way through it loses nothing (issue 10.8).
 
-``PROFD_FAULT_KILL=<point>`` (``profd/daemon/faults.py``) makes the daemon kill itself at
+``PROFD_FAULT_KILL=<point>`` (``profd/daemon/runtime/faults.py``) makes the daemon kill itself at
 that point; the test restarts it without the switch, and the same session must then end
 ``done`` with every rank's trace indexed once, its raw trace gone, no inbox row left open and
 a ``session.json`` that lists every result. One 2-rank torchrun job lives through all the
@@ -20,7 +20,7 @@ import pytest
 from daemonproc import wait_for
 from harness import Daemon, Job
 
-from profd.daemon.faults import POINTS
+from profd.daemon.runtime.faults import POINTS
 from profd_client import protocol as P
 
 WAIT = 120.0

@@ -17,7 +17,7 @@ import zmq
 from harness import Daemon
 from rawpeer import HELLO, dealer, pack, recv
 
-from profd.daemon.planner import MAX_REPLANS
+from profd.scheduling.planner import MAX_REPLANS
 from profd.store.index import SCHEMA_VERSION
 
 

@@ -22,11 +22,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from profd.config import DEFAULT_CLUSTER_PORT
+from profd.ctl.connection import decode_reply
+from profd.ctl.errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, BadUsage, CtlError, NoAnswer
 from profd_client import protocol as P
-
-from ..config import DEFAULT_CLUSTER_PORT
-from .connection import decode_reply
-from .errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, BadUsage, CtlError, NoAnswer
 
 DEFAULT_NODE_TIMEOUT = 5.0
 #: Descriptors a node costs while its request is open: its TCP connection, and slack.

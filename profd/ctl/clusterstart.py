@@ -16,17 +16,16 @@ from typing import Any
 
 import click
 
+from profd.ctl.cluster import Answer, Node, on_node
+from profd.ctl.errors import CtlError
+from profd.ctl.main import Env
+from profd.ctl.render import steps_text
+from profd.ids import new_session_id
+from profd.scheduling import planner
+from profd.scheduling import schedule as sch
+from profd.scheduling.refusal import Refused
 from profd_client import protocol as P
 from profd_client.ranks import RankSpecError, parse_ranks
-
-from ..daemon import planner
-from ..daemon import schedule as sch
-from ..daemon.refusal import Refused
-from ..ids import new_session_id
-from .cluster import Answer, Node, on_node
-from .errors import CtlError
-from .main import Env
-from .render import steps_text
 
 
 @dataclass
@@ -249,7 +248,7 @@ def _final(res: dict[str, Any], last: dict[str, dict[str, Any]], lost: list[str]
 
 
 def _nodes_of(res: dict[str, Any]) -> list[Node]:
-    from .cluster import parse_node
+    from profd.ctl.cluster import parse_node
 
     return [parse_node(n["address"]) for n in res["nodes"]]
 

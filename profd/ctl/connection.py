@@ -6,10 +6,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from profd.ctl.errors import CtlError, NoDaemon
 from profd_client import protocol as P
 from profd_client.locations import locate_socket
-
-from .errors import CtlError, NoDaemon
 
 DEFAULT_TIMEOUT_MS = 10_000
 

@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from .. import __version__
-from .connection import Connection
-from .errors import CtlError
-from .render import emit_json
+from profd import __version__
+from profd.ctl.connection import Connection
+from profd.ctl.errors import CtlError
+from profd.ctl.render import emit_json
 
 if TYPE_CHECKING:  # zmq and the cluster code load only with --cluster
-    from .cluster import Fanout, Gathered, Node
+    from profd.ctl.cluster import Fanout, Gathered, Node
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -49,7 +49,7 @@ class Env:
     @property
     def nodes(self) -> list[Node]:
         if self._nodes is None:
-            from .cluster import parse_nodes
+            from profd.ctl.cluster import parse_nodes
 
             assert self.cluster_spec
             self._nodes = parse_nodes(self.cluster_spec)
@@ -64,7 +64,7 @@ class Env:
     ) -> Gathered:
         """Ask every node of ``--cluster`` (or ``nodes``) with ``fields`` (or ``each(node)``);
         at least one must answer (else CtlError)."""
-        from .cluster import Gathered
+        from profd.ctl.cluster import Gathered
 
         asked = self.nodes if nodes is None else nodes
         g = Gathered(self.fanout.ask(asked, t, each or fields))
@@ -76,7 +76,7 @@ class Env:
     def fanout(self) -> Fanout:
         """The command's connections to the nodes (closed when the command ends)."""
         if self._fanout is None:
-            from .cluster import Fanout, load_keys
+            from profd.ctl.cluster import Fanout, load_keys
 
             self._fanout = Fanout(load_keys(self.key_file, self.server_key_file), self.node_timeout)
         return self._fanout
@@ -159,14 +159,14 @@ class LazyGroup(click.Group):
     """Imports a command's module only when it is invoked (or listed by --help)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
-        from .commands import COMMANDS
+        from profd.ctl.commands import COMMANDS
 
         return list(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
         import importlib
 
-        from .commands import COMMANDS
+        from profd.ctl.commands import COMMANDS
 
         target = COMMANDS.get(cmd_name)
         if target is None:
@@ -228,7 +228,7 @@ def cli(
     server_key in the config file. Exit codes: 4 when some nodes did not answer, 5 when a
     node refused the key.
     """
-    from ..config import ConfigError, configured_cluster, configured_runtime_dir
+    from profd.config import ConfigError, configured_cluster, configured_runtime_dir
 
     try:
         if runtime_dir is None:

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from ..textfmt import human_bytes
+from profd.textfmt import human_bytes
 
 Column = tuple[str, Callable[[dict[str, Any]], Any]]
 

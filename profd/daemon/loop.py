@@ -18,37 +18,37 @@ from typing import TYPE_CHECKING, Any
 
 import zmq
 
+from profd import __version__, fsutil
+from profd.config import Config
+from profd.daemon.agent.handler import AgentHandler, Welcome, job_of
+from profd.daemon.agent.liveness import Liveness
+from profd.daemon.captures.lanes import Captures
+from profd.daemon.clients.registry import Registry
+from profd.daemon.clients.sampler import Sampler
+from profd.daemon.control.handler import ControlHandler, DaemonFacts
+from profd.daemon.control.tcp import TcpControl
+from profd.daemon.results import Results
+from profd.daemon.runtime import faults
+from profd.daemon.runtime import rundir as runtime
+from profd.daemon.runtime.peers import PeerCred
+from profd.daemon.runtime.sdnotify import Notifier
+from profd.daemon.sessions.arming import Arms
+from profd.daemon.sessions.autorules import AutoRules
+from profd.daemon.sessions.autorules import check as check_rules
+from profd.daemon.sessions.nsysruns import NsysRuns
+from profd.daemon.sessions.quota import Quota
+from profd.daemon.sessions.starts import Starter
+from profd.daemon.sessions.state import Sessions
+from profd.daemon.spool.spoolperms import SpoolPerms
+from profd.daemon.spool.storage import Storage
+from profd.reactor import Reactor
+from profd.scheduling.refusal import Refused
+from profd.store import layout
+from profd.store.index import Index
 from profd_client import protocol as P
 
-from .. import __version__, fsutil
-from ..config import Config
-from ..store import layout
-from ..store.index import Index
-from . import faults, runtime
-from .agents import AgentHandler, Welcome, job_of
-from .arming import Arms
-from .autorules import AutoRules
-from .autorules import check as check_rules
-from .captures import Captures
-from .control import ControlHandler, DaemonFacts
-from .liveness import Liveness
-from .nsysruns import NsysRuns
-from .peers import PeerCred
-from .quota import Quota
-from .reactor import Reactor
-from .refusal import Refused
-from .registry import Registry
-from .results import Results
-from .sampler import Sampler
-from .sdnotify import Notifier
-from .sessions import Sessions
-from .spoolperms import SpoolPerms
-from .starts import Starter
-from .storage import Storage
-from .tcpcontrol import TcpControl
-
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
-    from ..store.uploads import Uploads
+    from profd.store.uploads import Uploads
 
 log = logging.getLogger("profd")
 

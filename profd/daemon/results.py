@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..pipeline.process import ProcessedTrace
-from ..store import layout
-from ..store.index import Index
-from .captures import Job
-from .sessions import Sessions
+from profd.daemon.captures.lanes import Job
+from profd.daemon.sessions.state import Sessions
+from profd.pipeline.process import ProcessedTrace
+from profd.store import layout
+from profd.store.index import Index
 
 log = logging.getLogger("profd.results")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import IO
 
-from ..fsutil import current_umask
+from profd.fsutil import current_umask
 
 
 @dataclass(frozen=True)

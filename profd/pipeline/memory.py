@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
-from .columns import sorted_order
+from profd.pipeline.columns import sorted_order
 
 MEMORY_EVENT = "[memory]"
 _INT64 = range(-(1 << 63), 1 << 63)

@@ -12,10 +12,10 @@ import bisect
 import html
 from collections.abc import Mapping, Sequence
 
-from ..textfmt import human_bytes
-from .memory import Sample
-from .parsed import ParsedTrace
-from .spans import StepSpan
+from profd.pipeline.memory import Sample
+from profd.pipeline.parsed import ParsedTrace
+from profd.pipeline.spans import StepSpan
+from profd.textfmt import human_bytes
 
 MEMORY_SUFFIX = ".memory.html"
 #: Points drawn per device; longer series keep each bucket's maximum, so peaks survive.

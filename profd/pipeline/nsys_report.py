@@ -10,11 +10,11 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .. import nsys
-from .files import Batch, ProcessedFile
-from .nsys_stats import NsysReport
-from .outputs import NSYS_OUTPUTS, TraceOutput, render_outputs
-from .process import ProcessedTrace
+from profd import nsys
+from profd.pipeline.files import Batch, ProcessedFile
+from profd.pipeline.nsys_stats import NsysReport
+from profd.pipeline.outputs import NSYS_OUTPUTS, TraceOutput, render_outputs
+from profd.pipeline.process import ProcessedTrace
 
 
 def finish_report(

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .. import nsys
-from .summary import SUMMARY_SUFFIX, header_lines
+from profd import nsys
+from profd.pipeline.summary import SUMMARY_SUFFIX, header_lines
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,8 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .columns import sorted_order
-from .spans import STEP_PREFIX
+from profd.pipeline.columns import sorted_order
+from profd.pipeline.spans import STEP_PREFIX
 
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "python_function"})
 GPU_OP_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})

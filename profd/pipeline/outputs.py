@@ -22,11 +22,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
-from .memory_report import MemoryReport
-from .nsys_stats import NsysReport, NsysStats
-from .parsed import ParsedTrace
-from .rankstats import RankStatistics
-from .summary import Summary
+from profd.pipeline.memory_report import MemoryReport
+from profd.pipeline.nsys_stats import NsysReport, NsysStats
+from profd.pipeline.parsed import ParsedTrace
+from profd.pipeline.rankstats import RankStatistics
+from profd.pipeline.summary import Summary
 
 log = logging.getLogger("profd.pipeline")
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from .memory import MEMORY_EVENT, MemoryEvents, SampleSeries
-from .ops import CPU_OP_CATS, GPU_OP_CATS, CpuOps, GpuOps, OpStat
-from .spans import STEP_PREFIX, StepSpan, StepStats, step_spans, step_stats
+from profd.pipeline.memory import MEMORY_EVENT, MemoryEvents, SampleSeries
+from profd.pipeline.ops import CPU_OP_CATS, GPU_OP_CATS, CpuOps, GpuOps, OpStat
+from profd.pipeline.spans import STEP_PREFIX, StepSpan, StepStats, step_spans, step_stats
 
 
 class EventGroups:

@@ -33,8 +33,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import IO, Any, BinaryIO
 
-from .files import Batch, FilePerms, ProcessedFile, move_into
-from .outputs import (
+from profd.pipeline.files import Batch, FilePerms, ProcessedFile, move_into
+from profd.pipeline.outputs import (
     TRACE_OUTPUTS,
     TRACE_RESULTS,
     OutputError,
@@ -43,8 +43,8 @@ from .outputs import (
     compute_results,
     render_outputs,
 )
-from .parsed import EventGroups, ParsedTrace
-from .stream import CHUNK_BYTES, TraceFormatError, TraceReader
+from profd.pipeline.parsed import EventGroups, ParsedTrace
+from profd.pipeline.stream import CHUNK_BYTES, TraceFormatError, TraceReader
 
 GZIP_LEVEL = 6
 DEFAULT_TOP_N = 30

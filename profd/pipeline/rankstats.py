@@ -29,11 +29,11 @@ from array import array
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from .columns import sorted_order
-from .spans import StepSpan
+from profd.pipeline.columns import sorted_order
+from profd.pipeline.spans import StepSpan
 
 if TYPE_CHECKING:
-    from .parsed import ParsedTrace
+    from profd.pipeline.parsed import ParsedTrace
 
 #: Bump when the meaning of a field changes; readers skip versions they do not know.
 STATS_VERSION = 1

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .ops import OpStat
-from .parsed import ParsedTrace
-from .spans import StepStats
+from profd.pipeline.ops import OpStat
+from profd.pipeline.parsed import ParsedTrace
+from profd.pipeline.spans import StepStats
 
 SUMMARY_SUFFIX = ".summary.txt"
 NAME_WIDTH = 60

@@ -11,7 +11,7 @@ from __future__ import annotations
 from statistics import median
 from typing import Any
 
-from .model import Report
+from profd.report.model import Report
 
 DIFF_ROWS = 20
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from .model import Report, verdict_text
-from .renderers import spotlight
+from profd.report.model import Report, spotlight, verdict_text
 
 ROW_LIMIT = 64
 HEAT_ROWS = 128

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from statistics import median
 from typing import Any, NamedTuple
 
-from .straggler import MAD_SIGMA, RankSteps, Verdict, find_stragglers
+from profd.report.straggler import MAD_SIGMA, RankSteps, Verdict, find_stragglers
 
 #: Statistics versions this reader understands.
 KNOWN_VERSIONS = frozenset({1})
@@ -256,3 +256,14 @@ def merge_sessions(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     first = dict(parts[0])
     first["targets"] = [t for p in parts for t in p.get("targets") or []]
     return first
+
+
+def spotlight(report: Report, key: int = 2) -> list[tuple[str, int]]:
+    """Ranks to show when there are too many for a row each: the stragglers, then the ranks
+    at fixed percentiles of a summary column (``key``: 2 is collective wait), labelled."""
+    n = len(report.ranks)
+    order = sorted(range(n), key=lambda i: (report.summaries[i][key], i))
+    picks: list[tuple[str, int]] = [("straggler", s.index) for s in report.stragglers]
+    for label, q in (("min", 0.0), ("p5", 0.05), ("p50", 0.5), ("p95", 0.95), ("max", 1.0)):
+        picks.append((label, order[round(q * (n - 1))]))
+    return picks

@@ -9,10 +9,10 @@ the tests compare.
 from __future__ import annotations
 
 import json
-from statistics import median
 from typing import Any, Protocol
 
-from .model import Report, verdict_text
+from profd.report.html import HtmlRenderer
+from profd.report.model import Report, spotlight, verdict_text
 
 
 class Renderer(Protocol):
@@ -83,17 +83,6 @@ class JsonRenderer:
 TEXT_RANK_ROWS = 32
 
 
-def spotlight(report: Report, key: int = 2) -> list[tuple[str, int]]:
-    """Ranks to show when there are too many for a row each: the stragglers, then the ranks
-    at fixed percentiles of a summary column (``key``: 2 is collective wait), labelled."""
-    n = len(report.ranks)
-    order = sorted(range(n), key=lambda i: (report.summaries[i][key], i))
-    picks: list[tuple[str, int]] = [("straggler", s.index) for s in report.stragglers]
-    for label, q in (("min", 0.0), ("p5", 0.05), ("p50", 0.5), ("p95", 0.95), ("max", 1.0)):
-        picks.append((label, order[round(q * (n - 1))]))
-    return picks
-
-
 class TextRenderer:
     name = "text"
     suffix = ".txt"
@@ -133,16 +122,6 @@ class TextRenderer:
         return "\n".join(lines) + "\n"
 
 
-def percentile(values: list[float], q: float) -> float:
-    s = sorted(values)
-    return s[round(q * (len(s) - 1))] if s else 0.0
-
-
-def median_or_zero(values: list[float]) -> float:
-    return median(values) if values else 0.0
-
-
 def renderers() -> dict[str, Renderer]:
-    from .html import HtmlRenderer
-
+    """Every renderer by name."""
     return {r.name: r for r in (HtmlRenderer(), JsonRenderer(), TextRenderer())}

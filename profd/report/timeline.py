@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from ..pipeline.stream import CHUNK_BYTES, TraceReader
-from .model import RankData
+from profd.pipeline.stream import CHUNK_BYTES, TraceReader
+from profd.report.model import RankData
 
 #: Where the aligned step starts in the merged trace, µs: room for what came before it.
 LEAD_US = 1_000_000.0

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import globs
+from profd import globs
 
 SCHEMA_VERSION = 4
 

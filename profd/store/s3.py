@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..config import ConfigError, S3Config
-from ..redact import RedactFilter, redact_url, strip_userinfo
+from profd.config import ConfigError, S3Config
+from profd.redact import RedactFilter, redact_url, strip_userinfo
 
 log = logging.getLogger("profd.s3")
 log.addFilter(RedactFilter())

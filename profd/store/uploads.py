@@ -26,12 +26,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..config import Config
-from ..daemon.reactor import Reactor
-from ..redact import RedactFilter
-from ..textfmt import human_bytes
-from . import s3
-from .index import Index
+from profd.config import Config
+from profd.reactor import Reactor
+from profd.redact import RedactFilter
+from profd.store import s3
+from profd.store.index import Index
+from profd.textfmt import human_bytes
 
 log = logging.getLogger("profd.uploads")
 # Error text here is already redacted; the filter also covers tracebacks (log.exception).

@@ -16,7 +16,7 @@ import pytest
 
 from profd import globs
 from profd.ctl.commands.s3list import keep
-from profd.daemon.selector import Selector
+from profd.daemon.sessions.selector import Selector
 from profd.store.index import Index, TraceFilter
 
 # (pattern, name, matches)

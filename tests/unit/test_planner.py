@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profd.daemon import planner
-from profd.daemon import schedule as sch
-from profd.daemon.refusal import Refused
+from profd.scheduling import planner
+from profd.scheduling import schedule as sch
+from profd.scheduling.refusal import Refused
 from profd_client.protocol import MAX_STEP
 
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from profd.daemon.registry import Client, Registry
+from profd.daemon.clients.registry import Client, Registry
 
 
 def client(step: int, at: float) -> Client:

@@ -1,4 +1,4 @@
-"""Schedules (``profd/daemon/schedule.py``): every form a user can write, every error, and
+"""Schedules (``profd/scheduling/schedule.py``): every form a user can write, every error, and
 the properties every resolved plan must have. Pure functions: no daemon, no sockets."""
 
 from __future__ import annotations
@@ -10,14 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profd.daemon.schedule import (
-    Schedule,
-    ScheduleError,
-    describe,
-    parse,
-    resolve,
-    steps_of,
-)
+from profd.scheduling.schedule import Schedule, ScheduleError, describe, parse, resolve, steps_of
 from profd_client import protocol as P
 
 

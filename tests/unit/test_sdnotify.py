@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from profd.daemon import sdnotify
-from profd.daemon.sdnotify import Notifier
+from profd.daemon.runtime import sdnotify
+from profd.daemon.runtime.sdnotify import Notifier
 
 
 @pytest.fixture

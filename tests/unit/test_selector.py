@@ -1,6 +1,7 @@
-"""Selectors (``profd/daemon/selector.py``): which attached clients a session targets.
+"""Selectors (``profd/daemon/sessions/selector.py``): which attached clients a session targets.
 
-Clients are the registry's own :class:`~profd.daemon.registry.Client` records, built directly.
+Clients are the registry's own :class:`~profd.daemon.clients.registry.Client` records,
+built directly.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from profd.daemon.registry import Client
-from profd.daemon.selector import Selector, SelectorError, describe_attached
+from profd.daemon.clients.registry import Client
+from profd.daemon.sessions.selector import Selector, SelectorError, describe_attached
 
 
 def client(

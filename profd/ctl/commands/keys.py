@@ -8,9 +8,9 @@ from pathlib import Path
 
 import click
 
-from ..errors import BadUsage, CtlError
-from ..main import Env, command
-from ..render import emit_json
+from profd.ctl.errors import BadUsage, CtlError
+from profd.ctl.main import Env, command
+from profd.ctl.render import emit_json
 
 
 @click.group()

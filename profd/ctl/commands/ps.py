@@ -8,10 +8,9 @@ from typing import Any
 
 import click
 
+from profd.ctl.main import Env, command
+from profd.ctl.render import Column, emit_json, opt, size, table
 from profd_client import protocol as P
-
-from ..main import Env, command
-from ..render import Column, emit_json, opt, size, table
 
 
 def _state(r: dict[str, Any]) -> str:

@@ -17,14 +17,13 @@ from typing import Any
 
 import click
 
+from profd import fsutil
+from profd.ctl.commands.s3list import child_dirs, ctl_s3, read_manifests, s3_error
+from profd.ctl.errors import CtlError, NoDaemon
+from profd.ctl.main import Env, command
+from profd.ctl.render import emit_json, size
+from profd.store import layout, s3
 from profd_client import protocol as P
-
-from ... import fsutil
-from ...store import layout, s3
-from ..errors import CtlError, NoDaemon
-from ..main import Env, command
-from ..render import emit_json, size
-from .s3list import child_dirs, ctl_s3, read_manifests, s3_error
 
 _COPY_BUF = 1 << 20
 
@@ -89,7 +88,7 @@ def plan_from_cluster(env: Env, session: str) -> Plan:
     """Every node's files of the session in one plan: the cycle dirs merge (one file per
     rank), and each node's ``session.json`` becomes ``session.{node}.json``. A node's spool
     is read directly only when it is on this machine; otherwise its files come from S3."""
-    from .sessions import cluster_show
+    from profd.ctl.commands.sessions import cluster_show
 
     s = cluster_show(env, session)
     sid = s["id"]

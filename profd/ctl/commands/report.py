@@ -15,11 +15,10 @@ from typing import IO, Any
 
 import click
 
+from profd.ctl.errors import CtlError
+from profd.ctl.main import Env, command
+from profd.ctl.render import emit_json
 from profd_client import protocol as P
-
-from ..errors import CtlError
-from ..main import Env, command
-from ..render import emit_json
 
 S3_OPTION = click.option(
     "--s3", "s3_url", help="Read the session's manifests from S3 (no daemon needed)."
@@ -31,7 +30,7 @@ def load_session(env: Env, session: str, s3_url: str | None) -> dict[str, Any]:
     if s3_url:
         return _from_s3(session, s3_url)
     if env.cluster:
-        from .sessions import cluster_show
+        from profd.ctl.commands.sessions import cluster_show
 
         return cluster_show(env, session)
     s: dict[str, Any] = env.conn.request(P.C_SHOW, session=session)
@@ -39,8 +38,8 @@ def load_session(env: Env, session: str, s3_url: str | None) -> dict[str, Any]:
 
 
 def _from_s3(session: str, s3_url: str) -> dict[str, Any]:
-    from ...report.model import merge_sessions
-    from .s3list import ctl_s3, find_sessions, read_manifests, s3_error
+    from profd.ctl.commands.s3list import ctl_s3, find_sessions, read_manifests, s3_error
+    from profd.report.model import merge_sessions
 
     client, cfg = ctl_s3(s3_url)
     bucket, prefix = cfg.bucket_prefix()
@@ -90,8 +89,8 @@ def report(
     Prints a text summary (--json: the report as JSON) and writes a self-contained HTML page,
     to -o FILE or to profd-report-SESSION.html in the current directory.
     """
-    from ...report.model import build_report
-    from ...report.renderers import TextRenderer, renderers, report_doc
+    from profd.report.model import build_report
+    from profd.report.renderers import TextRenderer, renderers, report_doc
 
     s = load_session(env, session, s3_url)
     rep = build_report(s)
@@ -123,7 +122,7 @@ def report(
 
 
 def _timelines(env: Env, rep: Any, s3_url: str | None, where: str | None) -> list[str]:
-    from ...report.timeline import RankTrace, write_timeline
+    from profd.report.timeline import RankTrace, write_timeline
 
     by_key = {(r.host, r.role, r.rank): r for r in rep.ranks}
     rows = _trace_rows(env, rep.session, s3_url)
@@ -169,7 +168,7 @@ def _timelines(env: Env, rep: Any, s3_url: str | None, where: str | None) -> lis
 
 def _trace_rows(env: Env, session: str, s3_url: str | None) -> list[dict[str, Any]]:
     if s3_url:
-        from .s3list import list_from_s3
+        from profd.ctl.commands.s3list import list_from_s3
 
         return list_from_s3(s3_url, session=session, limit=1_000_000)
     rows: list[dict[str, Any]] = env.rows(
@@ -183,8 +182,8 @@ def _local_opener(path: str) -> Any:
 
 
 def _s3_opener(s3_url: str) -> Any:
-    from ...store import s3
-    from .s3list import ctl_s3
+    from profd.ctl.commands.s3list import ctl_s3
+    from profd.store import s3
 
     client, _ = ctl_s3(s3_url)
 
@@ -212,8 +211,8 @@ def _s3_opener(s3_url: str) -> Any:
 @command
 def diff(env: Env, session_a: str, session_b: str, s3_url: str | None) -> None:
     """What changed from SESSION_A to SESSION_B: per operator and per step, biggest first."""
-    from ...report.diff import diff_reports, diff_text
-    from ...report.model import build_report
+    from profd.report.diff import diff_reports, diff_text
+    from profd.report.model import build_report
 
     a = build_report(load_session(env, session_a, s3_url))
     b = build_report(load_session(env, session_b, s3_url))

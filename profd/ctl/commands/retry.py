@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import click
 
+from profd.ctl.main import Env, command
+from profd.ctl.render import emit_json
 from profd_client import protocol as P
-
-from ..main import Env, command
-from ..render import emit_json
 
 
 @click.command()

@@ -21,12 +21,11 @@ from typing import Any
 
 import click
 
+from profd import nsys
+from profd.ctl.errors import CtlError
+from profd.ctl.main import Env, command
+from profd.ctl.render import emit_json
 from profd_client import protocol as P
-
-from ... import nsys
-from ..errors import CtlError
-from ..main import Env, command
-from ..render import emit_json
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 

@@ -17,10 +17,10 @@ from typing import Any
 
 import click
 
-from ... import globs
-from ...config import ConfigError, S3Config, load
-from ...store import layout, s3
-from ..errors import CtlError
+from profd import globs
+from profd.config import ConfigError, S3Config, load
+from profd.ctl.errors import CtlError
+from profd.store import layout, s3
 
 #: Sessions whose id says they started this long before ``--since`` are not even fetched.
 SINCE_SLACK_S = 7 * 86400

@@ -6,11 +6,10 @@ from typing import Any
 
 import click
 
+from profd.ctl.errors import CtlError
+from profd.ctl.main import Env, command
+from profd.ctl.render import Column, ago, emit_json, opt, steps_text, table
 from profd_client import protocol as P
-
-from ..errors import CtlError
-from ..main import Env, command
-from ..render import Column, ago, emit_json, opt, steps_text, table
 
 COLUMNS: list[Column] = [
     ("SESSION", lambda r: r["id"]),
@@ -91,7 +90,7 @@ def combined_state(states: list[str]) -> str:
 def cluster_show(env: Env, session: str) -> dict[str, Any]:
     """The session as every node that knows it has it: its targets from all of them (each
     with its node as ``host``), its state combined, and ``nodes``: each node's own state."""
-    from ..cluster import on_node
+    from profd.ctl.cluster import on_node
 
     g = env.gather(P.C_SHOW, session=session)
     known = g.ok

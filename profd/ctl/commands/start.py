@@ -6,11 +6,10 @@ from typing import Any
 
 import click
 
+from profd.ctl.commands.wait import follow
+from profd.ctl.main import Env, command
+from profd.ctl.render import emit_json, steps_text
 from profd_client import protocol as P
-
-from ..main import Env, command
-from ..render import emit_json, steps_text
-from .wait import follow
 
 
 @click.command()
@@ -102,7 +101,7 @@ def start(env: Env, /, **kw: Any) -> None:
 
 
 def _start_cluster(env: Env, spec: dict[str, Any], wait: bool, timeout: float) -> None:
-    from ..clusterstart import echo_started, follow_everywhere, start_everywhere
+    from profd.ctl.clusterstart import echo_started, follow_everywhere, start_everywhere
 
     res = start_everywhere(env, spec)
     if not env.json:

@@ -6,10 +6,9 @@ from typing import Any
 
 import click
 
+from profd.ctl.main import Env, command
+from profd.ctl.render import Column, ago, emit_json, size, table
 from profd_client import protocol as P
-
-from ..main import Env, command
-from ..render import Column, ago, emit_json, size, table
 
 
 @click.command()

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import click
 
+from profd.ctl.errors import CtlError
+from profd.ctl.main import Env, command
+from profd.ctl.render import emit_json
 from profd_client import protocol as P
-
-from ..errors import CtlError
-from ..main import Env, command
-from ..render import emit_json
 
 
 def _end(env: Env, request: str, session: str, verb: str) -> None:

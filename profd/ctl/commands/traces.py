@@ -8,11 +8,10 @@ from typing import Any
 
 import click
 
+from profd.ctl.errors import CtlError
+from profd.ctl.main import Env, command
+from profd.ctl.render import Column, ago, emit_json, opt, size, steps_text, table
 from profd_client import protocol as P
-
-from ..errors import CtlError
-from ..main import Env, command
-from ..render import Column, ago, emit_json, opt, size, steps_text, table
 
 COLUMNS: list[Column] = [
     ("SESSION", lambda r: r["session"]),
@@ -54,7 +53,7 @@ def parse_since(text: str) -> float:
 def traces(env: Env, /, s3_url: str | None, since: str | None, **kw: Any) -> None:
     """Captured traces, newest first."""
     if s3_url:
-        from .s3list import list_from_s3
+        from profd.ctl.commands.s3list import list_from_s3
 
         rows = list_from_s3(s3_url, since=parse_since(since) if since else None, **kw)
     else:

@@ -7,11 +7,10 @@ from typing import Any
 
 import click
 
+from profd.ctl.errors import CtlError
+from profd.ctl.main import Env
+from profd.ctl.render import steps_text
 from profd_client import protocol as P
-
-from ..errors import CtlError
-from ..main import Env
-from ..render import steps_text
 
 
 def follow(

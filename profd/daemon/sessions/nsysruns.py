@@ -25,19 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profd import nsys
+from profd.config import NsysConfig
+from profd.daemon.captures.lanes import Captures, Job
+from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.sessions.arming import Arms
+from profd.daemon.sessions.state import Session, Sessions, Target
+from profd.pipeline.nsys_report import finish_report
+from profd.pipeline.process import ProcessedTrace
+from profd.reactor import Reactor
+from profd.scheduling.refusal import Refused
 from profd_client import protocol as P
 from profd_client.protocol import TARGET_TERMINAL
-
-from .. import nsys
-from ..config import NsysConfig
-from ..pipeline.nsys_report import finish_report
-from ..pipeline.process import ProcessedTrace
-from .arming import Arms
-from .captures import Captures, Job
-from .reactor import Reactor
-from .refusal import Refused
-from .registry import Client, Registry
-from .sessions import Session, Sessions, Target
 
 log = logging.getLogger("profd.nsys")
 

@@ -11,18 +11,17 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.runtime.peers import Requester
+from profd.daemon.sessions.arming import Arms
+from profd.daemon.sessions.nsysruns import NsysRuns
+from profd.daemon.sessions.selector import Selector, SelectorError, describe_attached
+from profd.daemon.sessions.state import Session, Sessions, Target
+from profd.ids import new_session_id
+from profd.scheduling import planner
+from profd.scheduling import schedule as sch
+from profd.scheduling.refusal import Refused
 from profd_client import protocol as P
-
-from ..ids import new_session_id
-from . import planner
-from . import schedule as sch
-from .arming import Arms
-from .nsysruns import NsysRuns
-from .peers import Requester
-from .refusal import Refused
-from .registry import Client, Registry
-from .selector import Selector, SelectorError, describe_attached
-from .sessions import Session, Sessions, Target
 
 log = logging.getLogger("profd.starts")
 

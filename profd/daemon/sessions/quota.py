@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from ..store.index import Index
-from ..textfmt import human_bytes
-from .refusal import Refused
+from profd.scheduling.refusal import Refused
+from profd.store.index import Index
+from profd.textfmt import human_bytes
 
 
 class Pruner(Protocol):

@@ -15,21 +15,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profd import __version__
+from profd.daemon.agent.liveness import Liveness
+from profd.daemon.captures.lanes import Captures, Job
+from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.runtime import faults
+from profd.daemon.runtime.peers import PeerCred, claim_problem
+from profd.daemon.sessions.arming import Arms
+from profd.daemon.sessions.autorules import AutoRules
+from profd.daemon.sessions.nsysruns import NsysRuns
+from profd.daemon.sessions.starts import Starter
+from profd.daemon.sessions.state import Session, Sessions, Target
+from profd.daemon.spool.storage import Storage, is_disk_full
+from profd.store.index import Index
 from profd_client import protocol as P
-
-from .. import __version__
-from ..store.index import Index
-from . import faults
-from .arming import Arms
-from .autorules import AutoRules
-from .captures import Captures, Job
-from .liveness import Liveness
-from .nsysruns import NsysRuns
-from .peers import PeerCred, claim_problem
-from .registry import Client, Registry
-from .sessions import Session, Sessions, Target
-from .starts import Starter
-from .storage import Storage, is_disk_full
 
 log = logging.getLogger("profd.agents")
 

@@ -15,17 +15,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profd import __version__
+from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.runtime.peers import PeerCred, Requester
+from profd.daemon.sessions.selector import Selector
+from profd.daemon.sessions.starts import Starter, StartRequest, started
+from profd.daemon.sessions.state import Sessions
+from profd.scheduling import schedule as sch
+from profd.scheduling.refusal import Refused
+from profd.store.index import Index, TraceFilter
 from profd_client import protocol as P
-
-from .. import __version__
-from ..store.index import Index, TraceFilter
-from . import schedule as sch
-from .peers import PeerCred, Requester
-from .refusal import Refused
-from .registry import Client, Registry
-from .selector import Selector
-from .sessions import Sessions
-from .starts import Starter, StartRequest, started
 
 log = logging.getLogger("profd.control")
 

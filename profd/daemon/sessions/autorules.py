@@ -5,16 +5,15 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from profd.config import AutoRule, ConfigError
+from profd.daemon.clients.registry import Client
+from profd.daemon.sessions.arming import Arms
+from profd.daemon.sessions.starts import Starter, StartRequest, target_state
+from profd.daemon.sessions.state import Sessions, Target
+from profd.scheduling import planner
+from profd.scheduling import schedule as sch
+from profd.scheduling.refusal import Refused
 from profd_client import protocol as P
-
-from ..config import AutoRule, ConfigError
-from . import planner
-from . import schedule as sch
-from .arming import Arms
-from .refusal import Refused
-from .registry import Client
-from .sessions import Sessions, Target
-from .starts import Starter, StartRequest, target_state
 
 log = logging.getLogger("profd.auto")
 

@@ -12,10 +12,9 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from profd.scheduling import schedule as sch
+from profd.scheduling.refusal import Refused
 from profd_client.protocol import MAX_STEP
-
-from . import schedule as sch
-from .refusal import Refused
 
 #: How far ahead ``--next`` looks, in seconds of each target's step rate, so the arm message
 #: reaches every rank before its first step starts, even on a loaded node.

@@ -8,10 +8,10 @@ from collections.abc import Iterable
 
 import psutil
 
-from .arming import Arms
-from .registry import Client, Registry
-from .sampler import Sample
-from .sessions import Sessions
+from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.sampler import Sample
+from profd.daemon.sessions.arming import Arms
+from profd.daemon.sessions.state import Sessions
 
 log = logging.getLogger("profd")
 

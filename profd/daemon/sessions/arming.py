@@ -7,11 +7,10 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Protocol
 
+from profd.daemon.clients.registry import Client
+from profd.daemon.sessions.state import Session
+from profd.daemon.spool.clientfiles import UnsafeFile
 from profd_client import protocol as P
-
-from .clientfiles import UnsafeFile
-from .registry import Client
-from .sessions import Session
 
 log = logging.getLogger("profd.arming")
 

@@ -16,15 +16,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profd.daemon.clients.registry import Client
+from profd.daemon.runtime import faults
+from profd.daemon.spool.clientfiles import made_dir
+from profd.daemon.spool.spoolperms import SpoolPerms
+from profd.fsutil import atomic_write
+from profd.scheduling.schedule import Cycle, steps_of
+from profd.store.index import Index
 from profd_client.protocol import REPORT_TERMINAL, SESSION_TERMINAL, TARGET_TERMINAL
-
-from ..fsutil import atomic_write
-from ..store.index import Index
-from . import faults
-from .clientfiles import made_dir
-from .registry import Client
-from .schedule import Cycle, steps_of
-from .spoolperms import SpoolPerms
 
 _ORDER = ["pending", "armed", "capturing", "processing"]
 

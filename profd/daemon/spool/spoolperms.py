@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .clientfiles import DirSpec
+from profd.daemon.spool.clientfiles import DirSpec
 
 
 @dataclass(frozen=True)

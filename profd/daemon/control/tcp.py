@@ -27,9 +27,8 @@ import zmq.auth
 from zmq.utils import z85
 from zmq.utils.monitor import parse_monitor_message
 
+from profd.config import ClusterConfig, ConfigError
 from profd_client import protocol as P
-
-from ..config import ClusterConfig, ConfigError
 
 log = logging.getLogger("profd.tcp")
 

@@ -32,15 +32,15 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from profd.daemon.runtime import faults
+from profd.daemon.spool import clientfiles
+from profd.daemon.spool.clientfiles import DirSpec
+from profd.daemon.spool.spoolperms import SpoolPerms
+from profd.daemon.spool.storage import Storage, is_disk_full
+from profd.pipeline.files import FilePerms, ProcessedFile
+from profd.pipeline.process import PipelineError, ProcessedTrace, process_open
+from profd.reactor import Reactor
 from profd_client import protocol as P
-
-from ..pipeline.files import FilePerms, ProcessedFile
-from ..pipeline.process import PipelineError, ProcessedTrace, process_open
-from . import clientfiles, faults
-from .clientfiles import DirSpec
-from .reactor import Reactor
-from .spoolperms import SpoolPerms
-from .storage import Storage, is_disk_full
 
 log = logging.getLogger("profd.captures")
 

@@ -6,10 +6,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from profd import globs
+from profd.daemon.clients.registry import Client
 from profd_client.ranks import RankSpecError, parse_ranks
-
-from .. import globs
-from .registry import Client
 
 
 class SelectorError(ValueError):
