@@ -26,9 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
 from daemonproc import BIN  # tests/, on sys.path through benchlib
 from kineto_synth import write_trace  # tests/, on sys.path through benchlib
+from pipeline_paths import process_trace
 from stats_synth import synthetic_session
 
-from profd.pipeline.process import process_trace
 from profd.pipeline.rankstats import RankStatistics
 from profd.report.model import build_report
 from profd.report.renderers import renderers, report_doc

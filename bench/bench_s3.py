@@ -143,7 +143,7 @@ def run_profd(
             " FROM files"
         ).fetchone()
         if r["bad"]:
-            rows = idx.session_files(files[0].parent.parent.name)
+            rows = idx.db.execute("SELECT last_error FROM files WHERE upload_state = 'failed'")
             raise RuntimeError(f"profd upload failed: {[r['last_error'] for r in rows]}")
         return int(r["ok"] or 0) == n
 

@@ -15,11 +15,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pipeline_paths import process_trace
 
 from profd.pipeline.memory import Sample
 from profd.pipeline.memory_report import downsample
 from profd.pipeline.parsed import ParsedTrace
-from profd.pipeline.process import PipelineError, ProcessedTrace, inject_rank, process_trace
+from profd.pipeline.process import PipelineError, ProcessedTrace, inject_rank
 from profd.textfmt import human_bytes
 
 # torch-tb-profiler's worker/span file-name pattern.

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pipeline_paths import process_trace
 
 from profd.pipeline.nsys_report import finish_report
 from profd.pipeline.nsys_stats import NsysReport, NsysStats
 from profd.pipeline.outputs import NSYS_OUTPUTS, TRACE_OUTPUTS, OutputError, TraceOutput
 from profd.pipeline.parsed import ParsedTrace, group_events
-from profd.pipeline.process import ProcessedTrace, process_trace
+from profd.pipeline.process import ProcessedTrace
 
 
 def x(name: str, ts: float, dur: float, cat: str = "cpu_op", tid: int = 1) -> dict[str, Any]:

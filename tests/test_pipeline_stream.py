@@ -24,13 +24,14 @@ from typing import Any
 
 import pytest
 from kineto_synth import write_trace
+from pipeline_paths import process_trace
 
 from profd.pipeline import columns, process, stream
 from profd.pipeline.memory import MEMORY_EVENT, Sample, device_name
 from profd.pipeline.memory_report import render_memory_html
 from profd.pipeline.ops import CPU_OP_CATS, GPU_OP_CATS, OpStat
 from profd.pipeline.parsed import ParsedTrace
-from profd.pipeline.process import PipelineError, inject_rank, process_trace
+from profd.pipeline.process import PipelineError, inject_rank
 from profd.pipeline.spans import STEP_PREFIX, StepSpan, step_stats
 from profd.pipeline.stream import TraceFormatError, TraceReader
 from profd.pipeline.summary import render_summary

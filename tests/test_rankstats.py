@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 from kineto_synth import sync_job_events, trace_bytes
+from pipeline_paths import process_trace
 
 from profd.pipeline.parsed import ParsedTrace
-from profd.pipeline.process import process_trace
 from profd.pipeline.rankstats import MAX_STEPS, Intervals, RankStatistics, rank_stats
 from profd.store.index import Index, TraceFilter
 

@@ -9,7 +9,7 @@ A long capture holds millions of them, so they are kept as three columns per dev
 from __future__ import annotations
 
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, overload
 
@@ -116,11 +116,3 @@ class MemoryEvents:
     def series(self) -> dict[str, SampleSeries]:
         """Per device, the running totals in time order (empty without ``profile_memory``)."""
         return {dev: s.in_time_order() for dev, s in self._series.items()}
-
-
-def memory_series(events: Iterable[Mapping[str, Any]]) -> dict[str, SampleSeries]:
-    """:meth:`MemoryEvents.series` of ``[memory]`` events given as dicts."""
-    mem = MemoryEvents()
-    for ev in events:
-        mem.add(ev.get("args"), ev.get("ts"))
-    return mem.series()

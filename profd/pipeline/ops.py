@@ -10,7 +10,7 @@ resolved.
 from __future__ import annotations
 
 from array import array
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,24 +157,6 @@ class GpuOps:
     def stats(self) -> list[OpStat]:
         """Device activities do not nest, so self time is total time."""
         return _sort([OpStat(n, c, self.dur_us[n], self.dur_us[n]) for n, c in self.calls.items()])
-
-
-def cpu_op_stats(events: Iterable[Mapping[str, Any]]) -> list[OpStat]:
-    """:meth:`CpuOps.stats` of complete CPU-category events given as dicts."""
-    ops = CpuOps()
-    for ev in events:
-        name = str(ev.get("name", ""))
-        cat = str(ev.get("cat", "cpu_op"))
-        ops.add(ev.get("pid"), ev.get("tid"), name, float(ev["ts"]), float(ev["dur"]), cat)
-    return ops.stats()
-
-
-def gpu_op_stats(events: Iterable[Mapping[str, Any]]) -> list[OpStat]:
-    """:meth:`GpuOps.stats` of complete GPU-category events given as dicts."""
-    ops = GpuOps()
-    for ev in events:
-        ops.add(str(ev.get("name", "")), float(ev["dur"]))
-    return ops.stats()
 
 
 def _sort(stats: list[OpStat]) -> list[OpStat]:

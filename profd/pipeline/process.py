@@ -30,10 +30,10 @@ import itertools
 import json
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import IO, Any, BinaryIO
 
-from profd.pipeline.files import Batch, FilePerms, ProcessedFile, move_into
+from profd.pipeline.files import Batch, FilePerms, ProcessedFile
 from profd.pipeline.outputs import (
     TRACE_OUTPUTS,
     TRACE_RESULTS,
@@ -230,49 +230,6 @@ def _named_near_end(raw: BinaryIO, needle: bytes) -> bool:
 
 def _info_json(info: Any) -> str:
     return json.dumps(info, separators=(", ", ": "))
-
-
-def process_trace(
-    raw_trace: str,
-    final_dir: str,
-    stem: str,
-    rank: int,
-    world_size: int,
-    extra_files: Sequence[tuple[str, str]] = (),
-    top_n: int = DEFAULT_TOP_N,
-    header: Mapping[str, str] | None = None,
-    outputs: Sequence[TraceOutput[ParsedTrace]] = TRACE_OUTPUTS,
-    results: Sequence[TraceResult[ParsedTrace]] = TRACE_RESULTS,
-) -> ProcessedTrace:
-    """Finalize a raw trace file the caller owns (paths trusted); the raw file goes last.
-
-    The daemon never calls this with a client's paths: it opens client files itself (see
-    :mod:`profd.daemon.clientfiles`) and calls :func:`process_open`.
-    """
-    for kind, path in extra_files:
-        moved = os.path.join(final_dir, os.path.basename(path))
-        if not os.path.exists(path) and not os.path.exists(moved):
-            raise PipelineError(f"extra {kind} file {path} does not exist")
-    with open(raw_trace, "rb") as fh:
-        res = process_open(
-            fh,
-            os.fstat(fh.fileno()).st_size,
-            final_dir,
-            stem,
-            rank,
-            world_size,
-            top_n=top_n,
-            header=header,
-            outputs=outputs,
-            name=raw_trace,
-            results=results,
-        )
-    files = list(res.files)
-    for kind, path in extra_files:
-        dest = move_into(path, final_dir)
-        files.append(ProcessedFile(kind, dest, os.path.getsize(dest)))
-    os.unlink(raw_trace)
-    return replace(res, files=tuple(files))
 
 
 def process_open(

@@ -515,14 +515,6 @@ class Index:
         ).fetchone()
         return {k: int(r[k] or 0) for k in ("queued", "failed", "bytes_pending", "uploaded")}
 
-    def session_files(self, session: str) -> list[dict[str, Any]]:
-        return [
-            dict(r)
-            for r in self.db.execute(
-                "SELECT * FROM files WHERE session = ? ORDER BY id", (session,)
-            )
-        ]
-
     # --- spool quota ---------------------------------------------------------------------------
     def spool_usage(self) -> tuple[int, int]:
         """(bytes held in the spool, of which not yet safely uploaded)."""
