@@ -12,6 +12,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from ending import end_process_group
 
 import profd_client
 
@@ -33,4 +34,4 @@ for _ in range(steps):
     opt.step()
     opt.zero_grad()
     time.sleep(pause)
-dist.destroy_process_group()
+end_process_group()

@@ -101,25 +101,12 @@ def main() -> None:
         ),
         flush=True,
     )
-    # Trainer leaves the process group up. A gloo group still up at interpreter exit aborts
-    # now and then ("terminate called without an active exception": gloo's worker threads
-    # outlive the interpreter, pytorch/pytorch#190489; about 1 run in 8 here), so end it as
-    # PyTorch's docs ask every training script to.
-    import gc
+    # Trainer leaves the process group up (and its DDP model holds it): end it as PyTorch's
+    # docs ask every training script to, after dropping the trainer (see ending.py).
+    from ending import end_process_group
 
-    import torch.distributed as dist
-
-    if dist.is_initialized():
-        # Freeing the group joins gloo's worker threads while holding the GIL. A worker
-        # still tearing down Trainer's last all_gather needs the GIL for its tensors: a
-        # deadlock (py-spy: ~ProcessGroupGloo in std::thread::join, the worker in
-        # ~AsyncAllgatherWork waiting for the GIL), a hang at exit in up to half the runs.
-        # The barrier waits with the GIL released, so the workers finish first; the model
-        # (DDP's reducer holds the group too) goes before the group.
-        dist.barrier()
-        del trainer
-        gc.collect()
-        dist.destroy_process_group()
+    del trainer
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import os
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from ending import end_process_group
 from gate import wait_gate
 
 
@@ -48,8 +49,8 @@ def worker(rank: int, world: int) -> None:
         ),
         flush=True,
     )
-    dist.barrier()
-    dist.destroy_process_group()
+    del model, opt
+    end_process_group()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from ending import end_process_group
 
 import profd_client
 
@@ -58,4 +59,4 @@ for _ in range(steps):
     dist.all_reduce(w.grad)
     opt.step()
     opt.zero_grad()
-dist.destroy_process_group()
+end_process_group()

@@ -10,6 +10,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from ending import end_process_group
 
 import profd_client
 
@@ -45,4 +46,5 @@ print(
     ),
     flush=True,
 )
-dist.destroy_process_group()
+del ddp, opt
+end_process_group()

@@ -23,6 +23,7 @@ import time
 
 import torch
 import torch.distributed as dist
+from ending import end_process_group
 from gate import wait_gate
 
 import profd_client
@@ -71,5 +72,5 @@ print(
     flush=True,
 )
 if use_ddp:
-    dist.barrier()
-    dist.destroy_process_group()
+    del model, opt
+    end_process_group()
