@@ -20,9 +20,10 @@ import zmq
 
 from profd import __version__, fsutil
 from profd.config import Config
-from profd.daemon.agent.handler import AgentHandler, Welcome, job_of
+from profd.daemon.agent.handler import AgentHandler, Welcome
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
+from profd.daemon.captures.record import CaptureReport
 from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.sampler import Sampler
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
@@ -39,6 +40,7 @@ from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.quota import Quota
 from profd.daemon.sessions.starts import Starter
 from profd.daemon.sessions.state import Sessions
+from profd.daemon.spool.incoming import Incoming
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.spool.storage import Storage
 from profd.reactor import Reactor
@@ -79,27 +81,26 @@ class Daemon:
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.registry = Registry()
         self.sessions = Sessions(self.index, spool, perms, host)
-        self.results = Results(self.sessions, self.index, spool, self.uploads, host)
+        self.incoming = Incoming(spool, perms)
+        self.results = Results(self.sessions, self.index, self.incoming, self.uploads, host)
         self.captures = Captures(
-            spool,
+            self.incoming,
             self.reactor,
             cfg.pipeline_workers,
-            self._on_processed,
-            self.results.raw_deleted,
-            perms,
+            self.results.commit,
             cfg.max_trace_bytes,
             self.storage,
         )
-        self.arms = Arms(self._send_agent, self.captures)
+        self.arms = Arms(self._send_agent, self.incoming)
         self.nsys = NsysRuns(
             cfg.nsys,
             host,
             self.sessions,
             self.registry,
             self.arms,
-            self.captures,
+            self.incoming,
             self.reactor,
-            self._on_processed,
+            self.results.commit,
         )
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, self.index, self.uploads)
@@ -114,6 +115,7 @@ class Daemon:
             AutoRules(rules, self.starter, self.sessions, self.arms),
             self.liveness,
             self.captures,
+            self.incoming,
             self.nsys,
             self._send_agent,
             self.storage,
@@ -141,9 +143,6 @@ class Daemon:
         )
 
     # --- wiring -----------------------------------------------------------------------------
-    def _on_processed(self, *args: Any) -> None:
-        self.results.on_processed(*args)
-
     def _send_agent(self, ident: bytes, frame: bytes) -> None:
         # Two sends, not send_multipart: the same frames for a third of the Python cost, on
         # the path every heartbeat reply of every client takes.
@@ -275,11 +274,17 @@ class Daemon:
                 self.nsys.restored(s)
             else:
                 self.liveness.restored(s.targets)
-        for key, stored in self.index.inbox_raw_left():
-            _guarded("deleting an indexed raw trace", self.captures.drop_raw, job_of(key, stored))
-        for key, stored in self.index.inbox_pending():
-            _guarded("resubmitting a capture", self.agents.submit, key, stored)
+        for _key, row in self.index.inbox_raw_left():
+            _guarded("deleting an indexed raw trace", self._delete_raw, row)
+        for _key, row in self.index.inbox_pending():
+            _guarded("resubmitting a capture", self._resubmit, row)
         self.sessions.settle_restored()
+
+    def _delete_raw(self, row: dict[str, Any]) -> None:
+        self.results.delete_raw(CaptureReport.from_row(row))
+
+    def _resubmit(self, row: dict[str, Any]) -> None:
+        self.agents.resubmit(CaptureReport.from_row(row))
 
     # --- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -358,7 +363,7 @@ class Daemon:
             self.arms.ended(s.id)
             if s.backend == "nsys":
                 _guarded("ending an nsys session", self.nsys.session_ended, s)
-            self.captures.remove_incoming(s.job, s.id)
+            self.incoming.remove_incoming(s.job, s.id)
         if finished:
             faults.point("session-ended")
             self.write_manifests()

@@ -1,4 +1,5 @@
-"""Finished pipeline work into the index, the session and the upload queue."""
+"""What became of each capture, committed: into the index, the session and the upload queue,
+and only then its raw trace deleted."""
 
 from __future__ import annotations
 
@@ -7,8 +8,10 @@ import time
 from pathlib import Path
 from typing import Any, Protocol
 
-from profd.daemon.captures.lanes import Job
+from profd.daemon.captures.record import CaptureReport, Outcome
+from profd.daemon.runtime import faults
 from profd.daemon.sessions.state import Sessions
+from profd.daemon.spool.incoming import Incoming
 from profd.pipeline.process import ProcessedTrace
 from profd.store import layout
 from profd.store.index import Index
@@ -25,14 +28,15 @@ class Results:
         self,
         sessions: Sessions,
         index: Index,
-        spool: Path,
+        incoming: Incoming,
         uploads: UploadQueue | None,
         node: str,
     ) -> None:
         self.node = node
         self.sessions = sessions
         self.index = index
-        self.spool = spool
+        self.incoming = incoming
+        self.spool = incoming.spool
         self.uploads = uploads
 
     @property
@@ -48,44 +52,66 @@ class Results:
         self.kick()
         return n
 
-    def on_processed(
-        self, j: Job, res: ProcessedTrace | None, error: str | None, retryable: bool
-    ) -> None:
-        # One commit for the trace, its inbox row and its target: a daemon killed on either
-        # side of it redoes the capture from the raw trace or finds it whole.
-        with self.index.transaction():
-            self._record(j, res, error, retryable)
-        self.kick()
+    def commit(self, o: Outcome) -> None:
+        """Record what became of a capture, then delete its raw trace.
 
-    def _record(
-        self, j: Job, res: ProcessedTrace | None, error: str | None, retryable: bool
-    ) -> None:
-        s = self.sessions.exact(j.session)
-        t = s.targets.get((j.host, j.pid)) if s is not None else None
-        if res is not None:
-            self.index_trace(j, res)
-        if not retryable:
-            self.index.inbox_done(j.key, raw_left=res is not None)
-        if s is None or t is None:
-            return
-        result: dict[str, Any] = {"cycle": j.cycle, "steps": j.report.get("steps", [])}
-        notes = list(j.report.get("notes") or [])
+        One commit for the trace, its inbox row and its target: a daemon killed before it
+        redoes the capture from the raw trace (the outputs it wrote are simply replaced), one
+        killed after it finds the row marked as indexed with its raw trace left, and deletes
+        that at its next start (:meth:`delete_raw`)."""
+        c = o.capture
+        s = self.sessions.exact(c.session_id)
+        t = s.targets.get(c.target) if s is not None else None
+        raw_left = o.trace is not None and c.raw_trace is not None
+        with self.index.transaction():
+            if o.trace is not None:
+                self.index_trace(c, o.trace)
+            if not o.retry:
+                # (An nsys capture has no inbox row: then this changes nothing.)
+                self.index.inbox_done(c.key, raw_left=raw_left)
+            if s is not None and t is not None:
+                self.sessions.processed(
+                    s, t, self._result(o), traced=o.trace is not None, error=o.error
+                )
+        self.kick()
+        if raw_left:
+            faults.point("trace-indexed")
+            try:
+                self.delete_raw(c)
+            except Exception:
+                # Committed already, so not the caller's to retry: the row stays marked as
+                # indexed with its raw trace left, and the next daemon start deletes it.
+                log.exception("deleting the raw trace of capture %s", c.key)
+            faults.point("raw-deleted")
+
+    def delete_raw(self, c: CaptureReport) -> None:
+        """Delete an indexed capture's raw trace; then nothing of it is left to redo."""
+        raw = c.raw_trace
+        if raw is not None:
+            self.incoming.discard(c.raw_dir, [raw], f"the raw trace of capture {c.key}")
+        self.index.inbox_done(c.key)
+
+    def _result(self, o: Outcome) -> dict[str, Any]:
+        """The target's result of one cycle (into the index and ``session.json``)."""
+        c, res = o.capture, o.trace
+        result: dict[str, Any] = {"cycle": c.cycle, "steps": list(c.steps)}
+        notes = list(c.notes)
         if res is not None and res.output_errors:
             # A report plug-in failed: the trace is kept; say what is missing beside it.
             missing = [f"{e.kind} not written: {e.error}" for e in res.output_errors]
-            log.warning("session %s rank %s: %s", j.session, j.rank, "; ".join(missing))
+            log.warning("session %s rank %s: %s", c.session_id, c.rank, "; ".join(missing))
             notes += missing
         if notes:
             result["notes"] = notes
         if res is not None:
             result.update(
                 path=self._rel(res.trace_path),
-                stall_ms=j.report.get("stall_ms"),
+                stall_ms=c.stall_ms,
                 step_ms_p50=res.step_ms_p50,
                 # session.json is the S3 index (profctl traces --s3): enough to list and
                 # pull a session's files without the node's SQLite index.
                 bytes=_trace_bytes(res),
-                state="ok" if not j.report.get("error") else "partial",
+                state=c.state,
                 created_at=time.time(),
                 files=[
                     {"kind": f.kind, "path": self._rel(f.path), "bytes": f.bytes} for f in res.files
@@ -95,21 +121,17 @@ class Results:
             # index's targets and session.json, which is all profctl report reads.
             result.update(res.records)
         else:
-            result["error"] = error
-        self.sessions.processed(s, t, result, traced=res is not None, error=error)
-
-    def raw_deleted(self, j: Job) -> None:
-        """The capture's raw trace is gone: nothing of it is left for a restart to redo."""
-        self.index.inbox_done(j.key)
+            result["error"] = o.error
+        return result
 
     def _rel(self, path: str) -> str:
         return str(Path(path).relative_to(self.spool))
 
-    def index_trace(self, j: Job, res: ProcessedTrace) -> None:
+    def index_trace(self, c: CaptureReport, res: ProcessedTrace) -> None:
         files = [
             {
-                "session": j.session,
-                "job": j.job,
+                "session": c.session_id,
+                "job": c.training_job,
                 "kind": f.kind,
                 "path": f.path,
                 "rel": self._rel(f.path),
@@ -120,23 +142,23 @@ class Results:
         ]
         self.index.add_trace(
             {
-                "session": j.session,
-                "job": j.job,
-                "host": j.host,
-                "pid": j.pid,
-                "role": j.role,
-                "rank": j.rank,
-                "cycle": j.cycle,
-                "region": j.report.get("region"),
-                "steps": j.report.get("steps", []),
+                "session": c.session_id,
+                "job": c.training_job,
+                "host": c.host,
+                "pid": c.pid,
+                "role": c.role,
+                "rank": c.rank,
+                "cycle": c.cycle,
+                "region": c.region,
+                "steps": list(c.steps),
                 "path": res.trace_path,
                 "bytes": _trace_bytes(res),
-                "state": "ok" if not j.report.get("error") else "partial",
-                "stall_ms": j.report.get("stall_ms"),
+                "state": c.state,
+                "stall_ms": c.stall_ms,
                 "step_ms_p50": res.step_ms_p50,
                 "step_ms_max": res.step_ms_max,
-                "torch": j.report.get("torch"),
-                "device": j.report.get("device"),
+                "torch": c.torch,
+                "device": c.device,
                 "stats": res.records.get("stats"),
                 "created_at": time.time(),
             },
@@ -146,9 +168,7 @@ class Results:
     def session_manifest(self, session: str, job: str, manifest: Path, cluster: bool) -> None:
         """Index a finished session's ``session.json`` (the last file uploaded); a cluster
         session's goes to S3 under this node's name, beside the other nodes'."""
-        rel = self._rel(str(manifest))
-        if cluster:
-            rel = str(Path(rel).with_name(layout.manifest_name(self.node)))
+        rel = layout.manifest_key(job, session, self.node if cluster else None)
         self.index.add_file(
             {
                 "session": session,

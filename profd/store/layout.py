@@ -3,6 +3,14 @@
 A session is ``{job}/{session}/``, one ``c{cycle}/`` per cycle holding every rank's files. Its
 manifest is ``session.json``, except for a cluster session (one id, several nodes, one S3
 directory): there each node's manifest is ``session.{node}.json``, so none overwrites another.
+
+Training processes write their raw captures below ``.incoming/{job}/{session}/``, in
+``plan{N}/`` for revision N of the session's steps (none for revision 0), each process in its
+own directory (``protocol.target_dir``), one ``c{cycle}/`` per cycle. Only the final files go
+to S3: their key below the prefix is their path below the spool.
+
+Paths are given as their components (:data:`Parts`), because the daemon walks and creates
+spool directories one component at a time; :func:`key` joins them for S3.
 """
 
 from __future__ import annotations
@@ -11,7 +19,81 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from profd_client.protocol import target_dir
+
 MANIFEST = "session.json"
+INCOMING = ".incoming"
+#: nsys writes a collection's reports here, below the session's incoming dir.
+NSYS = "nsys"
+
+#: A path below the spool root (and, for final files, below the S3 prefix), by component.
+Parts = tuple[str, ...]
+
+
+def key(parts: Parts) -> str:
+    """``parts`` as a relative S3 key (or relative path)."""
+    return "/".join(parts)
+
+
+def revision_dir(revision: int) -> str:
+    """The incoming dir of a re-planned revision: a stale capture of the old steps may still
+    arrive, so its files stay apart. (``plan`` on disk, after the wire's field name.)"""
+    return f"plan{revision}"
+
+
+def cycle_dir(cycle: int) -> str:
+    return f"c{cycle}"
+
+
+def session_parts(job: str, session: str) -> Parts:
+    """A session's final files: every node's, every cycle's."""
+    return (job, session)
+
+
+def session_key(job: str, session: str) -> str:
+    """A session's directory as an S3 key below the prefix (no trailing ``/``)."""
+    return key(session_parts(job, session))
+
+
+def cycle_parts(job: str, session: str, cycle: int) -> Parts:
+    """One cycle's final files, every rank's."""
+    return (*session_parts(job, session), cycle_dir(cycle))
+
+
+def manifest_parts(job: str, session: str, node: str | None = None) -> Parts:
+    """A session's manifest; ``node`` names a cluster session's node (see :func:`manifest_name`)."""
+    return (*session_parts(job, session), manifest_name(node))
+
+
+def manifest_key(job: str, session: str, node: str | None = None) -> str:
+    return key(manifest_parts(job, session, node))
+
+
+def incoming_parts(job: str, session: str, revision: int = 0) -> Parts:
+    """Where the processes armed with a session's revision write: below it, each its own dir."""
+    parts: Parts = (INCOMING, job, session)
+    return (*parts, revision_dir(revision)) if revision else parts
+
+
+def home_parts(job: str, session: str, revision: int, host: str, pid: int) -> Parts:
+    """The directory only process ``pid`` on ``host`` writes into."""
+    return (*incoming_parts(job, session, revision), target_dir(host, pid))
+
+
+def capture_parts(job: str, session: str, revision: int, host: str, pid: int, cycle: int) -> Parts:
+    """A process's raw files of one cycle."""
+    return (*home_parts(job, session, revision, host, pid), cycle_dir(cycle))
+
+
+def raw_names(stem: str) -> dict[str, str]:
+    """The only raw files a process may report for a cycle, by kind (the client names them
+    the same way)."""
+    return {"trace": f"{stem}.pt.trace.json", "memory": f"{stem}.memory.pickle"}
+
+
+def nsys_parts(job: str, session: str) -> Parts:
+    """Where nsys writes the reports of a session's collections."""
+    return (*incoming_parts(job, session), NSYS)
 
 
 def is_cluster_session(request: dict[str, object]) -> bool:

@@ -29,7 +29,7 @@ from typing import Any
 from profd.config import Config
 from profd.reactor import Reactor
 from profd.redact import RedactFilter
-from profd.store import s3
+from profd.store import layout, s3
 from profd.store.index import Index
 from profd.textfmt import human_bytes
 
@@ -216,7 +216,7 @@ class Uploads:
                 total -= f["bytes"]
                 freed += f["bytes"]
                 n += 1
-                if path.name == "session.json":
+                if path.name == layout.MANIFEST:
                     self._remove_empty_dirs(path.parent)
         if n:
             log.info(

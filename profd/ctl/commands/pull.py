@@ -71,14 +71,14 @@ def plan_from_daemon(env: Env, session: str) -> Plan:
                     s3_uri=f["s3_uri"],
                 )
             )
-    manifest = spool / s["job"] / s["id"] / "session.json"
+    manifest = spool.joinpath(*layout.manifest_parts(s["job"], s["id"]))
     note = None
     if manifest.exists():
-        items.append(Item(f"{s['id']}/session.json", None, manifest, None))
+        items.append(Item(f"{s['id']}/{layout.MANIFEST}", None, manifest, None))
     elif s3_url and s["state"] in ("done", "partial", "failed", "cancelled"):
         bucket, prefix = s3.split_url(s3_url)
-        key = s3.join_key(prefix, f"{s['job']}/{s['id']}/session.json")
-        items.append(Item(f"{s['id']}/session.json", None, None, s3.uri(bucket, key)))
+        key = s3.join_key(prefix, layout.manifest_key(s["job"], s["id"]))
+        items.append(Item(f"{s['id']}/{layout.MANIFEST}", None, None, s3.uri(bucket, key)))
     else:
         note = f"session {s['id']} is {s['state']}: no session.json yet"
     return Plan(s["id"], s["job"], items, s3_url, note)
@@ -117,7 +117,7 @@ def plan_from_cluster(env: Env, session: str) -> Plan:
                 )
         if not node_items:
             continue
-        manifest = spool / s["job"] / sid / layout.MANIFEST
+        manifest = spool.joinpath(*layout.manifest_parts(s["job"], sid))
         dest = f"{sid}/{layout.manifest_name(name)}"
         if mine and manifest.exists():
             node_items.append(Item(dest, None, manifest, None))
@@ -125,8 +125,7 @@ def plan_from_cluster(env: Env, session: str) -> Plan:
             bucket, prefix = s3.split_url(node_s3)
             # In S3 a cluster session's manifests carry the node's name already.
             cluster = layout.is_cluster_session(s.get("request") or {})
-            in_s3 = layout.manifest_name(name if cluster else None)
-            key = s3.join_key(prefix, f"{s['job']}/{sid}/{in_s3}")
+            key = s3.join_key(prefix, layout.manifest_key(s["job"], sid, name if cluster else None))
             node_items.append(Item(dest, None, None, s3.uri(bucket, key)))
         for it in node_items:
             if it.dest in origin:
@@ -142,9 +141,12 @@ def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
     try:
         hits = []
         for job in child_dirs(client, bucket, base):
-            for sid in child_dirs(client, bucket, f"{base}{job}/{session}"):
+            # Ids starting with ``session``: the name is matched as a prefix.
+            for sid in child_dirs(client, bucket, base + layout.session_key(job, session)):
                 hits.append((job, sid))
-        complete = [h for h in hits if _has_manifest(client, bucket, f"{base}{h[0]}/{h[1]}/")]
+        complete = [
+            h for h in hits if _has_manifest(client, bucket, base + layout.session_key(*h) + "/")
+        ]
         if len(complete) > 1 and session in {sid for _, sid in complete}:
             complete = [h for h in complete if h[1] == session]
         if not complete:
@@ -160,7 +162,7 @@ def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
         read_manifests(client, bucket, prefix, job, sid)  # for its warning: nodes missing
         items = []
         pages = client.get_paginator("list_objects_v2").paginate(
-            Bucket=bucket, Prefix=f"{base}{job}/{sid}/"
+            Bucket=bucket, Prefix=base + layout.session_key(job, sid) + "/"
         )
         for page in pages:
             for obj in page.get("Contents", []):

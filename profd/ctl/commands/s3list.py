@@ -85,7 +85,8 @@ def find_sessions(
     jobs = [job] if job else list(child_dirs(client, bucket, base))
     out = []
     for j in jobs:
-        for sid in child_dirs(client, bucket, f"{base}{j}/{session or ''}"):
+        # Ids starting with ``session``: the name is matched as a prefix.
+        for sid in child_dirs(client, bucket, base + layout.session_key(j, session or "")):
             started = session_started(sid)
             if since is not None and started is not None and started < since - SINCE_SLACK_S:
                 continue
@@ -98,11 +99,11 @@ def read_manifests(client: Any, bucket: str, prefix: str, job: str, sid: str) ->
     ``session.{node}.json``; empty while the session is not complete in S3. Says on stderr
     when a cluster session's nodes have not all uploaded theirs: what is listed from them
     is then not the whole session."""
-    one = _get_json(client, bucket, s3.join_key(prefix, f"{job}/{sid}/{layout.MANIFEST}"))
+    one = _get_json(client, bucket, s3.join_key(prefix, layout.manifest_key(job, sid)))
     if one is not None:
         return [one]
     # Only a cluster session lacks session.json: one listing finds every node's manifest.
-    base = s3.join_key(prefix, f"{job}/{sid}/")
+    base = s3.join_key(prefix, layout.session_key(job, sid)) + "/"
     keys = [
         obj["Key"]
         for page in client.get_paginator("list_objects_v2").paginate(

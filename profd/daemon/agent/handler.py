@@ -17,7 +17,8 @@ from typing import Any
 
 from profd import __version__
 from profd.daemon.agent.liveness import Liveness
-from profd.daemon.captures.lanes import Captures, Job
+from profd.daemon.captures.lanes import Captures
+from profd.daemon.captures.record import CaptureReport
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.runtime import faults
 from profd.daemon.runtime.peers import PeerCred, claim_problem
@@ -26,6 +27,7 @@ from profd.daemon.sessions.autorules import AutoRules
 from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.starts import Starter
 from profd.daemon.sessions.state import Session, Sessions, Target
+from profd.daemon.spool.incoming import Incoming
 from profd.daemon.spool.storage import Storage, is_disk_full
 from profd.store.index import Index
 from profd_client import protocol as P
@@ -55,6 +57,7 @@ class AgentHandler:
         auto_rules: AutoRules,
         liveness: Liveness,
         captures: Captures,
+        incoming: Incoming,
         nsys: NsysRuns,
         send: Send,
         storage: Storage,
@@ -68,12 +71,13 @@ class AgentHandler:
         self.auto_rules = auto_rules
         self.liveness = liveness
         self.captures = captures
+        self.incoming = incoming
         self.nsys = nsys
         self.send = send
         self.storage = storage
-        #: Reports the index could not store (a full disk), not acked: key -> (ident, stored,
+        #: Reports the index could not store (a full disk), not acked: key -> (ident, report,
         #: ack). Their clients keep them; :meth:`retry_deferred` stores and acks them.
-        self._deferred: dict[str, tuple[bytes, dict[str, Any], bytes]] = {}
+        self._deferred: dict[str, tuple[bytes, CaptureReport, bytes]] = {}
         self.own_uid = os.geteuid()
         self.rejected = 0  # malformed frames seen, for status
         self._heartbeats: dict[int, bytes] = {}  # the same reply bytes for every client
@@ -294,53 +298,41 @@ class AgentHandler:
                 m["session"][:64],
             )
             return
-        if m.get("plan", 0) < s.revision:
+        # Paths come from the session, never from what the client claims.
+        capture = CaptureReport.from_message(m, s.job, t, c.uid, c.gid)
+        if capture.revision < s.revision:
             # A capture of steps the session moved away from (a re-plan raced with it).
             self.send(c.ident, ack)
-            self.discard(s, t, m)
+            self.discard(s, t, capture)
             return
         if s.backend == "nsys":
             # nsys writes the report itself: the rank only says its range is over.
             self.send(c.ident, ack)
-            self.nsys.cycle_reported(s, t, m)
+            self.nsys.cycle_reported(s, t, capture)
             return
-        problem = self._report_problem(s, t, m)
+        problem = self._report_problem(s, t, capture)
         if problem is not None:
             self.send(c.ident, ack)
             log.warning(
                 "refused a capture report from pid %s in session %s: %s", c.pid, s.id, problem
             )
             return
-        # Paths come from the session, never from what the client claims.
-        m["job"] = s.job
-        key = f"{s.id}/{c.host}/{c.pid}/{m['cycle']}"
-        stored = {
-            "report": m,
-            "client": {
-                "host": c.host,
-                "pid": c.pid,
-                "role": t.role,
-                "rank": t.rank,
-                "world_size": t.world_size,
-                "uid": c.uid,
-                "gid": c.gid,
-            },
-        }
-        if key in self._deferred:  # sent again while it waits for space: answer that one
-            self._deferred[key] = (c.ident, stored, ack)
+        if capture.key in self._deferred:  # sent again while it waits for space: answer that
+            self._deferred[capture.key] = (c.ident, capture, ack)
             return
-        fresh = self._store(key, stored)
+        fresh = self._store(capture)
         if fresh is None:
             # Not durable, so not acked: the target waits in "capturing"/"processing" (its
             # capture counted as outstanding), and status says why, until space is back.
-            self._deferred[key] = (c.ident, stored, ack)
+            self._deferred[capture.key] = (c.ident, capture, ack)
             self.sessions.queued(s, t)
             return
         # Ack only once the report is durable: a daemon killed now redoes it on restart.
         self.send(c.ident, ack)
         faults.point("report-acked")
         if fresh:
-            self.submit(key, stored)
+            self.sessions.queued(s, t)
+            self.captures.submit(capture)
 
     @property
     def deferred(self) -> int:
@@ -348,67 +340,56 @@ class AgentHandler:
 
     def retry_deferred(self) -> None:
         """Store and ack the reports a full index refused (every housekeeping tick)."""
-        for key, (ident, stored, ack) in list(self._deferred.items()):
-            fresh = self._store(key, stored)
+        for key, (ident, capture, ack) in list(self._deferred.items()):
+            fresh = self._store(capture)
             if fresh is None:
                 return  # still full: the rest would fail the same way
             del self._deferred[key]
             self.send(ident, ack)
             if fresh:  # counted as outstanding when it was deferred
-                self.captures.submit(job_of(key, stored))
+                self.captures.submit(capture)
 
-    def _store(self, key: str, stored: dict[str, Any]) -> bool | None:
+    def _store(self, capture: CaptureReport) -> bool | None:
         """Put a report in the inbox: whether it is new there, or None when a full disk
         refused it (any other error is a bug, and raises)."""
         try:
-            fresh = self.index.inbox_put(key, stored)
+            fresh = self.index.inbox_put(capture.key, capture.to_row())
         except Exception as exc:
             if not is_disk_full(exc):
                 raise
-            self.storage.failed("index", exc, f"the capture report {key}")
+            self.storage.failed("index", exc, f"the capture report {capture.key}")
             return None
         self.storage.ok("index")
         return fresh
 
-    def _own_files(self, s: Session, t: Target, revision: int, cycle: int) -> dict[str, Path]:
-        return self.captures.own_files(
-            s.job, s.id, revision, t.host, t.pid, cycle, f"{t.role}-r{t.rank}"
-        )
-
-    def _report_problem(self, s: Session, t: Target, m: dict[str, Any]) -> str | None:
+    def _report_problem(self, s: Session, t: Target, capture: CaptureReport) -> str | None:
         if t.state not in ("capturing", "processing"):
             return f"its target is {t.state}, not capturing"
-        cycle = m["cycle"]
+        cycle = capture.cycle
         if s.region is None and cycle >= len(s.cycles):
             return f"cycle {cycle} is not one of the session's {len(s.cycles)}"
-        own = self._own_files(s, t, m.get("plan", 0), cycle)
-        for f in m["files"]:
-            if own.get(f["kind"]) != Path(f["path"]):
-                return f"{f['kind']} file {f['path'][:200]!r} is not its own"
+        own = self.incoming.own_files(capture.raw_dir, capture.stem)
+        for kind, path in capture.files:
+            if own.get(kind) != Path(path):
+                return f"{kind} file {path[:200]!r} is not its own"
         return None
 
-    def discard(self, s: Session, t: Target, m: dict[str, Any]) -> None:
+    def discard(self, s: Session, t: Target, capture: CaptureReport) -> None:
         """Delete the files of a superseded capture: only the target's own, never a path
         the report names elsewhere."""
         log.info("session %s: dropping a capture of superseded steps from pid %s", s.id, t.pid)
-        own = self._own_files(s, t, m.get("plan", 0), m["cycle"])
-        names = [p.name for f in m["files"] if (p := own.get(f["kind"])) == Path(f["path"])]
-        who = {"host": t.host, "pid": t.pid, "role": t.role, "rank": t.rank, "world_size": 0}
-        self.captures.discard(_job("", m, who, s.job), names)
+        own = self.incoming.own_files(capture.raw_dir, capture.stem)
+        names = [p.name for kind, path in capture.files if (p := own.get(kind)) == Path(path)]
+        what = f"superseded capture {capture.key}"
+        self.incoming.discard(capture.raw_dir, names, what)
 
-    def submit(self, key: str, stored: dict[str, Any]) -> None:
-        """Into the pipeline: a fresh report, or one a previous daemon left in the inbox."""
-        m, cl = stored["report"], stored["client"]
-        s = self.sessions.exact(m["session"])
-        t = s.targets.get((cl["host"], cl["pid"])) if s is not None else None
+    def resubmit(self, capture: CaptureReport) -> None:
+        """Into the pipeline again: a report a previous daemon left in the inbox."""
+        s = self.sessions.exact(capture.session_id)
+        t = s.targets.get(capture.target) if s is not None else None
         if s is not None and t is not None:
             self.sessions.queued(s, t)
-        self.captures.submit(job_of(key, stored))
-
-
-def job_of(key: str, stored: dict[str, Any]) -> Job:
-    """The capture of an inbox row."""
-    return _job(key, stored["report"], stored["client"], stored["report"]["job"])
+        self.captures.submit(capture)
 
 
 def _sources(value: object) -> dict[str, str]:
@@ -416,23 +397,3 @@ def _sources(value: object) -> dict[str, str]:
     if not isinstance(value, dict):
         return {}
     return {k: v for k, v in value.items() if k in P.IDENTITY_FIELDS and isinstance(v, str)}
-
-
-def _job(key: str, m: dict[str, Any], cl: dict[str, Any], job: str) -> Job:
-    """A capture for the pipeline: the report and the client as stored in the inbox."""
-    return Job(
-        key=key,
-        session=m["session"],
-        job=job,
-        host=cl["host"],
-        pid=cl["pid"],
-        role=cl["role"],
-        rank=cl["rank"],
-        world_size=cl["world_size"],
-        cycle=m["cycle"],
-        report=m,
-        revision=m.get("plan", 0),
-        # Inbox rows of an older daemon have no kernel uid: their files' owner is not checked.
-        uid=cl.get("uid", -1),
-        gid=cl.get("gid", -1),
-    )

@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterable
-from pathlib import Path
-from typing import Protocol
 
 from profd.daemon.clients.registry import Client
 from profd.daemon.sessions.state import Session
 from profd.daemon.spool.clientfiles import UnsafeFile
+from profd.daemon.spool.incoming import Incoming
 from profd_client import protocol as P
 
 log = logging.getLogger("profd.arming")
@@ -17,24 +16,8 @@ log = logging.getLogger("profd.arming")
 Send = Callable[[bytes, bytes], None]
 
 
-class Homes(Protocol):
-    """Where processes write captures (:class:`~profd.daemon.captures.Captures`)."""
-
-    def incoming_dir(self, job: str, session: str) -> Path: ...
-
-    def home(self, job: str, session: str, revision: int, host: str, pid: int) -> Path: ...
-
-    def make_home(
-        self, job: str, session: str, revision: int, host: str, pid: int, uid: int, gid: int
-    ) -> None: ...
-
-    def make_homes(
-        self, job: str, session: str, revision: int, procs: Iterable[tuple[str, int, int, int]]
-    ) -> None: ...
-
-
 class Arms:
-    def __init__(self, send: Send, homes: Homes) -> None:
+    def __init__(self, send: Send, homes: Incoming) -> None:
         self._send = send
         self._homes = homes
         # The frame is the same for every target of a session revision, so a 1024-rank

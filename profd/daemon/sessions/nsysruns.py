@@ -27,10 +27,11 @@ from typing import Any
 
 from profd import nsys
 from profd.config import NsysConfig
-from profd.daemon.captures.lanes import Captures, Job
+from profd.daemon.captures.record import CaptureReport, Outcome
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.arming import Arms
 from profd.daemon.sessions.state import Session, Sessions, Target
+from profd.daemon.spool.incoming import Incoming
 from profd.pipeline.nsys_report import finish_report
 from profd.pipeline.process import ProcessedTrace
 from profd.reactor import Reactor
@@ -57,7 +58,7 @@ class Collection:
     stopped: bool = False  # ``nsys stop`` was sent: no report comes after what it flushed
     dead: bool = False  # gave up on a report: later cycles fail rather than guess
     busy: bool = False  # an nsys command or a report move is in flight
-    reported: dict[int, dict[Key, dict[str, Any]]] = field(default_factory=dict)
+    reported: dict[int, dict[Key, CaptureReport]] = field(default_factory=dict)
     ended: list[int] = field(default_factory=list)  # cycles whose range is over, in order
     collected: int = 0  # reports taken so far; ended[collected] is the one awaited
     deadline: float | None = None
@@ -70,9 +71,6 @@ class Collection:
         return f"nsys-{self.nsys_session}"
 
 
-OnProcessed = Callable[[Job, ProcessedTrace | None, str | None, bool], None]
-
-
 class NsysRuns:
     def __init__(
         self,
@@ -81,18 +79,18 @@ class NsysRuns:
         sessions: Sessions,
         registry: Registry,
         arms: Arms,
-        captures: Captures,
+        incoming: Incoming,
         reactor: Reactor,
-        on_processed: OnProcessed,
+        on_done: Callable[[Outcome], None],
     ) -> None:
         self.cfg = cfg
         self.host = host
         self.sessions = sessions
         self.registry = registry
         self.arms = arms
-        self.captures = captures
+        self.incoming = incoming
         self.reactor = reactor
-        self.on_processed = on_processed
+        self.on_done = on_done
         self.by_session: dict[str, list[Collection]] = {}
         self.pool = cf.ThreadPoolExecutor(max_workers=2, thread_name_prefix="profd-nsys")
 
@@ -145,7 +143,7 @@ class NsysRuns:
 
     def begin(self, s: Session, targets: list[Client]) -> None:
         """Start one collection per nsys launch; the (held) targets are armed once it runs."""
-        base_dir = self.captures.incoming_dir(s.job, s.id)
+        base_dir = self.incoming.nsys_dir(s.job, s.id)
         groups: dict[str, list[Client]] = {}
         for c in targets:
             groups.setdefault(c.nsys_session or "", []).append(c)
@@ -155,7 +153,7 @@ class NsysRuns:
                 session=s.id,
                 job=s.job,
                 nsys_session=name,
-                base=base_dir / "nsys" / name,
+                base=base_dir / name,
                 keys=[c.key for c in members],
                 ranges=len(s.cycles),
                 busy=True,
@@ -198,12 +196,12 @@ class NsysRuns:
             log.info("session %s: nsys collection on %s -> %s*", s.id, coll.nsys_session, coll.base)
 
     # --- reports from the ranks ----------------------------------------------------------------
-    def cycle_reported(self, s: Session, t: Target, m: dict[str, Any]) -> None:
+    def cycle_reported(self, s: Session, t: Target, c: CaptureReport) -> None:
         coll = self._collection(s.id, t.key)
         if coll is None:
             return
         self.sessions.queued(s, t)
-        coll.reported.setdefault(int(m["cycle"]), {})[t.key] = m
+        coll.reported.setdefault(c.cycle, {})[t.key] = c
         self._check_ended(s, coll, time.monotonic())
 
     def _collection(self, session: str, key: Key) -> Collection | None:
@@ -256,7 +254,7 @@ class NsysRuns:
                 cycle = coll.ended[coll.collected]
                 header = self._header(s, coll, cycle)
                 stem = coll.stem(s)
-                final = self.captures.final_dir(s.job, s.id, cycle)
+                final = self.incoming.final_dir(s.job, s.id, cycle)
                 self._submit(
                     coll,
                     lambda c, b: finish_report(
@@ -322,25 +320,12 @@ class NsysRuns:
         s = self.sessions.exact(coll.session)
         if s is None:
             return
-        for key, m in coll.reported.get(cycle, {}).items():
-            t = s.targets[key]
-            j = Job(
-                key="",
-                session=s.id,
-                job=s.job,
-                host=t.host,
-                pid=t.pid,
-                role=t.role,
-                rank=t.rank,
-                world_size=t.world_size,
-                cycle=cycle,
-                report=m,
-            )
-            self.on_processed(j, res, err, False)
+        for c in coll.reported.get(cycle, {}).values():
+            self.on_done(Outcome(c, res, err))
 
     def _header(self, s: Session, coll: Collection, cycle: int) -> dict[str, str]:
         ms = coll.reported[cycle]
-        steps = next(iter(ms.values())).get("steps", [])
+        steps = next(iter(ms.values())).steps
         targets = ", ".join(
             f"{s.targets[k].role}:{s.targets[k].rank} (pid {k[1]})" for k in sorted(ms)
         )
@@ -369,7 +354,7 @@ class NsysRuns:
 
     def restored(self, s: Session) -> None:
         """A session left open by a killed daemon: its collection state is gone with it."""
-        base = self.captures.incoming_dir(s.job, s.id) / "nsys"
+        base = self.incoming.nsys_dir(s.job, s.id)
         why = f"the daemon restarted during this nsys session; reports nsys wrote stay in {base}"
         for t in s.targets.values():
             if t.state not in TARGET_TERMINAL:

@@ -22,6 +22,7 @@ from profd.daemon.spool.clientfiles import made_dir
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.fsutil import atomic_write
 from profd.scheduling.schedule import Cycle, steps_of
+from profd.store import layout
 from profd.store.index import Index
 from profd_client.protocol import REPORT_TERMINAL, SESSION_TERMINAL, TARGET_TERMINAL
 
@@ -173,7 +174,8 @@ class Session:
         fields: dict[str, Any] = {}
         if self.revision:
             # A stale capture of the old steps may still arrive: keep its files apart.
-            incoming, fields = incoming / f"plan{self.revision}", {"plan": self.revision}
+            incoming = incoming / layout.revision_dir(self.revision)
+            fields = {"plan": self.revision}
         return dict(
             session=self.id,
             job=self.job,
@@ -411,7 +413,7 @@ class Sessions:
     def _write_manifest(self, s: Session) -> Path:
         with made_dir(self.spool, [self.perms.shared(s.job), self.perms.final(s.id)]):
             pass
-        path = self.spool / s.job / s.id / "session.json"
+        path = self.spool.joinpath(*layout.manifest_parts(s.job, s.id))
         atomic_write(
             path, json.dumps(s.manifest(self.node), indent=2, sort_keys=True), self.perms.file_mode
         )
