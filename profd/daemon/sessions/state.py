@@ -95,11 +95,7 @@ class Target:
     def begun(self) -> bool:
         """Its capture has begun (or is over, with traces): the session's steps can no longer
         move for it."""
-        return bool(self.traces or self.outstanding) or self.state in (
-            "capturing",
-            "processing",
-            "done",
-        )
+        return bool(self.traces or self.outstanding) or self.reportable or self.state == "done"
 
     @classmethod
     def of(cls, c: Client, hold: bool = False) -> Target:
