@@ -31,7 +31,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
 
-TERMINAL = {"done", "partial", "failed", "cancelled"}
+from profd.states import TERMINAL
+
 DYNOLOG_POLL_S = 5.0
 
 

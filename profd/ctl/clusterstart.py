@@ -24,6 +24,7 @@ from profd.ids import new_session_id
 from profd.scheduling import planner
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
+from profd.states import combine, is_terminal
 from profd_client import protocol as P
 from profd_client.ranks import RankSpecError, parse_ranks
 
@@ -219,17 +220,13 @@ def _final(res: dict[str, Any], last: dict[str, dict[str, Any]], lost: list[str]
         node_by_addr[addr].update(state=s["state"], error=s.get("error"))
     for addr in lost:
         node_by_addr[addr].update(state="no answer", error=f"{addr} stopped answering")
-    states = [s["state"] for s in last.values()]
     missing = [n for n in node_by_addr.values() if n["state"] in ("no answer", "not started")]
-    done = [st for st in states if st in ("done", "partial")]
-    if states and all(st == "done" for st in states) and not missing and not res["missing_ranks"]:
-        state = "done"
-    elif done:
-        state = "partial"
-    elif states and all(st == "cancelled" for st in states):
-        state = "cancelled"
-    else:
-        state = "failed"
+    # Every node's last word counts (one that ended before it stopped answering has its
+    # traces; one still live then never finished), and so does each part that never ran: a
+    # node that did not start or stopped answering, and ranks no node had.
+    parts = [s["state"] if is_terminal(s["state"]) else "failed" for s in last.values()]
+    parts += ["failed"] * (len(missing) + bool(res["missing_ranks"]))
+    state = combine(parts)
     why = [f"{n['host']}: {n['error']}" for n in missing]
     if res["missing_ranks"]:
         why.append(f"ranks {','.join(map(str, res['missing_ranks']))} not found on any node")

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from profd import globs
+from profd.states import sql_terminal
 
 SCHEMA_VERSION = 4
 
@@ -257,7 +258,7 @@ class Index:
 
     def open_sessions(self) -> list[dict[str, Any]]:
         rows = self.db.execute(
-            "SELECT id FROM sessions WHERE state NOT IN ('done','partial','failed','cancelled')"
+            f"SELECT id FROM sessions WHERE NOT {sql_terminal('state')}"
         ).fetchall()
         out = []
         for r in rows:
@@ -270,7 +271,7 @@ class Index:
         """Finished sessions whose ``session.json`` was never indexed (a daemon killed, or a
         full disk, between the session's end and its manifest), with their targets."""
         rows = self.db.execute(
-            "SELECT id FROM sessions s WHERE state IN ('done','partial','failed','cancelled')"
+            f"SELECT id FROM sessions s WHERE {sql_terminal('state')}"
             " AND NOT EXISTS (SELECT 1 FROM files f WHERE f.session = s.id AND f.kind = 'session')"
         ).fetchall()
         return [s for r in rows if (s := self.session(r["id"])) is not None]

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from profd.ctl.cluster import Node, on_node, parse_node, parse_nodes
-from profd.ctl.commands.sessions import combined_state
 from profd.ctl.errors import CtlError
+from profd.states import combine
 
 DOUBLES = Path(__file__).resolve().parent.parent / "doubles"
 
@@ -115,7 +115,7 @@ def test_no_scontrol(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     ],
 )
 def test_combined_state(states: list[str], state: str) -> None:
-    assert combined_state(states) == state
+    assert combine(states) == state
 
 
 def test_cluster_row_names_its_node() -> None:

@@ -15,9 +15,9 @@ DAEMON_LAYERS = ["runtime", "spool", "clients", "captures", "sessions", "agent",
                  "results", "loop"]  # fmt: skip
 
 #: Packages that never reach into the daemon (profctl, storage and pure logic).
-NEVER_DAEMON = ["ctl", "store", "pipeline", "report", "scheduling", "reactor"]
+NEVER_DAEMON = ["ctl", "store", "pipeline", "report", "scheduling", "reactor", "states"]
 #: Pure logic shared by the daemon and profctl: the standard library and the protocol only.
-PURE = ["scheduling"]
+PURE = ["scheduling", "states"]
 
 #: Fields of Session/Target (owned by sessions/state.py) and Client (owned by clients/registry.py).
 OWNED = {

@@ -22,6 +22,7 @@ from profd.ctl.commands.s3list import child_dirs, ctl_s3, read_manifests, s3_err
 from profd.ctl.errors import CtlError, NoDaemon
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, size
+from profd.states import is_terminal
 from profd.store import layout, s3
 from profd_client import protocol as P
 
@@ -75,7 +76,7 @@ def plan_from_daemon(env: Env, session: str) -> Plan:
     note = None
     if manifest.exists():
         items.append(Item(f"{s['id']}/{layout.MANIFEST}", None, manifest, None))
-    elif s3_url and s["state"] in ("done", "partial", "failed", "cancelled"):
+    elif s3_url and is_terminal(s["state"]):
         bucket, prefix = s3.split_url(s3_url)
         key = s3.join_key(prefix, layout.manifest_key(s["job"], s["id"]))
         items.append(Item(f"{s['id']}/{layout.MANIFEST}", None, None, s3.uri(bucket, key)))

@@ -9,6 +9,7 @@ import click
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, ago, emit_json, opt, steps_text, table
+from profd.states import combine
 from profd_client import protocol as P
 
 COLUMNS: list[Column] = [
@@ -72,21 +73,6 @@ def show(env: Env, session: str) -> None:
     click.echo(table(s["targets"], TARGET_COLUMNS))
 
 
-#: Live states, least advanced first: a cluster session is as far as its slowest node.
-_LIVE = ("pending", "armed", "capturing", "processing")
-
-
-def combined_state(states: list[str]) -> str:
-    """One state for a session from its state on each node."""
-    live = [st for st in _LIVE if st in states]
-    if live:
-        return live[0]
-    distinct = set(states)
-    if len(distinct) == 1:
-        return states[0]
-    return "partial" if distinct & {"done", "partial"} else "failed"
-
-
 def cluster_show(env: Env, session: str) -> dict[str, Any]:
     """The session as every node that knows it has it: its targets from all of them (each
     with its node as ``host``), its state combined, and ``nodes``: each node's own state."""
@@ -114,7 +100,7 @@ def cluster_show(env: Env, session: str) -> dict[str, Any]:
     merged.pop("node", None)
     merged["targets"] = [on_node(t, a.node) for a in known for t in a.data["targets"]]
     merged["nodes"] = nodes
-    merged["state"] = combined_state([n["state"] for n in nodes])
+    merged["state"] = combine(n["state"] for n in nodes)
     why = sorted({str(n["error"]) for n in nodes if n["error"]})
     merged["error"] = "; ".join(why) or None
     return merged

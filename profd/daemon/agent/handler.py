@@ -244,7 +244,7 @@ class AgentHandler:
         on under the identity it began with (the client names its files after the plan)."""
         for s in self.sessions.live():
             t = s.targets.get(c.key)
-            if t is None or not t.open or t.state not in ("pending", "armed"):
+            if t is None or not t.voidable:
                 continue
             if (t.job, t.role, t.rank, t.world_size) == c.identity:
                 continue
@@ -363,7 +363,7 @@ class AgentHandler:
         return fresh
 
     def _report_problem(self, s: Session, t: Target, capture: CaptureReport) -> str | None:
-        if t.state not in ("capturing", "processing"):
+        if not t.reportable:
             return f"its target is {t.state}, not capturing"
         cycle = capture.cycle
         if s.region is None and cycle >= len(s.cycles):

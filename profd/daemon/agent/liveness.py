@@ -72,8 +72,7 @@ class Liveness:
         if now - c.last_seen > STALL_GRACE_S:
             return False
         capturing = any(
-            (t := s.targets.get(c.key)) is not None and t.state in ("capturing", "processing")
-            for s in self.sessions.live()
+            (t := s.targets.get(c.key)) is not None and t.reportable for s in self.sessions.live()
         )
         if capturing and psutil.pid_exists(c.node_pid):
             if c.key not in self._stall_logged:

@@ -65,7 +65,8 @@ class AutoRules:
                 continue
             sid = self.by_job.get((i, c.job))
             s = self.sessions.exact(sid) if sid else None
-            if s is not None and (s.terminal or _voided(s.targets.get(c.key), c)):
+            mine = s.targets.get(c.key) if s is not None else None
+            if s is not None and (s.terminal or (mine is not None and mine.voided_by(c.identity))):
                 # The rule's session for this job cannot take the process: it is over, or it
                 # holds this process's target cancelled for an identity it no longer has (its
                 # rank changed, its job did not). That target cannot be armed again in the
@@ -95,13 +96,3 @@ class AutoRules:
                 self.sessions.fail(s, t, why)
                 continue
             self.arms.arm(s, c)
-
-
-def _voided(t: Target | None, c: Client) -> bool:
-    """``t`` was cancelled because its process re-registered as ``c`` (see
-    ``AgentHandler._void_stale_targets``)."""
-    return (
-        t is not None
-        and t.state == "cancelled"
-        and (t.job, t.role, t.rank, t.world_size) != c.identity
-    )

@@ -37,7 +37,6 @@ from profd.pipeline.process import ProcessedTrace
 from profd.reactor import Reactor
 from profd.scheduling.refusal import Refused
 from profd_client import protocol as P
-from profd_client.protocol import TARGET_TERMINAL
 
 log = logging.getLogger("profd.nsys")
 
@@ -215,7 +214,7 @@ class NsysRuns:
             if cycle in coll.ended:
                 continue
             done = coll.reported[cycle]
-            waiting = [k for k in coll.keys if k not in done and not _finished(s.targets[k])]
+            waiting = [k for k in coll.keys if k not in done and not s.targets[k].finished]
             if waiting:
                 return  # cycles end in order: a later one cannot have ended first
             coll.ended.append(cycle)
@@ -357,7 +356,7 @@ class NsysRuns:
         base = self.incoming.nsys_dir(s.job, s.id)
         why = f"the daemon restarted during this nsys session; reports nsys wrote stay in {base}"
         for t in s.targets.values():
-            if t.state not in TARGET_TERMINAL:
+            if not t.terminal:
                 self.sessions.fail(s, t, why, gone=True)
 
     def shutdown(self) -> None:
@@ -388,10 +387,6 @@ class NsysRuns:
             self.reactor.call_soon(done, coll, res)
 
         self.pool.submit(work, coll, binary).add_done_callback(finished)
-
-
-def _finished(t: Target) -> bool:
-    return t.state in TARGET_TERMINAL or t.client_final is not None or t.gone
 
 
 def _quiet(argv: list[str], timeout: float) -> None:

@@ -222,10 +222,7 @@ class Starter:
         fixed = (
             s.auto_rule is not None
             or "cycles" in s.request
-            or any(
-                x.traces or x.outstanding or x.state in ("capturing", "processing", "done")
-                for x in s.targets.values()
-            )
+            or any(x.begun for x in s.targets.values())
         )
         if not planner.replannable(sched, s.backend, fixed, s.revision):
             self.sessions.fail(s, t, why)

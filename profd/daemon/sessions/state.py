@@ -1,9 +1,10 @@
 """Sessions and their per-rank targets: the state machine. Owned by the event loop.
 
 Session states: ``pending → armed → capturing → processing → done | partial | failed |
-cancelled``. Each target (one process) has its own state and error. A target is finished
-when its client has said so (``done``/``stopped``/``cancelled``/``failed``) or has gone away,
-and every capture it reported has been through the pipeline.
+cancelled`` (the vocabulary and the rule that derives a session's state from its targets'
+are :mod:`profd.states`). Each target (one process) has its own state and error. A target
+ends when its client has said so (``done``/``stopped``/``cancelled``/``failed``) or has gone
+away, and every capture it reported has been through the pipeline.
 """
 
 from __future__ import annotations
@@ -22,11 +23,9 @@ from profd.daemon.spool.clientfiles import made_dir
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.fsutil import atomic_write
 from profd.scheduling.schedule import Cycle, steps_of
+from profd.states import REPORT_TERMINAL, TARGET_TERMINAL, combine, is_terminal
 from profd.store import layout
 from profd.store.index import Index
-from profd_client.protocol import REPORT_TERMINAL, SESSION_TERMINAL, TARGET_TERMINAL
-
-_ORDER = ["pending", "armed", "capturing", "processing"]
 
 
 @dataclass
@@ -51,14 +50,53 @@ class Target:
         return (self.host, self.pid)
 
     @property
+    def identity(self) -> tuple[str, str, int, int]:
+        """The process's identity when it was chosen (job, role, rank, world size)."""
+        return (self.job, self.role, self.rank, self.world_size)
+
+    # The questions asked of a target, each answered here once.
+    @property
+    def terminal(self) -> bool:
+        """Ended: ``done``, ``failed`` or ``cancelled``; it will not change again."""
+        return self.state in TARGET_TERMINAL
+
+    @property
     def open(self) -> bool:
-        """Not finished, and its client has not said it is."""
-        return self.state not in TARGET_TERMINAL and self.client_final is None
+        """Not ended, and its client has not said it is over."""
+        return not self.terminal and self.client_final is None
+
+    @property
+    def finished(self) -> bool:
+        """Will capture nothing more: ended, its client said it is over, or its process left
+        (its last captures may still be in the pipeline)."""
+        return not self.open or self.gone
 
     @property
     def awaiting_arm(self) -> bool:
         """Should be sent ``arm`` (again): pending, with no report yet and not held."""
         return self.state == "pending" and self.client_final is None and not self.hold
+
+    @property
+    def voidable(self) -> bool:
+        """Open and not capturing yet: it may still be ended for a process that is no longer
+        the one it was chosen as (a capture under way goes on under its old identity)."""
+        return self.open and self.state in ("pending", "armed")
+
+    def voided_by(self, identity: tuple[str, str, int, int]) -> bool:
+        """Cancelled, and chosen as another identity than ``identity``: ended because its
+        process re-registered as ``identity`` (``AgentHandler._void_stale_targets``)."""
+        return self.state == "cancelled" and self.identity != identity
+
+    @property
+    def reportable(self) -> bool:
+        """Its capture has begun and is not through: a ``captured`` report may come for it."""
+        return self.state in ("capturing", "processing")
+
+    @property
+    def begun(self) -> bool:
+        """Its capture has begun (or is over, with traces): the session's steps can no longer
+        move for it."""
+        return bool(self.traces or self.outstanding) or self.reportable or self.state == "done"
 
     @classmethod
     def of(cls, c: Client, hold: bool = False) -> Target:
@@ -103,7 +141,7 @@ class Target:
 
     def _settle(self) -> None:
         """Derive the terminal state once nothing is outstanding."""
-        if self.state in TARGET_TERMINAL:
+        if self.terminal:
             return
         final = self.client_final
         if final is None and not self.gone:
@@ -167,7 +205,7 @@ class Session:
 
     @property
     def terminal(self) -> bool:
-        return self.state in SESSION_TERMINAL
+        return is_terminal(self.state)
 
     def arm_fields(self, incoming: Path) -> dict[str, Any]:
         """The ``arm`` message for this revision of the steps (the same for every target)."""
@@ -188,25 +226,13 @@ class Session:
         )
 
     def recompute(self) -> None:
-        ts = list(self.targets.values())
+        """Derive the session's state from its targets' (:func:`profd.states.combine`)."""
+        ts = self.targets.values()
         if not ts:
             return
-        states = {t.state for t in ts}
-        if states <= TARGET_TERMINAL:
-            done = sum(t.state == "done" for t in ts)
-            if self.state == "cancelled" or states == {"cancelled"}:
-                self.state = "cancelled"
-            elif done == len(ts):
-                self.state = "done"
-            elif done:
-                self.state = "partial"
-            else:
-                self.state = "failed"
-                self.error = self.error or next((t.error for t in ts if t.error), None)
-            return
-        live = [s for s in states if s in _ORDER]
-        # The session is as far along as its slowest live target.
-        self.state = min(live, key=_ORDER.index) if live else self.state
+        self.state = combine(t.state for t in ts)
+        if self.state == "failed":
+            self.error = self.error or next((t.error for t in ts if t.error), None)
 
     def row(self) -> dict[str, Any]:
         return {
@@ -427,7 +453,7 @@ class Sessions:
         end = 0
         for s in self.live():
             t = s.targets.get(key)
-            if t is not None and t.state not in TARGET_TERMINAL and s.cycles:
+            if t is not None and not t.terminal and s.cycles:
                 end = max(end, s.cycles[-1][2])
         return end
 
@@ -451,7 +477,7 @@ class Sessions:
         as their client's last word says (it came before the restart and will not again)."""
         for s in self.live():
             for t in s.targets.values():
-                if t.outstanding == 0 and t.state not in TARGET_TERMINAL:
+                if t.outstanding == 0 and not t.terminal:
                     t._settle()
                     self.save(s, t)
 
