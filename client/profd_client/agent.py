@@ -253,12 +253,10 @@ class Agent(threading.Thread):
         return {"step": step, "sps": round(self._sps, 3), "state": self.stepper.state()}
 
     def _handle(self, frame: bytes) -> None:
-        raw: object = None
         try:
-            raw = P.unpack(frame)
-            msg = P.validate(raw, P.CLIENT_INBOUND)
+            msg = P.decode(frame, P.CLIENT_INBOUND)
         except P.ProtocolError as exc:
-            self._refuse(raw, exc)
+            self._refuse(exc)
             return
         self._last_rx = time.monotonic()
         t = msg["t"]
@@ -298,9 +296,10 @@ class Agent(threading.Thread):
             log.warning("profd_client: the profd daemon refused this client: %s", why)
             self._warned_version = True
 
-    def _refuse(self, raw: object, exc: P.ProtocolError) -> None:
+    def _refuse(self, exc: P.ProtocolError) -> None:
         """A frame we cannot use. An ``arm`` we cannot follow is said so, never dropped
         silently: the session would wait for this rank forever."""
+        raw = exc.raw
         session = raw.get("session") if isinstance(raw, dict) else None
         if isinstance(raw, dict) and raw.get("t") == P.ARM and isinstance(session, str):
             self._arm_failed(session, f"cannot follow this arm: {exc}", raw.get("plan"))
