@@ -645,7 +645,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
         client_version=(SHORT, _R),
         torch=(Nullable(SHORT), _O),
         device=(Nullable(SHORT), _O),
-        # Sessions this process is still working on (armed plans), so a restarted daemon
+        # Sessions this process is still working on (armed), so a restarted daemon
         # knows the target is alive and busy.
         sessions=(ListOf(Str(64), MAX_CYCLES), _O),
         # The Nsight Systems session the process runs under (``profctl run --nsys``), if any.
@@ -701,8 +701,9 @@ SCHEMAS: Final[dict[str, Struct]] = {
         options=(OPTIONS, _R),
         region=(Nullable(Str(MAX_NAME, 1)), _O),
         incoming=(PATH, _R),
-        # Bumped each time the daemon moves a --next session's steps (a rank got the first
-        # plan too late); a client replaces a held plan only with a higher revision.
+        # The revision of ``cycles``: bumped each time the daemon moves a --next session's
+        # steps (a rank got the first ones too late); a client replaces a session it holds
+        # only with a higher revision. The wire keeps the name ``plan`` (docs/protocol.md).
         plan=(REVISION, _O),
     ),
     DISARM: _msg(session=(SESSION_ID, _R), keep=(Bool(), _R)),
