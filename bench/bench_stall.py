@@ -3,7 +3,7 @@
 Both capture the same steps (1 warm-up + 2 recorded) of the same loop with the same options
 (CPU activity, record_shapes, with_stack), in the same process, alternating which goes
 first. profd: the real training-thread path, a :class:`profd_client.steps.Stepper` with an
-armed plan (what the agent thread posts on ARM); the stall is the wall time of the
+armed session (what the agent thread posts on ARM); the stall is the wall time of the
 ``tick()`` that ends the capture (stops the profiler and writes the raw trace into the
 spool; gzip and the rest happen in the daemon). Baseline: ``torch.profiler.profile`` with
 ``on_trace_ready=tensorboard_trace_handler(dir, use_gzip=True)``; the stall is the wall time
@@ -49,7 +49,7 @@ def make_work(n_ops: int) -> Any:
 
 
 def run_profd(work: Any, tmp: Path) -> dict[str, Any]:
-    from profd_client.steps import Plan, Stepper
+    from profd_client.steps import ArmedSession, Stepper
 
     st = Stepper("main-r0", notify=lambda: None)
     for _ in range(3):
@@ -57,7 +57,7 @@ def run_profd(work: Any, tmp: Path) -> dict[str, Any]:
         st.tick()
     c = st.count
     w, a = c + 2, c + 2 + WARMUP
-    plan = Plan(
+    armed = ArmedSession(
         session="bench",
         job="bench-stall",
         backend="torch",
@@ -65,7 +65,7 @@ def run_profd(work: Any, tmp: Path) -> dict[str, Any]:
         options=dict(OPTIONS),
         incoming=tmp,
     )
-    st.post("arm", plan)
+    st.post("arm", armed)
     ticks = []
     gc.collect()
     for _ in range(1 + WARMUP + ACTIVE + 1):

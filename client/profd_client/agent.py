@@ -22,7 +22,7 @@ from . import protocol as P
 from .capture import torch_info
 from .identity import DistInfo, Identity, RayInfo, detect, probe_dist
 from .locations import locate_socket, warn_untrusted
-from .steps import Plan, Stepper
+from .steps import ArmedSession, Stepper
 
 log = logging.getLogger("profd_client")
 
@@ -253,12 +253,10 @@ class Agent(threading.Thread):
         return {"step": step, "sps": round(self._sps, 3), "state": self.stepper.state()}
 
     def _handle(self, frame: bytes) -> None:
-        raw: object = None
         try:
-            raw = P.unpack(frame)
-            msg = P.validate(raw, P.CLIENT_INBOUND)
+            msg = P.decode(frame, P.CLIENT_INBOUND)
         except P.ProtocolError as exc:
-            self._refuse(raw, exc)
+            self._refuse(exc)
             return
         self._last_rx = time.monotonic()
         t = msg["t"]
@@ -298,16 +296,20 @@ class Agent(threading.Thread):
             log.warning("profd_client: the profd daemon refused this client: %s", why)
             self._warned_version = True
 
-    def _refuse(self, raw: object, exc: P.ProtocolError) -> None:
+    def _refuse(self, exc: P.ProtocolError) -> None:
         """A frame we cannot use. An ``arm`` we cannot follow is said so, never dropped
         silently: the session would wait for this rank forever."""
+        raw = exc.raw
         session = raw.get("session") if isinstance(raw, dict) else None
         if isinstance(raw, dict) and raw.get("t") == P.ARM and isinstance(session, str):
             self._arm_failed(session, f"cannot follow this arm: {exc}", raw.get("plan"))
             return
         log.debug("profd_client: dropped bad frame from daemon: %s", exc)
 
-    def _arm_failed(self, session: str, error: str, plan: object) -> None:
+    def _arm_failed(self, session: str, error: str, revision: object) -> None:
+        """``revision``: the arm's ``plan`` field, as sent (the report names it back)."""
+        if not (isinstance(revision, int) and 0 <= revision <= P.MAX_REVISION):
+            revision = 0
         try:
             frame = P.encode(
                 P.PROGRESS,
@@ -317,7 +319,7 @@ class Agent(threading.Thread):
                 state="failed",
                 step=self.stepper.count,
                 error=error,
-                plan=plan if isinstance(plan, int) and 0 <= plan <= P.MAX_REVISION else 0,
+                plan=revision,
             )
         except P.ProtocolError as bad:  # a session id we could not even name back
             log.debug("profd_client: dropped bad arm: %s (%s)", error, bad)
@@ -329,7 +331,7 @@ class Agent(threading.Thread):
         try:
             if not self.allowed:
                 raise P.ProtocolError("not_allowed", "rank excluded by PROFD_RANKS")
-            plan = Plan(
+            armed = ArmedSession(
                 session=session,
                 job=msg["job"],
                 backend=msg["backend"],
@@ -337,22 +339,22 @@ class Agent(threading.Thread):
                 options=msg["options"],
                 incoming=self._own_dir(Path(msg["incoming"])),
                 region=msg.get("region"),
-                rev=msg.get("plan", 0),
+                revision=msg.get("plan", 0),
                 # The identity of our last hello: the one the daemon armed, or one it is about
-                # to see and then disarm this plan for.
+                # to see and then disarm this session for.
                 stem=f"{self.who.role}-r{self.who.rank}",
             )
         except P.ProtocolError as exc:
             self._arm_failed(session, str(exc), msg.get("plan", 0))
             return
-        self.stepper.post("arm", plan)
+        self.stepper.post("arm", armed)
         self._send(
             P.encode(
                 P.ARMED,
                 v=self.proto,
                 session=session,
-                cycles=[list(c) for c in plan.cycles],
-                plan=plan.rev,
+                cycles=[list(c) for c in armed.cycles],
+                plan=armed.revision,
             )
         )
 

@@ -61,7 +61,7 @@ def attach(
         wait: block up to this many seconds until the daemon has welcomed this process
             (default ``PROFD_ATTACH_WAIT`` or 0: do not wait). Only a process that waits can
             have step 1 captured, by an ``[[auto]]`` rule: the daemon arms the rule before its
-            welcome, and the plan is applied here, at the boundary before step 1. Without a
+            welcome, and the arm is applied here, at the boundary before step 1. Without a
             daemon socket there is nothing to wait for and attach() returns at once.
 
     Returns ``True`` if the agent started, ``False`` when disabled (``PROFD_DISABLE=1``) or

@@ -14,7 +14,10 @@ its declared range, every float is finite, every string and list is bounded, nes
 
 from __future__ import annotations
 
+import functools
+import itertools
 import math
+import operator
 import re
 import zlib
 from collections.abc import Callable, Mapping
@@ -73,6 +76,14 @@ class ProtocolError(ValueError):
         self.code = code
         self.path = path  # the field, for bad_request: "start.spec.ranks"
         self.why = why
+        #: Set by :func:`decode`: what the frame unpacked to (None if it was not msgpack),
+        #: and the version to answer in, so a peer of another version can read why.
+        self.raw: object = None
+        self.reply_v: int = VERSION
+
+    def reply(self) -> bytes:
+        """The ``error`` frame that answers the refused frame."""
+        return error(self.code, str(self), v=self.reply_v)
 
 
 def _bad(where: str, why: str) -> ProtocolError:
@@ -91,6 +102,15 @@ def _within(exc: ProtocolError, prefix: str) -> ProtocolError:
 # --- field types --------------------------------------------------------------------------------
 # A field type checks one value and returns it (possibly normalised: a msgpack list for a
 # tuple-like value stays a list). ``where`` names the field in errors, e.g. ``start.spec.ranks``.
+#
+# Long lists (the rows of a ``ps`` or ``traces`` reply, a report's steps) are checked column
+# by column first (:meth:`Field.all_valid`): one pass of C-level builtins (``map``, ``min``,
+# ``max``, ``set``) per field instead of a Python call per value. That pass only ever says
+# "all valid" or "not sure"; on "not sure" the values are checked one by one, which finds
+# and names the bad one, so both paths accept exactly the same values.
+
+#: Lists at least this long are tried column by column first.
+_COLUMNS: Final = 16
 
 
 class Field:
@@ -99,6 +119,23 @@ class Field:
 
     def describe(self) -> str:
         raise NotImplementedError
+
+    def all_valid(self, values: list[Any]) -> bool:
+        """True if :meth:`check` passes every one of ``values``; False: maybe not."""
+        check = self.check
+        try:
+            for x in values:
+                check(x, "")
+        except ProtocolError:
+            return False
+        return True
+
+
+def _types(values: list[Any]) -> set[type]:
+    return set(map(type, values))
+
+
+_not_none = functools.partial(operator.is_not, None)
 
 
 @dataclass(frozen=True)
@@ -118,6 +155,11 @@ class Int(Field):
     def describe(self) -> str:
         return f"int {self.lo}..{self.hi}"
 
+    def all_valid(self, values: list[Any]) -> bool:
+        if not values:
+            return True
+        return _types(values) == {int} and self.lo <= min(values) and max(values) <= self.hi
+
 
 @dataclass(frozen=True)
 class Num(Field):
@@ -133,6 +175,18 @@ class Num(Field):
 
     def describe(self) -> str:
         return f"number {self.lo:g}..{self.hi:g}"
+
+    def all_valid(self, values: list[Any]) -> bool:
+        if not values:
+            return True
+        if not _types(values) <= {int, float}:
+            return False
+        try:
+            # NaN slips through min/max, but not through the sum: any NaN or infinity makes
+            # it non-finite (so does an overflowing sum of finite values: "not sure").
+            return self.lo <= min(values) and max(values) <= self.hi and math.isfinite(sum(values))
+        except OverflowError:
+            return False
 
 
 @dataclass(frozen=True)
@@ -162,6 +216,20 @@ class Str(Field):
             return "one of " + ", ".join(sorted(self.choices))
         return f"string of {self.min_len}..{self.max_len}"
 
+    def all_valid(self, values: list[Any]) -> bool:
+        if not values:
+            return True
+        if self.name or _types(values) != {str}:
+            return super().all_valid(values)
+        if max(map(len, values)) > self.max_len:
+            return False
+        if self.choices is not None and not set(values) <= self.choices:
+            return False
+        # Most strings may be anything but empty: a scan for "" is cheaper than min(len).
+        if self.min_len == 1:
+            return "" not in values
+        return self.min_len == 0 or min(map(len, values)) >= self.min_len
+
 
 @dataclass(frozen=True)
 class Bool(Field):
@@ -173,6 +241,9 @@ class Bool(Field):
     def describe(self) -> str:
         return "bool"
 
+    def all_valid(self, values: list[Any]) -> bool:
+        return not values or _types(values) == {bool}
+
 
 @dataclass(frozen=True)
 class Nullable(Field):
@@ -183,6 +254,9 @@ class Nullable(Field):
 
     def describe(self) -> str:
         return f"null or {self.inner.describe()}"
+
+    def all_valid(self, values: list[Any]) -> bool:
+        return self.inner.all_valid(list(filter(_not_none, values)))
 
 
 @dataclass(frozen=True)
@@ -217,6 +291,8 @@ class ListOf(Field):
             raise _bad(where, f"must be a list, got {_kind(value)}")
         if not self.min_len <= len(value) <= self.max_len:
             raise _bad(where, f"{len(value)} items, not {self.min_len}..{self.max_len}")
+        if len(value) >= _COLUMNS and self.item.all_valid(value):
+            return value
         check = self.item.check
         try:
             # Field types return the value they were given: nothing to copy.
@@ -230,6 +306,16 @@ class ListOf(Field):
     def describe(self) -> str:
         return f"list of {self.item.describe()}"
 
+    def all_valid(self, values: list[Any]) -> bool:
+        if not values:
+            return True
+        if _types(values) != {list}:
+            return False
+        if not (self.min_len <= min(map(len, values)) and max(map(len, values)) <= self.max_len):
+            return False
+        # Every list's items as one column: a ``traces`` reply's files, say, in one pass.
+        return self.item.all_valid(list(itertools.chain.from_iterable(values)))
+
 
 @dataclass(frozen=True)
 class AnyValue(Field):
@@ -240,6 +326,9 @@ class AnyValue(Field):
 
     def describe(self) -> str:
         return "any"
+
+    def all_valid(self, values: list[Any]) -> bool:
+        return True
 
 
 @dataclass(frozen=True)
@@ -256,10 +345,21 @@ class Struct(Field):
         default=(), init=False, repr=False, compare=False
     )
 
+    _columns: tuple[tuple[str, Callable[[Any], Any], Field, bool], ...] = field(
+        default=(), init=False, repr=False, compare=False
+    )
+
     def __post_init__(self) -> None:
         # Bound methods looked up once: this loop runs for every message on both sockets.
         checks = tuple((n, f.check, r) for n, (f, r) in self.fields.items())
         object.__setattr__(self, "_checks", checks)
+        # Fields that can fail, for column checks (an optional ``any`` never does).
+        columns = tuple(
+            (n, operator.itemgetter(n), f, r)
+            for n, (f, r) in self.fields.items()
+            if r or not isinstance(f, AnyValue)
+        )
+        object.__setattr__(self, "_columns", columns)
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, dict):
@@ -282,6 +382,26 @@ class Struct(Field):
 
     def describe(self) -> str:
         return "map"
+
+    def all_valid(self, values: list[Any]) -> bool:
+        if not values:
+            return True
+        if self.rule is not None:
+            return super().all_valid(values)
+        if _types(values) != {dict}:
+            return False
+        if not self.open and not set().union(*values) <= self.fields.keys():
+            return False
+        for name, get, f, required in self._columns:
+            try:
+                column = list(map(get, values))
+            except KeyError:
+                if required:
+                    return False
+                column = [x[name] for x in values if name in x]
+            if not f.all_valid(column):
+                return False
+        return True
 
 
 @dataclass(frozen=True)
@@ -525,7 +645,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
         client_version=(SHORT, _R),
         torch=(Nullable(SHORT), _O),
         device=(Nullable(SHORT), _O),
-        # Sessions this process is still working on (armed plans), so a restarted daemon
+        # Sessions this process is still working on (armed), so a restarted daemon
         # knows the target is alive and busy.
         sessions=(ListOf(Str(64), MAX_CYCLES), _O),
         # The Nsight Systems session the process runs under (``profctl run --nsys``), if any.
@@ -581,8 +701,9 @@ SCHEMAS: Final[dict[str, Struct]] = {
         options=(OPTIONS, _R),
         region=(Nullable(Str(MAX_NAME, 1)), _O),
         incoming=(PATH, _R),
-        # Bumped each time the daemon moves a --next session's steps (a rank got the first
-        # plan too late); a client replaces a held plan only with a higher revision.
+        # The revision of ``cycles``: bumped each time the daemon moves a --next session's
+        # steps (a rank got the first ones too late); a client replaces a session it holds
+        # only with a higher revision. The wire keeps the name ``plan`` (docs/protocol.md).
         plan=(REVISION, _O),
     ),
     DISARM: _msg(session=(SESSION_ID, _R), keep=(Bool(), _R)),
@@ -612,6 +733,203 @@ CONTROL_INBOUND: Final = frozenset(
     {C_STATUS, C_PS, C_START, C_STOP, C_CANCEL, C_SESSIONS, C_SHOW, C_TRACES, C_RETRY}
 )
 REPLY_INBOUND: Final = frozenset({OK, ERROR})
+
+# --- reply data ---------------------------------------------------------------------------------
+# The ``data`` of the ``ok`` reply to each control request, checked by the daemon before it
+# sends (``reply``). Rows are open maps, like top-level messages: a newer daemon may add
+# columns an older profctl ignores. Bounds are what the daemon guarantees: fields it took
+# from validated messages keep those messages' bounds; what it reads from the system (clock,
+# disk, psutil) or keeps for users (error text, stored requests) is bounded only by what
+# profctl unpacks (a string of at most ``MAX_FRAME_BYTES``). ``docs/protocol.md`` lists them.
+
+#: Any integer a frame can carry: an incompatible peer's own claims, SQLite integers.
+WIRE_INT: Final = Int(-(1 << 63), (1 << 64) - 1)
+COUNT: Final = Int(0, (1 << 63) - 1)
+BYTES: Final = COUNT
+#: A finite number: durations measured from clocks that may step.
+FINITE: Final = Num(-math.inf, math.inf)
+WHEN: Final = SECONDS  # unix time
+LONG_TEXT: Final = Str(MAX_FRAME_BYTES)
+#: The daemon's node name (``[daemon] node_name``), stamped on rows as ``node``.
+NODE: Final = Str(MAX_TEXT, min_len=1)
+UID: Final = Int(-1, (1 << 32) - 1)  # -1: not known (a report stored by an older daemon)
+#: A map whose keys and values are the reader's business (a stored start spec, statistics).
+MAP: Final = Struct({}, open=True)
+_ANY_DATA: Final = AnyValue()
+
+
+def _row(**fields: tuple[Field, bool]) -> Struct:
+    return Struct(fields, open=True)
+
+
+#: One process in ``ps``. A peer of a protocol version the daemon does not serve is listed
+#: with state ``incompatible``, an ``error``, and only what it claimed (unchecked by any
+#: schema, hence the wide ``pid`` and ``rank``); the other fields are every served client's.
+PS_ROW: Final = _row(
+    host=(HOST, _R),
+    pid=(Nullable(WIRE_INT), _R),
+    job=(Str(MAX_NAME, 1), _R),
+    role=(Str(MAX_NAME, 1), _R),
+    rank=(Nullable(WIRE_INT), _R),
+    state=(SHORT, _R),
+    protocol=(Nullable(Int(-(1 << 31), 1 << 31)), _R),
+    node=(NODE, _R),
+    error=(TEXT, _O),
+    local_rank=(RANK, _O),
+    world_size=(Int(1, MAX_RANK + 1), _O),
+    step=(STEP, _O),
+    steps_per_s=(Num(0.0, math.inf), _O),
+    step_mode=(Str(16), _O),
+    allowed=(Bool(), _O),
+    cpu_percent=(Nullable(Num(0.0, math.inf)), _O),
+    rss_bytes=(Nullable(BYTES), _O),
+    gpu_util=(Nullable(Num(0.0, math.inf)), _O),
+    gpu_mem_bytes=(Nullable(BYTES), _O),
+    torch=(Nullable(SHORT), _O),
+    device=(Nullable(SHORT), _O),
+    nsys_session=(Nullable(NAME), _O),
+    attached_at=(WHEN, _O),
+    uid=(UID, _O),
+    identity_source=(IDENTITY_SOURCE, _O),
+)
+
+_SESSION_FIELDS: Final[dict[str, tuple[Field, bool]]] = {
+    "id": (Str(MAX_NAME, 1), _R),
+    "job": (Str(MAX_NAME, 1), _R),
+    "state": (SHORT, _R),
+    "backend": (SHORT, _R),
+    "label": (Nullable(Str(MAX_NAME)), _R),
+    "region": (Nullable(Str(MAX_NAME)), _R),
+    "request": (MAP, _R),  # the start spec as given
+    "cycles": (ListOf(ListOf(STEP, 3, 3), MAX_CYCLES), _R),
+    # The revision of ``cycles`` (see "Revisions" in docs/protocol.md).
+    "plan": (REVISION, _R),
+    "owner": (Nullable(UID), _R),
+    "error": (Nullable(LONG_TEXT), _R),
+    "created_at": (WHEN, _R),
+    "updated_at": (WHEN, _R),
+    "node": (NODE, _R),
+}
+#: One session in ``sessions``.
+SESSION_ROW: Final = Struct(_SESSION_FIELDS, open=True)
+
+#: One process of a session in ``show``.
+TARGET_ROW: Final = _row(
+    session=(Str(MAX_NAME, 1), _R),
+    host=(HOST, _R),
+    pid=(PID, _R),
+    job=(Str(MAX_NAME, 1), _R),
+    role=(Str(MAX_NAME, 1), _R),
+    rank=(RANK, _R),
+    world_size=(Int(0, MAX_RANK + 1), _R),
+    state=(SHORT, _R),
+    error=(Nullable(LONG_TEXT), _R),
+    traces=(COUNT, _R),
+    final=(Nullable(SHORT), _R),  # the client's own last word (done, stopped, ...)
+    results=(ListOf(MAP, 1 << 22), _R),  # per cycle, as session.json lists them
+    updated_at=(WHEN, _R),
+    node=(NODE, _R),
+)
+
+#: ``show``: one session with its resolved steps and its targets.
+SESSION_DOC: Final = Struct(
+    {
+        **_SESSION_FIELDS,
+        "steps": (ListOf(STEP, MAX_CYCLES * MAX_CYCLE_STEPS), _R),
+        "targets": (ListOf(TARGET_ROW, 1 << 22), _R),
+    },
+    open=True,
+)
+
+#: One file of a trace in ``traces``.
+FILE_ROW: Final = _row(
+    kind=(SHORT, _R),
+    path=(PATH, _R),
+    bytes=(BYTES, _R),
+    upload_state=(SHORT, _R),
+    s3_uri=(Nullable(LONG_TEXT), _R),
+    last_error=(Nullable(LONG_TEXT), _R),
+    deleted=(Int(0, 1), _R),
+)
+
+#: One capture in ``traces``.
+TRACE_ROW: Final = _row(
+    id=(COUNT, _R),
+    session=(Str(MAX_NAME, 1), _R),
+    job=(Str(MAX_NAME, 1), _R),
+    host=(HOST, _R),
+    pid=(PID, _R),
+    role=(Str(MAX_NAME, 1), _R),
+    rank=(RANK, _R),
+    cycle=(Int(0, 1 << 31), _R),
+    region=(Nullable(Str(MAX_NAME)), _R),
+    steps=(ListOf(STEP, MAX_CYCLE_STEPS), _R),
+    path=(PATH, _R),
+    bytes=(BYTES, _R),
+    state=(SHORT, _R),
+    stall_ms=(Nullable(FINITE), _R),
+    step_ms_p50=(Nullable(FINITE), _R),
+    step_ms_max=(Nullable(FINITE), _R),
+    torch=(Nullable(SHORT), _R),
+    device=(Nullable(SHORT), _R),
+    created_at=(WHEN, _R),
+    stats=(Nullable(MAP), _R),  # the pipeline's per-rank statistics
+    files=(ListOf(FILE_ROW, 1 << 16), _R),
+    upload_state=(SHORT, _R),  # the files' combined
+    s3_uri=(Nullable(LONG_TEXT), _R),  # the trace file's
+    node=(NODE, _R),
+)
+
+_COUNTS: Final = Struct({}, open=True)  # name -> count maps (sessions by state)
+
+#: ``status``: the daemon itself. ``pipeline``, ``storage`` and ``s3`` are its parts' own
+#: reports (maps); ``tcp`` is null unless ``[cluster] listen`` is set.
+STATUS_DOC: Final = _row(
+    version=(SHORT, _R),
+    protocol=(ListOf(Int(0, 1 << 16), 2, 2), _R),
+    pid=(PID, _R),
+    host=(NODE, _R),
+    boot_id=(Nullable(SHORT), _R),
+    uptime_s=(FINITE, _R),
+    runtime_dir=(PATH, _R),
+    state_dir=(PATH, _R),
+    spool_dir=(PATH, _R),
+    clients=(COUNT, _R),
+    incompatible_clients=(COUNT, _R),
+    sessions=(_row(live=(COUNT, _R), by_state=(_COUNTS, _R)), _R),
+    spool=(
+        _row(
+            bytes=(BYTES, _R),
+            bytes_not_uploaded=(BYTES, _R),
+            max_bytes=(Nullable(BYTES), _R),
+        ),
+        _R,
+    ),
+    queue=(
+        _row(
+            queued=(COUNT, _R),
+            failed=(COUNT, _R),
+            bytes_pending=(BYTES, _R),
+            uploaded=(COUNT, _R),
+        ),
+        _R,
+    ),
+    tcp=(Nullable(_row(listen=(LONG_TEXT, _R), refused=(COUNT, _R))), _R),
+    pipeline=(MAP, _R),
+    storage=(MAP, _R),
+    s3=(_row(configured=(Bool(), _R)), _R),
+    rejected_messages=(COUNT, _R),
+)
+
+#: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,
+#: ``cancel``, ``retry``: small maps) are not described here.
+REPLIES: Final[dict[str, Field]] = {
+    C_STATUS: STATUS_DOC,
+    C_PS: ListOf(PS_ROW, 1 << 22),
+    C_SESSIONS: ListOf(SESSION_ROW, 100_000),
+    C_SHOW: SESSION_DOC,
+    C_TRACES: ListOf(TRACE_ROW, 1_000_000),
+}
 
 
 # --- envelopes, encoding, decoding --------------------------------------------------------------
@@ -674,8 +992,19 @@ def unpack(frame: bytes, reply: bool = False) -> object:
 
 
 def decode(frame: bytes, accept: frozenset[str], reply: bool = False) -> dict[str, Any]:
-    """Unpack and validate one frame; only types in ``accept`` pass."""
-    return validate(unpack(frame, reply), accept)
+    """Unpack one frame, check its version and validate it; only types in ``accept`` pass.
+
+    Every receiver (both daemon sockets, the client, profctl) reads frames through here. A
+    frame refused raises :class:`ProtocolError` with ``raw`` (what it unpacked to) and
+    ``reply_v`` (the version to answer in) set: ``exc.reply()`` is the answer.
+    """
+    raw: object = None
+    try:
+        raw = unpack(frame, reply)
+        return validate(raw, accept)
+    except ProtocolError as exc:
+        exc.raw, exc.reply_v = raw, reply_version(raw)
+        raise
 
 
 def check_header(msg: object, accept: frozenset[str]) -> dict[str, Any]:
@@ -709,12 +1038,24 @@ def version_of(msg: object) -> int | None:
     return None
 
 
+def reply_version(msg: object) -> int:
+    """The version to answer ``msg`` in: the peer's own, so a peer of another version can
+    read the answer, unless it is not one a frame can carry (then ours)."""
+    v = version_of(msg)
+    return v if v is not None and 0 <= v < (1 << 16) else VERSION
+
+
 def error(code: str, message: str, *, v: int = VERSION) -> bytes:
     return encode(ERROR, v=v, code=code[:64], msg=message[:MAX_ERROR_TEXT])
 
 
-def ok(data: object = None) -> bytes:
-    return encode(OK, data=data)
+def reply(request: Mapping[str, Any], data: object) -> bytes:
+    """The ``ok`` answer to a validated control request, in the request's version. ``data``
+    is checked against the request type's reply schema (:data:`REPLIES`) like any message
+    this side sends: a reply that breaks it is a bug here (``ProtocolError``)."""
+    t = request["t"]
+    REPLIES.get(t, _ANY_DATA).check(data, f"{t}.data")
+    return encode(OK, v=request["v"], data=data)
 
 
 def cycles(value: object) -> list[tuple[int, int, int]]:

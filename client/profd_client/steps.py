@@ -1,16 +1,16 @@
-"""The training-thread side of the client: the step counter and capture plans.
+"""The training-thread side of the client: the step counter and the armed sessions.
 
 The hot path (:meth:`Stepper.tick`) is an integer increment and one compare. Everything else
 runs in :meth:`Stepper._boundary`, entered only when ``count`` reaches ``next_event``; the
 agent thread forces that by posting a command and setting ``next_event = 0``. The training
-thread owns ``count``, the plans and the live capture; the agent thread only reads ``count``
-(an atomic read under the GIL) and talks to it through two deques.
+thread owns ``count``, the armed sessions and the live capture; the agent thread only reads
+``count`` (an atomic read under the GIL) and talks to it through two deques.
 
 Every report to the daemon carries an ``id`` and stays in the agent's outbox until the
 daemon acks it, so a capture that ends while the daemon is down is delivered later.
-Terminal report states per session: ``done``, ``failed``, ``stopped``, ``cancelled``. A plan
-whose first step had passed when it reached the training thread is reported ``late`` and
-dropped; the daemon then re-plans the session (``--next``) or fails the rank.
+Terminal report states per session: ``done``, ``failed``, ``stopped``, ``cancelled``. An
+armed session whose first step had passed when it reached the training thread is reported
+``late`` and dropped; the daemon then re-plans the session (``--next``) or fails the rank.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ _ids = itertools.count(1)
 
 
 @dataclass
-class Plan:
+class ArmedSession:
     """An armed session on this process: cycles of absolute steps ``[warmup, start, stop)``."""
 
     session: str
@@ -42,7 +42,7 @@ class Plan:
     options: dict[str, Any]
     incoming: Path
     region: str | None = None
-    rev: int = 0  # the daemon's revision of these steps (``arm``'s ``plan``)
+    revision: int = 0  # the daemon's revision of these steps (``arm``'s ``plan`` field)
     #: "{role}-r{rank}" as the daemon knew this process when it armed it: the names its files
     #: must have, even if the process re-registers under another rank meanwhile.
     stem: str = ""
@@ -59,7 +59,7 @@ class Plan:
 class Live:
     """The step window being captured now."""
 
-    plan: Plan
+    armed: ArmedSession
     cycle: int
     stop: int  # first step not captured
     # For region-scoped plans the window is open but a profiler runs only inside the region.
@@ -72,7 +72,7 @@ class Live:
 
 
 class Stepper:
-    __slots__ = ("_notify", "_plans", "count", "inbox", "live", "next_event", "outbox", "stem")
+    __slots__ = ("_armed", "_notify", "count", "inbox", "live", "next_event", "outbox", "stem")
 
     def __init__(self, stem: str, notify: Callable[[], None]) -> None:
         self.count = 0  # steps completed; the step running now is count + 1
@@ -82,7 +82,7 @@ class Stepper:
         self.live: Live | None = None
         self.stem = stem  # "{role}-r{rank}"
         self._notify = notify
-        self._plans: list[Plan] = []
+        self._armed: list[ArmedSession] = []
 
     # --- hot path ----------------------------------------------------------------------------
     def tick(self) -> None:
@@ -110,17 +110,17 @@ class Stepper:
         self.next_event = 0
 
     def busy_sessions(self) -> list[str]:
-        names = [p.session for p in list(self._plans)]
+        names = [p.session for p in list(self._armed)]
         live = self.live
-        if live is not None and live.plan.session not in names:
-            names.append(live.plan.session)
+        if live is not None and live.armed.session not in names:
+            names.append(live.armed.session)
         return names
 
     def state(self) -> str:
         live = self.live
         if live is not None:
             return "capturing" if live.capture is not None else "region-wait"
-        return "armed" if self._plans else "idle"
+        return "armed" if self._armed else "idle"
 
     # --- boundary (training thread) -----------------------------------------------------------
     def _boundary(self) -> None:
@@ -131,7 +131,7 @@ class Stepper:
             live, self.live = self.live, None
             if live is not None:
                 self._discard(live)
-                self._progress(live.plan, "failed", f"client error: {exc!r}")
+                self._progress(live.armed, "failed", f"client error: {exc!r}")
         self._reschedule()
 
     def _reschedule(self) -> None:
@@ -141,7 +141,7 @@ class Stepper:
         elif live is not None:
             nxt = live.stop - 1  # region window: close it when its last step completes
         else:
-            nxt = min((p.pending_start() for p in self._plans), default=NEVER) - 1
+            nxt = min((p.pending_start() for p in self._armed), default=NEVER) - 1
         self.next_event = nxt
         # Close the race with post(): an item appended after the drain must not wait.
         if self.inbox:
@@ -157,37 +157,37 @@ class Stepper:
             elif kind == "shutdown":
                 self._disarm(None, keep=True)
 
-    def _arm(self, plan: Plan) -> None:
+    def _arm(self, armed: ArmedSession) -> None:
         live = self.live
-        held = next((p for p in self._plans if p.session == plan.session), None)
-        if held is None and live is not None and live.plan.session == plan.session:
-            held = live.plan
+        held = next((p for p in self._armed if p.session == armed.session), None)
+        if held is None and live is not None and live.armed.session == armed.session:
+            held = live.armed
         if held is not None:
-            if plan.rev <= held.rev:
-                return  # a repeated arm (re-sent after a reconnect): the plan is already here
-            self._drop(held)  # the daemon moved this session's steps: the old plan is void
-        first = plan.cycles[0][0]
+            if armed.revision <= held.revision:
+                return  # a repeated arm (re-sent after a reconnect): already armed
+            self._drop(held)  # the daemon moved this session's steps: the old steps are void
+        first = armed.cycles[0][0]
         if first <= self.count:
             # Not final: for --next the daemon answers with later steps for every rank.
-            self._progress(plan, "late", f"steps already passed: at step {self.count}")
+            self._progress(armed, "late", f"steps already passed: at step {self.count}")
             return
-        self._plans.append(plan)
+        self._armed.append(armed)
 
-    def _drop(self, plan: Plan) -> None:
-        """Forget a superseded plan without a report; its partial capture is discarded."""
+    def _drop(self, armed: ArmedSession) -> None:
+        """Forget a superseded arm without a report; its partial capture is discarded."""
         live = self.live
-        if live is not None and live.plan is plan:
+        if live is not None and live.armed is armed:
             self.live = None
             self._discard(live)
-        if plan in self._plans:
-            self._plans.remove(plan)
+        if armed in self._armed:
+            self._armed.remove(armed)
 
     @staticmethod
     def _discard(live: Live) -> None:
         """Throw the window's capture away (a region capture: when its region exits)."""
         if live.capture is None:
             return
-        if live.plan.region is None:
+        if live.armed.region is None:
             live.capture.abandon()
         else:
             live.keep = False
@@ -199,107 +199,107 @@ class Stepper:
         why = f"step count set from {self.count} to {n} during the capture"
         cap = live.capture
         try:
-            if cap is None or live.plan.region is not None:
+            if cap is None or live.armed.region is not None:
                 return  # nothing running, or a region capture that its exit ends
-            _, a, b = live.plan.cycles[live.cycle]
+            _, a, b = live.armed.cycles[live.cycle]
             if self.count < a:  # still warming up: nothing was recorded
                 cap.abandon()
-                self._progress(live.plan, "missed", f"cycle {live.cycle} ({a}:{b}) missed: {why}")
+                self._progress(live.armed, "missed", f"cycle {live.cycle} ({a}:{b}) missed: {why}")
                 return
             res = cap.finish(self.count)
             res.notes.append(why)
-            self._deliver(live.plan, live.cycle, res, None)
+            self._deliver(live.armed, live.cycle, res, None)
         except Exception as exc:  # never let profiling break training
-            self._progress(live.plan, "failed", f"client error: {exc!r}")
+            self._progress(live.armed, "failed", f"client error: {exc!r}")
 
     def _disarm(self, session: str | None, keep: bool) -> None:
         state = "stopped" if keep else "cancelled"
         live = self.live
-        if live is not None and (session is None or live.plan.session == session):
+        if live is not None and (session is None or live.armed.session == session):
             self.live = None
-            if live.capture is not None and live.plan.region is not None:
+            if live.capture is not None and live.armed.region is not None:
                 # Inside the region: its exit ends the capture, then reports the state.
                 live.keep, live.final_state = keep, state
             else:
                 if live.capture is not None:
                     if keep:
-                        self._deliver(live.plan, live.cycle, live.capture.finish(self.count), None)
+                        self._deliver(live.armed, live.cycle, live.capture.finish(self.count), None)
                     else:
                         live.capture.abandon()
-                self._progress(live.plan, state, None)
-        keep_plans = []
-        for p in self._plans:
+                self._progress(live.armed, state, None)
+        kept = []
+        for p in self._armed:
             if session is None or p.session == session:
-                if live is None or p is not live.plan:
+                if live is None or p is not live.armed:
                     self._progress(p, state, None)
             else:
-                keep_plans.append(p)
-        self._plans = keep_plans
+                kept.append(p)
+        self._armed = kept
 
     def _advance(self) -> None:
         step_next = self.count + 1
         live = self.live
         if live is not None:
-            if live.plan.region is not None and live.capture is not None:
+            if live.armed.region is not None and live.capture is not None:
                 return  # the window closes when the open region exits
             if step_next < live.stop:
-                if live.capture is not None and live.plan.region is None:
+                if live.capture is not None and live.armed.region is None:
                     live.capture.step()
                 return
             self.live = None
             if live.capture is not None:
-                self._deliver(live.plan, live.cycle, live.capture.finish(self.count), None)
-            self._maybe_done(live.plan)
+                self._deliver(live.armed, live.cycle, live.capture.finish(self.count), None)
+            self._maybe_done(live.armed)
         # A cycle whose start passed while another capture ran is missed, not shifted: every
         # targeted rank must capture the same steps.
-        for p in list(self._plans):
+        for p in list(self._armed):
             while p.pending_start() < step_next:
                 _, a, b = p.cycles[p.next_cycle]
                 self._progress(p, "missed", f"cycle {p.next_cycle} ({a}:{b}) missed")
                 p.next_cycle += 1
             self._maybe_done(p)
-        due = [p for p in self._plans if p.pending_start() == step_next]
+        due = [p for p in self._armed if p.pending_start() == step_next]
         if not due:
             return
-        plan = due[0]
-        cycle = plan.next_cycle
-        w, a, b = plan.cycles[cycle]
-        plan.next_cycle += 1
-        if plan.region is not None:
-            self.live = Live(plan=plan, cycle=cycle, stop=b)
-            self._progress(plan, "capturing", None)
+        armed = due[0]
+        cycle = armed.next_cycle
+        w, a, b = armed.cycles[cycle]
+        armed.next_cycle += 1
+        if armed.region is not None:
+            self.live = Live(armed=armed, cycle=cycle, stop=b)
+            self._progress(armed, "capturing", None)
             return
         cap: TorchCapture | NsysRange
-        if plan.backend == "nsys":
+        if armed.backend == "nsys":
             cap = NsysRange(a)
         else:
             cap = TorchCapture(
-                plan.options, plan.incoming / f"c{cycle}", plan.stem or self.stem, w, a
+                armed.options, armed.incoming / f"c{cycle}", armed.stem or self.stem, w, a
             )
         try:
             cap.start()
         except Exception as exc:
-            # The same cause would fail every later cycle too: give the whole plan up.
-            self._plans.remove(plan)
-            what = "cudaProfilerStart" if plan.backend == "nsys" else "torch.profiler start"
-            self._progress(plan, "failed", f"{what} failed: {exc}")
+            # The same cause would fail every later cycle too: give the whole session up.
+            self._armed.remove(armed)
+            what = "cudaProfilerStart" if armed.backend == "nsys" else "torch.profiler start"
+            self._progress(armed, "failed", f"{what} failed: {exc}")
             return
-        self.live = Live(plan=plan, cycle=cycle, stop=b, capture=cap)
-        self._progress(plan, "capturing", None)
+        self.live = Live(armed=armed, cycle=cycle, stop=b, capture=cap)
+        self._progress(armed, "capturing", None)
 
-    def _maybe_done(self, plan: Plan) -> None:
+    def _maybe_done(self, armed: ArmedSession) -> None:
         live = self.live
-        idle = live is None or live.plan is not plan
-        if idle and plan.pending_start() == NEVER and plan in self._plans:
-            self._plans.remove(plan)
-            self._progress(plan, "done", None)
+        idle = live is None or live.armed is not armed
+        if idle and armed.pending_start() == NEVER and armed in self._armed:
+            self._armed.remove(armed)
+            self._progress(armed, "done", None)
 
     # --- regions --------------------------------------------------------------------------------
     @contextlib.contextmanager
     def region(self, name: str) -> Iterator[None]:
         """Only entered while a capture or a region window is live (see ``region()``)."""
         live = self.live
-        if live is not None and live.plan.region == name and live.capture is None:
+        if live is not None and live.armed.region == name and live.capture is None:
             with self._region_capture(live, name):
                 yield
             return
@@ -311,18 +311,18 @@ class Stepper:
 
     @contextlib.contextmanager
     def _region_capture(self, live: Live, name: str) -> Iterator[None]:
-        plan = live.plan
-        cycle = plan.region_entries
-        plan.region_entries += 1
+        armed = live.armed
+        cycle = armed.region_entries
+        armed.region_entries += 1
         running = self.count + 1
         cap = TorchCapture(
-            plan.options, plan.incoming / f"c{cycle}", plan.stem or self.stem, running, running
+            armed.options, armed.incoming / f"c{cycle}", armed.stem or self.stem, running, running
         )
         try:
             cap.start()
             live.capture = cap
         except Exception as exc:
-            self._progress(plan, "missed", f"region capture failed to start: {exc!r}")
+            self._progress(armed, "missed", f"region capture failed to start: {exc!r}")
             yield
             return
         try:
@@ -332,24 +332,26 @@ class Stepper:
             live.capture = None
             if live.keep:
                 res = cap.finish(last_step=running)
-                self._deliver(plan, cycle, res, name)
+                self._deliver(armed, cycle, res, name)
             else:
                 cap.abandon()
             if live.final_state is not None:
-                self._progress(plan, live.final_state, None)
+                self._progress(armed, live.final_state, None)
             if self.live is live and self.count + 1 >= live.stop:
                 self.live = None
-                self._maybe_done(plan)
+                self._maybe_done(armed)
             self._reschedule()
 
     # --- reports to the daemon ------------------------------------------------------------------
-    def _deliver(self, plan: Plan, cycle: int, res: CaptureResult, region: str | None) -> None:
+    def _deliver(
+        self, armed: ArmedSession, cycle: int, res: CaptureResult, region: str | None
+    ) -> None:
         tv, dev = torch_info()
         self._send(
             {
                 "t": P.CAPTURED,
-                "session": plan.session,
-                "job": plan.job,
+                "session": armed.session,
+                "job": armed.job,
                 "cycle": cycle,
                 "steps": res.steps,
                 "files": res.files,
@@ -361,19 +363,19 @@ class Stepper:
                 "region": region,
                 "torch": tv,
                 "device": dev,
-                "plan": plan.rev,
+                "plan": armed.revision,
             }
         )
 
-    def _progress(self, plan: Plan, state: str, error: str | None) -> None:
+    def _progress(self, armed: ArmedSession, state: str, error: str | None) -> None:
         self._send(
             {
                 "t": P.PROGRESS,
-                "session": plan.session,
+                "session": armed.session,
                 "state": state,
                 "step": self.count,
                 "error": error,
-                "plan": plan.rev,
+                "plan": armed.revision,
             }
         )
 

@@ -228,3 +228,219 @@ def test_reply_limits_are_larger_than_request_limits() -> None:
     with pytest.raises(P.ProtocolError):
         P.decode(big, P.REPLY_INBOUND)
     assert len(P.decode(big, P.REPLY_INBOUND, reply=True)["data"]) == (1 << 17) + 1
+
+
+# --- the envelope: what every receiver does with a frame (both daemon sockets, the client) -----
+def test_a_refused_frame_carries_its_answer_in_the_peers_version() -> None:
+    # Not msgpack: nothing to read a version from, so the answer is in ours.
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode(b"\xc1", P.AGENT_INBOUND)
+    assert exc.value.code == "malformed" and exc.value.raw is None
+    assert exc.value.reply_v == P.VERSION
+    # Another version: refused, answered in that version so the peer can read why.
+    raw = {"v": 99, "t": P.HELLO, "pid": 5}
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode(msgpack.packb(raw), P.AGENT_INBOUND)
+    assert exc.value.code == "version" and exc.value.raw == raw and exc.value.reply_v == 99
+    answer = msgpack.unpackb(exc.value.reply())
+    assert answer["v"] == 99 and answer["t"] == P.ERROR and answer["code"] == "version"
+    assert "1..2" in answer["msg"]
+    # A version-1 peer's bad field is answered in version 1, naming the field.
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode(_hello(v=1, rank=-1), P.AGENT_INBOUND)
+    answer = P.decode(exc.value.reply(), P.CLIENT_INBOUND)
+    assert answer["v"] == 1 and answer["code"] == "bad_request" and "hello.rank" in answer["msg"]
+    # A type this socket does not take.
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode(P.encode(P.C_STATUS), P.AGENT_INBOUND)
+    assert exc.value.code == "type"
+
+
+@pytest.mark.parametrize(
+    ("v", "answer_in"),
+    [(1, 1), (2, 2), (7, 7), (0, 0), (-1, P.VERSION), (1 << 16, P.VERSION), ("2", P.VERSION)],
+)
+def test_the_reply_version_is_the_peers_when_it_fits(v: object, answer_in: int) -> None:
+    assert P.reply_version({"v": v}) == answer_in
+    assert P.reply_version(None) == P.VERSION
+
+
+# --- ok replies: the data of each control request has a schema -----------------------------------
+def _ps_row(**over: Any) -> dict[str, Any]:
+    from profd.daemon.clients.registry import Client
+
+    # ident, host, pid, job, role, rank, local_rank, world_size, step_mode, allowed, torch, device
+    c = Client(b"x", "node1", 42, "j", "trainer", 3, 3, 8, "optimizer", True, "2.13", "cuda:0")
+    c.uid, c.cpu, c.rss, c.identity_source = 1000, 150.5, 1 << 30, {"rank": "env:RANK"}
+    return {**c.row(), "node": "n1", **over}
+
+
+def test_ps_rows_of_served_and_incompatible_peers_pass() -> None:
+    from profd.daemon.clients.registry import Incompatible
+
+    odd = Incompatible(b"y", 99, {"pid": 1 << 40, "host": 5, "rank": -3}).row()
+    rows = [_ps_row(), {**odd, "node": "n1"}] * 20  # long enough for the column check
+    frame = P.reply({"v": 1, "t": P.C_PS}, rows)
+    msg = P.decode(frame, P.REPLY_INBOUND, reply=True)
+    assert msg["v"] == 1 and msg["data"] == rows
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"pid": "42"}, "pid"),
+        ({"rank": 1.5}, "rank"),
+        ({"steps_per_s": math.nan}, "steps_per_s"),
+        ({"allowed": 1}, "allowed"),
+        ({"node": ""}, "node"),
+        ({"identity_source": {"rank": 3}}, "identity_source.rank"),
+    ],
+)
+def test_a_reply_that_breaks_its_schema_does_not_leave(over: dict[str, Any], field: str) -> None:
+    for n in (1, 40):  # one by one, and column by column
+        rows = [_ps_row() for _ in range(n)]
+        rows[n - 1] = _ps_row(**over)
+        with pytest.raises(P.ProtocolError) as exc:
+            P.reply({"v": P.VERSION, "t": P.C_PS}, rows)
+        assert str(exc.value).startswith(f"ps.data[{n - 1}].{field}:"), str(exc.value)
+    row = _ps_row()
+    del row["host"]
+    with pytest.raises(P.ProtocolError, match="missing field 'host'"):
+        P.reply({"v": P.VERSION, "t": P.C_PS}, [row])
+
+
+def test_replies_without_a_schema_are_any_map() -> None:
+    assert set(P.REPLIES) == {P.C_STATUS, P.C_PS, P.C_TRACES, P.C_SHOW, P.C_SESSIONS}
+    frame = P.reply({"v": P.VERSION, "t": P.C_RETRY}, {"requeued": 3})
+    assert P.decode(frame, P.REPLY_INBOUND)["data"] == {"requeued": 3}
+
+
+def test_session_and_trace_documents_from_memory_and_from_the_index(tmp_path: Any) -> None:
+    """What ``show``, ``sessions`` and ``traces`` answer with, built by the code that builds
+    them (a live session's summary; the index's rows), passes the reply schemas."""
+    from profd.daemon.sessions.state import Session, Target
+    from profd.store.index import Index, TraceFilter
+
+    s = Session("s1", "j", {"steps": "3:5"}, [(1, 3, 5)], "torch", {}, None, "lbl")
+    for rank in range(20):
+        t = Target("node1", 100 + rank, "j", "trainer", rank, 20)
+        t.results.append({"cycle": 0, "state": "done"})
+        s.targets[t.key] = t
+    live = s.summary()
+    for r in [live, *live["targets"]]:
+        r["node"] = "n1"
+    P.reply({"v": P.VERSION, "t": P.C_SHOW}, live)
+
+    idx = Index(tmp_path / "index.db")
+    try:
+        idx.save_session(s.row())
+        for t in s.targets.values():
+            idx.save_target(t.stored(s.id))
+        for rank in range(20):
+            idx.add_trace(
+                {
+                    "session": "s1",
+                    "job": "j",
+                    "host": "node1",
+                    "pid": 100 + rank,
+                    "role": "trainer",
+                    "rank": rank,
+                    "cycle": 0,
+                    "region": None,
+                    "steps": [3, 4],
+                    "path": f"/spool/j/s1/c0/trainer-r{rank}.pt.trace.json.gz",
+                    "bytes": 1000,
+                    "state": "done",
+                    "stall_ms": 1.5,
+                    "step_ms_p50": 10.0,
+                    "step_ms_max": None,
+                    "torch": "2.13",
+                    "device": None,
+                    "created_at": 1000.0 + rank,
+                    "stats": {"comm_ms": [1.0]},
+                },
+                [
+                    {
+                        "session": "s1",
+                        "job": "j",
+                        "kind": kind,
+                        "path": f"/spool/j/s1/c0/trainer-r{rank}.{kind}",
+                        "rel": f"j/s1/c0/trainer-r{rank}.{kind}",
+                        "bytes": 10,
+                        "upload_state": "pending",
+                    }
+                    for kind in ("trace", "summary")
+                ],
+            )
+        stored = idx.session("s1")
+        assert stored is not None
+        stored["steps"] = [3, 4]
+        sessions = idx.sessions()
+        traces = idx.traces(TraceFilter())
+    finally:
+        idx.close()
+    for r in [stored, *stored["targets"], *sessions, *traces]:
+        r["node"] = "n1"
+    P.reply({"v": P.VERSION, "t": P.C_SHOW}, stored)
+    P.reply({"v": P.VERSION, "t": P.C_SESSIONS}, sessions)
+    P.reply({"v": P.VERSION, "t": P.C_TRACES}, traces)
+    traces[7]["files"][1]["deleted"] = 2
+    with pytest.raises(P.ProtocolError, match=r"traces\.data\[7\]\.files\[1\]\.deleted"):
+        P.reply({"v": P.VERSION, "t": P.C_TRACES}, traces)
+
+
+# The column check must accept exactly what the value-by-value check accepts.
+COLUMN_FIELDS = [
+    P.Int(0, 10),
+    P.Num(0.0, 10.0),
+    P.FINITE,
+    P.Str(3),
+    P.Str(3, min_len=1),
+    P.Str(8, choices=frozenset({"a", "bb"})),
+    P.NAME,
+    P.Bool(),
+    P.Nullable(P.Int(0, 10)),
+    P.ListOf(P.Int(0, 10), 3, 1),
+    P.Struct({"a": (P.Int(0, 10), True), "b": (P.Str(3), False)}),
+    P.Struct({"a": (P.Int(0, 10), True)}, open=True),
+    P.FILE_ROW,
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from(range(len(COLUMN_FIELDS))), st.lists(anything, min_size=1, max_size=40))
+def test_column_checks_accept_exactly_what_value_checks_accept(i: int, values: list[Any]) -> None:
+    f = COLUMN_FIELDS[i]
+    one_by_one = not any(_refused(f, v) for v in values)
+    if f.all_valid(values):
+        assert one_by_one  # "all valid" is never wrong
+    # and the list check, whichever path it takes, agrees with the values'
+    assert _refused(P.ListOf(f, 100), values) != one_by_one
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(sorted(P.PS_ROW.fields)), max_size=3), anything)
+def test_ps_rows_with_any_value_in_any_field(fields: list[str], value: Any) -> None:
+    rows = [_ps_row() for _ in range(20)]
+    for name in fields:
+        rows[5][name] = value
+    ok = not _refused(P.PS_ROW, rows[5])
+    assert ok == (not _refused(P.REPLIES[P.C_PS], rows))
+    assert P.PS_ROW.all_valid(rows) in (ok, False)
+
+
+def _refused(f: P.Field, value: Any) -> bool:
+    try:
+        f.check(value, "x")
+    except P.ProtocolError:
+        return True
+    return False
+
+
+def test_every_accepted_type_has_its_handler() -> None:
+    from profd.daemon.agent import handler as agent
+    from profd.daemon.control import handler as control
+
+    assert set(control.HANDLERS) == P.CONTROL_INBOUND
+    # ``hello`` comes from a process not registered yet, and is handled before the table.
+    assert set(agent.HANDLERS) == P.AGENT_INBOUND - {P.HELLO}

@@ -1,4 +1,4 @@
-"""The training-thread step counter and capture plans (``client/profd_client/steps.py``).
+"""The training-thread step counter and armed sessions (``client/profd_client/steps.py``).
 
 No threads and no daemon: the test plays the agent thread (``post``) and the training loop
 (``tick``) in turn, and reads what the Stepper would send from its outbox. The Stepper has no
@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from profd_client import capture as capture_mod
-from profd_client.steps import NEVER, Plan, Stepper
+from profd_client.steps import NEVER, ArmedSession, Stepper
 
 #: next_event while no plan is held: no boundary for the rest of the run.
 IDLE = NEVER - 1
@@ -181,16 +181,16 @@ class Run:
     def _notify(self) -> None:
         self.notified += 1
 
-    def plan(
+    def armed(
         self,
         session: str,
         *cycles: tuple[int, int, int],
-        rev: int = 0,
+        revision: int = 0,
         region: str | None = None,
         backend: str = "torch",
         options: dict[str, Any] | None = None,
-    ) -> Plan:
-        return Plan(
+    ) -> ArmedSession:
+        return ArmedSession(
             session=session,
             job="job1",
             backend=backend,
@@ -198,11 +198,11 @@ class Run:
             options=options if options is not None else {"activities": ["cpu"]},
             incoming=self.tmp / "incoming" / session,
             region=region,
-            rev=rev,
+            revision=revision,
         )
 
-    def arm(self, plan: Plan) -> None:
-        self.st.post("arm", plan)
+    def arm(self, armed: ArmedSession) -> None:
+        self.st.post("arm", armed)
 
     def ticks(self, n: int) -> None:
         for _ in range(n):
@@ -281,7 +281,7 @@ def test_no_torch_is_imported_while_idle(run: Run, torch: TorchDouble) -> None:
 # --- arming and capturing -------------------------------------------------------------------------
 def test_plan_captures_exactly_its_steps(run: Run, torch: TorchDouble) -> None:
     run.until(2)
-    run.arm(run.plan("s1", (5, 5, 8)))
+    run.arm(run.armed("s1", (5, 5, 8)))
     run.ticks(1)  # boundary before step 4: the plan is taken, nothing starts yet
     assert run.st.state() == "armed" and run.st.busy_sessions() == ["s1"]
     assert run.st.next_event == 4  # the next boundary is the one before step 5
@@ -299,7 +299,7 @@ def test_plan_captures_exactly_its_steps(run: Run, torch: TorchDouble) -> None:
 
 
 def test_captured_report_names_the_raw_trace(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 3)))
+    run.arm(run.armed("s1", (2, 2, 3)))
     run.until(2)
     m = next(m for m in run.drain() if m["t"] == "captured")
     trace = run.tmp / "incoming" / "s1" / "c0" / "main-r0.pt.trace.json"
@@ -312,7 +312,7 @@ def test_captured_report_names_the_raw_trace(run: Run, torch: TorchDouble) -> No
 
 
 def test_warmup_steps_are_profiled_but_not_recorded(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (3, 5, 7)))
+    run.arm(run.armed("s1", (3, 5, 7)))
     run.until(6)
     prof = torch.last
     assert prof.warmed() == [3, 4]
@@ -322,7 +322,7 @@ def test_warmup_steps_are_profiled_but_not_recorded(run: Run, torch: TorchDouble
 
 
 def test_repeated_cycles(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 3, 5), (5, 6, 8)))
+    run.arm(run.armed("s1", (2, 3, 5), (5, 6, 8)))
     run.until(7)
     first, second = torch.profiles
     assert (first.warmed(), first.recorded()) == ([2], [3, 4])
@@ -339,7 +339,7 @@ def test_repeated_cycles(run: Run, torch: TorchDouble) -> None:
 
 def test_options_reach_the_profiler(run: Run, torch: TorchDouble) -> None:
     opts = {"activities": ["cpu", "cuda"], "record_shapes": True, "with_stack": True}
-    run.arm(run.plan("s1", (2, 2, 3), options=opts))
+    run.arm(run.armed("s1", (2, 2, 3), options=opts))
     run.until(2)
     prof = torch.last
     assert prof.kwargs["activities"] == [ProfilerActivity.CPU]  # no CUDA on this process
@@ -351,7 +351,7 @@ def test_options_reach_the_profiler(run: Run, torch: TorchDouble) -> None:
 
 def test_arm_before_the_first_step(run: Run, torch: TorchDouble) -> None:
     # attach(wait=...): the agent applies the plan at once, before step 1 runs.
-    run.arm(run.plan("s1", (1, 1, 3)))
+    run.arm(run.armed("s1", (1, 1, 3)))
     run.st.boundary_now()
     assert run.st.state() == "capturing"
     run.until(2)
@@ -361,14 +361,14 @@ def test_arm_before_the_first_step(run: Run, torch: TorchDouble) -> None:
 
 def test_arm_at_the_last_possible_boundary(run: Run) -> None:
     run.until(4)
-    run.arm(run.plan("s1", (6, 6, 7)))
+    run.arm(run.armed("s1", (6, 6, 7)))
     run.ticks(1)  # boundary after step 5, before step 6: just in time
     assert run.reports() == [("s1", "capturing")]
 
 
 def test_late_plan_is_reported_and_dropped(run: Run, torch: TorchDouble) -> None:
     run.until(4)
-    run.arm(run.plan("s1", (5, 5, 7), rev=2))
+    run.arm(run.armed("s1", (5, 5, 7), revision=2))
     run.ticks(1)  # applied at the boundary after step 5: step 5 has begun and ended
     msgs = run.drain()
     assert [(m["state"], m["step"], m["plan"]) for m in msgs] == [("late", 5, 2)]
@@ -380,14 +380,14 @@ def test_late_plan_is_reported_and_dropped(run: Run, torch: TorchDouble) -> None
 
 def test_a_late_warmup_makes_the_plan_late(run: Run) -> None:
     run.until(3)
-    run.arm(run.plan("s1", (4, 6, 7)))  # steps 6 are ahead, but its warm-up began at 4
+    run.arm(run.armed("s1", (4, 6, 7)))  # steps 6 are ahead, but its warm-up began at 4
     run.ticks(1)
     assert run.reports() == [("s1", "late")]
 
 
 def test_overlapping_sessions_miss_not_shift(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("a", (2, 2, 6)))
-    run.arm(run.plan("b", (4, 4, 5), (8, 8, 9)))
+    run.arm(run.armed("a", (2, 2, 6)))
+    run.arm(run.armed("b", (4, 4, 5), (8, 8, 9)))
     run.until(8)
     assert [p.recorded() for p in torch.profiles] == [[2, 3, 4, 5], [8]]
     assert run.reports() == [
@@ -404,8 +404,8 @@ def test_overlapping_sessions_miss_not_shift(run: Run, torch: TorchDouble) -> No
 
 
 def test_two_sessions_back_to_back(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("a", (2, 2, 4)))
-    run.arm(run.plan("b", (4, 4, 5)))
+    run.arm(run.armed("a", (2, 2, 4)))
+    run.arm(run.armed("b", (4, 4, 5)))
     run.until(4)
     assert [p.recorded() for p in torch.profiles] == [[2, 3], [4]]
     assert run.reports() == [
@@ -420,7 +420,7 @@ def test_two_sessions_back_to_back(run: Run, torch: TorchDouble) -> None:
 
 def test_profiler_that_fails_to_start_fails_the_plan(run: Run, torch: TorchDouble) -> None:
     torch.fail_start = True
-    run.arm(run.plan("s1", (2, 2, 3), (5, 5, 6)))
+    run.arm(run.armed("s1", (2, 2, 3), (5, 5, 6)))
     run.until(6)
     msgs = run.drain()
     assert [(m["state"], m["error"]) for m in msgs] == [
@@ -430,7 +430,7 @@ def test_profiler_that_fails_to_start_fails_the_plan(run: Run, torch: TorchDoubl
 
 
 def test_an_error_inside_a_capture_fails_it_without_raising(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 5)))
+    run.arm(run.armed("s1", (2, 2, 5)))
     run.until(2)
     torch.fail_step = True
     run.ticks(1)  # the profiler raises inside the boundary: training must not see it
@@ -445,14 +445,14 @@ def test_an_error_inside_a_capture_fails_it_without_raising(run: Run, torch: Tor
 def test_set_step_resumes_the_count(run: Run, torch: TorchDouble) -> None:
     run.st.set_step(1000)
     assert run.st.count == 1000 and run.st.next_event == IDLE
-    run.arm(run.plan("s1", (1002, 1002, 1003)))
+    run.arm(run.armed("s1", (1002, 1002, 1003)))
     run.ticks(2)
     assert torch.last.recorded() == [1002]
     assert run.reports()[-2:] == [("s1", "captured", 0, [1002]), ("s1", "done")]
 
 
 def test_set_step_past_a_pending_plan_misses_it(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (5, 5, 6), (50, 50, 51)))
+    run.arm(run.armed("s1", (5, 5, 6), (50, 50, 51)))
     run.ticks(1)
     run.st.set_step(20)
     assert run.reports() == [("s1", "missed")]
@@ -461,7 +461,7 @@ def test_set_step_past_a_pending_plan_misses_it(run: Run, torch: TorchDouble) ->
 
 
 def test_set_step_backwards_rearms_nothing(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (3, 3, 4)))
+    run.arm(run.armed("s1", (3, 3, 4)))
     run.until(3)
     run.st.set_step(0)  # a restarted loop: the plan is done, nothing captures again
     run.until(5)
@@ -472,7 +472,7 @@ def test_set_step_backwards_rearms_nothing(run: Run, torch: TorchDouble) -> None
 def test_set_step_jump_during_a_capture_reports_only_steps_that_ran(
     run: Run, torch: TorchDouble
 ) -> None:
-    run.arm(run.plan("s1", (3, 3, 8)))
+    run.arm(run.armed("s1", (3, 3, 8)))
     run.until(4)  # steps 3 and 4 captured so far
     run.st.set_step(100)
     got = run.reports()
@@ -483,7 +483,7 @@ def test_set_step_jump_during_a_capture_reports_only_steps_that_ran(
 
 
 def test_set_step_jump_during_warmup_misses_the_cycle(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (3, 6, 8)))
+    run.arm(run.armed("s1", (3, 6, 8)))
     run.until(4)  # warming up
     run.st.set_step(100)
     assert run.reports()[-2:] == [("s1", "missed"), ("s1", "done")]
@@ -492,7 +492,7 @@ def test_set_step_jump_during_warmup_misses_the_cycle(run: Run, torch: TorchDoub
 
 
 def test_set_step_to_the_next_step_is_a_tick(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (3, 3, 6)))
+    run.arm(run.armed("s1", (3, 3, 6)))
     run.until(3)
     run.st.set_step(4)
     run.st.set_step(4)  # no change
@@ -503,18 +503,18 @@ def test_set_step_to_the_next_step_is_a_tick(run: Run, torch: TorchDouble) -> No
 
 # --- replacement, disarm, shutdown ---------------------------------------------------------------
 def test_repeated_arm_is_ignored(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (5, 5, 6), rev=1))
+    run.arm(run.armed("s1", (5, 5, 6), revision=1))
     run.ticks(1)
-    run.arm(run.plan("s1", (3, 3, 4), rev=1))  # re-sent after a reconnect
-    run.arm(run.plan("s1", (3, 3, 4), rev=0))  # an older revision
+    run.arm(run.armed("s1", (3, 3, 4), revision=1))  # re-sent after a reconnect
+    run.arm(run.armed("s1", (3, 3, 4), revision=0))  # an older revision
     run.until(5)
     assert [p.recorded() for p in torch.profiles] == [[5]]
 
 
 def test_higher_revision_replaces_a_pending_plan(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (5, 5, 6)))
+    run.arm(run.armed("s1", (5, 5, 6)))
     run.ticks(1)
-    run.arm(run.plan("s1", (9, 9, 11), rev=1))
+    run.arm(run.armed("s1", (9, 9, 11), revision=1))
     run.until(10)
     assert [p.recorded() for p in torch.profiles] == [[9, 10]]
     got = run.drain()
@@ -526,9 +526,9 @@ def test_higher_revision_replaces_a_pending_plan(run: Run, torch: TorchDouble) -
 
 
 def test_higher_revision_discards_a_live_capture(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 6)))
+    run.arm(run.armed("s1", (2, 2, 6)))
     run.until(3)
-    run.arm(run.plan("s1", (8, 8, 9), rev=1))
+    run.arm(run.armed("s1", (8, 8, 9), revision=1))
     run.until(8)
     old, new = torch.profiles
     assert old.stopped and old.exported == []  # abandoned without a report
@@ -542,9 +542,9 @@ def test_higher_revision_discards_a_live_capture(run: Run, torch: TorchDouble) -
 
 
 def test_higher_revision_that_is_late(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (8, 8, 9)))
+    run.arm(run.armed("s1", (8, 8, 9)))
     run.until(5)
-    run.arm(run.plan("s1", (6, 6, 7), rev=1))
+    run.arm(run.armed("s1", (6, 6, 7), revision=1))
     run.ticks(1)
     assert run.reports() == [("s1", "late")]
     run.until(10)
@@ -553,8 +553,8 @@ def test_higher_revision_that_is_late(run: Run, torch: TorchDouble) -> None:
 
 @pytest.mark.parametrize(("keep", "state"), [(True, "stopped"), (False, "cancelled")])
 def test_disarm_a_pending_plan(run: Run, torch: TorchDouble, keep: bool, state: str) -> None:
-    run.arm(run.plan("s1", (5, 5, 6)))
-    run.arm(run.plan("s2", (7, 7, 8)))
+    run.arm(run.armed("s1", (5, 5, 6)))
+    run.arm(run.armed("s2", (7, 7, 8)))
     run.ticks(1)
     run.st.post("disarm", ("s1", keep))
     run.ticks(1)
@@ -564,7 +564,7 @@ def test_disarm_a_pending_plan(run: Run, torch: TorchDouble, keep: bool, state: 
 
 
 def test_disarm_keep_delivers_the_steps_so_far(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 10), (12, 12, 13)))
+    run.arm(run.armed("s1", (2, 2, 10), (12, 12, 13)))
     run.until(3)
     run.st.post("disarm", ("s1", True))
     run.ticks(1)  # applied after step 4
@@ -575,7 +575,7 @@ def test_disarm_keep_delivers_the_steps_so_far(run: Run, torch: TorchDouble) -> 
 
 
 def test_disarm_discard_abandons_the_capture(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 10)))
+    run.arm(run.armed("s1", (2, 2, 10)))
     run.until(3)
     run.st.post("disarm", ("s1", False))
     run.ticks(1)
@@ -585,8 +585,8 @@ def test_disarm_discard_abandons_the_capture(run: Run, torch: TorchDouble) -> No
 
 
 def test_disarm_of_another_session_leaves_the_capture(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 5)))
-    run.arm(run.plan("s2", (9, 9, 10)))
+    run.arm(run.armed("s1", (2, 2, 5)))
+    run.arm(run.armed("s2", (9, 9, 10)))
     run.until(3)
     run.st.post("disarm", ("s2", False))
     run.ticks(1)
@@ -600,8 +600,8 @@ def test_disarm_of_another_session_leaves_the_capture(run: Run, torch: TorchDoub
 
 
 def test_shutdown_keeps_the_capture_and_ends_every_plan(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 10)))
-    run.arm(run.plan("s2", (20, 20, 21)))
+    run.arm(run.armed("s1", (2, 2, 10)))
+    run.arm(run.armed("s2", (20, 20, 21)))
     run.until(3)
     run.st.post("shutdown", None)
     run.st.boundary_now()  # detach(): at once, not at the next step
@@ -615,7 +615,7 @@ def test_shutdown_keeps_the_capture_and_ends_every_plan(run: Run, torch: TorchDo
 
 # --- regions -------------------------------------------------------------------------------------
 def test_region_window_captures_each_entry(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (3, 3, 5), region="rollout"))
+    run.arm(run.armed("s1", (3, 3, 5), region="rollout"))
     run.until(2)
     assert run.st.state() == "region-wait"
     assert run.reports() == [("s1", "capturing")]
@@ -645,7 +645,7 @@ def test_region_window_captures_each_entry(run: Run, torch: TorchDouble) -> None
 
 
 def test_region_window_closes_after_its_last_step(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 3), region="gen"))
+    run.arm(run.armed("s1", (2, 2, 3), region="gen"))
     run.until(1)
     for _ in range(2):  # the window stays open for the whole of step 2
         with run.st.region("gen"):
@@ -661,14 +661,14 @@ def test_region_window_closes_after_its_last_step(run: Run, torch: TorchDouble) 
 
 
 def test_region_window_without_an_entry(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 4), region="gen"))
+    run.arm(run.armed("s1", (2, 2, 4), region="gen"))
     run.until(5)
     assert torch.profiles == []
     assert run.reports() == [("s1", "capturing"), ("s1", "done")]
 
 
 def test_steps_inside_a_region_capture(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 4), region="fwd_bwd"))
+    run.arm(run.armed("s1", (2, 2, 4), region="fwd_bwd"))
     run.until(1)
     with run.st.region("fwd_bwd"):
         run.ticks(1)  # optimizer.step() inside the region: the window stays on this capture
@@ -679,7 +679,7 @@ def test_steps_inside_a_region_capture(run: Run, torch: TorchDouble) -> None:
 
 
 def test_regions_inside_a_capture_are_marked(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 3)))
+    run.arm(run.armed("s1", (2, 2, 3)))
     run.until(1)
     with run.st.region("fwd"):
         pass
@@ -696,7 +696,7 @@ def test_disarm_inside_a_region_capture(
 ) -> None:
     # stop/cancel reaches the training thread at a step that ends inside the region: the
     # region's own exit closes its capture, once.
-    run.arm(run.plan("s1", (2, 2, 5), region="fwd_bwd"))
+    run.arm(run.armed("s1", (2, 2, 5), region="fwd_bwd"))
     run.until(1)
     with run.st.region("fwd_bwd"):
         run.st.post("disarm", ("s1", keep))
@@ -716,10 +716,10 @@ def test_disarm_inside_a_region_capture(
 
 
 def test_superseded_region_plan_inside_its_region(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 5), region="gen"))
+    run.arm(run.armed("s1", (2, 2, 5), region="gen"))
     run.until(1)
     with run.st.region("gen"):
-        run.arm(run.plan("s1", (9, 9, 10), region="gen", rev=1))
+        run.arm(run.armed("s1", (9, 9, 10), region="gen", revision=1))
         run.ticks(1)
         assert torch.last.stopped is False
     assert torch.last.stopped and torch.last.exported == []  # discarded, as for torch plans
@@ -731,7 +731,7 @@ def test_superseded_region_plan_inside_its_region(run: Run, torch: TorchDouble) 
 
 
 def test_error_at_a_boundary_inside_a_region_capture(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (2, 2, 5), region="gen"))
+    run.arm(run.armed("s1", (2, 2, 5), region="gen"))
     run.until(1)
     with run.st.region("gen"):
         run.st.post("bogus", None)  # an inbox item the Stepper does not know is ignored
@@ -746,7 +746,7 @@ def test_error_at_a_boundary_inside_a_region_capture(run: Run, torch: TorchDoubl
 
 # --- nsys ----------------------------------------------------------------------------------------
 def test_nsys_range_marks_exactly_the_steps(run: Run, torch: TorchDouble) -> None:
-    run.arm(run.plan("s1", (3, 3, 5), backend="nsys"))
+    run.arm(run.armed("s1", (3, 3, 5), backend="nsys"))
     run.until(4)
     assert torch.cuda_profiler == ["start", "stop"]
     assert torch.nvtx == ["push ProfilerStep#3", "pop", "push ProfilerStep#4", "pop"]
@@ -757,7 +757,7 @@ def test_nsys_range_marks_exactly_the_steps(run: Run, torch: TorchDouble) -> Non
 
 # --- reports -------------------------------------------------------------------------------------
 def test_every_report_has_a_new_id_and_wakes_the_agent(run: Run) -> None:
-    run.arm(run.plan("s1", (2, 2, 3)))
+    run.arm(run.armed("s1", (2, 2, 3)))
     run.until(2)
     msgs = run.drain()
     ids = [m["id"] for m in msgs]

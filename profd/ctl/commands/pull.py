@@ -38,7 +38,9 @@ class Item:
 
 
 @dataclass
-class Plan:
+class Download:
+    """One session's files to pull, and where each comes from."""
+
     session: str
     job: str
     items: list[Item]
@@ -54,7 +56,7 @@ def below_job(rel: str) -> str:
     return str(PurePosixPath(*parts[1:]))
 
 
-def plan_from_daemon(env: Env, session: str) -> Plan:
+def download_from_daemon(env: Env, session: str) -> Download:
     st = env.conn.request(P.C_STATUS)
     s = env.conn.request(P.C_SHOW, session=session)
     rows = env.conn.request(P.C_TRACES, filters={"session": s["id"], "limit": 100000})
@@ -82,11 +84,11 @@ def plan_from_daemon(env: Env, session: str) -> Plan:
         items.append(Item(f"{s['id']}/{layout.MANIFEST}", None, None, s3.uri(bucket, key)))
     else:
         note = f"session {s['id']} is {s['state']}: no session.json yet"
-    return Plan(s["id"], s["job"], items, s3_url, note)
+    return Download(s["id"], s["job"], items, s3_url, note)
 
 
-def plan_from_cluster(env: Env, session: str) -> Plan:
-    """Every node's files of the session in one plan: the cycle dirs merge (one file per
+def download_from_cluster(env: Env, session: str) -> Download:
+    """Every node's files of the session in one download: the cycle dirs merge (one file per
     rank), and each node's ``session.json`` becomes ``session.{node}.json``. A node's spool
     is read directly only when it is on this machine; otherwise its files come from S3."""
     from profd.ctl.commands.sessions import cluster_show
@@ -133,10 +135,10 @@ def plan_from_cluster(env: Env, session: str) -> Plan:
                 raise CtlError(f"{it.dest} comes from both {origin[it.dest]} and {name}")
             origin[it.dest] = name
         items += node_items
-    return Plan(sid, s["job"], items, s3_url)
+    return Download(sid, s["job"], items, s3_url)
 
 
-def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
+def download_from_s3(client: Any, s3_url: str, session: str) -> Download:
     bucket, prefix = s3.split_url(s3_url)
     base = f"{prefix}/" if prefix else ""
     try:
@@ -177,7 +179,7 @@ def plan_from_s3(client: Any, s3_url: str, session: str) -> Plan:
         raise
     except Exception as exc:
         raise s3_error(exc) from None
-    return Plan(sid, job, items, s3_url)
+    return Download(sid, job, items, s3_url)
 
 
 def _has_manifest(client: Any, bucket: str, session_dir: str) -> bool:
@@ -211,21 +213,21 @@ def copy_local(src: Path, tmp: Path, progress: Callable[[int], None]) -> None:
 
 
 def fetch(
-    plan: Plan, out: Path, client_for: Callable[[], Any], quiet: bool
+    download: Download, out: Path, client_for: Callable[[], Any], quiet: bool
 ) -> list[dict[str, Any]]:
     root = out.resolve()
-    known = sum(i.bytes or 0 for i in plan.items)
+    known = sum(i.bytes or 0 for i in download.items)
     done: list[dict[str, Any]] = []
     bar: Any = (
         contextlib.nullcontext(None)
         if quiet
         else click.progressbar(
-            length=max(known, 1), label=f"pulling {plan.session}", file=sys.stderr
+            length=max(known, 1), label=f"pulling {download.session}", file=sys.stderr
         )
     )
     with bar as b:
         update: Callable[[int], None] = (lambda n: None) if b is None else b.update
-        for it in plan.items:
+        for it in download.items:
             dest = (root / it.dest).resolve()
             if root not in dest.parents:
                 raise CtlError(f"refusing to write outside {root}: {it.dest}")
@@ -270,10 +272,14 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
     """Copy a session's traces (spool, else S3) into DIR, one directory per cycle.
 
     With --cluster, every node's files of the session go into the same DIR/SESSION."""
-    plan: Plan | None = None
+    download: Download | None = None
     daemon_s3: str | None = None
     try:
-        plan = plan_from_cluster(env, session) if env.cluster else plan_from_daemon(env, session)
+        download = (
+            download_from_cluster(env, session)
+            if env.cluster
+            else download_from_daemon(env, session)
+        )
     except NoDaemon:
         if not s3_url:
             raise
@@ -290,25 +296,25 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
 
     def client_for() -> Any:
         if "c" not in clients:
-            clients["c"] = ctl_s3(s3_url or (plan.s3_url if plan else None) or daemon_s3)[0]
+            clients["c"] = ctl_s3(s3_url or (download.s3_url if download else None) or daemon_s3)[0]
         return clients["c"]
 
-    if plan is None:
+    if download is None:
         url = s3_url or daemon_s3
         assert url is not None
-        plan = plan_from_s3(client_for(), url, session)
-    if plan.note:
-        click.echo(f"profctl: {plan.note}", err=True)
-    if not plan.items:
-        raise CtlError(f"session {plan.session} has no files", code="empty")
-    files = fetch(plan, Path(out_dir), client_for, quiet=env.json)
+        download = download_from_s3(client_for(), url, session)
+    if download.note:
+        click.echo(f"profctl: {download.note}", err=True)
+    if not download.items:
+        raise CtlError(f"session {download.session} has no files", code="empty")
+    files = fetch(download, Path(out_dir), client_for, quiet=env.json)
     total = sum(f["bytes"] for f in files)
-    dest = Path(out_dir).resolve() / plan.session
+    dest = Path(out_dir).resolve() / download.session
     if env.json:
         emit_json(
             {
-                "session": plan.session,
-                "job": plan.job,
+                "session": download.session,
+                "job": download.job,
                 "dir": str(dest),
                 "files": files,
                 "bytes": total,

@@ -88,32 +88,21 @@ class AgentHandler:
         except P.ProtocolError as exc:
             self.rejected += 1
             if frames:
-                self.send(frames[0], P.error(exc.code, str(exc)))
+                self.send(frames[0], exc.reply())
             return
         ident = envelope[0]
-        raw: object = None
         try:
-            raw = P.unpack(frame)
-            msg = P.validate(raw, P.AGENT_INBOUND)
+            msg = P.decode(frame, P.AGENT_INBOUND)
         except P.ProtocolError as exc:
             self.rejected += 1
-            v = P.version_of(raw)
             if exc.code == "version":
-                self._incompatible(ident, v, raw)
-            # Answer in the peer's version when it has one, so it can read why.
-            reply_v = v if v is not None and 0 <= v < (1 << 16) else P.VERSION
-            self.send(ident, P.error(exc.code, str(exc), v=reply_v))
+                self._incompatible(ident, P.version_of(exc.raw), exc.raw)
+            self.send(ident, exc.reply())
             return
         t = msg["t"]
         if t == P.HELLO:
-            problem = self._identity_problem(msg["pid"], peer)
-            if problem is not None:
-                self.rejected += 1
-                log.warning("refused a hello (job %r): %s", msg["job"], problem)
-                self.send(ident, P.error("identity", problem, v=msg["v"]))
-                return
-            assert peer is not None
-            self.hello(ident, msg, peer)
+            # From a process not registered yet: the kernel's word is all there is.
+            self.hello_from(ident, msg, peer)
             return
         c = self.registry.get(ident)
         if c is not None and (peer is None or peer.pid != c.node_pid):
@@ -124,21 +113,39 @@ class AgentHandler:
         if c is None:
             self.send(ident, P.error("unknown_client", "say hello first", v=msg["v"]))
             return
-        now = time.monotonic()
-        if t == P.HEARTBEAT:
-            self.registry.heartbeat(c, now, msg.get("step"), msg.get("sps"), msg.get("state"))
-            self.send(ident, self._heartbeat(c.version))
-            return
+        HANDLERS[t](self, c, msg, time.monotonic())
+
+    # --- one handler per message type from a registered client (``HANDLERS``) ------------
+    def heartbeat(self, c: Client, m: dict[str, Any], now: float) -> None:
+        self.registry.heartbeat(c, now, m.get("step"), m.get("sps"), m.get("state"))
+        self.send(c.ident, self._heartbeat(c.version))
+
+    def _armed(self, c: Client, m: dict[str, Any], now: float) -> None:
         self.registry.seen(c, now)
-        if t == P.ARMED:
-            self.armed(c, msg)
-        elif t == P.PROGRESS:
-            self.send(ident, P.encode(P.ACK, v=c.version, id=msg["id"]))
-            self.progress(c, msg)
-        elif t == P.CAPTURED:
-            self.captured(c, msg)
-        elif t == P.BYE:
-            self.liveness.drop(c, "detached")
+        self.armed(c, m)
+
+    def _progress(self, c: Client, m: dict[str, Any], now: float) -> None:
+        self.registry.seen(c, now)
+        self.send(c.ident, P.encode(P.ACK, v=c.version, id=m["id"]))
+        self.progress(c, m)
+
+    def _captured(self, c: Client, m: dict[str, Any], now: float) -> None:
+        self.registry.seen(c, now)
+        self.captured(c, m)
+
+    def bye(self, c: Client, m: dict[str, Any], now: float) -> None:
+        self.registry.seen(c, now)
+        self.liveness.drop(c, "detached")
+
+    def hello_from(self, ident: bytes, m: dict[str, Any], peer: PeerCred | None) -> None:
+        problem = self._identity_problem(m["pid"], peer)
+        if problem is not None:
+            self.rejected += 1
+            log.warning("refused a hello (job %r): %s", m["job"], problem)
+            self.send(ident, P.error("identity", problem, v=m["v"]))
+            return
+        assert peer is not None
+        self.hello(ident, m, peer)
 
     def _heartbeat(self, v: int) -> bytes:
         frame = self._heartbeats.get(v)
@@ -390,6 +397,17 @@ class AgentHandler:
         if s is not None and t is not None:
             self.sessions.queued(s, t)
         self.captures.submit(capture)
+
+
+#: The handler of each message type a registered client sends (``hello`` comes first, from a
+#: process not registered yet: :meth:`AgentHandler.hello_from`).
+HANDLERS: dict[str, Callable[[AgentHandler, Client, dict[str, Any], float], None]] = {
+    P.HEARTBEAT: AgentHandler.heartbeat,
+    P.ARMED: AgentHandler._armed,
+    P.PROGRESS: AgentHandler._progress,
+    P.CAPTURED: AgentHandler._captured,
+    P.BYE: AgentHandler.bye,
+}
 
 
 def _sources(value: object) -> dict[str, str]:

@@ -88,36 +88,29 @@ class ControlHandler:
         except P.ProtocolError:
             self.rejected += 1
             return  # no REQ peer sends this: nobody waits for an answer
-        v = P.VERSION
+        send(P.join_envelope(envelope, self.answer(frame, who)))
+
+    def answer(self, frame: bytes, who: Callable[[], Requester]) -> bytes:
+        """The one reply to a request, in the request's protocol version."""
         try:
-            raw = P.unpack(frame)
-            v = _reply_version(raw)
-            msg = P.validate(raw, P.CONTROL_INBOUND)
-            reply = P.encode(P.OK, v=v, data=self.dispatch(msg, who()))
+            msg = P.decode(frame, P.CONTROL_INBOUND)
         except P.ProtocolError as exc:
             self.rejected += 1
             if exc.code == "version":
-                log.warning("control request in protocol version %s refused", P.version_of(raw))
-            reply = P.error(exc.code, str(exc), v=v)
+                log.warning("control request in protocol version %s refused", P.version_of(exc.raw))
+            return exc.reply()
+        v = msg["v"]
+        try:
+            # A reply that breaks its schema (ProtocolError) is a bug here: "internal".
+            return P.reply(msg, self.dispatch(msg, who()))
         except Refused as exc:
-            reply = P.error(exc.code, str(exc), v=v)
+            return P.error(exc.code, str(exc), v=v)
         except Exception as exc:
             log.exception("control request failed")
-            reply = P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
-        send(P.join_envelope(envelope, reply))
+            return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
 
     def dispatch(self, m: dict[str, Any], by: Requester) -> Any:
-        t = m["t"]
-        if t in (P.C_SESSIONS, P.C_SHOW, P.C_TRACES):
-            self.flush()  # answer reads from an index that has every change so far
-        data = self._dispatch(m, by)
-        if t in (P.C_PS, P.C_SESSIONS, P.C_TRACES):
-            self._stamp(data)
-        elif t == P.C_SHOW:
-            self._stamp([data, *data["targets"]])
-        elif t == P.C_START:
-            self._stamp(data.get("targets") or data.get("candidates") or [])
-        return data
+        return HANDLERS[m["t"]](self, m, by)
 
     def _stamp(self, rows: list[dict[str, Any]]) -> None:
         # Which daemon a row came from, for profctl --cluster: a row's own ``host`` is what
@@ -126,42 +119,63 @@ class ControlHandler:
         for r in rows:
             r["node"] = self.facts.host
 
-    def _dispatch(self, m: dict[str, Any], by: Requester) -> Any:
-        t = m["t"]
-        if t == P.C_STATUS:
-            return self.status()
-        if t == P.C_PS:
-            return self.ps(m.get("job"), m.get("role"))
-        if t == P.C_START:
-            req = StartRequest.parse(m["spec"], validated=True)
-            if req.probe:
-                return {"candidates": self.starter.candidates(req, by)}
-            return started(self.starter.start(req, by=by))
-        if t in (P.C_STOP, P.C_CANCEL):
-            return self.stop(m["session"], keep=t == P.C_STOP, by=by)
-        if t == P.C_SESSIONS:
-            return self.index.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
-        if t == P.C_SHOW:
-            live = self.sessions.get(m["session"])
-            if live is not None:
-                # From memory: right even while the index cannot be written (a full disk).
-                return live.summary()
-            s = self.index.session(m["session"])
-            if s is None:
+    # --- one handler per request type (``HANDLERS``) ----------------------------------------
+    # Requests that read the index flush first, so the answer has every change so far.
+    def _status(self, m: dict[str, Any], by: Requester) -> Any:
+        return self.status()
+
+    def _ps(self, m: dict[str, Any], by: Requester) -> Any:
+        rows = self.ps(m.get("job"), m.get("role"))
+        self._stamp(rows)
+        return rows
+
+    def _start(self, m: dict[str, Any], by: Requester) -> Any:
+        req = StartRequest.parse(m["spec"], validated=True)
+        if req.probe:
+            out = {"candidates": self.starter.candidates(req, by)}
+        else:
+            out = started(self.starter.start(req, by=by))
+        self._stamp(out.get("targets") or out.get("candidates") or [])
+        return out
+
+    def _stop(self, m: dict[str, Any], by: Requester) -> Any:
+        return self.stop(m["session"], keep=m["t"] == P.C_STOP, by=by)
+
+    def _sessions(self, m: dict[str, Any], by: Requester) -> Any:
+        self.flush()
+        rows = self.index.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
+        self._stamp(rows)
+        return rows
+
+    def _show(self, m: dict[str, Any], by: Requester) -> Any:
+        self.flush()
+        live = self.sessions.get(m["session"])
+        if live is not None:
+            # From memory: right even while the index cannot be written (a full disk).
+            s = live.summary()
+        else:
+            row = self.index.session(m["session"])
+            if row is None:
                 raise Refused("unknown_session", f"no session {m['session']!r}")
+            s = row
             s["steps"] = sch.steps_of([tuple(c) for c in s["cycles"]])
-            return s
-        if t == P.C_TRACES:
-            try:
-                flt = TraceFilter.from_map(m["filters"])
-            except (TypeError, ValueError) as exc:
-                raise Refused("bad_request", str(exc)) from None
-            return self.index.traces(flt)
-        if t == P.C_RETRY:
-            if not by.privileged:
-                self._check_owner(m.get("session"), by)
-            return {"requeued": self.retry(m.get("session"))}
-        raise Refused("type", f"unhandled request {t}")
+        self._stamp([s, *s["targets"]])
+        return s
+
+    def _traces(self, m: dict[str, Any], by: Requester) -> Any:
+        self.flush()
+        try:
+            flt = TraceFilter.from_map(m["filters"])
+        except (TypeError, ValueError) as exc:
+            raise Refused("bad_request", str(exc)) from None
+        rows = self.index.traces(flt)
+        self._stamp(rows)
+        return rows
+
+    def _retry(self, m: dict[str, Any], by: Requester) -> Any:
+        if not by.privileged:
+            self._check_owner(m.get("session"), by)
+        return {"requeued": self.retry(m.get("session"))}
 
     def status(self) -> dict[str, Any]:
         f = self.facts
@@ -229,10 +243,19 @@ class ControlHandler:
         return {"session": s.id, "state": s.state}
 
 
-def _reply_version(raw: object) -> int:
-    """Answer in the version asked, so a peer of another version can read the error."""
-    v = P.version_of(raw)
-    return v if v is not None and 0 <= v < (1 << 16) else P.VERSION
+#: The handler of each request type: every type in ``P.CONTROL_INBOUND``, so a decoded
+#: request always has one.
+HANDLERS: dict[str, Callable[[ControlHandler, dict[str, Any], Requester], Any]] = {
+    P.C_STATUS: ControlHandler._status,
+    P.C_PS: ControlHandler._ps,
+    P.C_START: ControlHandler._start,
+    P.C_STOP: ControlHandler._stop,
+    P.C_CANCEL: ControlHandler._stop,
+    P.C_SESSIONS: ControlHandler._sessions,
+    P.C_SHOW: ControlHandler._show,
+    P.C_TRACES: ControlHandler._traces,
+    P.C_RETRY: ControlHandler._retry,
+}
 
 
 def by_identity(clients: Any) -> list[Client]:

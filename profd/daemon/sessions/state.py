@@ -194,8 +194,7 @@ class Session:
     targets: dict[tuple[str, int], Target] = field(default_factory=dict)
     auto_rule: int | None = None
     #: Revision of ``cycles``: bumped when a late rank makes the daemon re-plan ``--next``;
-    #: client reports about an older revision are stale. (The wire and the index call it
-    #: ``plan``, after the message field; here a "plan" is what the planner makes.)
+    #: client reports about an older revision are stale.
     revision: int = 0
     #: The uid whose processes it captures (None: several uids, or unknown): a non-root
     #: profctl of that uid may stop or cancel it; files and manifests are that uid's.
