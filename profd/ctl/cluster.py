@@ -10,6 +10,7 @@ timeout.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import resource
 import shutil
@@ -18,7 +19,7 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -290,7 +291,7 @@ class Fanout:
             # A node listed twice is asked once: two requests in flight on one connection
             # could not be told apart.
             by_node = {a.node: a for a in self.ask(unique, t, fields)}
-            return [replace(by_node[n]) for n in nodes]
+            return [copy.copy(by_node[n]) for n in nodes]
         zmq = self._zmq
         answers = [Answer(n) for n in nodes]
         frames: dict[int, bytes] = {}

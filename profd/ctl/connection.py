@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -98,11 +97,13 @@ class Connection:
             self._sock = None
 
 
-@dataclass(frozen=True)
 class LocalNode:
     """The daemon on this machine, reached at its control socket."""
 
-    path: str
+    __slots__ = ("path",)
+
+    def __init__(self, path: str) -> None:
+        self.path = path
 
     @property
     def local(self) -> bool:

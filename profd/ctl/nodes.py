@@ -12,7 +12,6 @@ This module stays light (no ZeroMQ, no subprocess): ``profctl ps`` imports it.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from profd.ctl.errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, CtlError, NoAnswer
@@ -62,29 +61,48 @@ class NodeSet(Protocol):
     def close(self) -> None: ...
 
 
-@dataclass
+# Plain classes, not dataclasses: building a dataclass costs ``profctl ps`` a few tenths of
+# a millisecond at import, and it has little to spare.
 class Answer:
-    node: NodeLike
-    data: Any = None
-    #: The daemon answered with a refusal (unknown session, bad request, ...).
-    error: CtlError | None = None
-    #: Why it did not answer at all: ``"timeout"`` or ``"auth"``; with ``why``.
-    failure: str | None = None
-    why: str = ""
-    #: ``time.monotonic()`` when the reply came (a planner ages each node's steps from it).
-    received_at: float = 0.0
+    """One node's outcome for one request."""
+
+    __slots__ = ("data", "error", "failure", "node", "received_at", "why")
+
+    def __init__(
+        self,
+        node: NodeLike,
+        data: Any = None,
+        error: CtlError | None = None,
+        failure: str | None = None,
+        why: str = "",
+        received_at: float = 0.0,
+    ) -> None:
+        self.node = node
+        self.data = data
+        #: The daemon answered with a refusal (unknown session, bad request, ...).
+        self.error = error
+        #: Why it did not answer at all: ``"timeout"`` or ``"auth"``; with ``why``.
+        self.failure = failure
+        self.why = why
+        #: ``time.monotonic()`` when the reply came (a planner ages each node's steps from
+        #: it).
+        self.received_at = received_at
+
+    def __repr__(self) -> str:
+        return f"Answer({self.node.address}, error={self.error!r}, failure={self.failure!r})"
 
     @property
     def ok(self) -> bool:
         return self.error is None and self.failure is None
 
 
-@dataclass
 class Gathered:
     """Every node's answer to one request, and what the command tells about the rest."""
 
-    answers: list[Answer]
-    problems: list[str] = field(default_factory=list)
+    __slots__ = ("answers",)
+
+    def __init__(self, answers: list[Answer]) -> None:
+        self.answers = answers
 
     @property
     def ok(self) -> list[Answer]:
