@@ -92,6 +92,49 @@ def test_ps_status_sessions_show_stop_across_nodes(
     assert unknown.returncode == 1 and "nosuchsession" in unknown.stderr
 
 
+def test_one_node_answers_locally_in_the_shapes_it_answers_over_tcp(
+    cluster: Cluster, peers: list[subprocess.Popen[bytes]]
+) -> None:
+    """The local daemon is a cluster of one node: the same commands, the same ``--json``
+    shapes, ``host`` on every row; local rows keep what they had (the client's hostname as
+    ``host``, the daemon's name as ``node``)."""
+    d, _ = cluster.add("node-a")
+    peers.append(spawn_peer(d, "train"))
+    d.wait_attached(1)
+
+    [local_ps] = d.ctl_json("ps")
+    [tcp_ps] = cluster.json("ps")
+    assert (local_ps["host"], local_ps["node"]) == ("hostile-test", "node-a")
+    assert (tcp_ps["host"], tcp_ps["client_host"]) == ("node-a", "hostile-test")
+    assert set(tcp_ps) - {"client_host"} <= set(local_ps)
+
+    started = d.ctl_json("start", "--job", "train", "--next")
+    sid = started["session"]
+    assert [(n["host"], n["state"]) for n in started["nodes"]] == [("node-a", "started")]
+    assert started["missing_ranks"] == []
+
+    [local_row] = d.ctl_json("sessions")
+    [tcp_row] = cluster.json("sessions")
+    assert local_row["host"] == tcp_row["host"] == "node-a"
+    assert set(tcp_row) <= set(local_row)
+
+    local_show, tcp_show = d.ctl_json("show", sid[:12]), cluster.json("show", sid[:12])
+    assert local_show["id"] == tcp_show["id"] == sid
+    assert [n["host"] for n in local_show["nodes"]] == [n["host"] for n in tcp_show["nodes"]]
+    assert set(tcp_show) <= set(local_show)
+    assert [t["host"] for t in local_show["targets"]] == ["hostile-test"]
+
+    # A document every node answers: the local daemon's own, one row per node over TCP.
+    local_status = d.ctl_json("status")
+    assert local_status["host"] == "node-a" and "address" in local_status
+    assert [s["host"] for s in cluster.json("status")] == ["node-a"]
+    assert d.ctl_json("cancel", sid)["session"] == sid
+    # A refusal: one line, exit 1, and with --json its code, either way.
+    for r in (d.ctl("--json", "stop", "nosuchsession"), cluster.ctl("--json", "stop", "nosuch")):
+        assert r.returncode == 1 and len(r.stderr.splitlines()) == 1, r.stderr
+        assert json.loads(r.stdout)["code"] == "unknown_session"
+
+
 def test_traces_and_pull_across_nodes(cluster: Cluster, ctx: zmq.Context, tmp_path: Path) -> None:
     cluster.add("node-a")
     d_b, _ = cluster.add("node-b")

@@ -10,6 +10,7 @@ timeout.
 from __future__ import annotations
 
 import contextlib
+import copy
 import os
 import resource
 import shutil
@@ -18,13 +19,14 @@ import subprocess
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from profd.config import DEFAULT_CLUSTER_PORT
 from profd.ctl.connection import decode_reply
-from profd.ctl.errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, BadUsage, CtlError, NoAnswer
+from profd.ctl.errors import BadUsage, CtlError
+from profd.ctl.nodes import Answer, Fields, NodeLike, on_node
 from profd_client import protocol as P
 
 DEFAULT_NODE_TIMEOUT = 5.0
@@ -44,6 +46,13 @@ class Node:
     @property
     def endpoint(self) -> str:
         return f"tcp://{self.address}"
+
+    @property
+    def local(self) -> bool:
+        return False
+
+    def named(self, row: dict[str, Any]) -> dict[str, Any]:
+        return on_node(row, self)
 
 
 def parse_node(text: str) -> Node:
@@ -186,23 +195,6 @@ def load_keys(key_file: str | None, server_key_file: str | None) -> ClientKeys:
 
 # --- the fan-out -------------------------------------------------------------------------
 @dataclass
-class Answer:
-    node: Node
-    data: Any = None
-    #: The daemon answered with a refusal (unknown session, bad request, ...).
-    error: CtlError | None = None
-    #: Why it did not answer at all: ``"timeout"`` or ``"auth"``; with ``why``.
-    failure: str | None = None
-    why: str = ""
-    #: ``time.monotonic()`` when the reply came (a planner ages each node's steps from it).
-    received_at: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.error is None and self.failure is None
-
-
-@dataclass
 class _Conn:
     """One node's connection on the fan-out's socket, kept across requests."""
 
@@ -299,7 +291,7 @@ class Fanout:
             # A node listed twice is asked once: two requests in flight on one connection
             # could not be told apart.
             by_node = {a.node: a for a in self.ask(unique, t, fields)}
-            return [replace(by_node[n]) for n in nodes]
+            return [copy.copy(by_node[n]) for n in nodes]
         zmq = self._zmq
         answers = [Answer(n) for n in nodes]
         frames: dict[int, bytes] = {}
@@ -485,48 +477,44 @@ def fan_out(
         return f.ask(nodes, t, fields)
 
 
-# --- what a cluster command does with the answers ---------------------------------------
-@dataclass
-class Gathered:
-    """Every node's answer to one request, and what the command tells about the rest."""
+class TcpNodes:
+    """``--cluster``'s nodes as a node set: TCP with CURVE, one :class:`Fanout` for the
+    command. The node list is resolved (SLURM asked) and the keys read when first needed."""
 
-    answers: list[Answer]
-    problems: list[str] = field(default_factory=list)
+    remote = True
+
+    def __init__(
+        self,
+        spec: str,
+        key_file: str | None,
+        server_key_file: str | None,
+        timeout: float = DEFAULT_NODE_TIMEOUT,
+    ) -> None:
+        self.spec = spec
+        self._keys = (key_file, server_key_file)
+        self.timeout = timeout
+        self._nodes: list[Node] | None = None
+        self._fanout: Fanout | None = None
 
     @property
-    def ok(self) -> list[Answer]:
-        return [a for a in self.answers if a.ok]
+    def nodes(self) -> Sequence[NodeLike]:
+        if self._nodes is None:
+            self._nodes = parse_nodes(self.spec)
+        return self._nodes
 
-    @property
-    def missing(self) -> list[Answer]:
-        return [a for a in self.answers if a.failure is not None]
+    def ask(self, t: str, fields: Fields, nodes: Sequence[NodeLike] | None = None) -> list[Answer]:
+        asked = [_tcp(n) for n in (self.nodes if nodes is None else nodes)]
+        if self._fanout is None:
+            self._fanout = Fanout(load_keys(*self._keys), self.timeout)
+        return self._fanout.ask(asked, t, fields)
 
-    @property
-    def exit_code(self) -> int:
-        if any(a.failure == "auth" for a in self.answers):
-            return EXIT_AUTH_FAILED
-        return EXIT_NODES_MISSING if self.missing else 0
-
-    def rows(self) -> list[dict[str, Any]]:
-        """The answering nodes' row lists as one, each row with its node as ``host``."""
-        out: list[dict[str, Any]] = []
-        for a in self.ok:
-            out += [on_node(r, a.node) for r in a.data]
-        return out
-
-    def require_some(self) -> None:
-        """Nobody answered: that is the whole result, one line and the exit code."""
-        if self.answers and not self.ok and not any(a.error for a in self.answers):
-            raise NoAnswer("; ".join(a.why for a in self.missing), self.exit_code)
+    def close(self) -> None:
+        if self._fanout is not None:
+            self._fanout.close()
+            self._fanout = None
 
 
-def on_node(row: dict[str, Any], node: Node) -> dict[str, Any]:
-    """A daemon's row as a cluster row: ``host`` is the daemon's node name (what it calls
-    itself, else the address it was reached at); a client's own different hostname (a pod
-    name) stays as ``client_host``."""
-    name = row.pop("node", None) or node.address
-    own = row.get("host")
-    if own is not None and own != name:
-        row["client_host"] = own
-    row["host"] = name
-    return row
+def _tcp(node: NodeLike) -> Node:
+    if not isinstance(node, Node):
+        raise TypeError(f"{node.address} is not a TCP node")
+    return node

@@ -16,10 +16,11 @@ from typing import Any
 
 import click
 
-from profd.ctl.cluster import Answer, Node, on_node
+from profd.ctl.cluster import Node
+from profd.ctl.commands.wait import Followed
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env
-from profd.ctl.render import steps_text
+from profd.ctl.nodes import Answer, NodeLike, on_node
 from profd.ids import new_session_id
 from profd.scheduling import planner
 from profd.scheduling import schedule as sch
@@ -37,7 +38,7 @@ class ClusterPlan:
     job: str
     cycles: list[sch.Cycle]
     #: Each node's planned processes (its own rows, ``host`` as the client sent it).
-    targets: dict[Node, list[dict[str, Any]]]
+    targets: dict[NodeLike, list[dict[str, Any]]]
     #: Nodes left out, with why (no answer, or a refusal).
     left_out: dict[str, str] = field(default_factory=dict)
     missing_ranks: list[int] = field(default_factory=list)
@@ -45,7 +46,7 @@ class ClusterPlan:
 
 def plan_cluster(spec: dict[str, Any], answers: list[Answer]) -> ClusterPlan:
     """The plan from every node's ``probe`` answer (pure but for the session id and clock)."""
-    found: list[tuple[Node, dict[str, Any], float]] = []
+    found: list[tuple[NodeLike, dict[str, Any], float]] = []
     left_out: dict[str, str] = {}
     for a in answers:
         if a.ok:
@@ -83,7 +84,7 @@ def plan_cluster(spec: dict[str, Any], answers: list[Answer]) -> ClusterPlan:
         raise CtlError(str(exc), code=exc.code) from None
     except sch.ScheduleError as exc:
         raise CtlError(str(exc), code="bad_request") from None
-    targets: dict[Node, list[dict[str, Any]]] = {}
+    targets: dict[NodeLike, list[dict[str, Any]]] = {}
     for node, c, _ in found:
         targets.setdefault(node, []).append(c)
     return ClusterPlan(
@@ -114,7 +115,7 @@ def start_everywhere(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
     p = plan_cluster(spec, _probe(env, spec))
     cycles = [list(c) for c in p.cycles]
 
-    def node_spec(node: Node) -> dict[str, Any]:
+    def node_spec(node: NodeLike) -> dict[str, Any]:
         pids = sorted(c["pid"] for c in p.targets[node])
         return {
             "spec": {
@@ -156,6 +157,14 @@ def start_everywhere(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def final_everywhere(res: dict[str, Any], followed: Followed) -> dict[str, Any]:
+    """The session's end from every started node's last ``show``: ``done`` only if every
+    node and every asked-for rank is, ``partial`` naming what is missing, else ``failed``
+    (``cancelled`` if every node cancelled)."""
+    last = {a.node.address: a.data for a in followed.answers}
+    return _final(res, last, sorted(n.address for n in followed.lost))
+
+
 def _probe(env: Env, spec: dict[str, Any]) -> list[Answer]:
     """Every node's matching targets, as fresh as the slowest answering node allows."""
     probe = {**spec, "probe": True}
@@ -167,48 +176,10 @@ def _probe(env: Env, spec: dict[str, Any]) -> list[Answer]:
         # and a rank that sped up since would be past the steps before they reach it. Ask
         # the answering nodes again, over the connections just made, and plan from now.
         click.echo(f"profctl: asking the {len(answered)} answering node(s) again", err=True)
-        again = env.fanout.ask(answered, P.C_START, {"spec": probe})
+        again = env.nodes.ask(P.C_START, {"spec": probe}, answered)
         fresh = {a.node: a for a in again if a.ok}
         answers = [fresh.get(a.node, a) for a in answers]
     return answers
-
-
-def follow_everywhere(env: Env, res: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Poll every started node's copy of the session until each has ended; the result is
-    ``done`` only if every node and every asked-for rank is, ``partial`` naming what is
-    missing, else ``failed`` (``cancelled`` if every node cancelled)."""
-    started = {n["address"] for n in res["nodes"] if n["state"] == "started"}
-    nodes = [n for n in env.nodes if n.address in started]
-    deadline = time.monotonic() + timeout if timeout else None
-    silent: dict[str, int] = {}
-    last: dict[str, dict[str, Any]] = {}
-    line = ""
-    while True:
-        for a in env.fanout.ask(nodes, P.C_SHOW, {"session": res["session"]}):
-            if a.ok:
-                last[a.node.address] = a.data
-                silent.pop(a.node.address, None)
-            else:
-                silent[a.node.address] = silent.get(a.node.address, 0) + 1
-        # A node that stops answering three polls in a row is lost (its daemon died).
-        lost = sorted(addr for addr, n in silent.items() if n >= 3)
-        states = {addr: s["state"] for addr, s in last.items()}
-        now_line = " ".join(f"{addr}={st}" for addr, st in sorted(states.items()))
-        if now_line != line:
-            click.echo(f"[{time.strftime('%H:%M:%S')}] {now_line}", err=True)
-            line = now_line
-        pending = [
-            n.address
-            for n in nodes
-            if n.address not in lost and states.get(n.address) not in P.SESSION_TERMINAL
-        ]
-        if not pending:
-            return _final(res, last, lost)
-        if deadline is not None and time.monotonic() > deadline:
-            raise CtlError(
-                f"timed out waiting for session {res['session']} on {', '.join(pending)}"
-            )
-        time.sleep(0.3)
 
 
 def _final(res: dict[str, Any], last: dict[str, dict[str, Any]], lost: list[str]) -> dict[str, Any]:
@@ -248,21 +219,3 @@ def _nodes_of(res: dict[str, Any]) -> list[Node]:
     from profd.ctl.cluster import parse_node
 
     return [parse_node(n["address"]) for n in res["nodes"]]
-
-
-def echo_started(res: dict[str, Any]) -> None:
-    """The text form of a cluster start."""
-    hosts = sorted({t["host"] for t in res["targets"]})
-    click.echo(f"session {res['session']}  job {res['job']}  on {len(hosts)} node(s)")
-    click.echo(f"steps   {steps_text(res['steps'])}  ({len(res['cycles'])} cycle(s))")
-    by_host: dict[str, list[str]] = {}
-    for t in res["targets"]:
-        by_host.setdefault(t["host"], []).append(f"{t['role']}:{t['rank']}")
-    for host in hosts:
-        click.echo(f"targets {host}: {', '.join(by_host[host])}")
-    for n in res["nodes"]:
-        if n["state"] != "started":
-            click.echo(f"profctl: {n['host']} left out ({n['state']}): {n['error']}", err=True)
-    if res["missing_ranks"]:
-        ranks = ",".join(map(str, res["missing_ranks"]))
-        click.echo(f"profctl: ranks {ranks} are on no answering node", err=True)

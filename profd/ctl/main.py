@@ -6,17 +6,15 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import wraps
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import click
 
 from profd import __version__
-from profd.ctl.connection import Connection
+from profd.ctl.connection import LocalDaemon
 from profd.ctl.errors import CtlError
+from profd.ctl.nodes import Gathered, NodeLike, NodeSet
 from profd.ctl.render import emit_json
-
-if TYPE_CHECKING:  # zmq and the cluster code load only with --cluster
-    from profd.ctl.cluster import Fanout, Gathered, Node
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -25,74 +23,56 @@ F = TypeVar("F", bound=Callable[..., Any])
 class Env:
     runtime_dir: str | None
     json: bool
-    _conn: Connection | None = None
     #: ``--cluster``: the nodes to talk to over TCP instead of the local unix socket.
     cluster_spec: str | None = None
     key_file: str | None = None
     server_key_file: str | None = None
     node_timeout: float = 5.0
-    _nodes: list[Node] | None = None
-    _fanout: Fanout | None = None
-    #: Every fan-out's outcome: the command wrapper names the nodes that did not answer.
+    _nodes: NodeSet | None = None
+    #: Every request's outcome: the command wrapper names the nodes that did not answer.
     gathered: list[Gathered] = field(default_factory=list)
 
     @property
-    def conn(self) -> Connection:
-        if self._conn is None:
-            self._conn = Connection(self.runtime_dir)
-        return self._conn
-
-    @property
-    def cluster(self) -> bool:
-        return bool(self.cluster_spec)
-
-    @property
-    def nodes(self) -> list[Node]:
+    def nodes(self) -> NodeSet:
+        """The daemons this command talks to: the local one over its unix socket, or the
+        ``--cluster`` nodes over TCP (the cluster code loads only then)."""
         if self._nodes is None:
-            from profd.ctl.cluster import parse_nodes
+            if self.cluster_spec:
+                from profd.ctl.cluster import TcpNodes
 
-            assert self.cluster_spec
-            self._nodes = parse_nodes(self.cluster_spec)
+                self._nodes = TcpNodes(
+                    self.cluster_spec, self.key_file, self.server_key_file, self.node_timeout
+                )
+            else:
+                self._nodes = LocalDaemon(self.runtime_dir)
         return self._nodes
 
     def gather(
         self,
         t: str,
-        nodes: Sequence[Node] | None = None,
-        each: Callable[[Node], Mapping[str, Any]] | None = None,
+        nodes: Sequence[NodeLike] | None = None,
+        each: Callable[[NodeLike], Mapping[str, Any]] | None = None,
         **fields: Any,
     ) -> Gathered:
-        """Ask every node of ``--cluster`` (or ``nodes``) with ``fields`` (or ``each(node)``);
-        at least one must answer (else CtlError)."""
-        from profd.ctl.cluster import Gathered
-
-        asked = self.nodes if nodes is None else nodes
-        g = Gathered(self.fanout.ask(asked, t, each or fields))
+        """Ask every node (or ``nodes``) with ``fields`` (or ``each(node)``); at least one
+        must answer (else CtlError)."""
+        g = Gathered(self.nodes.ask(t, each or fields, nodes))
         self.gathered.append(g)
         g.require_some()
         return g
 
-    @property
-    def fanout(self) -> Fanout:
-        """The command's connections to the nodes (closed when the command ends)."""
-        if self._fanout is None:
-            from profd.ctl.cluster import Fanout, load_keys
-
-            self._fanout = Fanout(load_keys(self.key_file, self.server_key_file), self.node_timeout)
-        return self._fanout
-
     def close(self) -> None:
-        if self._fanout is not None:
-            self._fanout.close()
-            self._fanout = None
+        if self._nodes is not None:
+            self._nodes.close()
 
     def rows(self, t: str, **fields: Any) -> list[dict[str, Any]]:
-        """A listing request's rows: from the local daemon, or every node's with its name as
-        ``host`` (``--cluster``)."""
-        if not self.cluster:
-            rows: list[dict[str, Any]] = self.conn.request(t, **fields)
-            return rows
+        """A listing request's rows from every node, each naming its node."""
         return self.gather(t, **fields).rows()
+
+    def per_node(self, rows: list[dict[str, Any]]) -> Any:
+        """A document every node answers with, as ``--json`` prints it: the local daemon's
+        own document, or (``--cluster``) one row per node."""
+        return rows if self.nodes.remote else rows[0]
 
 
 def json_option(f: F) -> F:
@@ -150,7 +130,7 @@ def _missing_nodes(env: Env) -> None:
     for why in seen.values():
         click.echo(f"profctl: {why}", err=True)
     if code:
-        n = len(env.nodes)
+        n = len(env.nodes.nodes)
         click.echo(f"profctl: {len(seen)} of {n} node(s) did not answer", err=True)
         sys.exit(code)
 

@@ -11,7 +11,9 @@ from pathlib import Path
 import pytest
 
 from profd.ctl.cluster import Node, on_node, parse_node, parse_nodes
-from profd.ctl.errors import CtlError
+from profd.ctl.connection import LocalNode
+from profd.ctl.errors import EXIT_NODES_MISSING, CtlError, NoAnswer
+from profd.ctl.nodes import Answer, Gathered
 from profd.states import combine
 
 DOUBLES = Path(__file__).resolve().parent.parent / "doubles"
@@ -128,3 +130,31 @@ def test_cluster_row_names_its_node() -> None:
     assert on_node({"host": "gpu05", "node": "gpu05"}, n) == {"host": "gpu05"}
     # A daemon that does not name itself: the address it was reached at.
     assert on_node({"id": "s1"}, n) == {"id": "s1", "host": "10.0.0.5:7717"}
+
+
+def test_answered_is_the_one_rule_for_refusals() -> None:
+    a, b = Node("a"), Node("b")
+    unknown = CtlError("no session 's'", code="unknown_session")
+    denied = CtlError("not yours", code="permission")
+    # A node that does not know the session is no error while another answers.
+    g = Gathered([Answer(a, error=unknown), Answer(b, data=[{"id": "s"}])])
+    assert [x.node for x in g.answered()] == [b]
+    assert g.rows() == [{"id": "s", "host": "b:7717"}]
+    # Nobody answered: a refusal that says more than "unknown" is the result.
+    with pytest.raises(CtlError, match="not yours"):
+        Gathered([Answer(a, error=unknown), Answer(b, error=denied)]).answered()
+    with pytest.raises(CtlError, match="no session"):
+        Gathered([Answer(a, error=unknown)]).rows()
+    # Nobody answered at all: the exit code says why.
+    silent = Gathered([Answer(a, failure="timeout", why="a did not answer")])
+    with pytest.raises(NoAnswer, match="a did not answer") as exc:
+        silent.answered()
+    assert exc.value.exit_code == EXIT_NODES_MISSING
+
+
+def test_the_local_node_keeps_its_rows_and_names_those_without_a_host() -> None:
+    n = LocalNode("/run/profd/control.sock")
+    assert n.local and not Node("a").local
+    assert n.named({"host": "pod-7", "node": "gpu05"}) == {"host": "pod-7", "node": "gpu05"}
+    assert n.named({"id": "s1", "node": "gpu05"}) == {"id": "s1", "node": "gpu05", "host": "gpu05"}
+    assert n.named({"session": "s1"}) == {"session": "s1"}

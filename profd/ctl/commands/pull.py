@@ -56,58 +56,31 @@ def below_job(rel: str) -> str:
     return str(PurePosixPath(*parts[1:]))
 
 
-def download_from_daemon(env: Env, session: str) -> Download:
-    st = env.conn.request(P.C_STATUS)
-    s = env.conn.request(P.C_SHOW, session=session)
-    rows = env.conn.request(P.C_TRACES, filters={"session": s["id"], "limit": 100000})
-    spool = Path(st["spool_dir"])
-    s3_url = st["s3"].get("url") if st["s3"].get("configured") else None
-    items: list[Item] = []
-    for r in rows:
-        for f in r["files"]:
-            local = Path(f["path"])
-            items.append(
-                Item(
-                    dest=below_job(str(local.relative_to(spool))),
-                    bytes=f["bytes"],
-                    local=None if f["deleted"] else local,
-                    s3_uri=f["s3_uri"],
-                )
-            )
-    manifest = spool.joinpath(*layout.manifest_parts(s["job"], s["id"]))
-    note = None
-    if manifest.exists():
-        items.append(Item(f"{s['id']}/{layout.MANIFEST}", None, manifest, None))
-    elif s3_url and is_terminal(s["state"]):
-        bucket, prefix = s3.split_url(s3_url)
-        key = s3.join_key(prefix, layout.manifest_key(s["job"], s["id"]))
-        items.append(Item(f"{s['id']}/{layout.MANIFEST}", None, None, s3.uri(bucket, key)))
-    else:
-        note = f"session {s['id']} is {s['state']}: no session.json yet"
-    return Download(s["id"], s["job"], items, s3_url, note)
-
-
-def download_from_cluster(env: Env, session: str) -> Download:
+def download_from_nodes(env: Env, session: str) -> Download:
     """Every node's files of the session in one download: the cycle dirs merge (one file per
-    rank), and each node's ``session.json`` becomes ``session.{node}.json``. A node's spool
-    is read directly only when it is on this machine; otherwise its files come from S3."""
-    from profd.ctl.commands.sessions import cluster_show
+    rank). With --cluster each node's ``session.json`` becomes ``session.{node}.json``. A
+    node's spool is read directly only when it is on this machine; otherwise its files come
+    from S3."""
+    from profd.ctl.commands.sessions import show_session
 
-    s = cluster_show(env, session)
+    s = show_session(env, session)
     sid = s["id"]
-    statuses = {a.node: a.data for a in env.gather(P.C_STATUS).ok}
+    statuses = {a.node: a.data for a in env.gather(P.C_STATUS).answered()}
     listed = env.gather(P.C_TRACES, filters={"session": sid, "limit": 100000})
+    knows = {n["address"] for n in s["nodes"]}
+    ended = is_terminal(s["state"])
     here = fsutil.boot_id()
     items: list[Item] = []
     origin: dict[str, str] = {}
     s3_url: str | None = None
-    for a in listed.ok:
+    note = None
+    for a in listed.answered():
         st = statuses.get(a.node)
-        if st is None:
-            continue  # answered one request and not the other: named as missing already
+        if st is None or a.node.address not in knows:
+            continue  # did not answer both (named as missing already), or has no such session
         name = str(st.get("host") or a.node.address)
         spool = Path(st["spool_dir"])
-        mine = here is not None and st.get("boot_id") == here
+        mine = a.node.local or (here is not None and st.get("boot_id") == here)
         node_s3 = st["s3"].get("url") if st["s3"].get("configured") else None
         s3_url = s3_url or node_s3
         node_items: list[Item] = []
@@ -118,24 +91,24 @@ def download_from_cluster(env: Env, session: str) -> Download:
                 node_items.append(
                     Item(below_job(str(path.relative_to(spool))), f["bytes"], local, f["s3_uri"])
                 )
-        if not node_items:
-            continue
         manifest = spool.joinpath(*layout.manifest_parts(s["job"], sid))
-        dest = f"{sid}/{layout.manifest_name(name)}"
+        dest = f"{sid}/{layout.manifest_name(name if env.nodes.remote else None)}"
         if mine and manifest.exists():
             node_items.append(Item(dest, None, manifest, None))
-        elif node_s3:
+        elif node_s3 and ended:
             bucket, prefix = s3.split_url(node_s3)
             # In S3 a cluster session's manifests carry the node's name already.
             cluster = layout.is_cluster_session(s.get("request") or {})
             key = s3.join_key(prefix, layout.manifest_key(s["job"], sid, name if cluster else None))
             node_items.append(Item(dest, None, None, s3.uri(bucket, key)))
+        else:
+            note = f"session {sid} is {s['state']}: no {layout.MANIFEST} yet"
         for it in node_items:
             if it.dest in origin:
                 raise CtlError(f"{it.dest} comes from both {origin[it.dest]} and {name}")
             origin[it.dest] = name
         items += node_items
-    return Download(sid, s["job"], items, s3_url)
+    return Download(sid, s["job"], items, s3_url, note)
 
 
 def download_from_s3(client: Any, s3_url: str, session: str) -> Download:
@@ -275,11 +248,7 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
     download: Download | None = None
     daemon_s3: str | None = None
     try:
-        download = (
-            download_from_cluster(env, session)
-            if env.cluster
-            else download_from_daemon(env, session)
-        )
+        download = download_from_nodes(env, session)
     except NoDaemon:
         if not s3_url:
             raise
@@ -287,7 +256,8 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
         if exc.code != "unknown_session":
             raise
         try:
-            daemon_s3 = env.conn.request(P.C_STATUS)["s3"].get("url")
+            urls = [a.data["s3"].get("url") for a in env.gather(P.C_STATUS).answered()]
+            daemon_s3 = next((u for u in urls if u), None)
         except CtlError:
             daemon_s3 = None
         if not (s3_url or daemon_s3):

@@ -29,12 +29,9 @@ def load_session(env: Env, session: str, s3_url: str | None) -> dict[str, Any]:
     """The session with every target's results, as ``show --json`` gives it."""
     if s3_url:
         return _from_s3(session, s3_url)
-    if env.cluster:
-        from profd.ctl.commands.sessions import cluster_show
+    from profd.ctl.commands.sessions import show_session
 
-        return cluster_show(env, session)
-    s: dict[str, Any] = env.conn.request(P.C_SHOW, session=session)
-    return s
+    return show_session(env, session)
 
 
 def _from_s3(session: str, s3_url: str) -> dict[str, Any]:

@@ -14,12 +14,15 @@ from profd_client import protocol as P
 @click.pass_obj
 @command
 def retry(env: Env, session: str | None) -> None:
-    """Requeue failed (and interrupted) uploads, of one SESSION or all."""
+    """Requeue failed (and interrupted) uploads, of one SESSION or all (with --cluster: on
+    every node)."""
     if session:
-        session = env.conn.request(P.C_SHOW, session=session)["id"]  # accepts short ids
-    res = env.conn.request(P.C_RETRY, session=session)
+        from profd.ctl.commands.sessions import show_session
+
+        session = show_session(env, session)["id"]  # accepts short ids
+    rows = [a.node.named(dict(a.data)) for a in env.gather(P.C_RETRY, session=session).answered()]
     if env.json:
-        emit_json(res)
+        emit_json(env.per_node(rows))
     else:
-        n = res["requeued"]
+        n = sum(r["requeued"] for r in rows)
         click.echo(f"requeued {n} upload(s)" if n else "nothing to retry")

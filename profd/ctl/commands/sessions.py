@@ -8,6 +8,7 @@ import click
 
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
+from profd.ctl.nodes import Answer
 from profd.ctl.render import Column, ago, emit_json, opt, steps_text, table
 from profd.states import combine
 from profd_client import protocol as P
@@ -42,10 +43,9 @@ def sessions(env: Env, state: str | None, job: str | None, limit: int) -> None:
     """List sessions, newest first (--cluster: the newest LIMIT rows of all nodes, one row
     per session per node)."""
     rows = env.rows(P.C_SESSIONS, state=state, job=job, limit=limit)
-    columns = COLUMNS
-    if env.cluster:
-        rows = sorted(rows, key=lambda r: -(r.get("created_at") or 0))[:limit]
-        columns = [("HOST", lambda r: r["host"]), *COLUMNS]
+    # Each daemon's rows come newest first: this puts every node's in that order.
+    rows = sorted(rows, key=lambda r: -(r.get("created_at") or 0))[:limit]
+    columns = [("HOST", lambda r: r["host"]), *COLUMNS] if env.nodes.remote else COLUMNS
     if env.json:
         emit_json(rows)
     else:
@@ -58,7 +58,7 @@ def sessions(env: Env, state: str | None, job: str | None, limit: int) -> None:
 @command
 def show(env: Env, session: str) -> None:
     """One session: request, resolved steps, state per rank."""
-    s = cluster_show(env, session) if env.cluster else env.conn.request(P.C_SHOW, session=session)
+    s = show_session(env, session)
     if env.json:
         emit_json(s)
         return
@@ -73,17 +73,14 @@ def show(env: Env, session: str) -> None:
     click.echo(table(s["targets"], TARGET_COLUMNS))
 
 
-def cluster_show(env: Env, session: str) -> dict[str, Any]:
-    """The session as every node that knows it has it: its targets from all of them (each
-    with its node as ``host``), its state combined, and ``nodes``: each node's own state."""
-    from profd.ctl.cluster import on_node
+def show_session(env: Env, session: str) -> dict[str, Any]:
+    """The session as every node that knows it has it (see :func:`merge_shown`)."""
+    return merge_shown(env.gather(P.C_SHOW, session=session).answered(), session)
 
-    g = env.gather(P.C_SHOW, session=session)
-    known = g.ok
-    if not known:
-        errors = [a.error for a in g.answers if a.error is not None]
-        other = [e for e in errors if e.code != "unknown_session"]
-        raise (other or errors)[0] if errors else CtlError(f"no session {session!r}")
+
+def merge_shown(known: list[Answer], session: str) -> dict[str, Any]:
+    """Nodes' ``show`` of one session as one document: its targets from all of them (each
+    naming its node), its state combined, and ``nodes``: each node's own state."""
     ids = sorted({a.data["id"] for a in known})
     if len(ids) > 1:
         raise CtlError(f"session {session!r} is ambiguous across nodes: {', '.join(ids)}")
@@ -97,8 +94,9 @@ def cluster_show(env: Env, session: str) -> dict[str, Any]:
         for a in known
     ]
     merged: dict[str, Any] = dict(known[0].data)
-    merged.pop("node", None)
-    merged["targets"] = [on_node(t, a.node) for a in known for t in a.data["targets"]]
+    if len(known) > 1:
+        merged.pop("node", None)  # on several nodes: on no one of them
+    merged["targets"] = [a.node.named(t) for a in known for t in a.data["targets"]]
     merged["nodes"] = nodes
     merged["state"] = combine(n["state"] for n in nodes)
     why = sorted({str(n["error"]) for n in nodes if n["error"]})

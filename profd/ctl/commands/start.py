@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 import click
 
-from profd.ctl.commands.wait import follow
+from profd.ctl.commands.wait import Followed, echo_end, follow
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, steps_text
 from profd_client import protocol as P
@@ -77,49 +79,70 @@ def start(env: Env, /, **kw: Any) -> None:
         },
     }
     spec = {k: v for k, v in spec.items() if v is not None}
-    if env.cluster:
-        _start_cluster(env, spec, kw["wait_"], kw["timeout"])
-        return
-    res = env.conn.request(P.C_START, spec=spec)
+    if env.nodes.remote:
+        from profd.ctl.clusterstart import final_everywhere, start_everywhere
+
+        res = start_everywhere(env, spec)
+        final_of: Callable[[Followed], dict[str, Any]] = partial(final_everywhere, res)
+    else:
+        res = start_here(env, spec)
+        final_of = partial(_final_here, res["session"])
     if not env.json:
-        targets = ", ".join(f"{t['role']}:{t['rank']}" for t in res["targets"])
-        click.echo(f"session {res['session']}  job {res['job']}")
-        click.echo(f"steps   {steps_text(res['steps'])}  ({len(res['cycles'])} cycle(s))")
-        click.echo(f"targets {targets}")
+        echo_started(res, by_node=env.nodes.remote)
     if kw["wait_"]:
-        final = follow(env, res["session"], kw["timeout"], steps=res["steps"])
+        started = {n["address"] for n in res["nodes"] if n["state"] == "started"}
+        nodes = [n for n in env.nodes.nodes if n.address in started]
+        final = final_of(follow(env, res["session"], nodes, kw["timeout"], steps=res["steps"]))
         # The steps actually captured: --next steps move if a rank got them too late.
         res.update(state=final["state"], steps=final["steps"], cycles=final["cycles"])
         res["final"] = final
-        if env.json:
-            emit_json(res)
-        if final["state"] not in ("done",):
-            raise SystemExit(1)
-        return
-    if env.json:
-        emit_json(res)
-
-
-def _start_cluster(env: Env, spec: dict[str, Any], wait: bool, timeout: float) -> None:
-    from profd.ctl.clusterstart import echo_started, follow_everywhere, start_everywhere
-
-    res = start_everywhere(env, spec)
-    if not env.json:
-        echo_started(res)
-    if wait:
-        final = follow_everywhere(env, res, timeout)
-        res.update(state=final["state"], final=final)
-        if env.json:
-            emit_json(res)
-        else:
+        if not env.json:
             click.echo(f"session {res['session']}: {final['state']}")
-            if final["error"]:
-                click.echo(f"  {final['error']}", err=True)
-            for t in final["targets"]:
-                if t.get("error"):
-                    click.echo(f"  {t['host']} {t['role']}:{t['rank']}: {t['error']}", err=True)
-        if final["state"] != "done":
-            raise SystemExit(1)
-        return
+        echo_end(final, by_node=env.nodes.remote)
     if env.json:
         emit_json(res)
+    if kw["wait_"] and res["state"] != "done":
+        raise SystemExit(1)
+
+
+def start_here(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
+    """A session on one daemon, which plans it itself; the ``start`` reply with the shape of
+    a cluster start's (``nodes``, ``missing_ranks``)."""
+    [a] = env.gather(P.C_START, spec=spec).answered()
+    res: dict[str, Any] = dict(a.data)
+    res["targets"] = [a.node.named(t) for t in res["targets"]]
+    name = next((t["node"] for t in a.data["targets"] if t.get("node")), None)
+    res["nodes"] = [
+        {
+            "address": a.node.address,
+            "host": name or a.node.address,
+            "state": "started",
+            "error": None,
+        }
+    ]
+    res["missing_ranks"] = []
+    return res
+
+
+def _final_here(session: str, followed: Followed) -> dict[str, Any]:
+    from profd.ctl.commands.sessions import merge_shown
+
+    return merge_shown(followed.answers, session)
+
+
+def echo_started(res: dict[str, Any], by_node: bool) -> None:
+    """The text form of a start (``by_node``: its targets on each node)."""
+    by_host: dict[str, list[str]] = {}
+    for t in res["targets"]:
+        by_host.setdefault(t["host"] if by_node else "", []).append(f"{t['role']}:{t['rank']}")
+    on = f"  on {len(by_host)} node(s)" if by_node else ""
+    click.echo(f"session {res['session']}  job {res['job']}{on}")
+    click.echo(f"steps   {steps_text(res['steps'])}  ({len(res['cycles'])} cycle(s))")
+    for host, targets in sorted(by_host.items()):
+        click.echo(f"targets {host + ': ' if host else ''}{', '.join(targets)}")
+    for n in res["nodes"]:
+        if n["state"] != "started":
+            click.echo(f"profctl: {n['host']} left out ({n['state']}): {n['error']}", err=True)
+    if res["missing_ranks"]:
+        ranks = ",".join(map(str, res["missing_ranks"]))
+        click.echo(f"profctl: ranks {ranks} are on no answering node", err=True)

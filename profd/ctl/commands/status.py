@@ -15,14 +15,19 @@ from profd_client import protocol as P
 @click.pass_obj
 @command
 def status(env: Env) -> None:
-    """Daemon health: version, uptime, clients, sessions, upload queue, spool, S3."""
-    if env.cluster:
-        cluster_status(env)
-        return
-    st = env.conn.request(P.C_STATUS)
+    """Daemon health: version, uptime, clients, sessions, upload queue, spool, S3 (with
+    --cluster: one row per node that answered)."""
+    rows = [{**a.data, "address": a.node.address} for a in env.gather(P.C_STATUS).answered()]
     if env.json:
-        emit_json(st)
-        return
+        emit_json(env.per_node(rows))
+    elif env.nodes.remote:
+        click.echo(table(rows, CLUSTER_COLUMNS))
+    else:
+        click.echo(status_text(rows[0]))
+
+
+def status_text(st: dict[str, Any]) -> str:
+    """One daemon's status, a line per part."""
     q, sp, s3 = st["queue"], st["spool"], st["s3"]
     lines = [
         f"profd {st['version']}  pid {st['pid']}  host {st['host']}  up {st['uptime_s']:.0f}s",
@@ -45,7 +50,7 @@ def status(env: Env) -> None:
         lines += s3_lines(s3)
     else:
         lines.append("s3       not configured (traces stay in the spool)")
-    click.echo("\n".join(lines))
+    return "\n".join(lines)
 
 
 #: ``s3.health`` as the text status shows it.
@@ -117,13 +122,3 @@ CLUSTER_COLUMNS: list[Column] = [
 
 def _s3_cell(s3: dict[str, Any]) -> str:
     return HEALTH.get(s3.get("health", ""), "-") if s3.get("configured") else "-"
-
-
-def cluster_status(env: Env) -> None:
-    """One row per node that answered: its status document with ``address`` added."""
-    g = env.gather(P.C_STATUS)
-    rows = [{**a.data, "address": a.node.address} for a in g.ok]
-    if env.json:
-        emit_json(rows)
-    else:
-        click.echo(table(rows, CLUSTER_COLUMNS))

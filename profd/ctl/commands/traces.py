@@ -10,6 +10,7 @@ import click
 
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
+from profd.ctl.nodes import NodeLike
 from profd.ctl.render import Column, ago, emit_json, opt, size, steps_text, table
 from profd_client import protocol as P
 
@@ -60,14 +61,26 @@ def traces(env: Env, /, s3_url: str | None, since: str | None, **kw: Any) -> Non
         filters = {k: v for k, v in kw.items() if v is not None}
         if since:
             filters["since"] = parse_since(since)
-        host = filters.pop("host", None) if env.cluster else None
-        rows = env.rows(P.C_TRACES, filters=filters)
-        if env.cluster:
-            # --host names a node (or a client's own hostname), which only profctl knows.
-            rows = [r for r in rows if host is None or host in (r["host"], r.get("client_host"))]
-            rows = sorted(rows, key=lambda r: -(r.get("created_at") or 0))[: kw["limit"]]
-    columns = [("HOST", lambda r: r["host"]), *COLUMNS] if env.cluster else COLUMNS
+        rows = node_traces(env, filters)
+    columns = [("HOST", lambda r: r["host"]), *COLUMNS] if env.nodes.remote else COLUMNS
     if env.json:
         emit_json(rows)
     else:
         click.echo(table(rows, columns) if rows else "no traces")
+
+
+def node_traces(env: Env, filters: dict[str, Any]) -> list[dict[str, Any]]:
+    """Every node's trace rows, newest first, the newest ``limit`` of them.
+
+    ``--host`` names a node or a client's own hostname: a node whose rows keep the client's
+    hostname filters by it itself; a cluster node's rows are named by the node, so profctl
+    filters those (the daemon only knows its clients' hostnames)."""
+    host = filters.get("host")
+    without_host = {k: v for k, v in filters.items() if k != "host"}
+
+    def each(node: NodeLike) -> dict[str, Any]:
+        return {"filters": filters if node.local else without_host}
+
+    rows = env.gather(P.C_TRACES, each=each).rows()
+    rows = [r for r in rows if host is None or host in (r["host"], r.get("client_host"))]
+    return sorted(rows, key=lambda r: -(r.get("created_at") or 0))[: filters["limit"]]

@@ -1,50 +1,110 @@
-"""Following a session to its end, with per-rank progress on stderr."""
+"""Following a session to its end on every node it runs on, with progress on stderr."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import click
 
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env
+from profd.ctl.nodes import Answer, NodeLike
 from profd.ctl.render import steps_text
 from profd_client import protocol as P
 
+#: Polls in a row a node does not answer before it counts as lost (its daemon died).
+LOST_AFTER = 3
+
+
+@dataclass
+class Followed:
+    #: Each node's last ``show`` of the session, in the nodes' order (none from a node that
+    #: never answered).
+    answers: list[Answer]
+    #: Nodes that stopped answering.
+    lost: list[NodeLike]
+
 
 def follow(
-    env: Env, session: str, timeout: float, steps: list[int] | None = None
-) -> dict[str, Any]:
-    """Poll until the session is terminal; progress lines go to stderr, never stdout.
+    env: Env,
+    session: str,
+    nodes: Sequence[NodeLike],
+    timeout: float,
+    steps: list[int] | None = None,
+) -> Followed:
+    """Poll every node's copy of the session until each has ended or is lost; progress
+    lines go to stderr, never stdout. A node's refusal ends the wait (it has no such
+    session to wait for).
 
     ``steps`` are the steps announced at start: a ``--next`` session that reached a rank too
     late is moved to later steps by the daemon, and that move is reported here.
     """
     deadline = time.monotonic() + timeout if timeout else None
-    last = ""
+    silent: dict[NodeLike, int] = {}
+    last: dict[NodeLike, Answer] = {}
+    line = ""
     while True:
-        s: dict[str, Any] = env.conn.request(P.C_SHOW, session=session)
-        if steps is not None and s["steps"] != steps:
-            click.echo(
-                f"[{time.strftime('%H:%M:%S')}] steps moved to {steps_text(s['steps'])}:"
-                " a rank got them too late",
-                err=True,
-            )
-            steps = s["steps"]
-        line = f"{s['state']}: " + " ".join(
+        for a in env.nodes.ask(P.C_SHOW, {"session": session}, nodes):
+            if a.error is not None:
+                raise a.error
+            if a.ok:
+                last[a.node] = a
+                silent.pop(a.node, None)
+            else:
+                silent[a.node] = silent.get(a.node, 0) + 1
+        lost = [n for n in nodes if silent.get(n, 0) >= LOST_AFTER]
+        shown = [last[n].data for n in nodes if n in last]
+        for s in shown:
+            if steps is not None and s["steps"] != steps:
+                click.echo(
+                    f"[{time.strftime('%H:%M:%S')}] steps moved to {steps_text(s['steps'])}:"
+                    " a rank got them too late",
+                    err=True,
+                )
+                steps = s["steps"]
+        now_line = _progress(nodes, last)
+        if now_line != line:
+            click.echo(f"[{time.strftime('%H:%M:%S')}] {now_line}", err=True)
+            line = now_line
+        pending = [
+            n
+            for n in nodes
+            if n not in lost and (n not in last or last[n].data["state"] not in P.SESSION_TERMINAL)
+        ]
+        if not pending:
+            return Followed([last[n] for n in nodes if n in last], lost)
+        if deadline is not None and time.monotonic() > deadline:
+            if len(nodes) == 1 and shown:
+                where = f"(state {shown[0]['state']})"
+            else:
+                where = "on " + ", ".join(n.address for n in pending)
+            raise CtlError(f"timed out waiting for session {session} {where}")
+        # Each poll is a request to every node: many nodes are asked less often.
+        time.sleep(0.2 if len(nodes) == 1 else 0.3)
+
+
+def _progress(nodes: Sequence[NodeLike], last: dict[NodeLike, Answer]) -> str:
+    """One node: the session's state and each rank's; several: each node's state."""
+    if len(nodes) == 1:
+        if not last:
+            return ""
+        s = last[nodes[0]].data
+        return f"{s['state']}: " + " ".join(
             f"{t['role']}:{t['rank']}={t['state']}" for t in s["targets"]
         )
-        if line != last:
-            click.echo(f"[{time.strftime('%H:%M:%S')}] {line}", err=True)
-            last = line
-        if s["state"] in P.SESSION_TERMINAL:
-            for t in s["targets"]:
-                if t["error"]:
-                    click.echo(
-                        f"  {t['role']}:{t['rank']} (pid {t['pid']}): {t['error']}", err=True
-                    )
-            return s
-        if deadline is not None and time.monotonic() > deadline:
-            raise CtlError(f"timed out waiting for session {session} (state {s['state']})")
-        time.sleep(0.2)
+    states = sorted((n.address, a.data["state"]) for n, a in last.items())
+    return " ".join(f"{addr}={st}" for addr, st in states)
+
+
+def echo_end(final: dict[str, Any], by_node: bool) -> None:
+    """Why a followed session did not get everything: its error and each failed rank's, on
+    stderr (``by_node``: each rank with its node)."""
+    if final.get("error"):
+        click.echo(f"  {final['error']}", err=True)
+    for t in final["targets"]:
+        if t.get("error"):
+            where = f"{t['host']} " if by_node else ""
+            click.echo(f"  {where}{t['role']}:{t['rank']} (pid {t['pid']}): {t['error']}", err=True)
