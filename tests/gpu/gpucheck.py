@@ -1,0 +1,978 @@
+"""GPU truth: every CUDA path of profd, checked on a real GPU, written to docs/gpu.md.
+
+Run it as ``python3 dev.py test-gpu`` (which sets up the environment offline; see dev.py),
+or directly with a python that has torch with CUDA and profd installed::
+
+    python tests/gpu/gpucheck.py [--out docs/gpu.md] [--budget 420]
+
+It starts a real ``profd run`` in a temporary directory and a small CUDA training job
+(``cudajob.py``, one process, a single-rank NCCL process group) attached to it, then checks,
+each as one ``PASS``/``FAIL``/``SKIP`` line with what was seen:
+
+1. ``capture``: ``profctl start --activities cpu,cuda --steps 3:6 --wait``: the trace has
+   exactly ProfilerStep#3..5, CUDA kernels and memcpys launched inside each of them,
+   ``distributedInfo``, and the pipeline's per-rank statistics count GPU time as compute.
+2. ``regions``: ``profd_client.region()`` blocks as NVTX ranges: in the nsys report where
+   nsys exists; otherwise the ``record_function`` ranges in the trace plus the NVTX calls the
+   client made (counted in the job), said so.
+3. ``memory-snapshot``: ``--memory-snapshot`` writes a pickle that torch's memory_viz loads,
+   with allocations recorded during the capture.
+4. ``nvml-ps``: ``profctl ps --json`` shows GPU utilisation and memory for the job's pid.
+5. ``nsys``: with a real nsys, ``profctl run --nsys`` and ``start --backend nsys``: the
+   ``.nsys-rep`` in the spool, ``nsys stats`` run by the pipeline, the steps as NVTX ranges.
+6. ``nccl``: the job's collectives as NCCL kernels, counted as collective time;
+   ``flight-recorder``: skipped until profd has a reader for NCCL's flight recorder.
+7. ``idle-cost`` and ``stall``: step time attached versus ``PROFD_DISABLE=1`` (alternating
+   runs), and the training stall the client reported at capture end, with CUDA work.
+
+Exit status: 0 nothing failed (skips say why), 1 a check failed, 3 no GPU (one line).
+``--allow-cpu`` runs the same plumbing on a machine without a GPU (the job on the CPU with
+gloo), for working on this script; its CUDA checks fail there, as they should.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import gzip
+import json
+import os
+import pickle
+import platform
+import re
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+TESTS = HERE.parent
+ROOT = TESTS.parent
+if str(TESTS) not in sys.path:
+    sys.path.insert(0, str(TESTS))
+
+from daemonproc import BIN, DaemonProcess, free_port, wait_for  # noqa: E402
+from harness import Job  # noqa: E402
+
+from profd.pipeline.rankstats import is_cpu_collective, is_gpu_collective  # noqa: E402
+from profd.pipeline.spans import step_spans  # noqa: E402
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+TERMINAL = {"done", "partial", "failed", "cancelled"}
+EXIT_FAILED, EXIT_NO_GPU = 1, 3
+JOB = HERE / "cudajob.py"
+GPU_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
+#: Where NVIDIA installs put nsys besides PATH (relative to /): the CUDA toolkit, Nsight Systems'
+#: own folder, and the copy some Nsight Compute installs carry.
+NSYS_GLOBS = (
+    "usr/local/cuda*/bin/nsys",
+    "usr/local/cuda*/nsight-systems*/bin/nsys",
+    "usr/local/cuda*/nsight-systems*/**/nsys",
+    "opt/nvidia/nsight-systems*/bin/nsys",
+    "opt/nvidia/nsight-systems*/*/bin/nsys",
+    "opt/nvidia/nsight-systems*/**/nsys",
+    "opt/nvidia/nsight-compute*/**/nsys",
+    "usr/local/cuda*/nsight-compute*/**/nsys",
+    "usr/lib/nsight-systems*/**/nsys",
+    "usr/local/nsight-systems*/**/nsys",
+    "opt/nvidia/**/nsys",
+)
+
+
+@dataclass
+class Result:
+    name: str
+    status: str
+    evidence: str
+    seen: dict[str, Any] = field(default_factory=dict)
+
+    def line(self) -> str:
+        return f"{self.status} {self.name}: {self.evidence}"
+
+
+# --- reading traces (pure: unit-tested on synthetic traces) ------------------------------------
+def trace_events(doc: Mapping[str, Any]) -> list[dict[str, Any]]:
+    return [e for e in doc.get("traceEvents", []) if isinstance(e, dict)]
+
+
+def _complete(ev: Mapping[str, Any]) -> bool:
+    return ev.get("ph") == "X" and isinstance(ev.get("ts"), int | float)
+
+
+def cpu_step_spans(events: Iterable[Mapping[str, Any]]) -> list[tuple[int, float, float]]:
+    """(step, start, end) of the ProfilerStep#N spans on CPU threads (kineto also writes them
+    as ``gpu_user_annotation`` on GPU streams; those are not where the steps were taken)."""
+    raw = [
+        (str(e["name"]), float(e["ts"]), float(e.get("dur", 0)))
+        for e in events
+        if _complete(e)
+        and str(e.get("name", "")).startswith("ProfilerStep#")
+        and not str(e.get("cat", "")).startswith("gpu")
+    ]
+    return [(s.step, s.start_us, s.end_us) for s in step_spans(raw)]
+
+
+def _step_at(spans: Sequence[tuple[int, float, float]], ts: float) -> int | None:
+    for step, lo, hi in spans:
+        if lo <= ts <= hi:
+            return step
+    return None
+
+
+@dataclass
+class Placement:
+    """Where a trace's GPU activities belong: each is put in the ProfilerStep span that holds
+    the CUDA runtime call that launched it (matched by correlation id)."""
+
+    steps: list[int]  # the CPU ProfilerStep spans, in time order
+    launched: dict[int, dict[str, int]]  # step -> GPU category -> count
+    ran_inside: int  # of the placed activities, how many also ran inside that span
+    outside: int  # launched outside every step span
+    unlinked: int  # no launch with its correlation id
+    gpu_step_annotations: int  # ProfilerStep spans on GPU tracks
+
+    def steps_with(self, cat: str) -> list[int]:
+        return sorted(s for s, c in self.launched.items() if c.get(cat))
+
+    def total(self, cat: str) -> int:
+        return sum(c.get(cat, 0) for c in self.launched.values())
+
+
+def _correlation(ev: Mapping[str, Any]) -> Any:
+    args = ev.get("args")
+    return args.get("correlation") if isinstance(args, dict) else None
+
+
+def place_gpu_events(events: Sequence[Mapping[str, Any]]) -> Placement:
+    spans = cpu_step_spans(events)
+    span_of = {step: (lo, hi) for step, lo, hi in spans}
+    launches = {
+        _correlation(e): e
+        for e in events
+        if _complete(e) and e.get("cat") in LAUNCH_CATS and _correlation(e) is not None
+    }
+    placed: dict[int, dict[str, int]] = {}
+    ran_inside = outside = unlinked = 0
+    for e in events:
+        if not _complete(e) or e.get("cat") not in GPU_CATS:
+            continue
+        launch = launches.get(_correlation(e))
+        if launch is None:
+            unlinked += 1
+            continue
+        step = _step_at(spans, float(launch["ts"]))
+        if step is None:
+            outside += 1
+            continue
+        per = placed.setdefault(step, {})
+        per[str(e["cat"])] = per.get(str(e["cat"]), 0) + 1
+        lo, hi = span_of[step]
+        if lo <= float(e["ts"]) and float(e["ts"]) + float(e.get("dur", 0)) <= hi:
+            ran_inside += 1
+    gpu_steps = sum(
+        1
+        for e in events
+        if _complete(e)
+        and str(e.get("name", "")).startswith("ProfilerStep#")
+        and str(e.get("cat", "")).startswith("gpu")
+    )
+    return Placement([s for s, _, _ in spans], placed, ran_inside, outside, unlinked, gpu_steps)
+
+
+@dataclass
+class Collectives:
+    cpu_ops: dict[str, int]  # collective CPU ranges (nccl:*, c10d::*, record_param_comms)
+    launched: dict[str, int]  # GPU activities launched from inside them, by name
+    nccl_kernels: dict[str, int]  # GPU activities whose name says NCCL (what profd counts)
+
+
+def collectives(events: Sequence[Mapping[str, Any]]) -> Collectives:
+    """The collectives in a trace, and the GPU work they launched (by correlation id)."""
+    ranges: dict[tuple[Any, Any], list[tuple[float, float]]] = {}
+    ops: dict[str, int] = {}
+    for e in events:
+        name = str(e.get("name", ""))
+        cpu = _complete(e) and e.get("cat") in ("cpu_op", "user_annotation")
+        if cpu and is_cpu_collective(name):
+            ops[name] = ops.get(name, 0) + 1
+            ts = float(e["ts"])
+            ranges.setdefault((e.get("pid"), e.get("tid")), []).append(
+                (ts, ts + float(e.get("dur", 0)))
+            )
+    from_collective: set[Any] = set()
+    for e in events:
+        if _complete(e) and e.get("cat") in LAUNCH_CATS:
+            ts = float(e["ts"])
+            if any(lo <= ts <= hi for lo, hi in ranges.get((e.get("pid"), e.get("tid")), [])):
+                from_collective.add(_correlation(e))
+    launched: dict[str, int] = {}
+    nccl: dict[str, int] = {}
+    for e in events:
+        if not _complete(e) or e.get("cat") not in GPU_CATS:
+            continue
+        name = str(e.get("name", ""))
+        if _correlation(e) in from_collective:
+            launched[name] = launched.get(name, 0) + 1
+        if is_gpu_collective(name):
+            nccl[name] = nccl.get(name, 0) + 1
+    return Collectives(ops, launched, nccl)
+
+
+def annotations_by_step(events: Sequence[Mapping[str, Any]], name: str) -> dict[int, int]:
+    """How many CPU ``record_function`` ranges named ``name`` start in each step span."""
+    spans = cpu_step_spans(events)
+    out: dict[int, int] = {}
+    for e in events:
+        if _complete(e) and e.get("name") == name and e.get("cat") == "user_annotation":
+            step = _step_at(spans, float(e["ts"]))
+            if step is not None:
+                out[step] = out.get(step, 0) + 1
+    return out
+
+
+def job_result(output: str) -> dict[str, Any] | None:
+    """The last ``RESULT {json}`` line a job printed (one process: lines do not interleave)."""
+    found = None
+    for line in output.splitlines():
+        at = line.find("RESULT {")
+        if at >= 0:
+            try:
+                found = json.loads(line[at + len("RESULT ") :])
+            except ValueError:
+                continue
+    return found if isinstance(found, dict) else None
+
+
+def load_trace(path: Path) -> dict[str, Any]:
+    opener: Any = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as fh:
+        doc: dict[str, Any] = json.load(fh)
+    return doc
+
+
+def nsys_section(text: str, report: str) -> list[str]:
+    """The lines of one ``nsys stats`` report (``nvtx_sum``, ``cuda_gpu_kern_sum``) in the
+    output the pipeline kept: from its ``** ... (report):`` header to the next header."""
+    out: list[str] = []
+    inside = False
+    for line in text.splitlines():
+        if line.lstrip().startswith("** "):
+            inside = f"({report})" in line
+            continue
+        if line.startswith("Processing ["):  # nsys announces the next report
+            inside = False
+        if inside and line.strip():
+            out.append(line)
+    return out
+
+
+# --- finding nsys (pure: unit-tested on a fake tree) -------------------------------------------
+def _version_key(path: Path) -> tuple[int, tuple[int, ...], str]:
+    # bin/nsys (the launcher NVIDIA documents) before target-*/nsys, newer versions first.
+    nums = tuple(int(n) for n in re.findall(r"\d+", str(path)))
+    return (0 if path.parent.name == "bin" else 1, tuple(-n for n in nums), str(path))
+
+
+def find_nsys(env: Mapping[str, str], root: Path = Path("/")) -> tuple[str | None, str]:
+    """The nsys binary to use and where it was found, or None and everywhere that was looked.
+
+    ``PROFD_NSYS`` (profd's own setting) wins, then ``PATH``, then NVIDIA's install folders
+    under ``root`` (:data:`NSYS_GLOBS`)."""
+    configured = env.get("PROFD_NSYS")
+    if configured:
+        if os.access(configured, os.X_OK) and os.path.isfile(configured):
+            return configured, "PROFD_NSYS"
+        return None, f"PROFD_NSYS={configured} is not an executable file"
+    on_path = shutil.which("nsys", path=env.get("PATH", ""))
+    if on_path:
+        return on_path, "PATH"
+    found: set[Path] = set()
+    for pattern in NSYS_GLOBS:
+        for p in root.glob(pattern):
+            if p.name == "nsys" and p.is_file() and os.access(p, os.X_OK):
+                found.add(p)
+    if found:
+        best = sorted(found, key=_version_key)[0]
+        return str(best), f"{len(found)} found under {', '.join(sorted(_tops(found, root)))}"
+    looked = sorted(
+        {str(root.joinpath(*(p for p in Path(g).parts[:3] if p != "**"))) for g in NSYS_GLOBS}
+    )
+    return None, f"none on PATH, nor in {', '.join(looked)} (searched recursively)"
+
+
+def _tops(paths: Iterable[Path], root: Path) -> set[str]:
+    return {str(root.joinpath(*p.relative_to(root).parts[:3])) for p in paths}
+
+
+# --- docs/gpu.md (pure: unit-tested) -----------------------------------------------------------
+def render(machine: Mapping[str, str], results: Sequence[Result], when: str, cmd: str) -> str:
+    counts = {s: sum(r.status == s for r in results) for s in (PASS, FAIL, SKIP)}
+    lines = [
+        "# profd on a real GPU",
+        "",
+        f"Recorded {when} by `{cmd}` (tests/gpu/gpucheck.py; how to run it: see the end).",
+        "",
+        f"**{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped.**",
+        "",
+        "## Machine",
+        "",
+        "| | |",
+        "|---|---|",
+        *(f"| {k} | {_cell(v)} |" for k, v in machine.items()),
+        "",
+        "## Checks",
+        "",
+        "| check | result | what was seen |",
+        "|---|---|---|",
+        *(f"| {r.name} | {r.status} | {_cell(r.evidence)} |" for r in results),
+        "",
+        "## Details",
+        "",
+    ]
+    for r in results:
+        lines += [f"### {r.name}: {r.status}", "", r.evidence, ""]
+        if r.seen:
+            lines += ["```json", json.dumps(r.seen, indent=1, sort_keys=True, default=str)]
+            lines += ["```", ""]
+    lines += HOW_TO_RUN.splitlines()
+    return "\n".join(lines) + "\n"
+
+
+def _cell(text: str) -> str:
+    return " ".join(str(text).split()).replace("|", "\\|")
+
+
+HOW_TO_RUN = """## How to run
+
+On a machine with an NVIDIA GPU and torch installed (torch is never installed by this; the
+machine needs no network):
+
+    python3 dev.py wheelhouse   # once, where PyPI is reachable: fills .wheelhouse/ (~25 MiB)
+    python3 dev.py test-gpu     # on the GPU machine, with .wheelhouse/ carried along
+
+The wheelhouse holds profd's dependencies (not torch) as wheels for CPython 3.11 to 3.14 on
+x86_64 Linux (manylinux_2_28, which every torch 2.6+ machine meets), plus setuptools, wheel
+and pip. profd needs Python 3.11+: a GPU machine whose torch is on an older python is a set-up
+failure (exit 2), said in one line.
+
+`test-gpu` finds the python that has torch, makes `.gpu-venv` on top of it
+(`--system-site-packages`), installs profd's dependencies from `.wheelhouse/` with
+`pip install --no-index` (or uses the ones the system python has), installs profd with
+`--no-deps --no-build-isolation -e .`, runs `tests/gpu/gpucheck.py` (a few minutes), prints
+one PASS/FAIL/SKIP line per check and rewrites this file. Exit status: 0 nothing failed,
+1 a check failed, 2 set-up failed, 3 no GPU (one line says why; nothing installed).
+
+From an agent session with the device tool (the wheelhouse is an ignored folder, so it
+travels only when named; docs/gpu.md comes back through `$OUT`):
+
+    run(carry=[".wheelhouse"], command="python3 dev.py test-gpu", timeout_s=600)
+
+The checks print their lines as they go (the tool returns the output's tail) and the report
+is copied into `$OUT`, so it comes back as `gpu.md` among the returned files; copy it over
+docs/gpu.md here and commit it.
+"""
+
+
+# --- the machine -------------------------------------------------------------------------------
+def _run_text(argv: Sequence[str], timeout: float = 30) -> str:
+    try:
+        p = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return f"({exc})"
+    return " ".join((p.stdout or p.stderr).split())
+
+
+def machine_info(nsys: str | None, nsys_where: str) -> dict[str, str]:
+    import torch
+
+    info = {
+        "host": socket.gethostname(),
+        "os": platform.platform(),
+        "python": platform.python_version(),
+        "torch": str(torch.__version__),
+        "torch CUDA": str(torch.version.cuda),
+    }
+    try:
+        info["NCCL"] = ".".join(str(x) for x in torch.cuda.nccl.version())  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        info["NCCL"] = f"({exc})"
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        mem = pynvml.nvmlDeviceGetMemoryInfo(h)
+        info["GPU"] = f"{pynvml.nvmlDeviceGetName(h)} ({int(mem.total) / 2**30:.0f} GiB)"
+        info["GPUs"] = str(pynvml.nvmlDeviceGetCount())
+        info["driver"] = str(pynvml.nvmlSystemGetDriverVersion())
+        cuda = int(pynvml.nvmlSystemGetCudaDriverVersion_v2())
+        info["driver CUDA"] = f"{cuda // 1000}.{cuda % 1000 // 10}"
+    except Exception as exc:
+        info["GPU"] = f"(NVML: {exc})"
+    info["nsys"] = f"{nsys} ({_run_text([nsys, '--version'])})" if nsys else "none"
+    info["nsys search"] = nsys_where
+    from profd_client.protocol import RELEASE
+
+    rev = _run_text(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    info["profd"] = f"{RELEASE} ({rev})" if re.fullmatch(r"[0-9a-f]+", rev) else RELEASE
+    return info
+
+
+# --- the bench: the daemon, the jobs, the sessions ---------------------------------------------
+class Bench:
+    """One daemon under ``tmp``, jobs of ``cudajob.py`` against it, and what earlier checks
+    found that later ones read."""
+
+    def __init__(self, tmp: Path, nsys: str | None, cpu: bool, budget_s: float) -> None:
+        self.tmp = tmp
+        self.nsys = nsys
+        self.cpu = cpu
+        self.deadline = time.monotonic() + budget_s
+        env = {"PROFD_NSYS": nsys} if nsys else {}
+        self.d = DaemonProcess(tmp / "profd", extra_env=env, ctl_timeout=120)
+        self.jobs: list[Job] = []
+        self.main_job: Job | None = None  # the job checks 1, 3 and 4 share
+        self.main_stop = tmp / "stop"
+        self.trace: dict[str, Any] | None = None  # check 1's trace, for checks 2 and 6
+        self.row: dict[str, Any] | None = None  # check 1's traces row
+        self.job_result: dict[str, Any] | None = None
+        self.nsys_summary: str | None = None
+        self.stalls: dict[str, float | None] = {}
+
+    def left(self, want: float) -> float:
+        left = self.deadline - time.monotonic()
+        if left <= 5:
+            raise OutOfTime("the time budget is spent")
+        return min(want, left)
+
+    def start(self) -> None:
+        self.d.root.mkdir(parents=True)
+        self.d.launch("-v")
+        wait_for(lambda: self.d.ctl("status").returncode == 0, 30, "the daemon to answer")
+
+    def stop(self) -> None:
+        for j in self.jobs:
+            j.kill()
+        self.d.terminate()
+
+    def job_env(self, **extra: str) -> dict[str, str]:
+        e = self.d.env()
+        e.update(PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1", NCCL_PORT=str(free_port()))
+        if self.cpu:
+            e["DEVICE"] = "cpu"
+        e.update(extra)
+        return e
+
+    def job(self, name: str, env: Mapping[str, str], under_nsys: bool = False) -> Job:
+        """``cudajob.py`` as job ``name`` with ``env`` on top of the daemon's environment."""
+        cmd = [sys.executable, str(JOB)]
+        if under_nsys:
+            cmd = [str(BIN / "profctl"), "run", "--nsys", "--job", name, "--", *cmd]
+        log = self.tmp / f"{name}-{len(self.jobs)}.log"
+        j = Job.spawn(cmd, self.job_env(PROFD_JOB=name, **env), log)
+        self.jobs.append(j)
+        return j
+
+    def attached(self, job: str, timeout: float, min_step: int = 0) -> dict[str, Any]:
+        def row() -> dict[str, Any] | None:
+            for r in self.d.ctl_json("ps"):
+                if r["job"] == job and r["step"] >= min_step:
+                    return dict(r)
+            return None
+
+        found: dict[str, Any] = wait_for(row, self.left(timeout), f"job {job} to attach")
+        return found
+
+    def session(self, gate: Path | None, *args: str, timeout: float = 180) -> dict[str, Any]:
+        """``profctl start ARGS --wait --json``; with ``gate``, the job's gate is opened once
+        every target is armed. The final --json document."""
+        t = self.left(timeout)
+        argv = [str(BIN / "profctl"), "start", *args, "--wait", "--timeout", f"{t:.0f}", "--json"]
+        p = subprocess.Popen(
+            argv, env=self.d.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            if gate is not None:
+                wait_for(self._armed, t, "the session to be armed", every=0.2)
+                gate.touch()
+            out, err = p.communicate(timeout=t + 30)
+        finally:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+        if p.returncode != 0:
+            raise CheckFailed(f"profctl start {' '.join(args)} exited {p.returncode}: "
+                              f"{_clip(err + out)}")  # fmt: skip
+        doc: dict[str, Any] = json.loads(out)
+        return doc
+
+    def _armed(self) -> bool:
+        """Some live session has every target armed (the one just started: one at a time)."""
+        for s in self.d.ctl_json("sessions"):
+            if s["state"] not in TERMINAL:
+                targets = self.d.ctl_json("show", s["id"])["targets"]
+                if targets and all(t["state"] == "armed" for t in targets):
+                    return True
+        return False
+
+    def rows(self, session: str) -> list[dict[str, Any]]:
+        rows: list[dict[str, Any]] = self.d.ctl_json("traces", "--session", session)
+        return rows
+
+    def end_job(self, job: Job, stop: Path, timeout: float = 60) -> dict[str, Any]:
+        stop.touch()
+        rc = job.wait(self.left(timeout))
+        result = job_result(job.output())
+        if rc != 0 or result is None:
+            raise CheckFailed(f"the job exited {rc}: {_clip(job.output(), 600)}")
+        return result
+
+
+class CheckFailed(Exception):
+    pass
+
+
+class OutOfTime(Exception):
+    pass
+
+
+def _clip(text: str, n: int = 300) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else "..." + text[-n:]
+
+
+def _files(row: Mapping[str, Any]) -> dict[str, str]:
+    return {f["kind"]: f["path"] for f in row.get("files", [])}
+
+
+def _abs(b: Bench, path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else b.d.spool / p
+
+
+# --- the checks --------------------------------------------------------------------------------
+STEPS = (3, 6)  # the capture: ProfilerStep#3..5
+
+
+def check_capture(b: Bench) -> Result:
+    gate = b.tmp / "gate"
+    b.main_job = b.job(
+        "gpucheck", {"GATE": str(gate), "STOP": str(b.main_stop), "STEP_SLEEP": "0.02"}
+    )
+    b.attached("gpucheck", 120)
+    lo, hi = STEPS
+    res = b.session(gate, "--job", "gpucheck", "--steps", f"{lo}:{hi}", "--activities", "cpu,cuda")
+    want = list(range(lo, hi))
+    (row,) = b.rows(res["session"])
+    b.row = row
+    b.stalls["cpu,cuda capture"] = row.get("stall_ms")
+    path = _abs(b, row["path"])
+    doc = load_trace(path)
+    b.trace = doc
+    events = trace_events(doc)
+    pl = place_gpu_events(events)
+    stats = row.get("stats") or {}
+    st = stats.get("steps") or {}
+    seen = {
+        "session": res["session"],
+        "steps": row.get("steps"),
+        "trace": f"{path.name} {path.stat().st_size} bytes",
+        "profiler_steps": pl.steps,
+        "gpu_launched_per_step": pl.launched,
+        "gpu_ran_inside_launching_step": pl.ran_inside,
+        "gpu_launched_outside_steps": pl.outside,
+        "gpu_without_launch": pl.unlinked,
+        "gpu_step_annotations": pl.gpu_step_annotations,
+        "distributedInfo": doc.get("distributedInfo"),
+        "stats_mode": stats.get("mode"),
+        "stats_steps": st,
+        "stall_ms": row.get("stall_ms"),
+        "device": row.get("device"),
+    }
+    problems = []
+    if pl.steps != want:
+        problems.append(f"ProfilerStep spans {pl.steps}, asked for {want}")
+    for cat in ("kernel", "gpu_memcpy"):
+        if pl.steps_with(cat) != want:
+            problems.append(f"{cat} launched in steps {pl.steps_with(cat)}, want {want}")
+    if not doc.get("distributedInfo"):
+        problems.append("no distributedInfo")
+    if stats.get("mode") != "gpu":
+        problems.append(f"pipeline stats mode {stats.get('mode')!r}, want 'gpu'")
+    if st.get("step") != want:
+        problems.append(f"pipeline stats steps {st.get('step')}, want {want}")
+    elif not all(c > 0 for c in st.get("compute_ms", [])):
+        problems.append(f"pipeline compute_ms {st.get('compute_ms')} (GPU time not compute)")
+    dist = doc.get("distributedInfo")
+    evidence = (
+        f"steps {pl.steps}; {pl.total('kernel')} kernels, {pl.total('gpu_memcpy')} memcpys "
+        f"launched in them ({pl.ran_inside} also ran inside their step, {pl.outside} launched "
+        f"outside any step); distributedInfo "
+        f"{'backend=' + str(dist.get('backend')) if isinstance(dist, dict) else 'missing'}; "
+        f"stats mode {stats.get('mode')}, compute_ms {st.get('compute_ms')}"
+    )
+    if problems:
+        return Result("capture", FAIL, "; ".join(problems) + f" | {evidence}", seen)
+    return Result("capture", PASS, evidence, seen)
+
+
+def check_nvml_ps(b: Bench) -> Result:
+    row = b.attached("gpucheck", 30)
+    pid = row["pid"]
+    samples: list[dict[str, Any]] = []
+
+    def sampled() -> dict[str, Any] | None:
+        for r in b.d.ctl_json("ps"):
+            if r["pid"] == pid:
+                samples.append({k: r.get(k) for k in ("gpu_util", "gpu_mem_bytes", "step")})
+                if r.get("gpu_mem_bytes") and r.get("gpu_util") is not None:
+                    return dict(r)
+        return None
+
+    try:
+        got = wait_for(sampled, b.left(30), "GPU columns for the job's pid", every=1.0)
+    except AssertionError:
+        got = None
+    nvml_pids = _nvml_pids()
+    seen = {"pid": pid, "samples": samples[-10:], "nvml_compute_pids": nvml_pids}
+    if got is None:
+        why = f"no GPU util+memory in ps for pid {pid} in 30 s; NVML lists the pids {nvml_pids}"
+        return Result("nvml-ps", FAIL, why, seen)
+    human = b.d.ctl("ps").stdout
+    seen["ps"] = human.splitlines()
+    mem = int(got["gpu_mem_bytes"])
+    return Result(
+        "nvml-ps",
+        PASS,
+        f"pid {pid}: gpu_util {got['gpu_util']}%, gpu_mem {mem / 2**20:.0f} MiB "
+        f"(NVML compute pids {nvml_pids})",
+        seen,
+    )
+
+
+def _nvml_pids() -> list[int] | str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        out: list[int] = []
+        for i in range(pynvml.nvmlDeviceGetCount()):
+            h = pynvml.nvmlDeviceGetHandleByIndex(i)
+            out += [int(p.pid) for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h)]
+        return out
+    except Exception as exc:
+        return f"NVML: {exc}"
+
+
+def check_memory_snapshot(b: Bench) -> Result:
+    res = b.session(None, "--job", "gpucheck", "--next", "--active", "2", "--memory-snapshot")
+    (row,) = b.rows(res["session"])
+    b.stalls["cpu,cuda capture + memory snapshot"] = row.get("stall_ms")
+    files = _files(row)
+    seen: dict[str, Any] = {"session": res["session"], "files": files, "steps": row.get("steps")}
+    if "memory" not in files:
+        notes = b.d.ctl_json("show", res["session"])
+        return Result("memory-snapshot", FAIL, f"no memory file; files {sorted(files)}; "
+                      f"session {_clip(json.dumps(notes), 400)}", seen)  # fmt: skip
+    path = _abs(b, files["memory"])
+    with path.open("rb") as fh:
+        snap = pickle.load(fh)
+    from torch.cuda import _memory_viz as viz
+
+    segments = snap.get("segments", [])
+    traces = snap.get("device_traces", [])
+    actions: dict[str, int] = {}
+    for dev in traces:
+        for ev in dev:
+            actions[ev.get("action", "?")] = actions.get(ev.get("action", "?"), 0) + 1
+    html = viz.trace_plot(snap)  # type: ignore[no-untyped-call]
+    seg_html = viz.segment_plot(snap)
+    seen.update(
+        bytes=path.stat().st_size,
+        segments=len(segments),
+        trace_actions=actions,
+        trace_plot_chars=len(html),
+        segment_plot_chars=len(seg_html),
+    )
+    evidence = (
+        f"{path.name} {path.stat().st_size} bytes: {len(segments)} segments, trace actions "
+        f"{actions}; memory_viz trace_plot {len(html)} chars, segment_plot {len(seg_html)}"
+    )
+    if not segments or not actions.get("alloc"):
+        return Result("memory-snapshot", FAIL, "no allocations recorded | " + evidence, seen)
+    return Result("memory-snapshot", PASS, evidence, seen)
+
+
+def finish_main_job(b: Bench) -> None:
+    if b.main_job is not None:
+        b.job_result = b.end_job(b.main_job, b.main_stop)
+
+
+def check_nsys(b: Bench, where: str) -> Result:
+    if b.nsys is None:
+        return Result("nsys", SKIP, f"no nsys on this machine: {where}")
+    gate, stop = b.tmp / "nsys-gate", b.tmp / "nsys-stop"
+    env = {"GATE": str(gate), "STOP": str(stop), "STEP_SLEEP": "0.02"}
+    job = b.job("gpunsys", env, under_nsys=True)
+    ps = b.attached("gpunsys", 180)
+    res = b.session(gate, "--backend", "nsys", "--job", "gpunsys", "--steps", "3:5", timeout=300)
+    rows = b.rows(res["session"])
+    result = b.end_job(job, stop, timeout=120)
+    seen: dict[str, Any] = {"session": res["session"], "nsys_session": ps.get("nsys_session")}
+    seen["job_nvtx_pushes"] = result.get("nvtx_pushes")
+    if len(rows) != 1:
+        return Result("nsys", FAIL, f"{len(rows)} trace rows for the session: {rows}", seen)
+    row = rows[0]
+    files = _files(row)
+    seen["files"] = files
+    if "nsys" not in files or "summary" not in files:
+        return Result("nsys", FAIL, f"files {files}: want an nsys report and a summary", seen)
+    rep = _abs(b, files["nsys"])
+    summary = _abs(b, files["summary"]).read_text(errors="replace")
+    b.nsys_summary = summary
+    nvtx = nsys_section(summary, "nvtx_sum")
+    kern = nsys_section(summary, "cuda_gpu_kern_sum")
+    seen.update(nvtx_sum=nvtx[:30], cuda_gpu_kern_sum=kern[:15], report_bytes=rep.stat().st_size)
+    problems = []
+    if "(nsys stats failed" in summary:
+        problems.append(summary[summary.index("(nsys stats failed") :].splitlines()[0])
+    if not rep.is_relative_to(b.d.spool) or rep.suffix != ".nsys-rep":
+        problems.append(f"report {rep} is not an .nsys-rep in the spool")
+    for step in ("ProfilerStep#3", "ProfilerStep#4"):
+        if not any(step in line for line in nvtx):
+            problems.append(f"{step} not in nvtx_sum")
+    if any("ProfilerStep#5" in line or "ProfilerStep#2" in line for line in nvtx):
+        problems.append("nvtx_sum holds steps outside 3:5")
+    if len(kern) < 2:
+        problems.append("cuda_gpu_kern_sum lists no kernels")
+    evidence = (
+        f"{rep.name} {rep.stat().st_size} bytes in the spool; nvtx_sum {len(nvtx)} lines, "
+        f"cuda_gpu_kern_sum {max(len(kern) - 2, 0)} kernel rows (by {b.nsys})"
+    )
+    if problems:
+        return Result("nsys", FAIL, "; ".join(problems) + " | " + evidence, seen)
+    return Result("nsys", PASS, evidence, seen)
+
+
+def check_regions(b: Bench) -> Result:
+    pushes = (b.job_result or {}).get("nvtx_pushes", {})
+    seen: dict[str, Any]
+    if b.nsys_summary is not None:
+        nvtx = nsys_section(b.nsys_summary, "nvtx_sum")
+        found = {r: any(r in line for line in nvtx) for r in ("forward", "backward")}
+        seen = {"nvtx_sum": nvtx[:30]}
+        if all(found.values()):
+            return Result("regions", PASS, "forward and backward are NVTX ranges in the nsys "
+                          "report's nvtx_sum", seen)  # fmt: skip
+        return Result("regions", FAIL, f"regions in nvtx_sum: {found}", seen)
+    if b.trace is None:
+        return Result("regions", FAIL, "no trace from the capture check to read")
+    events = trace_events(b.trace)
+    per = {r: annotations_by_step(events, r) for r in ("forward", "backward")}
+    want = list(range(*STEPS))
+    seen = {"record_function_per_step": per, "job_nvtx_pushes": pushes}
+    evidence = (
+        f"{'no nsys' if b.nsys is None else 'no nsys report (see nsys)'}, so not seen as NVTX:"
+        f" record_function ranges per step {per}; the client "
+        f"called torch.cuda.nvtx.range_push {pushes} times in the job (over all captures)"
+    )
+    ok = all(sorted(p) == want and all(n == 1 for n in p.values()) for p in per.values())
+    ok = ok and all(pushes.get(r, 0) >= len(want) for r in ("forward", "backward"))
+    return Result("regions", PASS if ok else FAIL, evidence, seen)
+
+
+def check_nccl(b: Bench) -> Result:
+    if b.trace is None or b.row is None:
+        return Result("nccl", FAIL, "no trace from the capture check to read")
+    c = collectives(trace_events(b.trace))
+    stats = b.row.get("stats") or {}
+    counted = stats.get("collectives") or []
+    coll_ms = (stats.get("steps") or {}).get("collective_ms")
+    seen = {
+        "collective_cpu_ops": c.cpu_ops,
+        "gpu_launched_by_collectives": c.launched,
+        "nccl_named_gpu_activities": c.nccl_kernels,
+        "stats_collectives": counted,
+        "stats_collective_ms": coll_ms,
+        "distributedInfo": b.trace.get("distributedInfo"),
+    }
+    evidence = (
+        f"collective ops {c.cpu_ops}; they launched {c.launched}; NCCL kernels {c.nccl_kernels};"
+        f" pipeline collectives {counted}, collective_ms per step {coll_ms}"
+    )
+    problems = []
+    if not c.cpu_ops:
+        problems.append("no collective ranges in the trace")
+    if not c.nccl_kernels:
+        problems.append("no GPU activity named NCCL (a single rank may skip NCCL's kernels)")
+    counted_names = {str(x[0]) for x in counted}
+    if c.nccl_kernels and not any(n in counted_names for n in c.nccl_kernels):
+        problems.append("NCCL kernels not among the pipeline's collectives")
+    if not coll_ms or not any(x > 0 for x in coll_ms):
+        problems.append("no collective time in any step")
+    if problems:
+        return Result("nccl", FAIL, "; ".join(problems) + " | " + evidence, seen)
+    return Result("nccl", PASS, evidence, seen)
+
+
+def check_flight_recorder(b: Bench) -> Result:
+    readers = [
+        str(p.relative_to(ROOT))
+        for p in sorted((ROOT / "profd").rglob("*.py"))
+        if "TORCH_NCCL_TRACE_BUFFER_SIZE" in p.read_text(errors="replace")
+    ]
+    if not readers:
+        return Result("flight-recorder", SKIP, "hangs issue not landed: profd has no reader "
+                      "for NCCL's flight recorder dump yet")  # fmt: skip
+    return Result("flight-recorder", FAIL, f"profd reads the flight recorder ({readers}) but "
+                  "gpucheck has no check for it yet: add one", {"readers": readers})  # fmt: skip
+
+
+def check_idle_and_stall(b: Bench, rounds: int = 2, steps: int = 300) -> Result:
+    """Median step time of the CUDA loop attached (live daemon, no capture) and with
+    ``PROFD_DISABLE=1``, in alternating runs; and the stalls the captures reported."""
+    per: dict[str, list[float]] = {"attached": [], "disabled": []}
+    deltas: list[float] = []
+    for r in range(rounds):
+        order = ("disabled", "attached") if r % 2 == 0 else ("attached", "disabled")
+        got: dict[str, float] = {}
+        for variant in order:
+            env = {"NCCL": "0", "STEPS": str(steps), "STEP_SLEEP": "0", "TIMES": "1"}
+            env["WARMUP"] = "50"
+            if variant == "disabled":
+                env["PROFD_DISABLE"] = "1"
+            j = b.job(f"idle-{variant}", env)
+            rc = j.wait(b.left(180))
+            res = job_result(j.output())
+            if rc != 0 or res is None:
+                raise CheckFailed(f"idle run {variant} exited {rc}: {_clip(j.output(), 600)}")
+            if variant == "attached" and not res.get("attached"):
+                raise CheckFailed("the attached idle run never attached")
+            got[variant] = median(res["step_us"])
+            per[variant].append(round(got[variant], 1))
+        deltas.append(got["attached"] - got["disabled"])
+    seen = {"median_step_us": per, "delta_us": [round(d, 1) for d in deltas],
+            "stall_ms": b.stalls, "steps_per_run": steps}  # fmt: skip
+    stalls = ", ".join(
+        f"{k} {v:.1f} ms" if isinstance(v, int | float) else f"{k} n/a" for k, v in b.stalls.items()
+    )
+    evidence = (
+        f"median step {per['disabled']} us disabled vs {per['attached']} us attached: idle "
+        f"cost {[round(d, 1) for d in deltas]} us/step (noise included); stall at capture "
+        f"end: {stalls or 'no capture ran'}"
+    )
+    return Result("idle-cost+stall", PASS, evidence, seen)
+
+
+# --- running them ------------------------------------------------------------------------------
+def run_checks(b: Bench, nsys_where: str) -> list[Result]:
+    results: list[Result] = []
+    plan: list[tuple[str, Callable[[], Result | None]]] = [
+        ("capture", lambda: check_capture(b)),
+        ("nvml-ps", lambda: check_nvml_ps(b)),
+        ("memory-snapshot", lambda: check_memory_snapshot(b)),
+        ("job-exit", lambda: finish_main_job(b)),
+        ("nccl", lambda: check_nccl(b)),
+        ("flight-recorder", lambda: check_flight_recorder(b)),
+        ("idle-cost+stall", lambda: check_idle_and_stall(b, steps=200 if b.cpu else 1000)),
+        # Last: a slow nsys must not leave the others without time.
+        ("nsys", lambda: check_nsys(b, nsys_where)),
+        ("regions", lambda: check_regions(b)),
+    ]
+    for name, fn in plan:
+        t0 = time.monotonic()
+        try:
+            r = fn()
+        except OutOfTime as exc:
+            r = Result(name, SKIP, f"not run: {exc}")
+        except Exception as exc:
+            detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+            r = Result(name, FAIL, _clip(detail, 800), {"traceback": traceback.format_exc()})
+        if r is None:
+            continue
+        r.seen.setdefault("seconds", round(time.monotonic() - t0, 1))
+        if r.status == FAIL:
+            r.seen.setdefault("job_logs", _job_logs(b))
+        print(r.line(), flush=True)
+        results.append(r)
+    return results
+
+
+def _job_logs(b: Bench) -> dict[str, str]:
+    logs = {j.out.name: _clip(j.output(), 2000) for j in b.jobs if j.out.exists()}
+    if b.d.log.exists():
+        logs["profd.log"] = _clip(b.d.log.read_text(errors="replace"), 2000)
+    return logs
+
+
+def cuda_ok() -> str | None:
+    """Why CUDA cannot be used here, or None."""
+    try:
+        import torch
+    except Exception as exc:
+        return f"torch cannot be imported: {exc!r}"
+    if not torch.cuda.is_available():
+        return f"torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() false)"
+    return None
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out", type=Path, help="report file (default docs/gpu.md)")
+    ap.add_argument("--budget", type=float, default=420.0, help="seconds for all checks")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    ap.add_argument("--allow-cpu", action="store_true", help="run the plumbing without a GPU")
+    args = ap.parse_args(argv)
+    why = cuda_ok()
+    if why is not None and not args.allow_cpu:
+        print(f"gpucheck: no GPU: {why}", flush=True)
+        return EXIT_NO_GPU
+    if not (BIN / "profd").exists():
+        print(f"gpucheck: no profd in {BIN}: install profd into this python first", flush=True)
+        return 2
+    out = args.out or (ROOT / "docs" / "gpu.md" if why is None else None)
+    nsys, where = find_nsys(os.environ)
+    started = datetime.datetime.now(datetime.UTC)
+    machine = machine_info(nsys, where)
+    if why is not None:
+        machine["note"] = f"--allow-cpu: {why}"
+    for k, v in machine.items():
+        print(f"  {k}: {v}", flush=True)
+    tmp = Path(tempfile.mkdtemp(prefix="profd-gpucheck-"))
+    b = Bench(tmp, nsys, cpu=why is not None, budget_s=args.budget)
+    try:
+        b.start()
+        results = run_checks(b, where)
+    finally:
+        b.stop()
+        if args.keep:
+            print(f"gpucheck: kept {tmp}", flush=True)
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    took = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+    when = f"{started:%Y-%m-%d %H:%M} UTC ({took:.0f} s)"
+    if out is not None:
+        out.write_text(render(machine, results, when, "python3 dev.py test-gpu"))
+        print(f"gpucheck: wrote {out}", flush=True)
+        # On the device tool's machine only what lands in $OUT comes back.
+        dest = os.environ.get("OUT")
+        if dest and os.path.isdir(dest):
+            shutil.copy(out, Path(dest) / out.name)
+            print(f"gpucheck: copied it to {dest}", flush=True)
+    failed = [r.name for r in results if r.status == FAIL]
+    print(f"gpucheck: {len(results) - len(failed)} of {len(results)} without failure"
+          + (f"; failed: {', '.join(failed)}" if failed else ""), flush=True)  # fmt: skip
+    return EXIT_FAILED if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

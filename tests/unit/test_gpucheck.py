@@ -1,0 +1,235 @@
+"""tests/gpu/gpucheck.py (``python3 dev.py test-gpu``) without a GPU: how it reads traces and
+nsys output, finds nsys, writes docs/gpu.md, and how it says there is no GPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+TESTS = Path(__file__).resolve().parents[1]
+ROOT = TESTS.parent
+sys.path.insert(0, str(TESTS / "gpu"))
+sys.path.insert(0, str(TESTS))
+
+import gpucheck as G  # noqa: E402
+from kineto_synth import trace_bytes  # noqa: E402
+
+
+def synth(first_step: int = 100) -> dict[str, Any]:
+    doc: dict[str, Any] = json.loads(trace_bytes(1_500_000, first_step=first_step))
+    return doc
+
+
+def complete(cat: str, name: str, ts: float, dur: float, **kw: Any) -> dict[str, Any]:
+    return {"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, "pid": 1, "tid": 1, **kw}
+
+
+# --- traces ---------------------------------------------------------------------------------------
+def test_kernels_and_memcpys_are_placed_in_the_step_that_launched_them() -> None:
+    doc = synth()
+    events = G.trace_events(doc)
+    pl = G.place_gpu_events(events)
+    n = len(pl.steps)
+    assert n >= 2 and pl.steps == list(range(100, 100 + n))
+    assert pl.steps_with("kernel") == pl.steps == pl.steps_with("gpu_memcpy")
+    gpu = [e for e in events if e.get("cat") in G.GPU_CATS]
+    assert pl.total("kernel") + pl.total("gpu_memcpy") == len(gpu)
+    assert pl.outside == pl.unlinked == 0 and pl.gpu_step_annotations == 0
+    assert 0 < pl.ran_inside <= len(gpu)
+
+
+def test_gpu_step_annotations_are_not_steps_and_strays_are_counted() -> None:
+    doc = synth()
+    events = G.trace_events(doc)
+    want = G.place_gpu_events(events).steps
+    first = next(e for e in events if e.get("name") == f"ProfilerStep#{want[0]}")
+    # kineto's copy of a step on a GPU stream, a kernel whose launch is in no step, and one
+    # whose launch is not in the trace at all.
+    events.append({**first, "cat": "gpu_user_annotation", "pid": 0, "tid": 7})
+    end = max(float(e["ts"]) + float(e.get("dur", 0)) for e in events if G._complete(e))
+    stray = {"correlation": -1}
+    events.append(complete("cuda_runtime", "cudaLaunchKernel", end + 10, 5, args=stray))
+    events.append(complete("kernel", "late", end + 20, 5, args=stray))
+    events.append(complete("kernel", "orphan", end + 30, 5, args={"correlation": -2}))
+    pl = G.place_gpu_events(events)
+    assert pl.steps == want
+    assert (pl.gpu_step_annotations, pl.outside, pl.unlinked) == (1, 1, 1)
+
+
+#: What NCCL runs for a reduction on a one-rank communicator: no "nccl" in its name.
+ONE_RANK = "(anonymous namespace)::oneRankReduce"
+
+
+def test_collectives_name_what_they_launched() -> None:
+    events = [
+        complete("user_annotation", "ProfilerStep#7", 0, 1000),
+        complete("cpu_op", "aten::mm", 10, 50),
+        complete("cuda_runtime", "cudaLaunchKernel", 20, 5, args={"correlation": 1}),
+        complete("cpu_op", "nccl:all_reduce", 100, 50),
+        complete("cuda_runtime", "cudaLaunchKernel", 110, 5, args={"correlation": 2}),
+        complete("cpu_op", "c10d::alltoall_base_", 200, 50),
+        complete("cuda_runtime", "cudaLaunchKernel", 210, 5, args={"correlation": 3}),
+    ]
+    gpu = {"pid": 0, "tid": 7}
+    events += [
+        complete("kernel", "sm90_gemm", 30, 40, args={"correlation": 1}, **gpu),
+        complete("kernel", ONE_RANK, 120, 9, args={"correlation": 2}, **gpu),
+        complete("kernel", "ncclDevKernel_SendRecv(x)", 220, 9, args={"correlation": 3}, **gpu),
+    ]
+    c = G.collectives(events)
+    assert c.cpu_ops == {"nccl:all_reduce": 1, "c10d::alltoall_base_": 1}
+    assert c.launched == {ONE_RANK: 1, "ncclDevKernel_SendRecv(x)": 1}
+    assert c.nccl_kernels == {"ncclDevKernel_SendRecv(x)": 1}
+    assert G.annotations_by_step(events, "nccl:all_reduce") == {}  # a cpu_op, not a region
+    events.append(complete("user_annotation", "forward", 5, 80))
+    assert G.annotations_by_step(events, "forward") == {7: 1}
+
+
+def test_annotations_by_step_on_a_kineto_like_trace() -> None:
+    events = G.trace_events(synth())
+    steps = G.place_gpu_events(events).steps
+    assert G.annotations_by_step(events, "Optimizer.step#SGD.step") == {s: 1 for s in steps}
+
+
+def test_job_result_reads_the_last_result_line_with_nested_objects() -> None:
+    out = (
+        "USDT: profiler_start\n"
+        'RESULT {"steps": 1}\n'
+        'noise RESULT {"steps": 9, "nvtx_pushes": {"forward": 3}, "pid": 5}\n'
+        "RESULT {broken\n"
+    )
+    assert G.job_result(out) == {"steps": 9, "nvtx_pushes": {"forward": 3}, "pid": 5}
+    assert G.job_result("nothing here") is None
+
+
+NSYS_STATS = """# profd nsys report summary
+session:    s1
+
+Processing [/spool/main-r0.sqlite] with [/opt/nvidia/nsight-systems/2024.5.1/.../nvtx_sum.py]...
+
+ ** NVTX Range Summary (nvtx_sum):
+
+ Time (%)  Total Time (ns)  Instances  Style    Range
+ --------  ---------------  ---------  -------  ---------------
+     60.0         12000000          1  PushPop  :ProfilerStep#3
+     40.0          8000000          1  PushPop  :forward
+
+Processing [/spool/main-r0.sqlite] with [.../cuda_gpu_kern_sum.py]...
+
+ ** CUDA GPU Kernel Summary (cuda_gpu_kern_sum):
+
+ Time (%)  Total Time (ns)  Instances  Name
+ --------  ---------------  ---------  ----------------
+    100.0           500000         12  sm90_xmma_gemm
+"""
+
+
+def test_nsys_section_splits_the_stats_output_by_report() -> None:
+    nvtx = G.nsys_section(NSYS_STATS, "nvtx_sum")
+    assert len(nvtx) == 4 and nvtx[2].endswith(":ProfilerStep#3") and "forward" in nvtx[3]
+    kern = G.nsys_section(NSYS_STATS, "cuda_gpu_kern_sum")
+    assert len(kern) == 3 and "sm90_xmma_gemm" in kern[2]
+    assert G.nsys_section(NSYS_STATS, "osrt_sum") == []
+    double = "** NVTX Range Summary (nvtx_sum) [test double]\nProfilerStep#3\t1\n** pids: 4\n"
+    assert G.nsys_section(double, "nvtx_sum") == ["ProfilerStep#3\t1"]
+
+
+# --- finding nsys ---------------------------------------------------------------------------------
+def touch_exe(path: Path, mode: int = 0o755) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("#!/bin/sh\n")
+    path.chmod(mode)
+    return path
+
+
+def test_find_nsys_prefers_profd_nsys_then_path_then_the_newest_install(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    old = touch_exe(root / "opt/nvidia/nsight-systems/2023.4.1/bin/nsys")
+    new = touch_exe(root / "opt/nvidia/nsight-systems/2024.5.1/bin/nsys")
+    touch_exe(root / "opt/nvidia/nsight-systems/2024.5.1/target-linux-x64/nsys")
+    touch_exe(root / "opt/nvidia/nsight-systems/2099.1.1/bin/nsys", mode=0o644)  # not executable
+    found, where = G.find_nsys({"PATH": ""}, root)
+    assert found == str(new), where
+    assert "3 found under" in where and str(root / "opt/nvidia/nsight-systems") in where
+    assert G.find_nsys({"PATH": str(old.parent)}, root) == (str(old), "PATH")
+    assert G.find_nsys({"PROFD_NSYS": str(old), "PATH": str(new.parent)}, root) == (
+        str(old),
+        "PROFD_NSYS",
+    )
+    missing, why = G.find_nsys({"PROFD_NSYS": str(tmp_path / "nope")}, root)
+    assert missing is None and "is not an executable file" in why
+
+
+def test_find_nsys_looks_in_nsight_compute_and_the_cuda_toolkit(tmp_path: Path) -> None:
+    root = tmp_path / "root"
+    found, why = G.find_nsys({"PATH": ""}, root)
+    assert found is None
+    assert why.startswith("none on PATH") and str(root / "opt/nvidia") in why, why
+    inside = touch_exe(root / "opt/nvidia/nsight-compute/2025.1.0/host/target-linux-x64/nsys")
+    assert G.find_nsys({"PATH": ""}, root)[0] == str(inside)
+    toolkit = touch_exe(root / "usr/local/cuda-12.8/bin/nsys")
+    assert G.find_nsys({"PATH": ""}, root)[0] == str(toolkit)  # bin/nsys first
+
+
+# --- docs/gpu.md ----------------------------------------------------------------------------------
+def test_render_lists_the_machine_every_result_and_how_to_run() -> None:
+    results = [
+        G.Result("capture", G.PASS, "steps [3, 4, 5]; 120 kernels", {"kernels": 120}),
+        G.Result("nvml-ps", G.FAIL, "no util | pid 5", {}),
+        G.Result("nsys", G.SKIP, "no nsys on this machine: none on PATH"),
+    ]
+    machine = {"GPU": "NVIDIA H100 80GB HBM3 (79 GiB)", "driver": "570.1", "nsys": "none"}
+    text = G.render(machine, results, "2026-01-02 03:04 UTC (99 s)", "python3 dev.py test-gpu")
+    assert "Recorded 2026-01-02 03:04 UTC (99 s) by `python3 dev.py test-gpu`" in text
+    assert "**1 passed, 1 failed, 1 skipped.**" in text
+    assert "| GPU | NVIDIA H100 80GB HBM3 (79 GiB) |" in text
+    assert "| capture | PASS | steps [3, 4, 5]; 120 kernels |" in text
+    assert "| nvml-ps | FAIL | no util \\| pid 5 |" in text  # a pipe cannot end the cell
+    assert "### nsys: SKIP" in text and '"kernels": 120' in text
+    assert 'run(carry=[".wheelhouse"]' in text and "## How to run" in text
+    assert [r.line() for r in results][1] == "FAIL nvml-ps: no util | pid 5"
+
+
+def test_the_committed_docs_gpu_md_says_how_to_run_it() -> None:
+    text = (ROOT / "docs" / "gpu.md").read_text()
+    assert G.HOW_TO_RUN.strip() in text
+
+
+# --- no GPU ---------------------------------------------------------------------------------------
+def test_dev_py_test_gpu_without_a_gpu_says_so_in_one_line_and_installs_nothing() -> None:
+    venv = ROOT / ".gpu-venv"
+    existed = venv.exists()
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "dev.py"), "test-gpu"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 3, (r.stdout, r.stderr)
+    assert r.stdout.splitlines() == ["test-gpu: no GPU: CUDA_VISIBLE_DEVICES='' hides every GPU"]
+    assert r.stderr == ""
+    assert venv.exists() == existed
+
+
+@pytest.mark.parametrize("visible", ["", "-1"])
+def test_gpucheck_itself_exits_3_when_torch_sees_no_gpu(visible: str, tmp_path: Path) -> None:
+    out = tmp_path / "gpu.md"
+    r = subprocess.run(
+        [sys.executable, str(TESTS / "gpu" / "gpucheck.py"), "--out", str(out)],
+        env=dict(os.environ, CUDA_VISIBLE_DEVICES=visible),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert r.returncode == G.EXIT_NO_GPU, (r.stdout, r.stderr)
+    (line,) = r.stdout.splitlines()
+    assert line.startswith("gpucheck: no GPU: ") and "is_available() false" in line
+    assert not out.exists()
