@@ -70,6 +70,8 @@ class Results:
             return
         result: dict[str, Any] = {"cycle": j.cycle, "steps": j.report.get("steps", [])}
         notes = list(j.report.get("notes") or [])
+        if res is not None:
+            notes += res.notes  # values of the trace the pipeline left out
         if res is not None and res.output_errors:
             # A report plug-in failed: the trace is kept; say what is missing beside it.
             missing = [f"{e.kind} not written: {e.error}" for e in res.output_errors]

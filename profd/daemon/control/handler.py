@@ -17,6 +17,7 @@ from typing import Any
 
 from profd import __version__
 from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.control import servable
 from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.selector import Selector
 from profd.daemon.sessions.starts import Starter, StartRequest, started
@@ -111,6 +112,12 @@ class ControlHandler:
         if t in (P.C_SESSIONS, P.C_SHOW, P.C_TRACES):
             self.flush()  # answer reads from an index that has every change so far
         data = self._dispatch(m, by)
+        # Rows read back from the index: a value an older daemon stored beyond the protocol's
+        # bounds costs its own row, named, not the listing.
+        if t in (P.C_SESSIONS, P.C_TRACES):
+            data = servable.rows(data)
+        elif t == P.C_SHOW:
+            data = servable.row({**data, "targets": servable.rows(data["targets"])})
         if t in (P.C_PS, P.C_SESSIONS, P.C_TRACES):
             self._stamp(data)
         elif t == P.C_SHOW:
