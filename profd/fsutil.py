@@ -5,11 +5,28 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 StrPath = str | os.PathLike[str]
+
+#: A temporary file's name: ``.{final name}.tmp-{mkstemp's 8 characters, or a pid}``. A dotfile,
+#: so that HTA and TensorBoard skip it; recognisable, so that what a killed process left behind
+#: can be found again (:func:`is_temp_name`).
+_TEMP = re.compile(r"\..+\.tmp-[a-z0-9_]+")
+
+
+def temp_prefix(name: str) -> str:
+    """The start of a temporary name for a file that will be called ``name``."""
+    # A long name plus the suffix could pass NAME_MAX; the prefix only has to be recognisable.
+    return f".{name[:100]}.tmp-"
+
+
+def is_temp_name(name: str) -> bool:
+    """Whether ``name`` is one :func:`temp_prefix` made (plus mkstemp's or a pid suffix)."""
+    return _TEMP.fullmatch(name) is not None
 
 
 def atomic_write(path: StrPath, data: bytes | str, mode: int | None = None) -> None:
@@ -32,8 +49,7 @@ def atomic_path(path: StrPath, mode: int | None = None) -> Iterator[Path]:
     TensorBoard) skip a file still being written.
     """
     final = Path(path)
-    # A long name plus the suffix could pass NAME_MAX; the prefix only has to be recognisable.
-    fd, name = tempfile.mkstemp(prefix=f".{final.name[:100]}.tmp-", dir=final.parent)
+    fd, name = tempfile.mkstemp(prefix=temp_prefix(final.name), dir=final.parent)
     tmp = Path(name)
     try:
         try:

@@ -15,11 +15,24 @@ from typing import Any
 import zmq
 from daemonproc import wait_for
 from harness import Daemon, Job
-from rawpeer import HELLO, dealer, pack, req
+from rawpeer import HELLO, TracePeer, dealer, pack, req
+from test_pipeline_faults import wait_end
+from test_trace_values import poisoned_trace
 
 from profd_client import protocol as P
 
 SEED = 20261122
+#: Values that once got through (issue 19): a 30-digit step (as text: msgpack cannot carry
+#: the number, a trace can) and session ids at, and just past, the one bound they have.
+HUGE_STEP = "1" * 30
+HOSTILE = [
+    HUGE_STEP,
+    f"ProfilerStep#{HUGE_STEP}",
+    f"{HUGE_STEP}:{HUGE_STEP}1",
+    "s" * P.MAX_NAME,
+    "s" * (P.MAX_NAME + 1),
+]
+BEYOND = [P.MAX_STEP, P.MAX_STEP + 1, P.MAX_RANK + 1]
 N_AGENT = 3000
 N_CONTROL = 1500
 
@@ -31,13 +44,17 @@ def value(rnd: random.Random, depth: int = 0) -> Any:
     if kind == 1:
         return rnd.random() < 0.5
     if kind == 2:
-        return rnd.choice([0, 1, -1, 2, 7, 1 << 31, 1 << 53, (1 << 63) - 1, -(1 << 63)])
+        return rnd.choice(
+            [0, 1, -1, 2, 7, 1 << 31, 1 << 53, (1 << 63) - 1, -(1 << 63), (1 << 64) - 1, *BEYOND]
+        )
     if kind == 3:
         return rnd.randint(-(10**6), 10**6)
     if kind == 4:
         return rnd.choice([0.0, -0.5, 1e308, float("inf"), float("nan"), 3.25])
     if kind == 5:
-        return rnd.choice(["", "x", "../..", "a" * 5000, "0:5", "1,2,5", "*", "%", "trainer"])
+        return rnd.choice(
+            ["", "x", "../..", "a" * 5000, "0:5", "1,2,5", "*", "%", "trainer", *HOSTILE]
+        )
     if kind == 6:
         return bytes(rnd.getrandbits(8) for _ in range(rnd.randint(0, 20)))
     if kind == 7:
@@ -70,6 +87,7 @@ VALID_CONTROL = [
     {"t": "ps"},
     {"t": "sessions", "limit": 5},
     {"t": "traces", "filters": {"limit": 3}},
+    {"t": "traces", "filters": {"session": "s" * P.MAX_NAME}},
 ]
 
 
@@ -84,7 +102,8 @@ def test_fuzzed_messages_on_both_sockets(daemon: Daemon, ctx: zmq.Context, torch
         if i < N_AGENT:
             agent.send(pack(message(rnd, P.AGENT_INBOUND)))
         if i < N_CONTROL:
-            m = VALID_CONTROL[i % 4] if i % 5 == 0 else message(rnd, P.CONTROL_INBOUND)
+            valid = VALID_CONTROL[i // 5 % len(VALID_CONTROL)]
+            m = valid if i % 5 == 0 else message(rnd, P.CONTROL_INBOUND)
             ctl.send(pack({"v": P.VERSION, **m}))
             assert ctl.poll(10_000), f"control request {i} not answered: {m}"
             r = P.decode(ctl.recv(), P.REPLY_INBOUND, reply=True)
@@ -104,13 +123,20 @@ def test_fuzzed_messages_on_both_sockets(daemon: Daemon, ctx: zmq.Context, torch
     log = daemon.log.read_text()
     assert "Traceback" not in log, log[-4000:]
 
+    # The 30-digit step in a trace, where a peer can put it: listings still answer.
+    poisoner = TracePeer(ctx, daemon, "poison")
+    sid, _ = poisoner.capture(poisoned_trace)
+    poisoner.sock.close(0)
+    assert wait_end(daemon, sid)["state"] == "done"
+    assert [r["session"] for r in daemon.ctl_json("traces")] == [sid]
+
     # A real job still gets captured, and the capture is there after a restart.
     job: Job = torchrun("train.py", daemon=daemon, STEPS="100000", STEP_SLEEP="0.02")
     try:
         # (The fuzzing peer sent a bye or stopped heartbeating, and is gone by now.)
         real = wait_for(
             lambda: (lambda rows: rows if len(rows) == 2 else None)(
-                [r for r in daemon.ps() if r["host"] != HELLO["host"]]
+                [r for r in daemon.ps() if r["job"] != "poison" and r["host"] != HELLO["host"]]
             ),
             90,
             "the job's two ranks",

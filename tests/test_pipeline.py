@@ -22,6 +22,7 @@ from profd.pipeline.memory_report import downsample
 from profd.pipeline.parsed import ParsedTrace
 from profd.pipeline.process import PipelineError, ProcessedTrace, inject_rank
 from profd.textfmt import human_bytes
+from profd_client import protocol as P
 
 # torch-tb-profiler's worker/span file-name pattern.
 TB_PROFILER_RE = re.compile(r"^(.*?)(\.\d+)?\.pt\.trace\.json(?:\.gz)?$")
@@ -152,6 +153,51 @@ def test_inject_rank() -> None:
     partial: dict[str, Any] = {"distributedInfo": {"backend": "nccl", "world_size": 64}}
     assert inject_rank(partial, 4, 8) is True
     assert partial["distributedInfo"] == {"backend": "nccl", "world_size": 64, "rank": 4}
+
+
+def test_a_rank_the_protocol_does_not_know_is_replaced(raw: Path, tmp_path: Path) -> None:
+    doc = json.loads(raw.read_text())
+    for bad in (10**30, -1, "3", True, P.MAX_RANK + 1):
+        raw.write_text(json.dumps({"distributedInfo": {"rank": bad, "world_size": 4}, **doc}))
+        result = process_trace(str(raw), str(tmp_path / "out"), "w", rank=2, world_size=4)
+        assert load_gz(result.trace_path)["distributedInfo"] == {"rank": 2, "world_size": 4}
+
+
+def test_values_beyond_the_protocol_are_left_out_with_a_note(tmp_path: Path) -> None:
+    huge = "9" * 30
+    x = {"ph": "X", "cat": "user_annotation", "pid": 1, "tid": 1}
+    events = [
+        {**x, "name": "ProfilerStep#1", "ts": 0, "dur": 100},
+        {**x, "name": "ProfilerStep#" + huge, "ts": 100, "dur": 100},
+        {**x, "name": f"ProfilerStep#{P.MAX_STEP + 1}", "ts": 200, "dur": 100},
+        {**x, "name": "ProfilerStep#-2", "ts": 300, "dur": 100},
+        {**x, "name": f"ProfilerStep#{P.MAX_STEP}", "ts": 400, "dur": 100},  # the last step
+        {**x, "cat": "cpu_op", "name": "aten::mm", "ts": 10, "dur": 20},
+        # Times beyond the protocol's seconds, NaN and a negative duration: no interval.
+        {**x, "cat": "cpu_op", "name": "far", "ts": 1e300, "dur": 1},
+        {**x, "cat": "cpu_op", "name": "long", "ts": 1, "dur": P.MAX_SECONDS * 1e6 * 2},
+        {**x, "cat": "cpu_op", "name": "nan", "ts": float("nan"), "dur": 1},
+        {**x, "cat": "cpu_op", "name": "back", "ts": 1, "dur": -5},
+        {
+            "ph": "i",
+            "name": "[memory]",
+            "ts": 1e300,
+            "args": {"Total Allocated": 1, "Total Reserved": 2},
+        },
+    ]
+    raw = tmp_path / "raw.json"
+    raw.write_text(json.dumps({"traceEvents": events}))
+    result = process_trace(str(raw), str(tmp_path / "out"), "t", rank=0, world_size=1)
+    assert result.steps_found == (1, P.MAX_STEP)
+    assert result.notes == (
+        f"3 ProfilerStep# marker(s) ignored: no step number in 0..{P.MAX_STEP} after the '#'",
+    )
+    stats = result.records["stats"]
+    assert stats["steps"]["step"] == [1, P.MAX_STEP] and stats["steps_total"] == 2
+    assert [o[0] for o in stats["ops"]] == ["aten::mm"]
+    assert "memory" not in stats
+    summary = Path(result.trace_path.replace(".pt.trace.json.gz", ".summary.txt")).read_text()
+    assert huge not in summary and "far" not in summary
 
 
 @pytest.mark.parametrize("cut", [0.5, 0.999])

@@ -12,6 +12,7 @@ or more, and every wait is on something the daemon reports, with a generous hang
 from __future__ import annotations
 
 import json
+import os
 import signal
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -212,3 +213,46 @@ def test_status_text_still_shows_the_pipeline(daemon: Daemon) -> None:
     assert r.returncode == 0 and "pipeline 0 in flight" in r.stdout, r.stdout + r.stderr
     st = pipeline(daemon)
     assert (st["in_flight"], st["restarts"], st["last_worker_death"]) == (0, 0, None), st
+
+
+def temp_files(spool: Path) -> list[Path]:
+    """The pipeline's and atomic_write's temporaries (``.{name}.tmp-XXXX``) in the sessions'
+    directories (not in ``.incoming``, which is the clients')."""
+    return [
+        Path(root, name)
+        for root, _, files in os.walk(spool)
+        if ".incoming" not in Path(root).relative_to(spool).parts
+        for name in files
+        if name.startswith(".") and ".tmp-" in name and not Path(root, name).is_symlink()
+    ]
+
+
+def test_temp_files_of_a_daemon_killed_while_processing_are_removed_at_start(
+    daemon: Daemon, peer_of: Callable[[str], TracePeer], tmp_path: Path
+) -> None:
+    sid, raw = peer_of("big").capture(big_trace)
+    cycle = daemon.spool / "big" / sid / "c0"
+    wait_for(lambda: temp_files(cycle) if cycle.is_dir() else [], WAIT, "a temp file", every=0.01)
+    daemon.kill9()  # its worker dies with it (PR_SET_PDEATHSIG), in the middle of its write
+    left = temp_files(daemon.spool)
+    # The code before: these stayed in the final directory for good (HTA skips dotfiles, but
+    # they cost space and are uploaded by nobody).
+    assert left, "the worker finished before the daemon was killed: nothing to test"
+    # A link named like a temp file, and a session directory that is a link: never followed.
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    victim = elsewhere / ".r-r0.tmp-abcd1234"
+    victim.write_text("not the daemon's")
+    link = cycle / ".x.tmp-zzzzzzzz"
+    link.symlink_to(victim)
+    (daemon.spool / "big" / "linked-session").symlink_to(elsewhere, target_is_directory=True)
+
+    daemon.start()
+    assert wait_end(daemon, sid)["state"] == "done"
+    assert temp_files(daemon.spool) == []
+    assert victim.read_text() == "not the daemon's" and link.is_symlink()
+    assert (daemon.spool / "big" / "linked-session").is_symlink()
+    assert daemon.ctl_json("status")["storage"]["temp_files_removed"] == len(left)
+    assert f"{len(left)} temporary file" in daemon.ctl("status").stdout
+    [row] = daemon.ctl_json("traces", "--session", sid)
+    assert Path(row["path"]).is_file() and not raw.exists()

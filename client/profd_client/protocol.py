@@ -204,7 +204,6 @@ class Str(Field):
             problem = _name_problem(value)
             if problem:
                 raise _bad(where, f"{value[:60]!r} {problem}")
-            return value
         if not self.min_len <= len(value) <= self.max_len:
             raise _bad(where, f"length {len(value)} is not {self.min_len}..{self.max_len}")
         if self.choices is not None and value not in self.choices:
@@ -509,7 +508,8 @@ PID: Final = Int(1, MAX_PID)
 MSG_ID: Final = Int(0, MAX_ID)
 REVISION: Final = Int(0, MAX_REVISION)
 NAME: Final = Str(MAX_NAME, name=True)
-SESSION_ID: Final = Str(64, min_len=1, name=True)
+#: One bound for session ids wherever they appear: the name rule's (docs/protocol.md).
+SESSION_ID: Final = Str(MAX_NAME, min_len=1, name=True)
 HOST: Final = Str(MAX_HOST, min_len=1)
 PATH: Final = Str(MAX_PATH, min_len=1)
 TEXT: Final = Str(MAX_TEXT)
@@ -581,7 +581,7 @@ def start_spec(value: object, where: str = "spec") -> dict[str, Any]:
 TRACE_FILTERS: Final = Struct(
     {
         "job": (Nullable(Str(MAX_TEXT)), False),
-        "session": (Nullable(Str(64)), False),
+        "session": (Nullable(Str(MAX_NAME)), False),
         "rank": (Nullable(RANK), False),
         "role": (Nullable(Str(MAX_TEXT)), False),
         "host": (Nullable(Str(MAX_TEXT)), False),
@@ -647,7 +647,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
         device=(Nullable(SHORT), _O),
         # Sessions this process is still working on (armed), so a restarted daemon
         # knows the target is alive and busy.
-        sessions=(ListOf(Str(64), MAX_CYCLES), _O),
+        sessions=(ListOf(Str(MAX_NAME), MAX_CYCLES), _O),
         # The Nsight Systems session the process runs under (``profctl run --nsys``), if any.
         nsys_session=(Nullable(NAME), _O),
         # attach() is blocked until the welcome (``attach(wait=...)``): step 1 has not begun,

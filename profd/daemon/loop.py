@@ -40,6 +40,7 @@ from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.quota import Quota
 from profd.daemon.sessions.starts import Starter
 from profd.daemon.sessions.state import Sessions
+from profd.daemon.spool import leftovers
 from profd.daemon.spool.incoming import Incoming
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.spool.storage import Storage
@@ -77,6 +78,7 @@ class Daemon:
 
         self.reactor = Reactor()
         self.storage = Storage({"index": cfg.state_dir, "spool": spool})
+        self.temp_files_removed = 0  # left in the spool by a killed daemon, removed at start
         self.index = Index(cfg.index_path)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.registry = Registry()
@@ -181,6 +183,7 @@ class Daemon:
                 **self.storage.status(),
                 "reports_waiting": self.agents.deferred,
                 "manifests_waiting": self.sessions.manifests_owed,
+                "temp_files_removed": self.temp_files_removed,
             },
             "rejected_messages": self.agents.rejected,
             "s3": self.uploads.status() if self.uploads is not None else {"configured": False},
@@ -269,6 +272,9 @@ class Daemon:
         log.info("stopped")
 
     def _restore(self) -> None:
+        # Before anything is written again, and only now that this daemon holds the runtime
+        # directory: a second daemon started by mistake must not take a running one's files.
+        self.temp_files_removed = leftovers.remove_temp_files(self.sessions.spool)
         for s in self.sessions.restore():
             if s.backend == "nsys":
                 self.nsys.restored(s)

@@ -96,6 +96,8 @@ class Results:
         c, res = o.capture, o.trace
         result: dict[str, Any] = {"cycle": c.cycle, "steps": list(c.steps)}
         notes = list(c.notes)
+        if res is not None:
+            notes += res.notes  # values of the trace the pipeline left out
         if res is not None and res.output_errors:
             # A report plug-in failed: the trace is kept; say what is missing beside it.
             missing = [f"{e.kind} not written: {e.error}" for e in res.output_errors]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from types import TracebackType
 from typing import IO
 
-from profd.fsutil import current_umask
+from profd.fsutil import current_umask, temp_prefix
 
 
 @dataclass(frozen=True)
@@ -41,7 +41,7 @@ def _temp_in(
     ``*.json``/``*.gz`` in a directory) nor torch-tb-profiler (which matches
     ``*.pt.trace.json[.gz]``) picks up a half-written file.
     """
-    fd, tmp = tempfile.mkstemp(prefix=f".{stem}.tmp-", dir=final_dir)
+    fd, tmp = tempfile.mkstemp(prefix=temp_prefix(stem), dir=final_dir)
     try:
         with os.fdopen(fd, "wb") as fh:
             if perms is None:

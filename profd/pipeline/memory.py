@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, overload
 
 from profd.pipeline.columns import sorted_order
+from profd.pipeline.spans import MAX_US
 
 MEMORY_EVENT = "[memory]"
 _INT64 = range(-(1 << 63), 1 << 63)
@@ -100,6 +101,8 @@ class MemoryEvents:
         try:
             ts_us = float(ts)
         except OverflowError:
+            return
+        if not -MAX_US <= ts_us <= MAX_US:  # NaN fails too
             return
         dev = device_name(args)
         series = self._series.get(dev)

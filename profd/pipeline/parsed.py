@@ -18,7 +18,15 @@ from typing import Any
 
 from profd.pipeline.memory import MEMORY_EVENT, MemoryEvents, SampleSeries
 from profd.pipeline.ops import CPU_OP_CATS, GPU_OP_CATS, CpuOps, GpuOps, OpStat
-from profd.pipeline.spans import STEP_PREFIX, StepSpan, StepStats, step_spans, step_stats
+from profd.pipeline.spans import (
+    MAX_US,
+    STEP_PREFIX,
+    StepSpan,
+    StepStats,
+    parse_step,
+    step_spans,
+    step_stats,
+)
 
 
 class EventGroups:
@@ -38,6 +46,8 @@ class EventGroups:
         # (pid, tid) -> ProfilerStep spans on it: which thread is the training thread, found
         # without a scan of every thread's events.
         self.step_threads: dict[Hashable, int] = {}
+        #: ``ProfilerStep#`` spans whose number is no step (see :func:`.spans.parse_step`).
+        self.no_steps = 0
 
     def add(self, ev: Any) -> None:
         if not isinstance(ev, dict):
@@ -56,6 +66,9 @@ class EventGroups:
             ts, dur = float(ts), float(dur)
         except OverflowError:  # an integer beyond any float: no time at all
             return
+        # Beyond the protocol's bounds (or NaN): no interval anything derived could store.
+        if not (-MAX_US <= ts <= MAX_US and 0.0 <= dur <= MAX_US):
+            return
         cat = get("cat")
         # The isinstance keeps a malformed (unhashable) category from failing the whole trace.
         if isinstance(cat, str):
@@ -65,6 +78,9 @@ class EventGroups:
             elif cat in GPU_OP_CATS:
                 self.gpu.add(name if isinstance(name, str) else str(get("name", "")), dur, ts)
         if isinstance(name, str) and name.startswith(STEP_PREFIX):
+            if parse_step(name) is None:
+                self.no_steps += 1
+                return
             self.steps.append((name, ts, dur))
             key = (get("pid"), get("tid"))
             try:

@@ -44,7 +44,9 @@ from profd.pipeline.outputs import (
     render_outputs,
 )
 from profd.pipeline.parsed import EventGroups, ParsedTrace
+from profd.pipeline.spans import no_step_note
 from profd.pipeline.stream import CHUNK_BYTES, TraceFormatError, TraceReader
+from profd_client import protocol as P
 
 GZIP_LEVEL = 6
 DEFAULT_TOP_N = 30
@@ -73,6 +75,8 @@ class ProcessedTrace:
     output_errors: tuple[OutputError, ...] = ()  # outputs that raised and wrote no file
     #: The result plug-ins' records by key (``stats``: see :mod:`.rankstats`).
     records: Mapping[str, Any] = field(default_factory=dict)
+    #: What the capture's result should say about the trace (values it left out).
+    notes: tuple[str, ...] = ()
 
 
 def inject_rank(doc: dict[str, Any], rank: int, world_size: int) -> bool:
@@ -80,10 +84,11 @@ def inject_rank(doc: dict[str, Any], rank: int, world_size: int) -> bool:
 
     HTA refuses to tell ranks apart without it, and a non-distributed (or single-process)
     kineto trace has no distributedInfo at all. An existing rank is trusted over ours: kineto
-    took it from the live process group.
+    took it from the live process group; unless it is no rank the protocol knows (the file is
+    the client's to write).
     """
     info = doc.get("distributedInfo")
-    if isinstance(info, dict) and "rank" in info:
+    if isinstance(info, dict) and _is_rank(info.get("rank")):
         return False
     if not isinstance(info, dict):
         info = {}
@@ -91,6 +96,10 @@ def inject_rank(doc: dict[str, Any], rank: int, world_size: int) -> bool:
     info["rank"] = rank
     doc["distributedInfo"] = info
     return True
+
+
+def _is_rank(value: Any) -> bool:
+    return type(value) is int and P.RANK.lo <= value <= P.RANK.hi
 
 
 def _trace_chunks(
@@ -272,6 +281,7 @@ def process_open(
             # The step statistics belong to the result, not to an output, so they fail the
             # capture.
             steps = parsed.steps
+            notes = (no_step_note(groups.no_steps),) if groups.no_steps else ()
             rendered, output_errors = render_outputs(outputs, parsed, stem)
             records, record_errors = compute_results(results, parsed, stem)
             output_errors += record_errors
@@ -294,4 +304,5 @@ def process_open(
         raw_bytes=raw_bytes,
         output_errors=output_errors,
         records=records,
+        notes=notes,
     )

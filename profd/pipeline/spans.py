@@ -11,7 +11,12 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from profd_client import protocol as P
+
 STEP_PREFIX = "ProfilerStep#"
+#: Times and durations in a trace are µs; the protocol bounds them in seconds. Everything the
+#: pipeline derives from an event's time (step lengths, sums, starts) stays finite with them.
+MAX_US = P.MAX_SECONDS * 1e6
 
 
 @dataclass(frozen=True)
@@ -37,6 +42,27 @@ class StepStats:
         return tuple(step for step, _ in self.durations_ms)
 
 
+def parse_step(name: str) -> int | None:
+    """The step a ``ProfilerStep#N`` name marks; None when N is no step the protocol can carry.
+
+    A trace is the client's file: a step of 30 digits would be stored, and then every reply
+    that holds it would fail to encode (msgpack has no integers beyond 64 bits).
+    """
+    try:
+        step = int(name[len(STEP_PREFIX) :])
+    except ValueError:
+        return None
+    return step if P.STEP.lo <= step <= P.STEP.hi else None
+
+
+def no_step_note(count: int) -> str:
+    """What a capture's result says about ``ProfilerStep#`` markers that were no step."""
+    return (
+        f"{count} ProfilerStep# marker(s) ignored: no step number in"
+        f" {P.STEP.lo}..{P.STEP.hi} after the '#'"
+    )
+
+
 def step_spans(steps: Iterable[tuple[str, float, float]]) -> list[StepSpan]:
     """Every ``ProfilerStep#N`` span torch.profiler emitted, in time order.
 
@@ -45,11 +71,9 @@ def step_spans(steps: Iterable[tuple[str, float, float]]) -> list[StepSpan]:
     """
     out = []
     for name, ts, dur in steps:
-        try:
-            step = int(name[len(STEP_PREFIX) :])
-        except ValueError:
-            continue
-        out.append(StepSpan(step, ts, dur))
+        step = parse_step(name)
+        if step is not None:
+            out.append(StepSpan(step, ts, dur))
     return sorted(out, key=lambda s: s.start_us)
 
 

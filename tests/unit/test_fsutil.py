@@ -77,3 +77,18 @@ def test_file_and_directory_are_flushed(tmp_path: Path, monkeypatch: pytest.Monk
     assert len(synced) == 2
     assert Path(synced[0]).parent == tmp_path and ".tmp-" in synced[0]
     assert synced[1] == os.fspath(tmp_path)
+
+
+def test_temporary_names_are_recognisable(tmp_path: Path) -> None:
+    # What each writer makes while it writes (a killed daemon leaves these behind), and what
+    # the spool holds for good, which the start-up clean-up must never take for one.
+    seen: list[str] = []
+    with fsutil.atomic_path(tmp_path / "session.json") as tmp:
+        seen.append(tmp.name)
+    with fsutil.atomic_path(tmp_path / ("r" * 250)) as tmp:
+        seen.append(tmp.name)
+    seen.append(f"{fsutil.temp_prefix('main-r0.pt.trace.json.gz')}{os.getpid()}")
+    assert all(fsutil.is_temp_name(n) for n in seen), seen
+    for final in ("session.json", "main-r0.pt.trace.json.gz", "w-r1.summary.txt", ".incoming",
+                  "c0", ".tmp-abc", "x.tmp-abcd1234", ".x.tmp-", ".x.tmp-ABC/"):  # fmt: skip
+        assert not fsutil.is_temp_name(final), final

@@ -444,3 +444,29 @@ def test_every_accepted_type_has_its_handler() -> None:
     assert set(control.HANDLERS) == P.CONTROL_INBOUND
     # ``hello`` comes from a process not registered yet, and is handled before the table.
     assert set(agent.HANDLERS) == P.AGENT_INBOUND - {P.HELLO}
+
+
+def test_session_ids_have_one_bound_the_documented_one() -> None:
+    # docs/protocol.md: session ids are path-safe names of 1-200. The code before declared 64
+    # (SESSION_ID, the traces filter, a hello's held sessions) and accepted 200 where the
+    # name rule ran: a coordinator's 200-character id was started, then refused in the
+    # filter, and a client holding it could no longer say hello.
+    ok, long = "s" * P.MAX_NAME, "s" * (P.MAX_NAME + 1)
+    assert P.SESSION_ID.describe() == f"string of 1..{P.MAX_NAME}"
+    hello = {"v": P.VERSION, "t": P.HELLO, **{k: v for k, v in HELLO.items()}}
+    for sid, passes in ((ok, True), (long, False)):
+        msgs = [
+            {"v": P.VERSION, "t": P.C_SHOW, "session": sid},
+            {"v": P.VERSION, "t": P.C_TRACES, "filters": {"session": sid}},
+            {**hello, "sessions": [sid]},
+            {"v": P.VERSION, "t": P.C_START, "spec": {"session": sid}},
+        ]
+        for m in msgs:
+            if passes:
+                P.validate(m, P.CONTROL_INBOUND | P.AGENT_INBOUND)
+            else:
+                with pytest.raises(P.ProtocolError, match=str(P.MAX_NAME)):
+                    P.validate(m, P.CONTROL_INBOUND | P.AGENT_INBOUND)
+    # A name field's own bound holds too, below the name rule's.
+    with pytest.raises(P.ProtocolError, match=r"1\.\.8"):
+        P.Str(8, min_len=1, name=True).check("s" * 9, "f")

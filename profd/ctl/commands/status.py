@@ -104,6 +104,11 @@ def storage_lines(st: dict[str, Any]) -> list[str]:
     ]
     if waiting:
         out.append(f"         waiting to be written: {', '.join(waiting)}")
+    if st.get("temp_files_removed"):
+        out.append(
+            f"         removed at start: {st['temp_files_removed']} temporary file(s)"
+            " a killed daemon left in the spool"
+        )
     return out
 
 

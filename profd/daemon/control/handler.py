@@ -17,6 +17,7 @@ from typing import Any
 
 from profd import __version__
 from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.control import servable
 from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.selector import Selector
 from profd.daemon.sessions.starts import Starter, StartRequest, started
@@ -120,7 +121,9 @@ class ControlHandler:
             r["node"] = self.facts.host
 
     # --- one handler per request type (``HANDLERS``) ----------------------------------------
-    # Requests that read the index flush first, so the answer has every change so far.
+    # Requests that read the index flush first, so the answer has every change so far; rows
+    # read back from it go through ``servable``: a value an older daemon stored beyond the
+    # protocol's bounds costs its own row's field, named, not the listing.
     def _status(self, m: dict[str, Any], by: Requester) -> Any:
         return self.status()
 
@@ -145,7 +148,7 @@ class ControlHandler:
         self.flush()
         rows = self.index.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
         self._stamp(rows)
-        return rows
+        return servable.rows(rows, P.SESSION_ROW)
 
     def _show(self, m: dict[str, Any], by: Requester) -> Any:
         self.flush()
@@ -160,7 +163,14 @@ class ControlHandler:
             s = row
             s["steps"] = sch.steps_of([tuple(c) for c in s["cycles"]])
         self._stamp([s, *s["targets"]])
-        return s
+        doc = servable.row(
+            {**s, "targets": servable.rows(s["targets"], P.TARGET_ROW)}, P.SESSION_DOC
+        )
+        if doc is None:
+            raise Refused(
+                "unservable", f"session {m['session']!r} holds values beyond the protocol's"
+            )
+        return doc
 
     def _traces(self, m: dict[str, Any], by: Requester) -> Any:
         self.flush()
@@ -170,7 +180,7 @@ class ControlHandler:
             raise Refused("bad_request", str(exc)) from None
         rows = self.index.traces(flt)
         self._stamp(rows)
-        return rows
+        return servable.rows(rows, P.TRACE_ROW)
 
     def _retry(self, m: dict[str, Any], by: Requester) -> Any:
         if not by.privileged:

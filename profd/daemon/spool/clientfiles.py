@@ -23,6 +23,8 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from profd.fsutil import temp_prefix
+
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 # O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer forever.
 _FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
@@ -197,7 +199,7 @@ def move(
 
 
 def _copy_in(fd: int, name: str, dst_dir: int, mode: int) -> None:
-    tmp = f".{name}.tmp-{os.getpid()}"
+    tmp = f"{temp_prefix(name)}{os.getpid()}"
     out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, mode, dir_fd=dst_dir)
     try:
         with os.fdopen(out, "wb") as fo, os.fdopen(os.dup(fd), "rb") as fi:
