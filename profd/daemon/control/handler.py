@@ -104,7 +104,7 @@ class ControlHandler:
         except Exception as exc:
             log.exception("control request failed")
             reply = P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
-        send(P.join_envelope(envelope, reply))
+        send(P.join_envelope(envelope, bounded_reply(reply, v)))
 
     def dispatch(self, m: dict[str, Any], by: Requester) -> Any:
         t = m["t"]
@@ -227,6 +227,20 @@ class ControlHandler:
                 raise Refused("unknown_session", f"no session {session_id!r}")
             raise Refused("finished", f"session {row['id']} already ended: {row['state']}")
         return {"session": s.id, "state": s.state}
+
+
+def bounded_reply(reply: bytes, v: int, limit: int = P.MAX_REPLY_BYTES) -> bytes:
+    """``reply``, or an error saying it is too large: profctl drops a frame over its limit
+    (``zmq.MAXMSGSIZE``) unread and would wait for an answer that never comes."""
+    if len(reply) <= limit:
+        return reply
+    log.warning("control reply of %d bytes not sent (at most %d)", len(reply), limit)
+    return P.error(
+        "too_large",
+        f"the reply is {len(reply)} bytes, over the {limit} bytes profctl accepts:"
+        " ask for less (filters, --limit)",
+        v=v,
+    )
 
 
 def _reply_version(raw: object) -> int:
