@@ -81,6 +81,7 @@ class Agent(threading.Thread):
         #: The protocol version spoken now: ours, or lower once a daemon refused it.
         self.proto = P.VERSION
         self._warned_version = False
+        self._warned_step_down = False
         self._warned_identity = False
 
     # Called from the training thread (slow path only) and from detach().
@@ -276,7 +277,12 @@ class Agent(threading.Thread):
         elif t == P.ERROR and msg["code"] == "unknown_client":
             self._welcomed = False
             self._send(self._hello())
-        elif t == P.ERROR and msg["code"] == "version" and not self._welcomed:
+        elif t == P.ERROR and msg["code"] == "version" and msg["v"] <= self.proto:
+            # Also once welcomed: the daemon was replaced by one that no longer speaks our
+            # version (a rollback). Its error says so; say hello again in one it may speak.
+            # (An error in a higher version is about a message sent before we stepped down.)
+            self._welcomed = False
+            self.connected.clear()
             self._version_refused(msg["msg"])
         elif t == P.ERROR and msg["code"] == "identity" and not self._warned_identity:
             # Not ours to fix from here (a daemon that cannot see our pid, or one run by
@@ -288,6 +294,15 @@ class Agent(threading.Thread):
         """The daemon does not speak our version: try the older ones we still speak."""
         if self.proto > P.MIN_VERSION:
             self.proto -= 1
+            if not self._warned_step_down:
+                log.warning(
+                    "profd_client: the profd daemon refused protocol version %d (%s);"
+                    " stepping down to version %d",
+                    self.proto + 1,
+                    why,
+                    self.proto,
+                )
+                self._warned_step_down = True
             self._send(self._hello())
             return
         if not self._warned_version:

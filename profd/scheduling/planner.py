@@ -25,6 +25,13 @@ MAX_REPLANS = 3
 UNKNOWN_RATE_LEAD = 10
 #: Extra lead for ``--backend nsys``: ranks are armed only after ``nsys start`` returned.
 NSYS_START_LEAD_S = 5.0
+#: How long a ``--next`` plan may make one target wait for another's steps, at the waiting
+#: target's rate... A target's step and rate are its own claims: one far ahead of the rest
+#: (a peer reporting step 10^9, or a rate that extrapolates there) would otherwise hold every
+#: other rank of its job armed for years, and busy for every explicit start.
+MAX_NEXT_WAIT_S = 600.0
+#: ...or how many steps, whichever is more: a slow or new target's rate is small or unknown.
+MAX_NEXT_WAIT_STEPS = 1000
 
 
 @dataclass(frozen=True)
@@ -62,13 +69,18 @@ def plan(
     """The same absolute cycles for every target, or :class:`Refused`."""
     earliest = 1
     lead_s += NSYS_START_LEAD_S if backend == "nsys" else 0.0
-    for t in targets:
-        est = t.estimated_step(now)
-        # At least UNKNOWN_RATE_LEAD steps: a rate of 0 may just not be reported yet.
-        ahead = max(t.sps * lead_s, UNKNOWN_RATE_LEAD)
-        earliest = max(earliest, math.ceil(est + ahead) + 2, t.busy_until)
+    # What each target's own report asks for: its step extrapolated, plus the lead.
+    # At least UNKNOWN_RATE_LEAD steps: a rate of 0 may just not be reported yet.
+    needs = [
+        math.ceil(t.estimated_step(now) + max(t.sps * lead_s, UNKNOWN_RATE_LEAD)) + 2
+        for t in targets
+    ]
+    for t, need in zip(targets, needs, strict=True):
+        earliest = max(earliest, need, t.busy_until)
     if earliest > MAX_STEP:
         raise Refused("bad_request", f"targets report steps beyond {MAX_STEP}")
+    if not sched.explicit:
+        _check_waits(targets, needs, now)
     try:
         cycles = sch.resolve(sched, earliest)
     except sch.ScheduleError as exc:
@@ -78,6 +90,33 @@ def plan(
     if sched.explicit:
         check_reachable(cycles, targets, now, warmup=bool(sched.warmup))
     return cycles
+
+
+def _check_waits(targets: Sequence[TargetState], needs: Sequence[int], now: float) -> None:
+    """:class:`Refused` if one target's report would make another wait beyond the bound.
+
+    Only reports count: queueing after a target's own live sessions (``busy_until``) is the
+    daemon's own knowledge, and the operator's ``--roundup`` and ``--warmup`` are theirs.
+    """
+    if len(targets) < 2:
+        return
+    top, first = max(zip(targets, needs, strict=True), key=lambda x: x[1])
+    for t, need in zip(targets, needs, strict=True):
+        wait = first - need
+        if wait <= max(t.sps * MAX_NEXT_WAIT_S, MAX_NEXT_WAIT_STEPS):
+            continue
+        raise Refused(
+            "unreachable",
+            f"--next: {t.name} ({_where(t, now)}) would wait {wait} steps for {top.name}"
+            f" ({_where(top, now)}); a --next plan makes no rank wait more than"
+            f" {MAX_NEXT_WAIT_STEPS} steps or {MAX_NEXT_WAIT_S:.0f} s: select them apart"
+            " (--ranks, --pid)",
+        )
+
+
+def _where(t: TargetState, now: float) -> str:
+    rate = f"{t.sps:.3g} steps/s" if t.sps else "no rate yet"
+    return f"at step {int(t.estimated_step(now))}, {rate}"
 
 
 def check_reachable(

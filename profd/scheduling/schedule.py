@@ -8,13 +8,21 @@ targeted rank, so all ranks capture the same steps without synchronised clocks.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from profd_client.protocol import MAX_CYCLE_STEPS, MAX_CYCLES, MAX_STEP
 
 Cycle = tuple[int, int, int]
+
+#: Steps one process profiles in one session, warm-ups included. Each field has its own
+#: limit, but they multiply: ``--repeat 1000 --active 10000`` is ten million steps (GBs of
+#: trace per rank), and expanding it stalled the daemon for seconds.
+SESSION_STEPS = 10_000
+#: The same, summed over a session's processes on one node (what its files, index rows and
+#: ``session.json`` grow with).
+SESSION_WORK = 100_000
 
 
 class ScheduleError(ValueError):
@@ -36,6 +44,28 @@ class Schedule:
     def explicit(self) -> bool:
         """Explicit schedules name steps; ``next`` is resolved against the targets."""
         return self.kind != "next"
+
+    @property
+    def profiled(self) -> int:
+        """Steps each target profiles, warm-ups included."""
+        if self.kind == "list":
+            return len(self.steps) * (1 + self.warmup)
+        length = self.stop - self.start if self.kind == "range" else self.active
+        return self.repeat * (length + self.warmup)
+
+    def flags(self) -> str:
+        """The flags that multiply into :attr:`profiled`, for a refusal."""
+        w = f"--warmup {self.warmup}"
+        if self.kind == "list":
+            return f"{len(self.steps)} --steps" + (f" x (1 + {w})" if self.warmup else "")
+        one = (
+            f"--steps {self.start}:{self.stop}"
+            if self.kind == "range"
+            else f"--active {self.active}"
+        )
+        if self.warmup:
+            one = f"({one} + {w})"
+        return f"--repeat {self.repeat} x {one}" if self.repeat > 1 else one
 
 
 def _int(value: Any, what: str, minimum: int, maximum: int = MAX_STEP) -> int:
@@ -105,11 +135,19 @@ def parse(spec: Mapping[str, Any]) -> Schedule:
             sched = Schedule("list", steps=tuple(nums), warmup=warmup)
         if roundup != 1:
             raise ScheduleError("--roundup goes with --next or --at-step")
-        return sched
-    if at is not None:
+    elif at is not None:
         n = _int(at, "--at-step", 1)
-        return Schedule("at", start=n, active=active, warmup=warmup, repeat=repeat, roundup=roundup)
-    return Schedule("next", active=active, warmup=warmup, repeat=repeat, roundup=roundup)
+        sched = Schedule(
+            "at", start=n, active=active, warmup=warmup, repeat=repeat, roundup=roundup
+        )
+    else:
+        sched = Schedule("next", active=active, warmup=warmup, repeat=repeat, roundup=roundup)
+    if sched.profiled > SESSION_STEPS:
+        raise ScheduleError(
+            f"{sched.flags()} is {sched.profiled} steps per process; a session profiles at most"
+            f" {SESSION_STEPS}"
+        )
+    return sched
 
 
 def resolve(s: Schedule, earliest: int = 1) -> list[Cycle]:
@@ -145,6 +183,21 @@ def _check_warmup(c: Cycle, w: int) -> None:
 
 def describe(cycles: list[Cycle]) -> str:
     return ", ".join(f"{a}:{b}" if b - a > 1 else str(a) for _, a, b in cycles)
+
+
+def check_work(cycles: Sequence[Cycle], targets: int) -> None:
+    """:class:`ScheduleError` unless ``targets`` processes may each profile ``cycles``."""
+    each = sum(b - w for w, _, b in cycles)
+    if each > SESSION_STEPS:
+        raise ScheduleError(
+            f"steps {describe(list(cycles))} are {each} steps per process; a session profiles"
+            f" at most {SESSION_STEPS}"
+        )
+    if each * targets > SESSION_WORK:
+        raise ScheduleError(
+            f"{each} steps on each of {targets} processes is {each * targets}; a session"
+            f" profiles at most {SESSION_WORK} steps on one node: select fewer ranks or steps"
+        )
 
 
 def steps_of(cycles: list[Cycle]) -> list[int]:

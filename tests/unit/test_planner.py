@@ -72,7 +72,7 @@ def test_steps_beyond_the_maximum_are_refused_not_overflowed() -> None:
     with pytest.raises(Refused, match="beyond"):
         plan({"next": True}, T(step=MAX_STEP, sps=1e9))
     with pytest.raises(Refused, match="beyond"):
-        plan({"next": True, "repeat": 1000, "active": 9000}, T(step=MAX_STEP - 10**6))
+        plan({"next": True, "repeat": 10, "active": 900}, T(step=MAX_STEP - 5000))
 
 
 def test_can_join_and_replannable() -> None:
@@ -89,6 +89,42 @@ def test_can_join_and_replannable() -> None:
     assert planner.replan_lead(1, 10.0) == 20.0
 
 
+# --- one target's influence on a job's plan -------------------------------------------------------
+def test_one_target_far_ahead_cannot_park_the_others() -> None:
+    # A peer reporting step 10^9 (or a rate that extrapolates there) beside a real rank at
+    # step 100 and 20 steps/s: the real rank would wait 1.6 years. Refused, naming both.
+    real, liar = T(step=100, sps=20.0), planner.TargetState("liar", 10**9, 0.0, 100.0)
+    for targets in ([real, liar], [liar, real]):
+        with pytest.raises(Refused) as exc:
+            planner.plan(sch.parse({"next": True}), targets, 100.0)
+        msg = str(exc.value)
+        assert exc.value.code == "unreachable" and "\n" not in msg, msg
+        assert "liar" in msg and "r100" in msg and "at step 100" in msg, msg
+    fast = planner.TargetState("fast", 100, 1e9, 100.0)
+    with pytest.raises(Refused, match="fast"):
+        planner.plan(sch.parse({"next": True}), [real, fast], 100.0)
+
+
+def test_ranks_apart_within_the_bound_still_plan() -> None:
+    # 20 steps/s: 600 s of steps is 12000, so a rank 5000 steps ahead is waited for.
+    assert plan({"next": True}, T(step=100, sps=20.0), T(step=5100, sps=20.0))[0][1] > 5100
+    # A slow job (30 s per step): ranks a few steps apart always plan, whatever the seconds.
+    slow = T(step=100, sps=1 / 30), T(step=90, sps=1 / 30)
+    assert plan({"next": True}, *slow)[0][1] == 100 + planner.UNKNOWN_RATE_LEAD + 2
+    # A lone target far ahead only waits for itself.
+    assert plan({"next": True}, T(step=10**9, sps=1e6))[0][1] > 10**9
+    # Queueing after a target's own live session is the daemon's own knowledge, not a claim.
+    assert plan({"next": True}, T(step=100, sps=20.0), T(step=100, busy_until=10**6))[0][1] == (
+        10**6
+    )
+
+
+def test_explicit_steps_are_not_bounded_by_the_wait() -> None:
+    assert plan({"steps": "5000000:5000001"}, T(step=100, sps=20.0)) == [
+        (5_000_000, 5_000_000, 5_000_001)
+    ]
+
+
 @settings(max_examples=300, deadline=None)
 @given(
     steps=st.lists(st.integers(0, 10**9), min_size=1, max_size=8),
@@ -102,7 +138,18 @@ def test_next_plans_are_reachable_by_every_target(
 ) -> None:
     targets = [T(step=s, sps=r, at=99.0) for s, r in zip(steps, rates, strict=False)]
     spec = {"next": True, "warmup": warmup, "repeat": repeat, "active": active}
-    cycles = plan(spec, *targets)
+    try:
+        cycles = plan(spec, *targets)
+    except Refused as exc:
+        # Only when one target is further ahead of another than that one may wait for.
+        assert exc.code == "unreachable", exc
+        ests = [t.estimated_step(100.0) for t in targets]
+        lead = max(max(t.sps for t in targets), planner.UNKNOWN_RATE_LEAD) + 3
+        assert any(
+            max(ests) - e + lead > max(t.sps * planner.MAX_NEXT_WAIT_S, planner.MAX_NEXT_WAIT_STEPS)
+            for t, e in zip(targets, ests, strict=True)
+        ), exc
+        return
     assert len(cycles) == repeat
     for t in targets:
         assert cycles[0][0] >= t.armable_from(int(t.estimated_step(100.0)))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.registry import RATE_WINDOW_S, Client, Registry
 
 
 def client(step: int, at: float) -> Client:
@@ -32,3 +32,51 @@ def test_a_late_report_never_lowers_the_step_or_the_rate() -> None:
     c.sps = 50.0
     reg.observed_step(c, 400, now=101.0, sent_at=100.5)
     assert (c.step, c.step_at, c.sps) == (500, 100.0, 50.0)
+
+
+def heartbeats(
+    reg: Registry, c: Client, start: float, every: float, steps: list[int], sps: float | None
+) -> None:
+    for i, step in enumerate(steps, 1):
+        reg.heartbeat(c, start + i * every, step, sps, "idle")
+
+
+def test_a_claimed_rate_is_capped_by_the_rate_the_daemon_observes() -> None:
+    # A peer claiming the protocol's maximum rate while its steps advance 20 per second.
+    reg, c = Registry(), client(step=0, at=100.0)
+    heartbeats(reg, c, 100.0, 1.0, [20, 40, 60], sps=1e9)
+    assert 19 < c.sps <= 20.0
+    # A peer that claims a rate and never steps has no rate at all.
+    reg, c = Registry(), client(step=5, at=100.0)
+    heartbeats(reg, c, 100.0, 0.2, [5] * 10, sps=1e9)
+    assert c.sps == 0.0
+
+
+def test_an_honest_claim_below_the_observed_rate_is_kept() -> None:
+    reg, c = Registry(), client(step=0, at=100.0)
+    heartbeats(reg, c, 100.0, 1.0, [20, 40], sps=18.5)
+    assert c.sps == 18.5
+    reg, c = Registry(), client(step=0, at=100.0)
+    heartbeats(reg, c, 100.0, 1.0, [20, 40], sps=None)  # a client that claims nothing
+    assert c.sps == 20.0
+
+
+def test_bunched_heartbeats_make_no_huge_rate() -> None:
+    # Two heartbeats queued behind a GIL-holding step arrive 3 ms apart: the rate is measured
+    # over at least RATE_WINDOW_S, not over the milliseconds between them.
+    reg, c = Registry(), client(step=0, at=100.0)
+    reg.heartbeat(c, 101.0, 20, None, None)
+    reg.heartbeat(c, 101.003, 60, None, None)
+    assert c.sps == 20.0
+    assert RATE_WINDOW_S >= 0.5
+    reg.heartbeat(c, 102.0, 80, None, None)
+    assert c.sps == 60.0  # 60 steps over the second since the last measure
+
+
+def test_a_step_counter_that_goes_back_starts_a_new_measure() -> None:
+    reg, c = Registry(), client(step=1000, at=100.0)
+    reg.heartbeat(c, 101.0, 1020, None, None)
+    reg.heartbeat(c, 102.0, 3, None, None)  # the process started counting again
+    assert c.sps == 0.0 and c.step == 3
+    reg.heartbeat(c, 103.0, 13, None, None)
+    assert c.sps == 10.0

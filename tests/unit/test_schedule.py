@@ -10,7 +10,17 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from profd.scheduling.schedule import Schedule, ScheduleError, describe, parse, resolve, steps_of
+from profd.scheduling.schedule import (
+    SESSION_STEPS,
+    SESSION_WORK,
+    Schedule,
+    ScheduleError,
+    check_work,
+    describe,
+    parse,
+    resolve,
+    steps_of,
+)
 from profd_client import protocol as P
 
 
@@ -348,3 +358,51 @@ def test_describe_names_every_captured_range(spec: dict[str, Any]) -> None:
         return
     text = describe(cycles)
     assert len(text.split(", ")) == len(cycles)
+
+
+# --- the total work of a session -----------------------------------------------------------------
+# Each field within its own limit can still multiply into millions of steps: 1000 repeats of
+# 10000 steps made a 50 MB reply and a 129 MB session.json, and stalled the daemon.
+@pytest.mark.parametrize(
+    ("spec", "flags"),
+    [
+        ({"next": True, "repeat": 1000, "active": 10000}, "--repeat 1000 x --active 10000"),
+        ({"at_step": 50, "repeat": 11, "active": 1000}, "--repeat 11 x --active 1000"),
+        ({"steps": "100:1100", "repeat": 11}, "--repeat 11 x --steps 100:1100"),
+        (
+            {"steps": ",".join(str(20_000 * i) for i in range(1, 101)), "warmup": 100},
+            "100 --steps x (1 + --warmup 100)",
+        ),
+        (
+            {"next": True, "repeat": 100, "active": 50, "warmup": 51},
+            "--repeat 100 x (--active 50 + --warmup 51)",
+        ),
+    ],
+)
+def test_a_session_profiling_too_many_steps_is_refused_naming_the_flags(
+    spec: dict[str, Any], flags: str
+) -> None:
+    with pytest.raises(ScheduleError) as exc:
+        parse(spec)
+    msg = str(exc.value)
+    assert flags in msg and f"at most {SESSION_STEPS}" in msg and "\n" not in msg, msg
+
+
+def test_the_largest_session_is_accepted() -> None:
+    assert steps_of(plan(earliest=5, repeat=10, active=SESSION_STEPS // 10)) == list(
+        range(5, 5 + SESSION_STEPS)
+    )
+    assert len(plan(steps=",".join(str(3 * i) for i in range(1, 1001)), warmup=1)) == 1000
+
+
+def test_work_over_all_targets_is_bounded() -> None:
+    cycles = plan(earliest=5, repeat=10, active=100)  # 1000 steps each
+    check_work(cycles, SESSION_WORK // 1000)
+    with pytest.raises(ScheduleError) as exc:
+        check_work(cycles, SESSION_WORK // 1000 + 1)
+    msg = str(exc.value)
+    assert f"1000 steps on each of {SESSION_WORK // 1000 + 1} processes" in msg, msg
+    assert f"at most {SESSION_WORK}" in msg, msg
+    # Cycles a coordinator sends are bounded like a schedule's.
+    with pytest.raises(ScheduleError, match=f"at most {SESSION_STEPS}"):
+        check_work([(a, a, a + 5000) for a in range(1, 15001, 5000)], 1)

@@ -35,7 +35,13 @@ class Client:
     last_seen: float = field(default_factory=time.monotonic)
     step: int = 0
     step_at: float = field(default_factory=time.monotonic)
+    #: The rate plans are made with: what the client claims (heartbeat ``sps``), never more
+    #: than the daemon observed (steps over the wall time between heartbeats).
     sps: float = 0.0
+    claimed_sps: float | None = None
+    observed_sps: float = 0.0
+    #: The (step, time) the next observation is measured from; None: the hello's.
+    rate_from: tuple[int, float] | None = None
     state: str = "idle"
     #: Inside attach(), before step 1, until its welcome is sent (hello ``waiting``).
     attaching: bool = False
@@ -113,6 +119,10 @@ class Incompatible:
         }
 
 
+#: The shortest interval a rate is observed over: heartbeats queued behind a step that
+#: holds the GIL arrive milliseconds apart, and steps over milliseconds are no rate.
+RATE_WINDOW_S = 0.5
+
 #: Peers of an unsupported version listed at most (each says hello every heartbeat).
 MAX_INCOMPATIBLE = 1024
 
@@ -141,11 +151,28 @@ class Registry:
     ) -> None:
         c.last_seen = now
         if step is not None:
+            self._observe(c, step, now)
             c.step, c.step_at = step, now
         if sps is not None:
-            c.sps = sps
+            c.claimed_sps = sps
+        if step is not None or sps is not None:
+            # A claim alone moves no plan: one peer claiming 10^9 steps/s pushed its whole
+            # job's --next plan a billion steps ahead.
+            claimed = c.claimed_sps
+            c.sps = c.observed_sps if claimed is None else min(claimed, c.observed_sps)
         if state is not None:
             c.state = state
+
+    def _observe(self, c: Client, step: int, now: float) -> None:
+        base_step, base_at = c.rate_from or (c.step, c.step_at)
+        if step < base_step:
+            # The process counts from the start again (a new run): measure from here.
+            c.rate_from, c.observed_sps = (step, now), 0.0
+        elif now - base_at >= RATE_WINDOW_S:
+            c.observed_sps = (step - base_step) / (now - base_at)
+            c.rate_from = (step, now)
+        else:
+            c.rate_from = (base_step, base_at)
 
     def observed_step(self, c: Client, step: int, now: float, sent_at: float) -> None:
         """A ``late`` report: the client was at ``step`` some time between ``sent_at`` (when

@@ -103,7 +103,7 @@ class ControlHandler:
         v = msg["v"]
         try:
             # A reply that breaks its schema (ProtocolError) is a bug here: "internal".
-            return P.reply(msg, self.dispatch(msg, who()))
+            return bounded_reply(P.reply(msg, self.dispatch(msg, who())), v)
         except Refused as exc:
             return P.error(exc.code, str(exc), v=v)
         except Exception as exc:
@@ -266,6 +266,20 @@ HANDLERS: dict[str, Callable[[ControlHandler, dict[str, Any], Requester], Any]] 
     P.C_TRACES: ControlHandler._traces,
     P.C_RETRY: ControlHandler._retry,
 }
+
+
+def bounded_reply(reply: bytes, v: int, limit: int = P.MAX_REPLY_BYTES) -> bytes:
+    """``reply``, or an error saying it is too large: profctl drops a frame over its limit
+    (``zmq.MAXMSGSIZE``) unread and would wait for an answer that never comes."""
+    if len(reply) <= limit:
+        return reply
+    log.warning("control reply of %d bytes not sent (at most %d)", len(reply), limit)
+    return P.error(
+        "too_large",
+        f"the reply is {len(reply)} bytes, over the {limit} bytes profctl accepts:"
+        " ask for less (filters, --limit)",
+        v=v,
+    )
 
 
 def by_identity(clients: Any) -> list[Client]:

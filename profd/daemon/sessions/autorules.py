@@ -89,6 +89,11 @@ class AutoRules:
             # Later ranks of the same job join the rule's session: same steps on every rank.
             if c.key in s.targets:
                 continue
+            try:
+                sch.check_work(s.cycles, len(s.targets) + 1)
+            except sch.ScheduleError as exc:
+                log.warning("[[auto]] rule %d on pid %s: %s", i, c.pid, exc)
+                continue
             t = Target.of(c)
             self.sessions.join(s, t)
             why = planner.can_join(s.cycles, target_state(c))

@@ -119,6 +119,10 @@ class Starter:
             planner.check_reachable(cycles, states, time.monotonic(), bool(req.schedule.warmup))
         else:
             cycles = self.plan(req.schedule, targets, req.backend)
+        try:
+            sch.check_work(cycles, len(targets))
+        except sch.ScheduleError as exc:
+            raise Refused("bad_request", str(exc)) from None
         if req.session is not None and self.sessions.taken(req.session):
             raise Refused("bad_request", f"session {req.session} exists on this node")
         s = Session(
