@@ -95,3 +95,35 @@ def synthetic_session(
             }
         )
     return {"id": session, "job": "synthetic", "state": "done", "targets": targets}
+
+
+def sync_steps(
+    ranks: int,
+    steps: int = 10,
+    *,
+    seed: int = 0,
+    jitter: float = 0.10,
+    slow: int | None = None,
+    slower: float = 0.25,
+    work_ms: float = 20.0,
+    comm_ms: float = 1.0,
+) -> tuple[list[tuple[list[float], list[float]]], float]:
+    """Per-rank (collective, work) times of a synchronous job, and its median step, in ms.
+
+    Each step every rank works ``work_ms`` times 1 ± ``jitter`` (uniform), ``slow`` works
+    ``slower`` of ``work_ms`` more (25 %: a rank 25 % slower than its peers), then all
+    wait in the collective until the last has arrived, plus ``comm_ms``. What
+    :func:`profd.report.straggler.find_stragglers` takes, without a report around it.
+    """
+    rng = random.Random(seed)
+    work = [
+        [
+            work_ms * (1 + rng.uniform(-jitter, jitter)) + (slower * work_ms if r == slow else 0)
+            for _ in range(steps)
+        ]
+        for r in range(ranks)
+    ]
+    last = [max(w[k] for w in work) for k in range(steps)]
+    out = [([last[k] - w[k] + comm_ms for k in range(steps)], w) for w in work]
+    step = sorted(last)[steps // 2] + comm_ms
+    return out, step

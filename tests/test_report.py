@@ -199,11 +199,14 @@ def test_diff_puts_the_slowed_operator_first(run: Run) -> None:
     assert d["a"] == run.sessions["B"] and d["b"] == run.sessions["C"]
     top = d["ops"][0]
     assert top["name"] == "aten::addmm", d["ops"][:3]
-    assert top["delta_ms"] > 0 and top["a_ms"] == 0
+    # B never ran aten::addmm: not recorded there, not a change from 0.
+    assert top["a_ms"] is None and top["not_recorded"] == "a" and top["b_ms"] > 0
+    assert top["delta_ms"] is None
     assert d["summary"]["step"]["delta_ms"] > 0
     assert d["steps"] and all("delta_ms" in s for s in d["steps"])
     first_op = next(ln for ln in run.diff_text.splitlines() if ln.startswith("aten::"))
-    assert first_op.startswith("aten::addmm")
+    assert first_op.startswith("aten::addmm") and first_op.split()[1] == "-", first_op
+    assert first_op.endswith("not recorded in A")
 
 
 def test_merged_timeline_has_every_rank_aligned_beside_the_cycle_dir(run: Run) -> None:

@@ -12,7 +12,7 @@ from stats_synth import synthetic_session
 
 from profd.pipeline.parsed import ParsedTrace
 from profd.pipeline.rankstats import rank_stats
-from profd.report.diff import diff_reports
+from profd.report.diff import diff_reports, diff_text
 from profd.report.html import HEAT_ROWS
 from profd.report.model import build_report
 from profd.report.renderers import TextRenderer, renderers, report_doc
@@ -120,3 +120,54 @@ def test_diff_sorts_by_impact() -> None:
     assert [s["a_step"] for s in d["steps"]] != [] and d["steps"][0]["a_step"] == d["steps"][0][
         "b_step"
     ]
+
+
+def with_ops(session: dict[str, Any], ops: dict[str, float], ranks: range) -> dict[str, Any]:
+    """``session`` whose ``ranks`` list exactly ``ops`` (ms over all steps) as their top."""
+    for t in session["targets"]:
+        if t["rank"] in ranks:
+            st = t["results"][0]["stats"]
+            st["ops"] = [[n, 1, ms, 0.0] for n, ms in ops.items()]
+    return session
+
+
+def test_diff_says_not_recorded_instead_of_a_drop_to_zero() -> None:
+    # A lists Optimizer.step on every rank; B on 1 of 4 (below the others' top lists), and
+    # LogSoftmaxBackward0 appears in B only. Neither is a change to or from 0.
+    a = with_ops(synthetic_session(4), {"aten::mm": 50.0, "Optimizer.step#SGD.step": 2.0}, range(4))
+    b = with_ops(synthetic_session(4), {"aten::mm": 60.0, "LogSoftmaxBackward0": 2.3}, range(4))
+    b = with_ops(
+        b, {"aten::mm": 60.0, "LogSoftmaxBackward0": 2.3, "Optimizer.step#SGD.step": 2.1}, range(1)
+    )
+    d = diff_reports(build_report(a), build_report(b))
+    rows = {o["name"]: o for o in d["ops"]}
+    opt, soft, mm = rows["Optimizer.step#SGD.step"], rows["LogSoftmaxBackward0"], rows["aten::mm"]
+    assert (opt["a_ms"], opt["b_ms"], opt["delta_ms"], opt["not_recorded"]) == (
+        0.2,
+        None,
+        None,
+        "b",
+    )
+    assert (soft["a_ms"], soft["b_ms"], soft["delta_ms"], soft["not_recorded"]) == (
+        None,
+        0.23,
+        None,
+        "a",
+    )
+    assert mm["delta_ms"] == 1.0 and mm["not_recorded"] is None
+    text = diff_text(d)
+    line = next(ln for ln in text.splitlines() if ln.startswith("Optimizer.step#SGD.step"))
+    assert line.split()[1:] == ["0.200", "-", "-", "not", "recorded", "in", "B"], line
+    assert "0.000" not in line
+    assert "(-: not recorded" in text
+
+
+def test_diff_knows_a_median_when_most_ranks_list_the_operator() -> None:
+    # 3 of 4 ranks list it: the one that does not sits below the median, which is known.
+    a = with_ops(synthetic_session(4), {"aten::mm": 50.0, "aten::add": 4.0}, range(4))
+    b = with_ops(synthetic_session(4), {"aten::mm": 50.0, "aten::add": 6.0}, range(4))
+    b = with_ops(b, {"aten::mm": 50.0}, range(1))
+    row = next(
+        o for o in diff_reports(build_report(a), build_report(b))["ops"] if o["name"] == "aten::add"
+    )
+    assert (row["a_ms"], row["b_ms"], row["not_recorded"]) == (0.4, 0.6, None)

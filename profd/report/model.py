@@ -61,7 +61,8 @@ class RankSummary(NamedTuple):
 class Straggler:
     index: int  # into Report.ranks
     why: str
-    wait_ms: float  # what the median rank waits for it per step
+    wait_ms: float  # its peers' collective time per step minus its own (the table's figures)
+    lead_ms: float  # what the rule measured: its lead over its peers per step (straggler.py)
 
 
 @dataclass(frozen=True)
@@ -170,36 +171,53 @@ def _ops(ranks: Sequence[RankData]) -> list[OpRow]:
     return out
 
 
-def _why(report_ranks: Sequence[RankData], steps: Sequence[int], k: int, wait: float) -> str:
-    me = report_ranks[k]
-    others = [r for i, r in enumerate(report_ranks) if i != k]
+def versus_peers(summaries: Sequence[RankSummary], k: int, col: int) -> tuple[float, float, float]:
+    """Rank ``k``'s figure in summary column ``col``, its peers' (the median of the other
+    ranks'), and the difference, at the precision the table prints them."""
+    own = round(summaries[k][col], 2)
+    peers = round(median(s[col] for i, s in enumerate(summaries) if i != k), 2)
+    return own, peers, round(own - peers, 2)
 
-    def excess(col: int) -> float:
-        return median(me.steps[s][col] - median(o.steps[s][col] for o in others) for s in steps)
 
-    compute, idle = excess(1), excess(3)
-    if compute >= idle:
-        what = f"{compute:.1f} ms more per step in compute than the median rank"
+def _peers_wait(summaries: Sequence[RankSummary], k: int) -> float:
+    own, peers, _ = versus_peers(summaries, k, 2)
+    return round(peers - own, 2)
+
+
+def _why(ranks: Sequence[RankData], summaries: Sequence[RankSummary], k: int) -> str:
+    """One sentence from the figures the rank table shows (means per step, its peers' the
+    median of the other ranks'), so a reader can check every number in it against the table."""
+    me = ranks[k]
+    others = [r for i, r in enumerate(ranks) if i != k]
+    comp, idle, coll = (versus_peers(summaries, k, col) for col in (1, 3, 2))
+    if comp[2] >= idle[2]:
         deltas = {
             n: me.per_step(ms) - median(o.per_step(o.ops.get(n, 0.0)) for o in others)
             for n, ms in me.ops.items()
         }
         top = max(deltas, key=lambda n: (deltas[n], n), default=None)
-        if top is not None and deltas[top] > 0.1 * compute:
-            what += f" (most in {top}: +{deltas[top]:.1f} ms)"
+        most = ""
+        if top is not None and deltas[top] > 0.1 * comp[2]:
+            most = f"; most in {top}: +{deltas[top]:.2f} ms"
+        what = (
+            f"it computes {comp[2]:.2f} ms more per step than its peers"
+            f" ({comp[0]:.2f} against {comp[1]:.2f} ms{most})"
+        )
     else:
         what = (
-            f"{idle:.1f} ms more per step than the median rank outside any operator"
-            " (Python, data loading, sleeps)"
+            f"it is idle {idle[2]:.2f} ms more per step than its peers, outside any operator"
+            f" ({idle[0]:.2f} against {idle[1]:.2f} ms: Python, data loading, sleeps)"
         )
     waited: dict[str, float] = {}
     for o in others:
         for n, ms in o.collectives.items():
             waited[n] = waited.get(n, 0.0) + ms
-    where = f" in {max(waited, key=lambda n: (waited[n], n))}" if waited else ""
+    where = f", in {max(waited, key=lambda n: (waited[n], n))}" if waited else ""
+    wait = _peers_wait(summaries, k)
     return (
-        f"rank {me.rank} ({me.label}) spends {what}; "
-        f"the other ranks wait {wait:.1f} ms per step for it{where}"
+        f"rank {me.rank} ({me.label}) is the one the others wait for: {what},"
+        f" and its peers wait {wait:.2f} ms more per step in collectives than it does"
+        f" ({coll[1]:.2f} against {coll[0]:.2f} ms{where})"
     )
 
 
@@ -229,8 +247,13 @@ def build_report(session: Mapping[str, Any]) -> Report:
         med_step,
     )
     stragglers = [
-        Straggler(i, _why(ranks, steps, i, w), w)
-        for i, w in zip(verdict.stragglers, verdict.wait_ms, strict=True)
+        Straggler(
+            i,
+            _why(ranks, summaries, i),
+            _peers_wait(summaries, i),
+            lead,
+        )
+        for i, lead in zip(verdict.stragglers, verdict.lead_ms, strict=True)
     ]
     return Report(
         session=str(session.get("id", "")),

@@ -51,7 +51,8 @@ def report_doc(report: Report) -> dict[str, Any]:
             for r, s in zip(report.ranks, report.summaries, strict=True)
         ],
         "stragglers": [
-            {**_who(report, s.index), "why": s.why, "wait_ms": s.wait_ms} for s in report.stragglers
+            {**_who(report, s.index), "why": s.why, "wait_ms": s.wait_ms, "lead_ms": s.lead_ms}
+            for s in report.stragglers
         ],
         "verdict": verdict_text(report),
         "threshold_ms": round(report.verdict.threshold_ms, 3),
