@@ -128,13 +128,14 @@ def main() -> int:
         serial_procs_s = per_host * args.nodes
 
         # Baseline 2: one request per host in turn from one process (its lower bound).
-        from profd.ctl.cluster import fan_out, load_keys, parse_node
+        from profd.ctl.cluster import Fanout, load_keys, parse_node
 
         ck = load_keys(env["PROFD_CLIENT_KEY"], env["PROFD_SERVER_KEY"])
         spec = {"next": True, "session": "serial-baseline", "cycles": [[5000, 5000, 5001]]}
         t0w = time.time()
         for p in ports:
-            fan_out([parse_node(f"127.0.0.1:{p}")], P.C_START, {"spec": spec}, ck, 30)
+            with Fanout(ck, 30) as f:
+                f.ask([parse_node(f"127.0.0.1:{p}")], P.C_START, {"spec": spec})
         serial = [a[2] - t0w for a in arms(workers) if a[0] == "serial-baseline"]
         serial_inproc_s = max(serial)
     finally:

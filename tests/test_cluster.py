@@ -313,7 +313,7 @@ def test_a_fan_out_to_more_nodes_than_libzmq_allows_sockets_by_default_answers_f
     socket per node once raised "Too many open files" after about 340 nodes (libzmq's 1,023
     sockets per context); it has one socket for all nodes now. Nothing listens on these
     ports, so every node is a timeout."""
-    from profd.ctl.cluster import ClientKeys, fan_out, parse_node
+    from profd.ctl.cluster import ClientKeys, Fanout, parse_node
 
     public, secret = zmq.curve_keypair()
     server, _ = zmq.curve_keypair()
@@ -324,13 +324,15 @@ def test_a_fan_out_to_more_nodes_than_libzmq_allows_sockets_by_default_answers_f
         h.bind(("127.0.0.1", 0))
     nodes = [parse_node(f"127.0.0.1:{h.getsockname()[1]}") for h in held]
     try:
-        answers = fan_out(nodes, P.C_PS, {}, keys, timeout=1.0)
+        with Fanout(keys, timeout=1.0) as f:
+            answers = f.ask(nodes, P.C_PS, {})
     finally:
         for h in held:
             h.close()
     assert len(answers) == 600
     assert {a.failure for a in answers} == {"timeout"}
     # A node listed twice is asked once, and answered in both places.
-    twice = fan_out([nodes[0], nodes[1], nodes[0]], P.C_PS, {}, keys, timeout=0.5)
+    with Fanout(keys, timeout=0.5) as f:
+        twice = f.ask([nodes[0], nodes[1], nodes[0]], P.C_PS, {})
     assert [a.node for a in twice] == [nodes[0], nodes[1], nodes[0]]
     assert {a.failure for a in twice} == {"timeout"}

@@ -465,18 +465,6 @@ class Fanout:
         return node_at if node_at in self._conns else None
 
 
-def fan_out(
-    nodes: Sequence[Node],
-    t: str,
-    fields: Mapping[str, Any] | Callable[[Node], Mapping[str, Any]],
-    keys: ClientKeys,
-    timeout: float = DEFAULT_NODE_TIMEOUT,
-) -> list[Answer]:
-    """One request to every node over connections made for it (see :class:`Fanout`)."""
-    with Fanout(keys, timeout) as f:
-        return f.ask(nodes, t, fields)
-
-
 class TcpNodes:
     """``--cluster``'s nodes as a node set: TCP with CURVE, one :class:`Fanout` for the
     command. The node list is resolved (SLURM asked) and the keys read when first needed."""

@@ -20,7 +20,9 @@ import zmq
 
 from profd import __version__, fsutil
 from profd.config import Config
-from profd.daemon.agent.handler import AgentHandler, Welcome
+from profd.daemon.agent.attach import Attach, Welcome
+from profd.daemon.agent.handler import AgentHandler
+from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
 from profd.daemon.captures.record import CaptureReport
@@ -107,20 +109,32 @@ class Daemon:
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, self.index, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
-        self.agents = AgentHandler(
-            Welcome(str(spool), cfg.heartbeat_interval),
-            self.registry,
+        self.intake = Intake(
             self.sessions,
             self.index,
-            self.arms,
-            self.starter,
-            AutoRules(rules, self.starter, self.sessions, self.arms),
-            self.liveness,
             self.captures,
             self.incoming,
             self.nsys,
-            self._send_agent,
             self.storage,
+            self._send_agent,
+        )
+        attach = Attach(
+            Welcome(str(spool), cfg.heartbeat_interval),
+            self.registry,
+            self.sessions,
+            self.arms,
+            AutoRules(rules, self.starter, self.sessions, self.arms),
+            self.liveness,
+            self._send_agent,
+        )
+        self.agents = AgentHandler(
+            self.registry,
+            self.sessions,
+            self.starter,
+            self.liveness,
+            attach,
+            self.intake,
+            self._send_agent,
         )
         facts = DaemonFacts(
             host,
@@ -130,6 +144,7 @@ class Daemon:
             spool,
             cfg.max_spool_bytes,
             fsutil.boot_id(),
+            runtime.group_id(cfg.admin_group),
         )
         self.control = ControlHandler(
             facts,
@@ -141,7 +156,6 @@ class Daemon:
             self._send_control,
             self._live_status,
             self.results.retry,
-            admin_gid=runtime.group_id(cfg.admin_group),
         )
 
     # --- wiring -----------------------------------------------------------------------------
@@ -181,7 +195,7 @@ class Daemon:
             "pipeline": self.captures.status(),
             "storage": {
                 **self.storage.status(),
-                "reports_waiting": self.agents.deferred,
+                "reports_waiting": self.intake.deferred,
                 "manifests_waiting": self.sessions.manifests_owed,
                 "temp_files_removed": self.temp_files_removed,
             },
@@ -290,7 +304,7 @@ class Daemon:
         self.results.delete_raw(CaptureReport.from_row(row))
 
     def _resubmit(self, row: dict[str, Any]) -> None:
-        self.agents.resubmit(CaptureReport.from_row(row))
+        self.intake.resubmit(CaptureReport.from_row(row))
 
     # --- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -349,7 +363,7 @@ class Daemon:
 
     def _retry_writes(self) -> None:
         """What a full disk stopped, tried again: the first success is the recovery."""
-        _guarded("storing deferred reports", self.agents.retry_deferred)
+        _guarded("storing deferred reports", self.intake.retry_deferred)
         _guarded("retrying captures", self.captures.retry_parked)
         if self.sessions.manifests_owed:
             self.write_manifests()

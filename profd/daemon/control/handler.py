@@ -44,6 +44,8 @@ class DaemonFacts:
     max_spool_bytes: int | None
     #: The machine's boot id: tells profctl --cluster pull whether spool paths are its own.
     boot_id: str | None = None
+    #: Members of ``[daemon] admin_group`` may stop and retry any user's sessions.
+    admin_gid: int | None = None
 
 
 class ControlHandler:
@@ -58,7 +60,6 @@ class ControlHandler:
         send: SendFrames,
         live_status: Callable[[], dict[str, Any]],
         retry: Callable[[str | None], int],
-        admin_gid: int | None = None,
     ) -> None:
         self.facts = facts
         self.registry = registry
@@ -71,12 +72,13 @@ class ControlHandler:
         self.live_status = live_status
         self.retry = retry
         self.own_uid = os.geteuid()
-        self.admin_gid = admin_gid
         self.rejected = 0
 
     def handle(self, frames: list[bytes], peer: PeerCred | None) -> None:
         """A request on ``control.sock``: the kernel says who asks."""
-        self.serve(frames, lambda: Requester.of(peer, self.own_uid, self.admin_gid), self.send)
+        self.serve(
+            frames, lambda: Requester.of(peer, self.own_uid, self.facts.admin_gid), self.send
+        )
 
     def handle_operator(self, frames: list[bytes], send: SendFrames) -> None:
         """A request over TCP: its key passed the CURVE handshake and ZAP, so it is one of

@@ -84,7 +84,7 @@ class Target:
 
     def voided_by(self, identity: tuple[str, str, int, int]) -> bool:
         """Cancelled, and chosen as another identity than ``identity``: ended because its
-        process re-registered as ``identity`` (``AgentHandler._void_stale_targets``)."""
+        process re-registered as ``identity`` (``Attach._void_stale_targets``)."""
         return self.state == "cancelled" and self.identity != identity
 
     @property

@@ -1,0 +1,159 @@
+"""A process's ``hello``: who it is (its claim checked against the kernel's word), what it is
+armed for again, which ``[[auto]]`` rules now match it, and its ``welcome``."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from profd import __version__
+from profd.daemon.agent.liveness import Liveness
+from profd.daemon.agent.send import Send
+from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.runtime.peers import PeerCred, claim_problem
+from profd.daemon.sessions.arming import Arms
+from profd.daemon.sessions.autorules import AutoRules
+from profd.daemon.sessions.state import Sessions
+from profd_client import protocol as P
+
+log = logging.getLogger("profd.agents")
+
+
+@dataclass(frozen=True)
+class Welcome:
+    """What every client is told on attach."""
+
+    spool: str
+    hb_interval: float
+
+
+class Attach:
+    def __init__(
+        self,
+        welcome: Welcome,
+        registry: Registry,
+        sessions: Sessions,
+        arms: Arms,
+        auto_rules: AutoRules,
+        liveness: Liveness,
+        send: Send,
+    ) -> None:
+        self.welcome = welcome
+        self.registry = registry
+        self.sessions = sessions
+        self.arms = arms
+        self.auto_rules = auto_rules
+        self.liveness = liveness
+        self.send = send
+        self.own_uid = os.geteuid()
+
+    def problem(self, claimed_pid: int, peer: PeerCred | None) -> str | None:
+        """Why a hello claiming ``claimed_pid`` from ``peer`` is refused, or None."""
+        problem = claim_problem(claimed_pid, peer)
+        if problem is None and peer is not None and self.own_uid not in (0, peer.uid):
+            # It could not give this uid its own incoming dir: only root can chown.
+            problem = (
+                f"uid {peer.uid} cannot use a daemon run by uid {self.own_uid}"
+                " (run profd as root, e.g. the systemd unit, to serve other users)"
+            )
+        return problem
+
+    def hello(self, ident: bytes, m: dict[str, Any], peer: PeerCred) -> None:
+        c = Client(
+            ident=ident,
+            host=m["host"],
+            pid=m["pid"],
+            job=m["job"],
+            role=m["role"],
+            rank=m["rank"],
+            local_rank=m["local_rank"],
+            world_size=m["world_size"],
+            step_mode=m["step_mode"],
+            allowed=m["allowed"],
+            torch=m.get("torch"),
+            device=m.get("device"),
+            nsys_session=m.get("nsys_session"),
+            step=m["step"],
+            attaching=bool(m.get("waiting")) and m["step"] == 0,
+            version=m["v"],
+            node_pid=peer.pid,
+            uid=peer.uid,
+            gid=peer.gid,
+            identity_source=_sources(m.get("identity_source")),
+        )
+        old = self.registry.add(c)
+        moved = old is not None and old.identity != c.identity
+        if old is None:
+            log.info("attached: %s pid %s job %s %s rank %s", c.host, c.pid, c.job, c.role, c.rank)
+        elif moved:
+            log.info(
+                "re-registered: %s pid %s as job %s %s rank %s/%s (was job %s %s rank %s/%s)",
+                c.host,
+                c.pid,
+                *c.identity,
+                *old.identity,
+            )
+        self._void_stale_targets(c)
+        self.liveness.attached(c)
+        # Arms go out before the welcome: a client waiting in attach() applies them before
+        # its first step, which is what lets an [[auto]] rule capture step 1.
+        # An arm lost with the old connection (or sent by a daemon that died before the ack)
+        # is sent again; a client ignores an arm for a session it already holds.
+        try:
+            for s in self.sessions.live():
+                t = s.targets.get(c.key)
+                if t is not None and t.awaiting_arm:
+                    self.arms.arm(s, c)
+            if old is None or moved:
+                # A new job (or rank) may match rules the old identity did not.
+                self.auto_rules.attached(c)
+        finally:
+            # Whatever went wrong with the rules, the process must not wait for nothing.
+            self.registry.welcomed(c)
+            extra: dict[str, Any] = {}
+            if c.version >= 2:
+                extra["protocol"] = [P.MIN_VERSION, P.VERSION]
+            self.send(
+                ident,
+                P.encode(
+                    P.WELCOME,
+                    v=c.version,
+                    spool=self.welcome.spool,
+                    hb_interval=self.welcome.hb_interval,
+                    daemon=__version__,
+                    **extra,
+                ),
+            )
+
+    def _void_stale_targets(self, c: Client) -> None:
+        """Targets chosen by an identity the process no longer has, and not yet capturing,
+        end here with the reason: their selector (job, role, ranks) matched someone else,
+        and their files would be named after the old rank. A capture already running goes
+        on under the identity it began with (the client names its files after the plan)."""
+        for s in self.sessions.live():
+            t = s.targets.get(c.key)
+            if t is None or not t.voidable:
+                continue
+            if (t.job, t.role, t.rank, t.world_size) == c.identity:
+                continue
+            why = (
+                f"the process re-registered as job {c.job} {c.role} rank {c.rank}/"
+                f"{c.world_size} (was job {t.job} {t.role} rank {t.rank}/{t.world_size})"
+                " before its capture began"
+            )
+            if s.auto_rule is not None:
+                # Not what a user asked for, so not a failure: a rule arms the process
+                # again if its new job matches it (see auto_rules.attached).
+                self.sessions.reported(s, t, "cancelled", why)
+            else:
+                self.sessions.fail(s, t, why + "; start the session again")
+            self.arms.disarm(s, c, keep=False)
+
+
+def _sources(value: object) -> dict[str, str]:
+    """The identity fields' sources a hello names (validated; other keys dropped)."""
+    if not isinstance(value, dict):
+        return {}
+    return {k: v for k, v in value.items() if k in P.IDENTITY_FIELDS and isinstance(v, str)}
