@@ -33,6 +33,14 @@ HOSTILE = [
     "s" * (P.MAX_NAME + 1),
 ]
 BEYOND = [P.MAX_STEP, P.MAX_STEP + 1, P.MAX_RANK + 1]
+#: Start specs within every field's limits whose total work is not (issue 19: a 49.9 MB
+#: reply and a stalled loop), and a heartbeat rate at its allowed maximum (a lying peer).
+HUGE_SPECS = [
+    {"next": True, "repeat": 1000, "active": 10000},
+    {"steps": "1:10001"},
+    {"at_step": P.MAX_STEP - 5, "active": 10000, "repeat": 1000},
+]
+MAX_RATE = 1e9
 N_AGENT = 3000
 N_CONTROL = 1500
 
@@ -50,7 +58,7 @@ def value(rnd: random.Random, depth: int = 0) -> Any:
     if kind == 3:
         return rnd.randint(-(10**6), 10**6)
     if kind == 4:
-        return rnd.choice([0.0, -0.5, 1e308, float("inf"), float("nan"), 3.25])
+        return rnd.choice([0.0, -0.5, 1e308, float("inf"), float("nan"), 3.25, MAX_RATE])
     if kind == 5:
         return rnd.choice(
             ["", "x", "../..", "a" * 5000, "0:5", "1,2,5", "*", "%", "trainer", *HOSTILE]
@@ -79,6 +87,10 @@ def message(rnd: random.Random, types: frozenset[str]) -> dict[str, Any]:
     if t == P.C_START and rnd.random() < 0.5:
         keys = sorted(P.START_KEYS)
         msg["spec"] = {rnd.choice(keys): value(rnd) for _ in range(rnd.randint(0, 5))}
+    elif t == P.C_START and rnd.random() < 0.3:
+        msg["spec"] = dict(rnd.choice(HUGE_SPECS))
+    if t == P.HEARTBEAT and rnd.random() < 0.3:
+        msg["sps"] = MAX_RATE
     return msg
 
 
