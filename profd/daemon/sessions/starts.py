@@ -273,6 +273,8 @@ class Starter:
             if c is None:
                 self.sessions.gone_from(s, t, None)
                 continue
+            if keep:
+                self.sessions.stopping(s, t)
             self.arms.disarm(s, c, keep)
         if not keep:
             self.sessions.cancel(s, "cancelled by operator")
