@@ -13,6 +13,7 @@ import click
 from profd import __version__
 from profd.ctl.connection import LocalDaemon
 from profd.ctl.errors import CtlError
+from profd.ctl.flags import user_text
 from profd.ctl.nodes import Gathered, NodeLike, NodeSet
 from profd.ctl.render import emit_json
 
@@ -105,9 +106,10 @@ def command(f: F) -> F:
                 if env is not None:
                     env.close()
         except CtlError as exc:
+            message = user_text(str(exc))
             if env is not None and env.json:
-                emit_json({"error": str(exc), "code": exc.code})
-            click.echo(f"profctl: {exc}", err=True)
+                emit_json({"error": message, "code": exc.code})
+            click.echo(f"profctl: {message}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             sys.exit(130)
