@@ -1,9 +1,10 @@
 """profctl errors and their exit codes.
 
-0: ok. 1: refused or failed. 2: no daemon or bad usage (click's, and :class:`BadUsage`).
-With ``--cluster``: 4: some nodes did not answer within ``--node-timeout`` (the output has
-what the others said), 5: some node refused this profctl's key (authentication failed).
-docs/operations.md lists them.
+0: ok. 1: refused or failed. 2: bad usage (click's, and :class:`BadUsage`). 3: no daemon
+(:class:`NoDaemon`). 6: ``start --wait --timeout`` gave up on a session that is still live
+(:class:`StillLive`). With ``--cluster``: 4: some nodes did not answer within
+``--node-timeout`` (the output has what the others said), 5: some node refused this
+profctl's key (authentication failed). docs/configuration.md has the table.
 """
 
 from __future__ import annotations
@@ -17,8 +18,15 @@ class CtlError(Exception):
         self.code = code
 
 
+#: Nothing answers on the local control socket: a script can tell "start the daemon" from
+#: "fix the command line" (2) and "the daemon said no" (1).
+EXIT_NO_DAEMON = 3
+#: ``start --wait --timeout``: the wait ended, the session did not (it is still live).
+EXIT_STILL_LIVE = 6
+
+
 class NoDaemon(CtlError):
-    exit_code = 2
+    exit_code = EXIT_NO_DAEMON
 
     def __init__(self, message: str) -> None:
         super().__init__(message, code="no_daemon")
@@ -37,6 +45,15 @@ class BadUsage(CtlError):
 EXIT_NODES_MISSING = 4
 #: ``--cluster``: at least one node refused the handshake (unknown key, wrong server key).
 EXIT_AUTH_FAILED = 5
+
+
+class StillLive(CtlError):
+    """``--wait`` gave up before the session ended; the session goes on."""
+
+    exit_code = EXIT_STILL_LIVE
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="timeout")
 
 
 class NoAnswer(CtlError):
