@@ -62,3 +62,13 @@ class NoAnswer(CtlError):
     def __init__(self, message: str, exit_code: int) -> None:
         super().__init__(message, code="auth" if exit_code == EXIT_AUTH_FAILED else "no_answer")
         self.exit_code = exit_code
+
+
+def ranks_text(ranks: list[int]) -> str:
+    """``rank 7`` or ``ranks 7,9``."""
+    return ("rank " if len(ranks) == 1 else "ranks ") + ",".join(map(str, ranks))
+
+
+def unmatched_refusal(ranks: list[int], where: str) -> CtlError:
+    """``start --strict``: refused because some ``--ranks`` matched nothing (``where``)."""
+    return CtlError(f"--strict: {ranks_text(ranks)} {where}; nothing started", code="no_match")
