@@ -298,15 +298,14 @@ class Sessions:
         self.by_id[s.id] = s
         self.save(s)
 
-    def get(self, session_id: str) -> Session | None:
-        s = self.by_id.get(session_id)
-        if s is None:
-            hits = [v for k, v in self.by_id.items() if k.startswith(session_id)]
-            s = hits[0] if len(hits) == 1 else None
-        return s
-
     def exact(self, session_id: str) -> Session | None:
+        """The live session with this id (what a user typed is resolved to one first:
+        ``ControlHandler.session_id``)."""
         return self.by_id.get(session_id)
+
+    def containing(self, part: str) -> list[str]:
+        """Ids of live sessions that contain ``part``."""
+        return [k for k in self.by_id if part in k]
 
     def taken(self, session_id: str) -> bool:
         """A live or finished session has this id (a coordinator's id must be new)."""
