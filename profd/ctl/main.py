@@ -207,8 +207,11 @@ def cli(
     else [daemon] runtime_dir in the config file, else the defaults. With --cluster
     (PROFD_CLUSTER) profctl talks to each node's daemon over TCP with CURVE; keys come from
     --key/--server-key, else PROFD_CLIENT_KEY/PROFD_SERVER_KEY, else [cluster] key and
-    server_key in the config file. Exit codes: 4 when some nodes did not answer, 5 when a
-    node refused the key.
+    server_key in the config file.
+
+    Exit codes: 0 ok; 1 refused or failed; 2 bad usage; 3 no daemon; 4 some nodes did not
+    answer; 5 a node refused the key; 6 start --wait --timeout gave up (the session goes on).
+    A SESSION may be given as any unique part of its id.
     """
     from profd.config import ConfigError, configured_cluster, configured_runtime_dir
 
