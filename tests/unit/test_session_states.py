@@ -481,7 +481,7 @@ def test_finished_sessions_owe_their_manifest(sessions: Sessions, tmp_path: Path
     sessions.cancel(s, "cancelled by operator")
     sessions.reported(s, t, "cancelled", None)
     assert sessions.flush() == [s]
-    assert sessions.get("s1") is None and sessions.manifests_owed == 1
+    assert sessions.exact("s1") is None and sessions.manifests_owed == 1
     written: list[Path] = []
     assert sessions.write_manifests(lambda _s, p: written.append(p)) is None
     assert written == [tmp_path / "spool" / "job" / "s1" / "session.json"]

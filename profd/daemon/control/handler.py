@@ -186,13 +186,9 @@ class ControlHandler:
         return servable.rows(rows, P.TRACE_ROW)
 
     def _retry(self, m: dict[str, Any], by: Requester) -> Any:
-        session = m.get("session")
-        if session is not None:
-            self.flush()
-            session = self.session_id(session)
         if not by.privileged:
-            self._check_owner(session, by)
-        return {"requeued": self.retry(session)}
+            self._check_owner(m.get("session"), by)
+        return {"requeued": self.retry(m.get("session"))}
 
     def status(self) -> dict[str, Any]:
         f = self.facts
