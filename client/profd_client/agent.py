@@ -375,11 +375,19 @@ class Agent(threading.Thread):
 
     def _flush_outbox(self) -> None:
         out = self.stepper.outbox
+        if not out:
+            return
         while out:
             m = out.popleft()
             self._unacked[m["id"]] = m
             if self._welcomed:
                 self._send_report(m)
+        if self._welcomed:
+            # The state ``ps`` shows is the last heartbeat's: right behind the reports, it
+            # reads ``idle`` before their session can end, never the ``armed`` of a beat
+            # sent before the capture.
+            self._send(P.encode(P.HEARTBEAT, v=self.proto, **self._heartbeat()))
+            self._last_tx = time.monotonic()
 
     def _send_report(self, m: dict[str, Any]) -> None:
         try:

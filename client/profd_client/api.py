@@ -15,7 +15,7 @@ from typing import Any
 from . import protocol as P
 from .agent import Agent, Explicit
 from .identity import Identity, detect, probe_dist, probe_ray
-from .locations import find_socket
+from .locations import find_socket, locate_socket
 from .ranks import RankSpecError, parse_ranks
 from .steps import Stepper
 
@@ -95,6 +95,7 @@ def attach(
         _stepper, _agent, _identity = st, agent, ident
         wait_s = _attach_wait(wait)
         agent.attaching = allowed and wait_s > 0
+        _say_if_no_daemon(runtime_dir)
         agent.start()
         atexit.register(detach)
         if agent.attaching:
@@ -103,6 +104,20 @@ def attach(
     except Exception as exc:  # attach must never break the training script
         log.warning("profd_client: attach failed, profiling disabled: %r", exc)
         return False
+
+
+def _say_if_no_daemon(runtime_dir: str | None) -> None:
+    """One info line when no daemon listens where this process looks: a PROFD_RUNTIME_DIR
+    that points elsewhere costs a newcomer minutes otherwise. An untrusted place is the
+    agent's to warn about."""
+    found = locate_socket(P.AGENT_SOCKET, runtime_dir)
+    if found.path is None or found.path.exists():
+        return
+    log.info(
+        "profd_client: no profd daemon in %s; training goes on, and this process attaches"
+        " when one starts there (set PROFD_RUNTIME_DIR to the daemon's runtime dir)",
+        ", ".join(str(p.parent) for p in found.looked),
+    )
 
 
 def _allowlist() -> Callable[[int], bool]:

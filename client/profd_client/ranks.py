@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 
 class RankSpecError(ValueError):
     pass
@@ -40,3 +42,15 @@ def parse_ranks(spec: str) -> frozenset[int] | None:
             )
         ranks.update(range(a, b + 1))
     return frozenset(ranks)
+
+
+def unmatched(spec: str | int | None, found: Iterable[int]) -> list[int]:
+    """The ranks a ``--ranks`` list names that are not in ``found``, in order; none for no
+    list, ``all`` or a list that does not parse (whoever parses it refuses it)."""
+    if spec is None:
+        return []
+    try:
+        wanted = parse_ranks(str(spec))
+    except RankSpecError:
+        return []
+    return sorted(wanted - set(found)) if wanted is not None else []

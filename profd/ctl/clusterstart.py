@@ -18,7 +18,7 @@ import click
 
 from profd.ctl.cluster import Node
 from profd.ctl.commands.wait import Followed
-from profd.ctl.errors import CtlError
+from profd.ctl.errors import CtlError, unmatched_refusal
 from profd.ctl.main import Env
 from profd.ctl.nodes import Answer, NodeLike, on_node
 from profd.ids import new_session_id
@@ -27,7 +27,7 @@ from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
 from profd.states import combine, is_terminal
 from profd_client import protocol as P
-from profd_client.ranks import RankSpecError, parse_ranks
+from profd_client.ranks import unmatched
 
 
 @dataclass
@@ -93,26 +93,18 @@ def plan_cluster(spec: dict[str, Any], answers: list[Answer]) -> ClusterPlan:
         cycles=cycles,
         targets=targets,
         left_out=left_out,
-        missing_ranks=_missing_ranks(spec, [c["rank"] for _, c, _ in found]),
+        # Ranks named by --ranks that no answering node has (a down node's, say).
+        missing_ranks=unmatched(spec.get("ranks"), [c["rank"] for _, c, _ in found]),
     )
 
 
-def _missing_ranks(spec: dict[str, Any], found: list[int]) -> list[int]:
-    """Ranks named by ``--ranks`` that no answering node has (a down node's, say)."""
-    raw = spec.get("ranks")
-    if raw is None:
-        return []
-    try:
-        wanted = parse_ranks(str(raw))
-    except RankSpecError:
-        return []  # the daemons refused it already
-    return sorted(wanted - set(found)) if wanted is not None else []
-
-
-def start_everywhere(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
+def start_everywhere(env: Env, spec: dict[str, Any], strict: bool = False) -> dict[str, Any]:
     """Probe, plan, start; the ``start`` reply of a cluster session (``--json`` shape: the
-    single-node one plus ``nodes``, ``missing_ranks`` and ``host`` on every target)."""
+    single-node one plus ``nodes``, ``missing_ranks`` and ``host`` on every target).
+    ``strict``: ranks no answering node has refuse the start before any node starts it."""
     p = plan_cluster(spec, _probe(env, spec))
+    if strict and p.missing_ranks:
+        raise unmatched_refusal(p.missing_ranks, "on no answering node")
     cycles = [list(c) for c in p.cycles]
 
     def node_spec(node: NodeLike) -> dict[str, Any]:

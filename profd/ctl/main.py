@@ -13,6 +13,7 @@ import click
 from profd import __version__
 from profd.ctl.connection import LocalDaemon
 from profd.ctl.errors import CtlError
+from profd.ctl.flags import user_text
 from profd.ctl.nodes import Gathered, NodeLike, NodeSet
 from profd.ctl.render import emit_json
 
@@ -105,9 +106,10 @@ def command(f: F) -> F:
                 if env is not None:
                     env.close()
         except CtlError as exc:
+            message = user_text(str(exc))
             if env is not None and env.json:
-                emit_json({"error": str(exc), "code": exc.code})
-            click.echo(f"profctl: {exc}", err=True)
+                emit_json({"error": message, "code": exc.code})
+            click.echo(f"profctl: {message}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             sys.exit(130)
@@ -205,8 +207,11 @@ def cli(
     else [daemon] runtime_dir in the config file, else the defaults. With --cluster
     (PROFD_CLUSTER) profctl talks to each node's daemon over TCP with CURVE; keys come from
     --key/--server-key, else PROFD_CLIENT_KEY/PROFD_SERVER_KEY, else [cluster] key and
-    server_key in the config file. Exit codes: 4 when some nodes did not answer, 5 when a
-    node refused the key.
+    server_key in the config file.
+
+    Exit codes: 0 ok; 1 refused or failed; 2 bad usage; 3 no daemon; 4 some nodes did not
+    answer; 5 a node refused the key; 6 start --wait --timeout gave up (the session goes on).
+    A SESSION may be given as any unique part of its id.
     """
     from profd.config import ConfigError, configured_cluster, configured_runtime_dir
 

@@ -121,11 +121,17 @@ class Gathered:
     def answered(self) -> list[Answer]:
         """The nodes that answered; when none did, a refusal is the result: one that is not
         ``unknown_session`` first (a node that does not know a session is no error while
-        another node might)."""
+        another node might). A node that found a short session id ambiguous is the result
+        whatever the others said."""
+        errors = [a.error for a in self.answers if a.error is not None]
+        ambiguous = [e for e in errors if e.code == "ambiguous"]
+        if ambiguous:
+            # A short id one node cannot tell apart names no one session, whatever the
+            # other nodes found for it.
+            raise ambiguous[0]
         ok = self.ok
         if ok:
             return ok
-        errors = [a.error for a in self.answers if a.error is not None]
         if errors:
             other = [e for e in errors if e.code != "unknown_session"]
             raise (other or errors)[0]

@@ -234,15 +234,14 @@ class Index:
         return [self._session_dict(r) for r in rows]
 
     def session(self, session_id: str) -> dict[str, Any] | None:
+        """The session with this id, else the one whose id contains it (None: no session, or
+        several: :meth:`session_ids` tells which)."""
         r = self.db.execute("SELECT * FROM sessions WHERE id = ?", (session_id,)).fetchone()
         if r is None:
-            # Unique prefixes are accepted like git's short hashes, as literal text: GLOB keeps
-            # the comparison case-sensitive and, unlike LIKE, lets the primary key serve it.
-            cond, args = globs.sqlite_condition("id", globs.escape(session_id) + "*")
-            rows = self.db.execute(f"SELECT * FROM sessions WHERE {cond} LIMIT 2", args).fetchall()
-            if len(rows) != 1:
+            ids = self.session_ids(session_id, 2)
+            if len(ids) != 1:
                 return None
-            r = rows[0]
+            r = self.db.execute("SELECT * FROM sessions WHERE id = ?", (ids[0],)).fetchone()
         d = self._session_dict(r)
         d["targets"] = [
             {**t, "results": json.loads(t["results"])}
@@ -251,6 +250,15 @@ class Index:
             )
         ]
         return d
+
+    def session_ids(self, part: str, limit: int) -> list[str]:
+        """Up to ``limit`` ids that contain ``part`` (literal, case-sensitive), newest first:
+        a user copies the random tail of an id as readily as its date."""
+        rows = self.db.execute(
+            "SELECT id FROM sessions WHERE instr(id, ?) > 0 ORDER BY created_at DESC LIMIT ?",
+            (part, limit),
+        ).fetchall()
+        return [r[0] for r in rows]
 
     def has_session(self, session_id: str) -> bool:
         row = self.db.execute("SELECT 1 FROM sessions WHERE id = ?", (session_id,)).fetchone()

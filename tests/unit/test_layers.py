@@ -22,7 +22,7 @@ PURE = ["scheduling", "states"]
 #: Fields of Session/Target (owned by sessions/state.py) and Client (owned by clients/registry.py).
 OWNED = {
     "sessions/state.py": {"state", "error", "client_final", "outstanding", "traces", "gone",
-                          "hold", "results", "cycles", "revision", "armed_at"},
+                          "hold", "stop_asked", "results", "cycles", "revision", "armed_at"},
     "clients/registry.py": {"step", "step_at", "sps", "cpu", "rss", "gpu_util", "gpu_mem",
                             "attaching", "last_seen", "state"},
 }  # fmt: skip

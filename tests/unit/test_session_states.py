@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from profd import states
 from profd.ctl.cluster import Node
 from profd.ctl.clusterstart import _final
-from profd.daemon.sessions.state import Session, Sessions, Target
+from profd.daemon.sessions.state import STOPPED_EARLY, Session, Sessions, Target
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.store.index import Index
 from profd_client import protocol as P
@@ -431,13 +431,57 @@ def test_a_cancel_with_a_process_gone_is_failed(sessions: Sessions, index: Index
     assert (row["state"], row["error"]) == ("failed", "cancelled by operator")
 
 
+def test_a_stop_before_any_capture_is_cancelled_not_failed(
+    sessions: Sessions, index: Index
+) -> None:
+    s = session(sessions)
+    a, b = ts(s)
+    sessions.armed(s, a)  # b never got its arm acked: still pending
+    for t in (a, b):
+        sessions.stopping(s, t)
+        sessions.reported(s, t, "stopped", None)
+    assert sessions.flush() == [s]
+    row = stored(index)
+    assert (row["state"], row["error"]) == ("cancelled", STOPPED_EARLY)
+    assert {(t["state"], t["error"]) for t in row["targets"]} == {("cancelled", STOPPED_EARLY)}
+
+
+def test_a_stop_after_one_rank_has_its_trace_is_partial(sessions: Sessions, index: Index) -> None:
+    s = session(sessions)
+    a, b = ts(s)
+    sessions.reported(s, a, "capturing", None)
+    a.traces = 1
+    for t in (a, b):
+        sessions.stopping(s, t)
+        sessions.reported(s, t, "stopped", None)
+    sessions.flush()
+    row = stored(index)
+    assert row["state"] == "partial"
+    assert (row["by_pid"][100]["state"], row["by_pid"][101]["state"]) == ("done", "cancelled")
+
+
+def test_a_stop_nobody_asked_for_is_still_a_failure(sessions: Sessions, index: Index) -> None:
+    """A client stops its sessions itself when its process exits: no trace is a failure; so
+    is a stopped capture that began and left nothing."""
+    s = session(sessions)
+    a, b = ts(s)
+    sessions.reported(s, a, "stopped", None)  # its process is exiting
+    sessions.reported(s, b, "capturing", None)
+    sessions.stopping(s, b)
+    sessions.reported(s, b, "stopped", None)
+    sessions.flush()
+    row = stored(index)
+    assert row["state"] == "failed"
+    assert {t["error"] for t in row["targets"]} == {"no trace captured"}
+
+
 def test_finished_sessions_owe_their_manifest(sessions: Sessions, tmp_path: Path) -> None:
     s = session(sessions, target(100))
     (t,) = ts(s)
     sessions.cancel(s, "cancelled by operator")
     sessions.reported(s, t, "cancelled", None)
     assert sessions.flush() == [s]
-    assert sessions.get("s1") is None and sessions.manifests_owed == 1
+    assert sessions.exact("s1") is None and sessions.manifests_owed == 1
     written: list[Path] = []
     assert sessions.write_manifests(lambda _s, p: written.append(p)) is None
     assert written == [tmp_path / "spool" / "job" / "s1" / "session.json"]

@@ -57,7 +57,9 @@ def sessions(env: Env, state: str | None, job: str | None, limit: int) -> None:
 @click.pass_obj
 @command
 def show(env: Env, session: str) -> None:
-    """One session: request, resolved steps, state per rank."""
+    """One session: request, resolved steps, state per rank.
+
+    SESSION: the id or any unique part of it (the random tail: 57ed8b)."""
     s = show_session(env, session)
     if env.json:
         emit_json(s)

@@ -9,9 +9,11 @@ from typing import Any
 import click
 
 from profd.ctl.commands.wait import Followed, echo_end, follow
+from profd.ctl.errors import ranks_text, unmatched_refusal
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, steps_text
 from profd_client import protocol as P
+from profd_client.ranks import unmatched
 
 
 @click.command()
@@ -45,8 +47,18 @@ from profd_client import protocol as P
     show_default=True,
     help="nsys needs the job launched with `profctl run --nsys -- CMD`.",
 )
+@click.option(
+    "--strict",
+    is_flag=True,
+    help="Refuse (start nothing) when a --ranks rank matches no process; else warn.",
+)
 @click.option("--wait", "wait_", is_flag=True, help="Follow progress until the session ends.")
-@click.option("--timeout", type=float, default=0, help="With --wait: give up after N seconds.")
+@click.option(
+    "--timeout",
+    type=float,
+    default=0,
+    help="With --wait: give up after N seconds (exit 6; the session goes on).",
+)
 @click.pass_obj
 @command
 def start(env: Env, /, **kw: Any) -> None:
@@ -55,6 +67,9 @@ def start(env: Env, /, **kw: Any) -> None:
     With --cluster: every node is asked for its matching ranks, the steps are resolved once
     for all of them (--ranks are global ranks), and every node starts the same session on
     the same steps; --wait ends done, partial (naming what is missing) or failed.
+
+    --ranks that match no process are named on stderr (and in --json as missing_ranks);
+    with --strict they refuse the start instead.
     """
     spec: dict[str, Any] = {
         "job": kw["job"],
@@ -82,13 +97,14 @@ def start(env: Env, /, **kw: Any) -> None:
     if env.nodes.remote:
         from profd.ctl.clusterstart import final_everywhere, start_everywhere
 
-        res = start_everywhere(env, spec)
+        res = start_everywhere(env, spec, strict=kw["strict"])
         final_of: Callable[[Followed], dict[str, Any]] = partial(final_everywhere, res)
     else:
-        res = start_here(env, spec)
+        res = start_here(env, spec, strict=kw["strict"])
         final_of = partial(_final_here, res["session"])
     if not env.json:
         echo_started(res, by_node=env.nodes.remote)
+    warn_missing(res["missing_ranks"], by_node=env.nodes.remote)
     if kw["wait_"]:
         started = {n["address"] for n in res["nodes"] if n["state"] == "started"}
         nodes = [n for n in env.nodes.nodes if n.address in started]
@@ -105,9 +121,17 @@ def start(env: Env, /, **kw: Any) -> None:
         raise SystemExit(1)
 
 
-def start_here(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
+def start_here(env: Env, spec: dict[str, Any], strict: bool = False) -> dict[str, Any]:
     """A session on one daemon, which plans it itself; the ``start`` reply with the shape of
-    a cluster start's (``nodes``, ``missing_ranks``)."""
+    a cluster start's (``nodes``, ``missing_ranks``: --ranks that matched no process).
+    ``strict``: such ranks refuse the start; the daemon is asked who matches first."""
+    if strict and spec.get("ranks") is not None:
+        [probe] = env.gather(P.C_START, spec={**spec, "probe": True}).answered()
+        found = [c["rank"] for c in probe.data["candidates"]]
+        # No match at all: the start below refuses it, naming what is attached.
+        missing = unmatched(spec["ranks"], found) if found else []
+        if missing:
+            raise unmatched_refusal(missing, "matched no attached process")
     [a] = env.gather(P.C_START, spec=spec).answered()
     res: dict[str, Any] = dict(a.data)
     res["targets"] = [a.node.named(t) for t in res["targets"]]
@@ -120,7 +144,7 @@ def start_here(env: Env, spec: dict[str, Any]) -> dict[str, Any]:
             "error": None,
         }
     ]
-    res["missing_ranks"] = []
+    res["missing_ranks"] = unmatched(spec.get("ranks"), [t["rank"] for t in res["targets"]])
     return res
 
 
@@ -143,6 +167,17 @@ def echo_started(res: dict[str, Any], by_node: bool) -> None:
     for n in res["nodes"]:
         if n["state"] != "started":
             click.echo(f"profctl: {n['host']} left out ({n['state']}): {n['error']}", err=True)
-    if res["missing_ranks"]:
-        ranks = ",".join(map(str, res["missing_ranks"]))
-        click.echo(f"profctl: ranks {ranks} are on no answering node", err=True)
+
+
+def warn_missing(missing: list[int], by_node: bool) -> None:
+    """--ranks that matched nothing, on stderr (with --json too: its stdout is the JSON)."""
+    if missing:
+        where = "are on no answering node" if by_node else "matched no attached process"
+        if len(missing) == 1:
+            where = where.replace("are", "is")
+        them = "it" if len(missing) == 1 else "them"
+        click.echo(
+            f"profctl: {ranks_text(missing)} {where}: the session runs without {them}"
+            " (--strict refuses instead)",
+            err=True,
+        )

@@ -27,7 +27,10 @@ def _end(env: Env, request: str, session: str, verb: str) -> None:
 @click.pass_obj
 @command
 def stop(env: Env, session: str) -> None:
-    """Stop SESSION now; a capture in progress is kept and processed."""
+    """Stop SESSION now; a capture in progress is kept and processed.
+
+    Ranks whose capture had not begun end cancelled ("stopped before its capture began").
+    SESSION: the id or any unique part of it."""
     _end(env, P.C_STOP, session, "stopping")
 
 
@@ -36,5 +39,6 @@ def stop(env: Env, session: str) -> None:
 @click.pass_obj
 @command
 def cancel(env: Env, session: str) -> None:
-    """Cancel SESSION; a capture in progress is discarded."""
+    """Cancel SESSION (the id or any unique part of it); a capture in progress is
+    discarded."""
     _end(env, P.C_CANCEL, session, "cancelling")

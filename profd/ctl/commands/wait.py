@@ -9,7 +9,7 @@ from typing import Any
 
 import click
 
-from profd.ctl.errors import CtlError
+from profd.ctl.errors import StillLive
 from profd.ctl.main import Env
 from profd.ctl.nodes import Answer, NodeLike
 from profd.ctl.render import steps_text
@@ -81,7 +81,12 @@ def follow(
                 where = f"(state {shown[0]['state']})"
             else:
                 where = "on " + ", ".join(n.address for n in pending)
-            raise CtlError(f"timed out waiting for session {session} {where}")
+            ctl = "profctl --cluster NODES" if env.nodes.remote else "profctl"
+            raise StillLive(
+                f"timed out waiting for session {session} {where}; it is still live:"
+                f" `{ctl} show {session}` shows how it is doing, `{ctl} stop {session}`"
+                f" ends it keeping what was captured, `{ctl} cancel {session}` discards it"
+            )
         # Each poll is a request to every node: many nodes are asked less often.
         time.sleep(0.2 if len(nodes) == 1 else 0.3)
 

@@ -30,6 +30,8 @@ from profd_client import protocol as P
 log = logging.getLogger("profd.control")
 
 SendFrames = Callable[[list[bytes]], None]
+#: Ids an ambiguous session name lists.
+SHOWN_AMBIGUOUS = 5
 
 
 @dataclass(frozen=True)
@@ -154,12 +156,13 @@ class ControlHandler:
 
     def _show(self, m: dict[str, Any], by: Requester) -> Any:
         self.flush()
-        live = self.sessions.get(m["session"])
+        sid = self.session_id(m["session"])
+        live = self.sessions.exact(sid)
         if live is not None:
             # From memory: right even while the index cannot be written (a full disk).
             s = live.summary()
         else:
-            row = self.index.session(m["session"])
+            row = self.index.session(sid)
             if row is None:
                 raise Refused("unknown_session", f"no session {m['session']!r}")
             s = row
@@ -246,13 +249,34 @@ class ControlHandler:
             )
 
     def stop(self, session_id: str, keep: bool, by: Requester) -> dict[str, Any]:
-        s = self.starter.stop(session_id, keep, by)
+        sid = self.session_id(session_id)
+        s = self.starter.stop(sid, keep, by)
         if s is None:
-            row = self.index.session(session_id)
+            row = self.index.session(sid)
             if row is None:
                 raise Refused("unknown_session", f"no session {session_id!r}")
             raise Refused("finished", f"session {row['id']} already ended: {row['state']}")
         return {"session": s.id, "state": s.state}
+
+    def session_id(self, text: str) -> str:
+        """The session ``text`` names: the one with that id, else the one whose id contains
+        it (Refused when none does, or several do: a guess could stop the wrong one)."""
+        if self.sessions.exact(text) is not None or self.index.has_session(text):
+            return text
+        # Live sessions may not be in the index yet (its writes are behind).
+        hits = set(self.sessions.containing(text))
+        hits.update(self.index.session_ids(text, SHOWN_AMBIGUOUS + 1))
+        if len(hits) == 1:
+            return hits.pop()
+        if not hits:
+            raise Refused("unknown_session", f"no session {text!r}")
+        ids = sorted(hits, reverse=True)
+        more = ", ..." if len(ids) > SHOWN_AMBIGUOUS else ""
+        raise Refused(
+            "ambiguous",
+            f"session {text!r} is ambiguous: it is part of {', '.join(ids[:SHOWN_AMBIGUOUS])}"
+            f"{more}; give more of the id",
+        )
 
 
 #: The handler of each request type: every type in ``P.CONTROL_INBOUND``, so a decoded

@@ -256,7 +256,7 @@ class Starter:
 
     def stop(self, session_id: str, keep: bool, by: Requester | None = None) -> Session | None:
         """Disarm every open target; None if no live session has that id."""
-        s = self.sessions.get(session_id)
+        s = self.sessions.exact(session_id)
         if s is None:
             return None
         if by is not None and not by.may_act_on(s.owner):
@@ -273,6 +273,8 @@ class Starter:
             if c is None:
                 self.sessions.gone_from(s, t, None)
                 continue
+            if keep:
+                self.sessions.stopping(s, t)
             self.arms.disarm(s, c, keep)
         if not keep:
             self.sessions.cancel(s, "cancelled by operator")

@@ -27,6 +27,9 @@ from profd.states import REPORT_TERMINAL, TARGET_TERMINAL, combine, is_terminal
 from profd.store import layout
 from profd.store.index import Index
 
+#: The error of a target stopped (``profctl stop``) before its capture began.
+STOPPED_EARLY = "stopped before its capture began"
+
 
 @dataclass
 class Target:
@@ -43,6 +46,7 @@ class Target:
     client_final: str | None = None  # the client's terminal report
     gone: bool = False  # the process left or died
     hold: bool = False  # not to be armed yet (an nsys collection is still starting)
+    stop_asked: bool = False  # the operator asked to stop it (``profctl stop``)
     results: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -153,6 +157,13 @@ class Target:
             self.state = "cancelled"
         elif final in ("done", "stopped") and self.traces:
             self.state = "done"
+        elif final == "stopped" and self.stop_asked and self.state in ("pending", "armed"):
+            # The operator stopped it before its first step: nothing failed, and nothing was
+            # kept. ``cancelled`` (not a state of its own) keeps the vocabulary every reader
+            # of sessions already knows; the error says it was a stop. (A client stops its
+            # sessions on its own too, when its process exits: that stays a failure.)
+            self.state = "cancelled"
+            self.error = self.error or STOPPED_EARLY
         else:
             self.state = "failed"
             if self.error is None:
@@ -230,7 +241,7 @@ class Session:
         if not ts:
             return
         self.state = combine(t.state for t in ts)
-        if self.state == "failed":
+        if self.state in ("failed", "cancelled"):
             self.error = self.error or next((t.error for t in ts if t.error), None)
 
     def row(self) -> dict[str, Any]:
@@ -287,15 +298,14 @@ class Sessions:
         self.by_id[s.id] = s
         self.save(s)
 
-    def get(self, session_id: str) -> Session | None:
-        s = self.by_id.get(session_id)
-        if s is None:
-            hits = [v for k, v in self.by_id.items() if k.startswith(session_id)]
-            s = hits[0] if len(hits) == 1 else None
-        return s
-
     def exact(self, session_id: str) -> Session | None:
+        """The live session with this id (what a user typed is resolved to one first:
+        ``ControlHandler.session_id``)."""
         return self.by_id.get(session_id)
+
+    def containing(self, part: str) -> list[str]:
+        """Ids of live sessions that contain ``part``."""
+        return [k for k in self.by_id if part in k]
 
     def taken(self, session_id: str) -> bool:
         """A live or finished session has this id (a coordinator's id must be new)."""
@@ -364,6 +374,11 @@ class Sessions:
         for t in s.targets.values():
             t._repend()
         self.save(s)
+
+    def stopping(self, s: Session, t: Target) -> None:
+        """The operator stops ``t``: a ``stopped`` report from its client is that stop."""
+        t.stop_asked = True
+        self.save(s, t)
 
     def cancel(self, s: Session, why: str) -> None:
         s.error = why
