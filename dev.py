@@ -247,7 +247,8 @@ def main() -> None:
     if cmd == "demo":
         args = [str(PY), "-m", "profd.demo", *rest]
     else:
-        args = [str(PY), "-m", "pytest", "-n", "2", "-q", *rest]
+        # loadgroup: a file whose tests share one module-scoped job stays on one worker.
+        args = [str(PY), "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", *rest]
     os.execv(args[0], args)
 
 

@@ -26,6 +26,10 @@ import pytest
 from harness import BIN, Daemon, Jobs, wait_for
 from s3fixtures import BUCKET, MotoServer
 
+#: One job and one daemon for the whole file (the module fixture ``run``): on one xdist
+#: worker, or each worker would start its own (``dev.py test`` runs ``--dist loadgroup``).
+pytestmark = pytest.mark.xdist_group("report_run")
+
 PREFIX = "reports"
 URL = f"s3://{BUCKET}/{PREFIX}"
 WAIT = 180.0
