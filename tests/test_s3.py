@@ -23,7 +23,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import zmq
 from harness import BIN, Daemon, wait_for
+from rawpeer import TracePeer, small_trace
 from s3fixtures import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, MotoServer, moto_server
 
 __all__ = ["moto_server"]  # the fixture, imported so pytest finds it
@@ -441,6 +443,47 @@ def test_multipart_upload_survives_sigkill(
     log = d.log.read_text(errors="replace")
     assert f"uploaded {key} ({len(data)} bytes, verified size+etag)" in log
     assert traces(d, sid)[0]["upload_state"] == "uploaded"
+
+
+def test_stale_multipart_uploads_of_this_node_are_aborted_at_start(
+    daemon_factory: Any, moto_server: MotoServer, ctx: zmq.Context
+) -> None:
+    """An incomplete multipart upload an earlier daemon left (a network cut made its abort
+    fail, the file uploaded later, then the daemon was killed) holds storage for ever. The
+    next daemon aborts it, but never one of a key that is not its own: other nodes share the
+    bucket and prefix, and their uploads may be in flight."""
+    d = daemon_factory(config=s3_config(), **moto_server.env())
+    peer = TracePeer(ctx, d, "mp")
+    sid, _ = peer.capture(small_trace)
+    peer.sock.close(0)
+    trace = next(f for f in wait_uploaded(d, sid) if f["kind"] == "trace")
+    ours = f"{PREFIX}/{trace['rel']}"
+    assert ours.endswith("/c0/r-r0.pt.trace.json.gz"), ours
+    # Another node's rank in the same session directory, and a key ours is a prefix of.
+    theirs = [ours.replace("/r-r0.", "/r-r1."), ours + ".other"]
+    s3c = moto_server.client()
+    for key in (ours, *theirs):
+        s3c.create_multipart_upload(Bucket=BUCKET, Key=key)
+
+    def open_keys() -> list[str]:
+        ups = s3c.list_multipart_uploads(Bucket=BUCKET, Prefix=PREFIX).get("Uploads", [])
+        return sorted(u["Key"] for u in ups)
+
+    assert open_keys() == sorted([ours, *theirs])
+    d.kill9()
+    d.start()
+    wait_for(
+        lambda: status(d)["s3"]["stale_multipart_aborted"],
+        WAIT,
+        "the stale multipart upload to be aborted",
+    )
+    assert open_keys() == sorted(theirs)
+    assert status(d)["s3"]["stale_multipart_aborted"] == 1
+    assert moto_server.get(ours) == Path(trace["path"]).read_bytes()  # the object stays
+    log = d.log.read_text(errors="replace")
+    line = "aborted 1 incomplete multipart upload(s) of this node's files left by an earlier daemon"
+    assert log.count(line) == 1, log
+    assert "aborted 1 incomplete multipart upload(s)" in d.ctl("status").stdout
 
 
 def put_manifest(srv: MotoServer, job: str, sid: str, created_at: float) -> None:

@@ -503,6 +503,21 @@ class Index:
             )
         ]
 
+    def known_rels(self, rels: Iterable[str]) -> set[str]:
+        """Which of ``rels`` are files of this index, deleted ones included: the S3 keys below
+        the prefix that this node wrote (other nodes share the bucket and prefix)."""
+        rels = list(rels)
+        out: set[str] = set()
+        for i in range(0, len(rels), 500):
+            chunk = rels[i : i + 500]
+            out.update(
+                r["rel"]
+                for r in self.db.execute(
+                    f"SELECT rel FROM files WHERE rel IN ({','.join('?' * len(chunk))})", chunk
+                )
+            )
+        return out
+
     def next_upload_due(self, now: float) -> float | None:
         """When the earliest backed-off upload becomes due (None if nothing waits on a timer)."""
         r = self.db.execute(

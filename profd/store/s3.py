@@ -13,7 +13,7 @@ import hashlib
 import logging
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -247,16 +247,68 @@ def verify(
     return {"size": size, "etag": etag, "checked": checked}
 
 
+@dataclass(frozen=True)
+class OpenUpload:
+    """An incomplete multipart upload: it holds storage and never becomes an object."""
+
+    key: str
+    upload_id: str
+    initiated: float | None  # unix time, by the store's clock; None if it did not say
+
+
+def open_uploads(client: Any, bucket: str, prefix: str) -> Iterator[OpenUpload]:
+    """Every incomplete multipart upload whose key starts with ``prefix``, page by page (a
+    listing gives at most 1000)."""
+    kw: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+    while True:
+        resp = client.list_multipart_uploads(**kw)
+        for u in resp.get("Uploads", []):
+            at = u.get("Initiated")
+            yield OpenUpload(
+                str(u.get("Key", "")),
+                str(u.get("UploadId", "")),
+                at.timestamp() if hasattr(at, "timestamp") else None,
+            )
+        marker = (resp.get("NextKeyMarker"), resp.get("NextUploadIdMarker"))
+        # A store that says "truncated" without moving its markers would loop forever.
+        if (
+            not resp.get("IsTruncated")
+            or not marker[0]
+            or marker
+            == (
+                kw.get("KeyMarker"),
+                kw.get("UploadIdMarker"),
+            )
+        ):
+            return
+        kw["KeyMarker"] = marker[0]
+        if marker[1]:
+            kw["UploadIdMarker"] = marker[1]
+        else:
+            kw.pop("UploadIdMarker", None)
+
+
+def abort_upload(client: Any, bucket: str, up: OpenUpload) -> bool:
+    """Abort ``up``; False if it was gone already (completed or aborted meanwhile)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        client.abort_multipart_upload(Bucket=bucket, Key=up.key, UploadId=up.upload_id)
+    except ClientError as exc:
+        if str(exc.response.get("Error", {}).get("Code", "")) in ("NoSuchUpload", "404"):
+            return False
+        raise
+    return True
+
+
 def abort_stale(client: Any, bucket: str, key: str) -> int:
-    """Abort multipart uploads of ``key`` left by a killed daemon; they hold storage and
-    never become an object. Best effort: the permission to list them is often missing."""
+    """Abort multipart uploads of ``key`` left by a killed daemon. Best effort: the
+    permission to list them is often missing."""
     n = 0
     try:
-        resp = client.list_multipart_uploads(Bucket=bucket, Prefix=key)
-        for u in resp.get("Uploads", []):
-            if u.get("Key") == key:
-                client.abort_multipart_upload(Bucket=bucket, Key=key, UploadId=u["UploadId"])
-                n += 1
+        for u in open_uploads(client, bucket, key):
+            if u.key == key:
+                n += abort_upload(client, bucket, u)
     except Exception as exc:
         log.debug("could not abort stale multipart uploads of %s: %s", key, describe(exc))
     return n

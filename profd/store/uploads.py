@@ -4,7 +4,9 @@ The queue is rows in SQLite, so every state change survives a crash: a row is ``
 only while a worker holds it, and the next daemon puts such rows back to ``pending``. An
 object becomes visible in S3 only when its PutObject or CompleteMultipartUpload succeeds, so
 a daemon killed mid-upload leaves no complete-looking object; the retry uploads it again from
-the start and aborts the orphaned multipart upload.
+the start and aborts the orphaned multipart upload. Once the store answers after a start, the
+incomplete multipart uploads an earlier daemon left for this node's files are aborted too,
+those of files a later attempt uploaded included (an abort that failed in a network cut).
 
 A file that used up ``max_attempts`` is ``failed`` but not abandoned while its local file
 exists: it is retried on the same backoff capped at ``failed_backoff_max``, and at once when
@@ -84,6 +86,14 @@ class Uploads:
         self._active = 0
         #: Files a killed daemon was uploading: their multipart uploads may still be open.
         self._interrupted: set[int] = set()
+        #: Set at start: multipart uploads initiated before it are no transfer of this daemon.
+        self._started_at = time.time()
+        #: Keys a worker is uploading now, which the start-up sweep leaves alone whatever the
+        #: store's clock says. Guarded by ``_client_lock``.
+        self._busy_keys: set[str] = set()
+        #: The start-up sweep of stale multipart uploads is done (or cannot be done).
+        self._swept = False
+        self._stale_aborted = 0  # stale multipart uploads aborted since start
         self._hasher = concurrent.futures.ThreadPoolExecutor(
             max_workers=self.workers, thread_name_prefix="profd-hash"
         )
@@ -91,6 +101,7 @@ class Uploads:
 
     # --- lifecycle (event loop thread) ---------------------------------------------------------
     def start(self) -> None:
+        self._started_at = time.time()
         idx = self._index()
         self._interrupted = {r["id"] for r in idx.uploading()}
         n = idx.requeue(include_failed=True)
@@ -171,6 +182,7 @@ class Uploads:
                 "workers": self.workers,
                 "active": self._active,
                 "credentials": self._cred_source,  # where they came from, never the values
+                "stale_multipart_aborted": self._stale_aborted,
             }
 
     def _health_word(self) -> tuple[str, str | None]:
@@ -284,6 +296,8 @@ class Uploads:
         attempt, limit = int(row["attempts"]), self.s3cfg.max_attempts
         with self._health_lock:
             self._active += 1
+        with self._client_lock:
+            self._busy_keys.add(key)
         t0 = time.monotonic()
         try:
             client = self._client()
@@ -292,6 +306,8 @@ class Uploads:
             if row["id"] in self._interrupted:
                 aborted = s3.abort_stale(client, self.bucket, key)
                 if aborted:
+                    with self._health_lock:
+                        self._stale_aborted += aborted
                     log.info("aborted %d unfinished multipart upload(s) of %s", aborted, key)
             # Hash the file while it uploads (hashlib and zlib release the GIL), so the
             # verification read overlaps the network instead of following it.
@@ -368,6 +384,7 @@ class Uploads:
                 log.info("session %s complete in %s", row["session"], s3.uri(self.bucket, key))
         finally:
             with self._client_lock:
+                self._busy_keys.discard(key)
                 self._drop_done()
             with self._health_lock:
                 self._active -= 1
@@ -411,6 +428,8 @@ class Uploads:
                 if client is None:
                     client = s3.make_client(self.s3cfg, probe=True, pool=1)
                 up = self._probe(client)
+                if up and not self._swept:
+                    self._sweep_stale()
             except Exception as exc:
                 self._health(False, s3.describe(exc))
             if up:
@@ -426,8 +445,50 @@ class Uploads:
                             self._down_seen = True
             self._stopping.wait(PROBE_OK_S if self._reachable else PROBE_DOWN_S)
         idx: Index | None = getattr(self._local, "index", None)
-        if idx is not None:  # opened by _recovered
+        if idx is not None:  # opened by _recovered or _sweep_stale
             idx.close()
+
+    def _sweep_stale(self) -> None:
+        """Abort the incomplete multipart uploads an earlier daemon left for this node's files:
+        a daemon killed mid-upload, or an abort that failed in a network cut (its file uploaded
+        later). Only keys of files in this index: other nodes share the bucket and prefix.
+        Once per start; again at the next probe only if the store stopped answering."""
+        base = f"{self.prefix}/" if self.prefix else ""
+        n = 0
+        try:
+            client = self._client()
+            old = [
+                u
+                for u in s3.open_uploads(client, self.bucket, base)
+                if u.initiated is not None and u.initiated < self._started_at
+            ]
+            ours = self._index().known_rels(u.key[len(base) :] for u in old)
+            for u in old:
+                with self._client_lock:
+                    busy = u.key in self._busy_keys
+                if (
+                    u.key[len(base) :] in ours
+                    and not busy
+                    and s3.abort_upload(client, self.bucket, u)
+                ):
+                    n += 1
+                    with self._health_lock:
+                        self._stale_aborted += 1
+            done = True
+        except Exception as exc:
+            # Unreachable: the next probe that gets an answer tries again. Anything else is
+            # for good: listing them needs s3:ListBucketMultipartUploads, which an upload-only
+            # role may lack (a lifecycle rule on the bucket then cleans them).
+            done = not s3.is_unreachable(exc)
+            if done:
+                log.info("could not abort stale multipart uploads: %s", s3.describe(exc))
+        if n:
+            log.info(
+                "aborted %d incomplete multipart upload(s) of this node's files left by an"
+                " earlier daemon",
+                n,
+            )
+        self._swept = done
 
     def _recovered(self) -> None:
         """The store answers again: what failed or backed off while it did not is due now."""

@@ -72,6 +72,11 @@ def s3_lines(s3: dict[str, Any]) -> list[str]:
     err_at, ok_at = s3.get("last_upload_error_at"), s3.get("last_upload_at")
     if last and err_at and (ok_at is None or err_at > ok_at):
         out.append(f"         last upload error {ago(err_at)}: {last}")
+    if s3.get("stale_multipart_aborted"):
+        out.append(
+            f"         aborted {s3['stale_multipart_aborted']} incomplete multipart upload(s)"
+            " an earlier daemon left"
+        )
     return out
 
 

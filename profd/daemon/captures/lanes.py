@@ -9,12 +9,16 @@ Each worker is a *lane*: a one-process ``ProcessPoolExecutor`` that is given one
 time. A worker killed inside a shared pool (the OOM killer) breaks that pool for good and
 fails every capture queued in it without saying which one was on the dead worker. With one
 capture per lane the capture that was running is known: its lane gets a new executor and the
-capture is run once more, and only a second death fails it.
+capture is run once more, and only a second death fails it. A worker that cannot be started
+(fork or exec fails, or it dies before it takes its job and multiprocessing raises whatever it
+was reading or writing, ``EOFError`` or ``BrokenPipeError``) counts as a death of that capture
+too, never as an error of the caller that submitted it.
 """
 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import ctypes
 import itertools
 import logging
@@ -24,11 +28,13 @@ import signal
 import stat
 import sys
 import time
+import traceback
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, replace
 from functools import partial
+from multiprocessing import popen_fork
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +51,8 @@ from profd.reactor import Reactor
 log = logging.getLogger("profd.captures")
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: How long a worker that failed to start may take to be reaped (it is dead or dying).
+STARTED_WAIT_S = 0.5
 
 
 @dataclass(frozen=True)
@@ -98,6 +106,7 @@ class _Task:
 
 @dataclass
 class _Lane:
+    n: int  # its place in the lanes, as logs name it
     pool: cf.ProcessPoolExecutor | None = None
     task: _Task | None = None  # set from submit until its result is handled on the loop
 
@@ -191,6 +200,16 @@ def _die_with(daemon_pid: int) -> None:
         os._exit(1)
 
 
+def _popen_of(exc: BaseException) -> Any:
+    """The ``Popen`` of the worker whose start raised ``exc``, if it got as far as a pid:
+    multiprocessing loses it with the exception, but its frame still holds it."""
+    for frame, _ in traceback.walk_tb(exc.__traceback__):
+        obj = frame.f_locals.get("self")
+        if isinstance(obj, popen_fork.Popen):
+            return obj
+    return None
+
+
 class Captures:
     """The pipeline's worker lanes. Each capture's :class:`Outcome` goes to ``on_done`` (on
     the loop thread) exactly once per run of it: a full index parks the outcome here until
@@ -215,7 +234,7 @@ class Captures:
         self.last_death: WorkerDeath | None = None
         self.closing = False
         self._ctx = multiprocessing.get_context("spawn")
-        self._lanes = [_Lane() for _ in range(max(1, workers))]
+        self._lanes = [_Lane(n) for n in range(max(1, workers))]
         self._queue: deque[_Task] = deque()
         #: Captures a full disk stopped, with their outcome when only its index write is
         #: left (None: the pipeline runs again): :meth:`retry_parked` tries them again.
@@ -264,17 +283,18 @@ class Captures:
                 free.pop()
 
     def _start(self, lane: _Lane, task: _Task) -> bool:
-        """Hand ``task`` to ``lane``'s worker; False if it could not and the task failed."""
+        """Hand ``task`` to ``lane``'s worker; False if it could not: the task failed, or its
+        worker did not start and it is back at the head of the queue."""
         why = "no worker"
         for _ in range(2):
-            if lane.pool is None:
-                lane.pool = cf.ProcessPoolExecutor(
-                    max_workers=1,
-                    mp_context=self._ctx,
-                    initializer=_die_with,
-                    initargs=(os.getpid(),),
-                )
             try:
+                if lane.pool is None:
+                    lane.pool = cf.ProcessPoolExecutor(
+                        max_workers=1,
+                        mp_context=self._ctx,
+                        initializer=_die_with,
+                        initargs=(os.getpid(),),
+                    )
                 fut = lane.pool.submit(_run, task.capture, task.placement)
             except BrokenProcessPool:
                 # Its worker died while idle (the OOM killer picks the largest process, and a
@@ -284,6 +304,9 @@ class Captures:
             except RuntimeError as exc:  # shut down under us
                 why = str(exc)
                 break
+            except Exception as exc:
+                self._start_failed(lane, task, exc)
+                return False
             lane.task = task
             fut.add_done_callback(partial(self._done_soon, lane, task))
             return True
@@ -323,6 +346,30 @@ class Captures:
         if not self.closing:
             self._dispatch()
 
+    def _start_failed(self, lane: _Lane, task: _Task, exc: Exception) -> None:
+        """``lane``'s worker for ``task`` did not start: a death of that capture, said in one
+        line (the exception is multiprocessing's plumbing, its traceback says nothing)."""
+        pool, lane.pool = lane.pool, None
+        popen = _popen_of(exc)
+        pid = getattr(popen, "pid", None)
+        code: int | None = None
+        if popen is not None and pid is not None:
+            with contextlib.suppress(Exception):
+                code = popen.wait(STARTED_WAIT_S)  # reaped, and its exit status known
+                if code is None:  # alive but useless: it will never be given a job
+                    popen.kill()
+                    code = popen.wait(STARTED_WAIT_S)
+        if pool is not None:
+            # Nothing runs in it: no worker joined it, its manager thread never started.
+            with contextlib.suppress(Exception):
+                pool.shutdown(wait=True, cancel_futures=True)
+        death = WorkerDeath(pid, code, time.time(), task.capture.key)
+        self.restarts += 1
+        self.last_death = death
+        error = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        why = f"{death.cause}; {error}" if code is not None else error
+        self._retry_or_fail(lane, task, death, f"while starting ({why}), before processing")
+
     def _worker_died(self, lane: _Lane, task: _Task) -> None:
         c = task.capture
         if self.closing:
@@ -331,24 +378,26 @@ class Captures:
             self._finish(task, Outcome(c, error=why, retry=True))
             return
         death = self._replace(lane, c.key)
+        self._retry_or_fail(lane, task, death, f"({death.cause}) while processing")
+
+    def _retry_or_fail(self, lane: _Lane, task: _Task, death: WorkerDeath, how: str) -> None:
+        """``lane``'s worker died ``how`` ``task``: run it once more, or the second time fail
+        it. One line each: the lane, the worker, its exit status."""
+        c = task.capture
+        who = f"pipeline lane {lane.n}: worker {death.pid if death.pid is not None else '?'}"
         task.deaths += 1
         if task.deaths == 1:
-            log.warning(
-                "pipeline worker %s died (%s) while processing %s: running it once more",
-                death.pid,
-                death.cause,
-                c.key,
-            )
+            log.warning("%s died %s %s: running it once more", who, how, c.key)
             self._queue.appendleft(task)
             return
         # Twice on the same trace is the trace (too big for this node's memory, most
         # likely), not bad luck. The raw trace and the open inbox row stay: a later daemon
         # start (more memory, fewer jobs) tries again, or an operator deletes the file.
         log.error(
-            "pipeline worker %s died (%s) on %s again: giving up; the raw trace %s stays"
+            "%s died %s %s again: giving up; the raw trace %s stays"
             " (check the kernel log for the OOM killer)",
-            death.pid,
-            death.cause,
+            who,
+            how,
             c.key,
             task.placement.spool.joinpath(*c.raw_dir, c.raw_trace or ""),
         )
@@ -377,7 +426,12 @@ class Captures:
         self.restarts += 1
         self.last_death = death
         if capture is None:
-            log.warning("idle pipeline worker %s died (%s); replaced", death.pid, death.cause)
+            log.warning(
+                "pipeline lane %d: idle worker %s died (%s); replaced",
+                lane.n,
+                death.pid,
+                death.cause,
+            )
         return death
 
     def _finish(self, task: _Task, outcome: Outcome) -> None:
