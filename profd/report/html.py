@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from profd.report.model import Report, spotlight, verdict_text
+from profd.report.model import OPS_NOTE, Report, over_step_note, spotlight, verdict_text
 
 ROW_LIMIT = 64
 HEAT_ROWS = 128
@@ -163,6 +163,10 @@ def ops_table(report: Report) -> str:
             f"<td>{esc(report.ranks[o.max_index].label)}</td><td>{esc(named + more)}</td></tr>"
         )
     rows.append("</table>")
+    rows.append(f"<p class=muted>{esc(OPS_NOTE)}</p>")
+    over = over_step_note(report)
+    if over:
+        rows.append(f"<p>{esc(over)}</p>")
     return "".join(rows)
 
 

@@ -171,6 +171,34 @@ def _ops(ranks: Sequence[RankData]) -> list[OpRow]:
     return out
 
 
+#: What the operator tables count, said under each of them (docs/reports.md says it at length).
+OPS_NOTE = (
+    "ms per step: an operator's self time (in it and in none of the operators it calls) over"
+    " the profiled steps, the median rank's. Wall-clock: calls that overlap (gloo runs a"
+    " collective on several threads) or nest count once. Python frames (--with-stack) are call"
+    " sites, not operators, and profd's own work is left out."
+)
+
+
+def ops_over_step(report: Report) -> list[OpRow]:
+    """Operators whose median time per step is above the median step (time outside the
+    profiled steps counts too: a trace opens before its first step and closes after its last)."""
+    step = report.median_step_ms
+    return [o for o in report.ops if step and o.median_ms > step]
+
+
+def over_step_note(report: Report) -> str:
+    over = ops_over_step(report)
+    if not over:
+        return ""
+    names = ", ".join(o.name for o in over[:3]) + (" and more" if len(over) > 3 else "")
+    return (
+        f"{names}: more per step than the median step ({report.median_step_ms:.2f} ms), since"
+        " an operator's time also counts what ran outside the profiled steps (before the first,"
+        " after the last)."
+    )
+
+
 def versus_peers(summaries: Sequence[RankSummary], k: int, col: int) -> tuple[float, float, float]:
     """Rank ``k``'s figure in summary column ``col``, its peers' (the median of the other
     ranks'), and the difference, at the precision the table prints them."""
