@@ -18,8 +18,9 @@ The child reports the wall time of the ``process_open`` call, its peak RSS (``Vm
 its RSS before the call (interpreter and imports). Both implementations' outputs are
 compared (sha256 of the decompressed trace, the memory report and the summary up to its
 operator tables, which issue 20 changed on purpose: no Python frames, no profd, wall-clock
-times): they must be identical. Sizes alternate which implementation runs first. One more profd run per size puts
-``distributedInfo`` after ``traceEvents``, the layout that makes profd read the file twice.
+times): they must be identical. Sizes alternate which implementation runs first. One more
+profd run per size puts ``distributedInfo`` after ``traceEvents``, the layout that makes profd
+read the file twice.
 """
 
 from __future__ import annotations
