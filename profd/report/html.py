@@ -170,6 +170,24 @@ def ops_table(report: Report) -> str:
     return "".join(rows)
 
 
+def memory_links(report: Report) -> str:
+    """Links to the per-rank memory pages (``--profile-memory``) that this machine has."""
+    links = [
+        (r, cycle, report.page_links[path])
+        for r in report.ranks
+        for cycle, path in r.memory_pages
+        if path in report.page_links
+    ]
+    if not links:
+        return ""
+    shown = [
+        f'<a href="{esc(href)}">{esc(r.label)}' + (f" c{cycle}" if cycle else "") + "</a>"
+        for r, cycle, href in links[:ROW_LIMIT]
+    ]
+    more = f" and {len(links) - ROW_LIMIT} more" if len(links) > ROW_LIMIT else ""
+    return f"<p>Memory over time, per rank: {', '.join(shown)}{more}.</p>"
+
+
 def memory_bars(report: Report) -> str:
     if not report.has_memory:
         return "<p class=muted>No memory was recorded (start with --profile-memory).</p>"
@@ -195,7 +213,7 @@ def memory_bars(report: Report) -> str:
             f'<text x="{LABEL_W + w + 4:.1f}" y="{y + 11}">{peak(i) / 2**20:.0f} MiB</text>'
         )
     out.append("</svg><p class=muted>Peak allocated memory per rank.</p>")
-    return "".join(out)
+    return "".join(out) + memory_links(report)
 
 
 def page(report: Report, sections: Sequence[tuple[str, str]]) -> str:

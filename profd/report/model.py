@@ -39,6 +39,9 @@ class RankData:
     memory: dict[str, int] = field(default_factory=dict)  # device -> peak allocated bytes
     profiled_steps: int = 0  # steps the operator times cover (for per-step averages)
     traces: list[tuple[int, str]] = field(default_factory=list)  # (cycle, path) per capture
+    #: (cycle, path) of each capture's memory page (``--profile-memory``), paths as results
+    #: give them (relative to the spool, and to the S3 prefix)
+    memory_pages: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -88,6 +91,9 @@ class Report:
     stragglers: list[Straggler]
     ops: list[OpRow]
     skipped: int = 0  # targets without statistics (failed, or an older profd)
+    #: A memory page's path (as in RankData.memory_pages) -> where this machine opens it; only
+    #: the HTML page uses it, and only pages found here are linked.
+    page_links: dict[str, str] = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -119,6 +125,9 @@ def rank_data(target: Mapping[str, Any]) -> RankData | None:
         cycle = int(res.get("cycle") or 0)
         if res.get("path"):
             r.traces.append((cycle, str(res["path"])))
+        for f in res.get("files") or []:
+            if isinstance(f, dict) and f.get("kind") == "memory_report" and f.get("path"):
+                r.memory_pages.append((cycle, str(f["path"])))
         if st.get("mode") == "gpu":
             r.mode = "gpu"
         s = st["steps"]
