@@ -422,3 +422,107 @@ def sync_job_events(
                 )
         t = end
     return out
+
+
+#: Python frames of profd's client as torch names them (``--with-stack``), and zmq's below them.
+PROFD_FRAMES = (
+    "profd_client/api.py(150): _post_step",
+    "profd_client/steps.py(239): _advance",
+    "profd_client/capture.py(249): enter",
+    "profd_client/agent.py(112): run",
+    "profd_client/agent.py(121): _loop_once",
+)
+
+
+def with_stack_job_events(
+    compute_us: list[list[float]], *, first_step: int = 1, t0_us: float = 2_000_000.0
+) -> list[list[dict[str, object]]]:
+    """Chrome-trace events of a synchronous gloo job captured with ``with_stack``, one list
+    per rank, laid out as torch 2.x writes them for a job attached to profd (seen in real
+    captures): Python frames around every operator (``<built-in method mm of type object at
+    0x7f..>``, with an address that differs between ranks), annotations opened inside a frame
+    and outliving it (``ProfilerStep#N`` opened by profd's step hook, the user's
+    ``profd_client.region("forward")``, ``Optimizer.step#SGD.step``), an ``aten::empty`` that
+    profd's hook runs, profd's agent thread (thread bootstrap, ``profd_client/agent.py``
+    frames, ``zmq/sugar/poll.py`` blocking most of the time), and the collective as
+    ``gloo:all_reduce`` on two gloo threads at once, each as long as the wait.
+
+    ``compute_us[r][k]``: rank ``r``'s ``aten::mm`` time in its ``k``-th step; the others wait
+    for the slowest in the all-reduce. ``ProfilerStep#N`` ends and ``N+1`` opens inside
+    profd's ``_post_step`` frame, as ``prof.step()`` does.
+    """
+    ranks = len(compute_us)
+    out: list[list[dict[str, object]]] = [[] for _ in range(ranks)]
+
+    def x(r: int, cat: str, name: str, tid: int, ts: float, dur: float) -> None:
+        out[r].append(
+            {"ph": "X", "cat": cat, "name": name, "pid": 100 + r, "tid": tid, "ts": ts, "dur": dur}
+        )
+
+    def frame(r: int, name: str, ts: float, dur: float, tid: int | None = None) -> None:
+        x(r, "python_function", name, 100 + r if tid is None else tid, ts, dur)
+
+    def addr(r: int, k: int) -> str:
+        return f"0x7f{r:02x}{k:02x}caecea40"
+
+    steps = len(compute_us[0])
+    t = t0_us
+    starts = []
+    for k in range(steps):
+        starts.append(t)
+        arrive = [t + 280 + compute_us[r][k] for r in range(ranks)]
+        done = max(arrive) + 300
+        end = done + 400  # the optimizer, then profd's step hook ends this step, opens the next
+        for r in range(ranks):
+            main, c = 100 + r, compute_us[r][k]
+            x(r, "user_annotation", f"ProfilerStep#{first_step + k}", main, t, end - t)
+            # profd_client.region("forward"): opened in profd's frame, closed after the mm.
+            frame(r, "profd_client/capture.py(249): enter", t + 25, 10)
+            enter = (
+                f"<built-in method _record_function_enter_new of PyCapsule object at {addr(r, 1)}>"
+            )
+            frame(r, enter, t + 28, 4)
+            x(r, "user_annotation", "forward", main, t + 29, c + 50)
+            frame(r, "train.py(30): step", t + 40, c + 20)
+            frame(r, f"<built-in method mm of type object at {addr(r, 2)}>", t + 45, c + 10)
+            x(r, "cpu_op", "aten::mm", main, t + 50, c)
+            b = t + 80 + c
+            engine = (
+                f"<built-in method run_backward of torch._C._EngineBase object at {addr(r, 3)}>"
+            )
+            frame(r, engine, b, 180)
+            x(r, "cpu_op", "autograd::engine::evaluate_function: MmBackward0", main, b + 10, 150)
+            x(r, "cpu_op", "aten::mm", main, b + 20, 120)
+            a = arrive[r]
+            frame(r, "torch/distributed/distributed_c10d.py(3155): all_reduce", a, done - a)
+            x(r, "cpu_op", "c10d::allreduce_", main, a + 5, 20)
+            frame(
+                r, f"<built-in method wait of Work object at {addr(r, 4)}>", a + 30, done - a - 35
+            )
+            for tid in (900 + r, 950 + r):
+                x(r, "user_annotation", "gloo:all_reduce", tid, a + 40, done - a - 45)
+            o = done + 20
+            frame(r, "torch/optim/optimizer.py(509): wrapper", o, end + 22 - o)
+            x(r, "user_annotation", "Optimizer.step#SGD.step", main, o + 10, 100)
+            frame(r, f"<built-in method add_ of Parameter object at {addr(r, 5)}>", o + 20, 60)
+            x(r, "cpu_op", "aten::add_", main, o + 30, 40)
+            # profd's step hook: an op of its own, zmq, and the step boundary inside it.
+            frame(r, "profd_client/api.py(150): _post_step", end - 50, 70)
+            frame(r, "profd_client/steps.py(239): _advance", end - 45, 60)
+            x(r, "cpu_op", "aten::empty", main, end - 40, 20)
+            frame(r, "zmq/sugar/socket.py(638): send", end - 15, 10)
+        t = end
+    for r in range(ranks):
+        first, last = starts[0] - 500, t + 500
+        frame(r, "train.py(1): <module>", first - 100, last - first + 200)
+        agent = 800 + r
+        frame(r, "threading.py(1002): _bootstrap", first, last - first, agent)
+        frame(r, "threading.py(1045): _bootstrap_inner", first + 1, last - first - 2, agent)
+        frame(r, "profd_client/agent.py(112): run", first + 2, last - first - 4, agent)
+        at = first + 10
+        while at + 400 < last:
+            frame(r, "profd_client/agent.py(121): _loop_once", at, 380, agent)
+            frame(r, "zmq/sugar/poll.py(80): poll", at + 5, 300, agent)
+            frame(r, "msgpack/__init__.py(30): packb", at + 310, 20, agent)
+            at += 400
+    return out

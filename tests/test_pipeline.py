@@ -18,7 +18,7 @@ import pytest
 from pipeline_paths import process_trace
 
 from profd.pipeline.memory import Sample
-from profd.pipeline.memory_report import downsample
+from profd.pipeline.memory_report import downsample, render_memory_html
 from profd.pipeline.parsed import ParsedTrace
 from profd.pipeline.process import PipelineError, ProcessedTrace, inject_rank
 from profd.textfmt import human_bytes
@@ -394,3 +394,14 @@ def test_memory_downsample_keeps_the_peak() -> None:
     thin = downsample(samples, 100)
     assert len(thin) == 100 and max(s.allocated for s in thin) == 5100
     assert [s.ts_us for s in thin] == sorted(s.ts_us for s in thin)
+
+
+def test_memory_page_draws_reserved_only_where_it_means_something() -> None:
+    cpu = {"cpu": [Sample(float(t), 1000 * t, 0) for t in range(1, 5)]}
+    cuda = {"cuda:0": [Sample(float(t), 1000 * t, 4096 * t) for t in range(1, 5)]}
+    page = render_memory_html("t", cpu, [])
+    assert page is not None and '<polyline class="allocated"' in page
+    # CPU has no caching allocator: reserved is 0 all along, no flat line, no legend.
+    assert '<polyline class="reserved"' not in page and "peak reserved" not in page
+    page = render_memory_html("t", cuda, [])
+    assert page is not None and '<polyline class="reserved"' in page and "peak reserved" in page

@@ -15,6 +15,7 @@ import gzip
 import io
 import json
 import random
+import re
 import subprocess
 import sys
 from array import array
@@ -247,32 +248,144 @@ def ref_groups(events: list[Any]) -> dict[str, list[Any]]:
 
 
 def ref_cpu(events: list[Mapping[str, Any]]) -> list[OpStat]:
+    """The operators as ``docs/reports.md`` defines them, computed plainly (see ref_tables)."""
+    return ref_tables(events)[0]
+
+
+def _ref_parents(intervals: list[tuple[float, float, str]], member: list[bool]) -> dict[int, int]:
+    """Each member's parent among the members: the innermost one still open at its start."""
+    parents: dict[int, int] = {}
+    stack: list[int] = []
+    for i, (ts, _, _) in enumerate(intervals):
+        if not member[i]:
+            continue
+        while stack and intervals[stack[-1]][0] + intervals[stack[-1]][1] <= ts:
+            stack.pop()
+        if stack:
+            parents[i] = stack[-1]
+        stack.append(i)
+    return parents
+
+
+def _ref_union(pairs: list[tuple[float, float]]) -> float:
+    merged: list[list[float]] = []
+    for s, e in sorted(pairs):
+        if e <= s:
+            continue
+        if merged and s <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], e)
+        else:
+            merged.append([s, e])
+    return sum(e - s for s, e in merged)
+
+
+def ref_tables(events: list[Mapping[str, Any]]) -> tuple[list[OpStat], list[OpStat]]:
+    """(operators, call sites): cpu_op/user_annotation vs python_function by the category a
+    name is first seen with; an operator's children are the operators and annotations inside
+    it, a frame's the frames and cpu_ops inside it; profd's frames, what is inside them, and a
+    thread with nothing else are left out; names differ by more than addresses; a name on
+    several threads whose calls overlap in time is measured as the union of its calls'
+    self-time segments (and intervals) across threads, any name's total as the union of its
+    calls."""
+    addr = re.compile(r" at 0x[0-9a-fA-F]+\b|\b0x[0-9a-fA-F]{6,}\b")
+
+    def norm(name: str) -> str:
+        return addr.sub(lambda m: "" if m.group().startswith(" at") else "0x…", name)
+
+    cat_of: dict[str, str] = {}
     by_thread: dict[tuple[Any, Any], list[tuple[float, float, str]]] = {}
     for ev in events:
+        name = norm(str(ev.get("name", "")))
+        cat_of.setdefault(name, str(ev.get("cat")))
         key = (ev.get("pid"), ev.get("tid"))
-        by_thread.setdefault(key, []).append(
-            (float(ev["ts"]), float(ev["dur"]), str(ev.get("name", "")))
+        by_thread.setdefault(key, []).append((float(ev["ts"]), float(ev["dur"]), name))
+
+    def kind(name: str) -> str:
+        if name.startswith(STEP_PREFIX) or cat_of[name] == "user_annotation":
+            return "annotation"
+        return "frame" if cat_of[name] == "python_function" else "op"
+
+    def profd(name: str) -> bool:
+        return (
+            kind(name) == "frame"
+            and re.search(r"(^|/)profd_client/[^/()]+\.py\(", name) is not None
         )
+
+    threads_of: dict[str, set[Any]] = {}
+    for key, intervals in by_thread.items():
+        for _, _, name in intervals:
+            threads_of.setdefault(name, set()).add(key)
     calls: dict[str, int] = {}
     self_us: dict[str, float] = {}
     total_us: dict[str, float] = {}
+    segments: dict[str, list[tuple[float, float]]] = {}
+    merged: dict[str, list[list[float]]] = {}  # each name's calls merged per thread
     for intervals in by_thread.values():
         intervals.sort(key=lambda iv: (iv[0], -iv[1]))
-        children_us = [0.0] * len(intervals)
-        stack: list[tuple[float, int]] = []
+        kinds = [kind(name) for _, _, name in intervals]
+        op_parent = _ref_parents(intervals, [k != "frame" for k in kinds])
+        frame_parent = _ref_parents(intervals, [k != "annotation" for k in kinds])
+        children: dict[int, list[int]] = {}
+        for i in range(len(intervals)):
+            if kinds[i] != "frame" and i in op_parent:
+                children.setdefault(op_parent[i], []).append(i)
+            p = frame_parent.get(i)
+            if kinds[i] != "annotation" and p is not None and kinds[p] == "frame":
+                children.setdefault(p, []).append(i)
+        skip: set[int] = set()
+        profd_frames = [i for i, (_, _, n) in enumerate(intervals) if profd(n)]
         for i, (ts, dur, _) in enumerate(intervals):
-            while stack and stack[-1][0] <= ts:
-                stack.pop()
-            if stack:
-                children_us[stack[-1][1]] += dur
-            stack.append((ts + dur, i))
-        for (_, dur, name), child in zip(intervals, children_us, strict=True):
-            if name.startswith(STEP_PREFIX):
+            for f in profd_frames:
+                fs, fd, _ = intervals[f]
+                if f == i or (f < i and fs <= ts and ts + dur <= fs + fd + 1e-3):
+                    skip.add(i)
+        if profd_frames:
+            first = profd_frames[0]
+            around = [
+                i for i in range(first)
+                if kinds[i] == "frame" and intervals[i][0] + intervals[i][1] > intervals[first][0]
+            ]  # fmt: skip
+            if len(skip) + len(around) == len(intervals):
+                continue  # profd's agent thread
+        runs: dict[str, list[list[float]]] = {}
+        for i, (ts, dur, name) in enumerate(intervals):
+            if name.startswith(STEP_PREFIX) or i in skip:
                 continue
+            child = 0.0
+            at = ts
+            for c in children.get(i, []):
+                cs, cd, _ = intervals[c]
+                child += cd
+                if cs > at:
+                    segments.setdefault(name, []).append((at, cs))
+                at = max(at, cs + cd)
+            if ts + dur > at:
+                segments.setdefault(name, []).append((at, ts + dur))
             calls[name] = calls.get(name, 0) + 1
             self_us[name] = self_us.get(name, 0.0) + max(dur - child, 0.0)
-            total_us[name] = total_us.get(name, 0.0) + dur
-    return ref_sorted(calls, self_us, total_us)
+            run = runs.setdefault(name, [])
+            total_us.setdefault(name, 0.0)
+            if not run or ts >= run[-1][1]:
+                total_us[name] += dur
+                run.append([ts, ts + dur])
+            elif ts + dur > run[-1][1]:
+                total_us[name] += ts + dur - run[-1][1]
+                run[-1][1] = ts + dur
+        for name, run in runs.items():
+            merged.setdefault(name, []).extend(run)
+    for name, run in merged.items():
+        starts, ends = sorted(s for s, _ in run), sorted(e for _, e in run)
+        if len(threads_of[name]) > 1 and any(
+            e > s for e, s in zip(ends[:-1], starts[1:], strict=True)
+        ):
+            # Calls on several threads at once: the time any of them runs, counted once.
+            total_us[name] = _ref_union([(s, e) for s, e in run])
+            self_us[name] = _ref_union(segments.get(name, []))
+    ops = {n for n in calls if kind(n) != "frame"}
+    return (
+        ref_sorted({n: calls[n] for n in ops}, self_us, total_us),
+        ref_sorted({n: calls[n] for n in calls if n not in ops}, self_us, total_us),
+    )
 
 
 def ref_gpu(events: list[Mapping[str, Any]]) -> list[OpStat]:

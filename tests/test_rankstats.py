@@ -62,6 +62,11 @@ def test_gpu_traces_split_device_time() -> None:
 
 def test_statistics_stay_bounded_and_record_memory() -> None:
     doc = json.loads(trace_bytes(4 << 20))
+    # More operators than a rank keeps (the synthetic job has 13 of its own).
+    doc["traceEvents"] += [
+        {"ph": "X", "cat": "cpu_op", "name": f"extra::op{i}", "pid": 1, "tid": 1, "ts": i, "dur": 1}
+        for i in range(30)
+    ]
     st = stats_of(doc["traceEvents"])
     assert len(st["ops"]) == 20 and len(st["gpu_ops"]) <= 20
     assert st["memory"]["cuda:0"]["peak_allocated"] > 1 << 30

@@ -2,7 +2,9 @@
 
 One real daemon uploading to moto's S3 server, one real 3-rank gloo job whose behaviour the
 test switches through a file while it runs: rank 1 does extra work before the collective on
-every step (session A), nobody does (B), every rank does extra ``aten::addmm`` (C). The module
+every step (session A), nobody does (B), every rank does extra ``aten::addmm`` (C), nobody
+does, captured ``--with-stack --profile-memory`` (D: profd's own frames, Python frames and
+addresses must stay out of every operator table; CPU memory pages, linked). The module
 fixture captures the three sessions, asks for the reports, then stops the daemon and removes
 its spool, and asks S3 alone; the tests check what each answer says. No assertion depends on
 how fast anything runs.
@@ -52,6 +54,12 @@ class Run:
     diff_text: str = ""
     from_s3: dict[str, Any] = field(default_factory=dict)
     s3_timeline_doc: dict[str, Any] = field(default_factory=dict)  # merged from S3 alone
+    timeline_header: bytes = b""  # the first bytes of the merged gzip
+    stack_doc: dict[str, Any] = field(default_factory=dict)  # D's report (--json)
+    stack_text: str = ""  # D's report (text) and its page
+    stack_html: Path | None = None
+    stack_summaries: dict[str, str] = field(default_factory=dict)  # D's per-rank summary.txt
+    stack_memory: dict[str, str] = field(default_factory=dict)  # D's per-rank memory.html
 
 
 def s3_config() -> str:
@@ -84,8 +92,10 @@ def steps_on(d: Daemon, n: int) -> None:
     d.wait_attached(3, timeout=WAIT, min_step=now + n)
 
 
-def capture(d: Daemon) -> str:
-    res = ctl_json(d, "start", "--next", "--active", ACTIVE, "--wait", "--timeout", str(WAIT))
+def capture(d: Daemon, *options: str) -> str:
+    res = ctl_json(
+        d, "start", "--next", "--active", ACTIVE, *options, "--wait", "--timeout", str(WAIT)
+    )
     assert res["state"] == "done", res
     sid: str = res["session"]
     return sid
@@ -125,10 +135,11 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         jobs.start("straggler.py", nproc=3, daemon=d, MODE_FILE=str(mode), EXTRA_MS="150")
         d.wait_attached(3, timeout=WAIT, min_step=3)
         wait_for(lambda: all(p["steps_per_s"] > 0 for p in d.ps()), WAIT, "step rates", every=0.2)
-        for name, text in (("A", "straggler 1"), ("B", "none"), ("C", "slow")):
+        for name, text in (("A", "straggler 1"), ("B", "none"), ("C", "slow"), ("D", "none")):
             mode.write_text(text)
             steps_on(d, 4)  # every rank has read the new mode
-            r.sessions[name] = capture(d)
+            stack = ("--with-stack", "--profile-memory") if name == "D" else ()
+            r.sessions[name] = capture(d, *stack)
         jobs.kill_all()
         a, b, c = (r.sessions[k] for k in "ABC")
         r.html = root / "a.html"
@@ -144,7 +155,19 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             with gzip.open(path, "rt", encoding="utf-8") as fh:
                 r.timeline_doc = json.load(fh)
             r.timeline_beside = sorted(p.name for p in Path(path).parent.iterdir())
+        r.timeline_header = Path(r.timeline["timelines"][0]).read_bytes()[:64]
         r.in_cycle_dirs = [str(p) for p in d.spool.rglob("c*/*timeline*")]
+        sid = r.sessions["D"]
+        r.stack_html = root / "d.html"
+        r.stack_doc = ctl_json(d, "report", sid, "-o", str(root / "d0.html"))
+        text = d.ctl("report", sid, "-o", str(r.stack_html))
+        assert text.returncode == 0, text.stderr
+        r.stack_text = text.stdout + r.stack_html.read_text(encoding="utf-8")
+        for f in d.spool.rglob(f"{sid}/c*/*"):
+            if f.name.endswith(".summary.txt"):
+                r.stack_summaries[f.name] = f.read_text(encoding="utf-8")
+            elif f.name.endswith(".memory.html"):
+                r.stack_memory[f.name] = f.read_text(encoding="utf-8")
         wait_uploaded(d, a)
         d.stop()
         shutil.rmtree(d.spool)
@@ -255,6 +278,49 @@ def test_the_merged_timeline_from_s3_alone_is_the_same_as_from_the_spool(run: Ru
     assert len(remote["traceEvents"]) == len(local["traceEvents"])
 
 
+def test_the_merged_timelines_gzip_header_names_the_final_file(run: Run) -> None:
+    head = run.timeline_header
+    assert head[:2] == b"\x1f\x8b" and head[3] & 0x08, head  # gzip, with FNAME
+    name = head[10 : head.index(b"\0", 10)]
+    assert name == b"c0.timeline.json", name
+
+
+def test_with_stack_tables_hold_the_users_operators_only(run: Run) -> None:
+    """A real --with-stack capture: no profd frame, no zmq, no Python frame, no address in
+    any operator table (the report's, the per-rank summaries'), and no operator above the
+    median step unless the page says why."""
+    doc, text = run.stack_doc, run.stack_text
+    assert sorted(by_rank(doc)) == [0, 1, 2] and doc["ops"]
+    names = [o["name"] for o in doc["ops"]]
+    assert "aten::mm" in names, names
+    noise = re.compile(r"profd_client|zmq|\.py\(\d+\)|0x[0-9a-f]{4,}")
+    assert not [n for n in names if noise.search(n)], names
+    step = sorted(r["step_ms"] for r in doc["ranks"])[1]
+    over = [o for o in doc["ops"] if o["median_ms"] > step]
+    assert not over or "outside the profiled steps" in text, (over, step)
+    assert "Wall-clock" in text  # what the table counts, under it
+    assert len(run.stack_summaries) == 3
+    for name, summary in run.stack_summaries.items():
+        ops, sites = summary.split("## Python call sites (--with-stack)")
+        ops = ops.split("## CPU operators")[1]
+        assert "aten::mm" in ops and not noise.search(ops), (name, ops)
+        assert re.search(r"straggler\.py\(\d+\)", sites), sites
+        assert not re.search(r"profd_client|zmq/|0x[0-9a-f]{4,}", sites), sites
+
+
+def test_cpu_memory_pages_draw_no_reserved_line_and_the_report_links_them(run: Run) -> None:
+    assert len(run.stack_memory) == 3
+    for name, page in run.stack_memory.items():
+        assert 'class="allocated"' in page, name
+        assert 'class="reserved"' not in page and "peak reserved" not in page, name
+    assert run.stack_html is not None
+    page = run.stack_html.read_text(encoding="utf-8")
+    links = re.findall(r'<a href="(file://[^"]+\.memory\.html)">', page)
+    assert len(links) == 3, page[-2000:]
+    for link in links:
+        assert Path(link.removeprefix("file://")).name in run.stack_memory
+
+
 # --- the page in a real browser ------------------------------------------------------------------
 @pytest.fixture(scope="session")
 def chromium() -> str:
@@ -308,3 +374,11 @@ def test_html_report_renders_in_chromium(run: Run, chromium: str, tmp_path: Path
     r = headless(chromium, f"--screenshot={shot}", "--window-size=1200,1600", url)
     assert r.returncode == 0 and shot.stat().st_size > 10_000, r.stderr[-2000:]
     print(f"report screenshot: {shot}")
+
+
+def test_memory_page_links_render_in_chromium(run: Run, chromium: str) -> None:
+    assert run.stack_html is not None
+    dom = headless(chromium, "--dump-dom", run.stack_html.as_uri())
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    anchors = re.findall(r'<a href="file://[^"]+\.memory\.html">main r[012] @', dom.stdout)
+    assert len(anchors) == 3, dom.stdout[-3000:]

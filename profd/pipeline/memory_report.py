@@ -42,11 +42,18 @@ def _size(n: float) -> str:
     return human_bytes(int(n), digits=2)
 
 
+def has_reserved(samples: Sequence[Sample]) -> bool:
+    """Whether the samples' reserved memory means anything: it is the CUDA caching
+    allocator's, and 0 all along on CPU."""
+    return any(s.reserved for s in samples)
+
+
 def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepSpan]) -> str:
     pts = downsample(samples)
     t_end = max(pts[-1].ts_us, windows[-1].end_us if windows else 0.0)
     span = max(t_end - t0, 1.0)
     top = max(max(s.reserved, s.allocated) for s in pts) or 1
+    reserved = has_reserved(samples)
 
     def x(ts: float) -> float:
         return _PAD + (ts - t0) / span * (_W - 2 * _PAD)
@@ -79,7 +86,7 @@ def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepSpan]) -> s
         f'<text x="{_PAD}" y="{_H - 12}">0 ms</text>',
         f'<text x="{_W - _PAD}" y="{_H - 12}" text-anchor="end">{span / 1000:,.1f} ms</text>',
         f'<text x="4" y="{y(top) + 4:.1f}">{html.escape(_size(top))}</text>',
-        line("reserved"),
+        *([line("reserved")] if reserved else []),
         line("allocated"),
         "</svg>",
     ]
@@ -114,13 +121,15 @@ def render_memory_html(
     body = [f"<h1>{html.escape(title)}</h1>"]
     for dev, samples in sorted(series.items()):
         peak = max(samples, key=lambda s: s.allocated)
+        reserved = has_reserved(samples)
         body += [
             f"<h2>{html.escape(dev)}</h2>",
             f"<p>peak allocated {_size(peak.allocated)} at {(peak.ts_us - t0) / 1000:,.1f} ms;"
-            f" peak reserved {_size(max(s.reserved for s in samples))};"
-            f" {len(samples)} allocation events."
-            ' <span class="allocated">allocated</span>, <span class="reserved">reserved</span>;'
-            " shaded: profiled steps.</p>",
+            + (f" peak reserved {_size(max(s.reserved for s in samples))};" if reserved else "")
+            + f" {len(samples)} allocation events."
+            ' <span class="allocated">allocated</span>'
+            + (', <span class="reserved">reserved</span>' if reserved else "")
+            + "; shaded: profiled steps.</p>",
             _svg(samples, t0, windows),
         ]
         if windows:

@@ -5,20 +5,66 @@ Both are collected one event at a time (:class:`CpuOps`, :class:`GpuOps`, fed by
 dicts: GPU activities are summed as they come, CPU operators are kept as three compact
 columns per thread (start, duration, name id: 20 bytes an event) until their nesting is
 resolved.
+
+What the CPU tables count (``docs/reports.md`` says it for users):
+
+* **operators** are ``cpu_op`` and ``user_annotation`` events. Python frames
+  (``python_function``, recorded with ``--with-stack``) are **call sites**, a table of their
+  own: an operator's self time is the same with and without ``--with-stack`` (frames inside
+  an operator do not take from it, and frames are no operators).
+* **profd's own work is left out**: frames of the ``profd_client`` package, everything inside
+  them (zmq, msgpack), and a thread that runs nothing else (the client's agent thread).
+* **names without addresses**: ``<built-in method mm of type object at 0x7f..>`` is one name
+  however many objects (or processes, or ranks) it was called on.
+* **wall-clock time**: an operator's self (and total) time is the time during which at least
+  one of its calls is running (innermost, for self), so calls that overlap on several threads
+  (gloo's ``gloo:all_reduce``) or nest in one another count once, and no operator can take
+  longer than the trace.
 """
 
 from __future__ import annotations
 
+import itertools
+import operator
+import re
 from array import array
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from profd.pipeline.columns import sorted_order
+from profd.pipeline.columns import sorted_order, wall_us
 from profd.pipeline.spans import STEP_PREFIX
 
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "python_function"})
 GPU_OP_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+#: The category of a Python frame (``with_stack``): a call site, not an operator.
+FRAME_CAT = "python_function"
+ANNOTATION_CAT = "user_annotation"
+
+# ``... object at 0x7f39a1b2c3d0>``: the address goes with its " at"; any other long hex
+# number (an address printed some other way) becomes "0x…". Short ones (0x1, template
+# arguments) stay.
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+\b|\b0x[0-9a-fA-F]{6,}\b")
+# A frame of the profd client, as torch names frames: ``profd_client/steps.py(280): _advance``
+# (the path relative to its sys.path entry), or an absolute path when it has none.
+_PROFD_FRAME = re.compile(r"(?:^|/)profd_client/[^/()]+\.py\(\d+\): ")
+#: A call that ends this little after the profd frame it started in is still inside it
+#: (kineto rounds timestamps to ns in floating point).
+_EPS_US = 1e-3
+
+# How a name takes part in the nesting.
+_OP, _ANNOTATION, _FRAME = 0, 1, 2
+
+
+def strip_addresses(name: str) -> str:
+    """``name`` without the memory addresses Python prints in object reprs."""
+    if "0x" not in name:
+        return name
+    return _ADDRESS.sub(lambda m: "" if m.group().startswith(" at") else "0x…", name)
+
+
+def is_profd_frame(name: str) -> bool:
+    return _PROFD_FRAME.search(name) is not None
 
 
 @dataclass(frozen=True)
@@ -27,6 +73,12 @@ class OpStat:
     calls: int
     self_us: float
     total_us: float
+
+
+@dataclass(frozen=True)
+class CpuTables:
+    operators: Sequence[OpStat]
+    call_sites: Sequence[OpStat]  # Python frames (with_stack), profd's left out
 
 
 class _Thread:
@@ -48,12 +100,124 @@ class _Thread:
         return self._order
 
 
+class _Names:
+    """What the sweep needs to know of each name id."""
+
+    def __init__(self, ops: CpuOps) -> None:
+        self.kind = [
+            _FRAME if c == FRAME_CAT else _ANNOTATION if c == ANNOTATION_CAT else _OP
+            for c in ops.cats
+        ]
+        self.step = [n.startswith(STEP_PREFIX) for n in ops.names]
+        for n, is_step in enumerate(self.step):
+            if is_step:  # a step span overlaps the frames that open and close it
+                self.kind[n] = _ANNOTATION
+        self.profd = [
+            k == _FRAME and is_profd_frame(n) for k, n in zip(self.kind, ops.names, strict=True)
+        ]
+
+
+class _Sweep:
+    """One thread's nesting: each call's direct children's time, and what is profd's.
+
+    Two stacks, because with ``--with-stack`` the events do not all nest: an annotation
+    (``record_function``, a ``ProfilerStep``) opens inside a frame's call and outlives it.
+    Operators and annotations nest among themselves, frames and operators among themselves;
+    an operator's children are the operators and annotations inside it, a frame's the frames
+    and operators inside it.
+    """
+
+    def __init__(
+        self, thread: _Thread, names: _Names, union: Sequence[bool], frames: bool = True
+    ) -> None:
+        """``union``: the names whose self-time segments to keep (in :attr:`segments`);
+        ``frames``: whether the thread has Python frames (else one stack does)."""
+        n = len(thread.ts)
+        self.children = array("d", bytes(8 * n))
+        self.skip = bytearray(n)  # profd's: inside one of its frames
+        #: name id -> self-time segments (start, end) of the ``union`` names' calls
+        self.segments: dict[int, list[tuple[float, float]]] = {}
+        #: A thread where profd runs and nothing else (its frames aside): profd's agent.
+        self.profd_thread = False
+        self._sweep(thread, names, union, frames)
+
+    def _sweep(self, thread: _Thread, names: _Names, union: Sequence[bool], frames: bool) -> None:
+        ts, dur, nid = thread.ts, thread.dur, thread.name
+        kind, profd = names.kind, names.profd
+        children, skip = self.children, self.skip
+        cursor: dict[int, float] = {}  # a ``union`` call open -> where its self time resumes
+        ops: list[tuple[float, int]] = []  # (end, index)
+        stack: list[tuple[float, int]] = []  # the frames and cpu_ops
+        profd_end = -float("inf")
+        skipped, enclosing = 0, -1
+        for i in thread.order():
+            start, d = ts[i], dur[i]
+            n = nid[i]
+            k = kind[n]
+            # Compare starts against ends, not ends against ends: kineto rounds timestamps
+            # to ns in floating point, so a child's end may overshoot its parent's by a hair.
+            if k != _FRAME:
+                while ops and ops[-1][0] <= start:
+                    end, j = ops.pop()
+                    if cursor and j in cursor:
+                        self._close(nid[j], cursor.pop(j), end)
+                if ops:
+                    p = ops[-1][1]
+                    children[p] += d
+                    if cursor and p in cursor:
+                        cursor[p] = self._hole(nid[p], cursor[p], start, start + d)
+                ops.append((start + d, i))
+                if not frames:  # no frame to nest in, none of profd's to be inside
+                    if union[n]:
+                        cursor[i] = start
+                    continue
+            if k != _ANNOTATION:
+                while stack and stack[-1][0] <= start:
+                    end, j = stack.pop()
+                    if cursor and kind[nid[j]] == _FRAME and j in cursor:
+                        self._close(nid[j], cursor.pop(j), end)
+                if stack:
+                    p = stack[-1][1]
+                    if kind[nid[p]] == _FRAME:
+                        children[p] += d
+                        if cursor and p in cursor:
+                            cursor[p] = self._hole(nid[p], cursor[p], start, start + d)
+                stack.append((start + d, i))
+            if start < profd_end and start + d <= profd_end + _EPS_US:
+                skip[i] = 1
+                skipped += 1
+            elif profd[n]:
+                if enclosing < 0:  # the frames it runs in: a thread's bootstrap, or user code
+                    enclosing = sum(kind[nid[j]] == _FRAME for _, j in stack[:-1])
+                profd_end = start + d
+                skip[i] = 1
+                skipped += 1
+            elif union[n]:
+                cursor[i] = start
+        for open_calls in (ops, stack):
+            for end, j in open_calls:
+                if j in cursor:
+                    self._close(nid[j], cursor.pop(j), end)
+        self.profd_thread = enclosing >= 0 and skipped + enclosing == len(ts)
+
+    def _hole(self, n: int, at: float, start: float, end: float) -> float:
+        """A child from ``start`` to ``end`` of a ``union`` call whose self time resumed ``at``."""
+        if start > at:
+            self.segments.setdefault(n, []).append((at, start))
+        return max(at, end)
+
+    def _close(self, n: int, at: float, end: float) -> None:
+        if end > at:
+            self.segments.setdefault(n, []).append((at, end))
+
+
 class CpuOps:
     """The complete events of the CPU categories (``EventGroups.cpu``), as compact columns."""
 
     def __init__(self) -> None:
-        self.ids: dict[str, int] = {}  # name -> id, each distinct name stored once
-        self.names: list[str] = []
+        self.ids: dict[str, int] = {}  # name as in the trace -> id
+        self._norm_ids: dict[str, int] = {}  # name without addresses -> id
+        self.names: list[str] = []  # by id: each distinct name (addresses stripped) once
         # The category a name was first seen with: kept per name rather than per event, since
         # a name keeps its category in practice, and it costs nothing per event.
         self.cats: list[str] = []
@@ -76,55 +240,135 @@ class CpuOps:
             thread = self.threads[key] = _Thread()
         nid = self.ids.get(name)
         if nid is None:
-            nid = self.ids[name] = len(self.names)
-            self.names.append(name)
-            self.cats.append(cat)
+            nid = self.ids[name] = self._name_id(name, cat)
         thread.ts.append(ts)
         thread.dur.append(dur)
         thread.name.append(nid)
 
+    def _name_id(self, name: str, cat: str) -> int:
+        """Once per distinct name in the trace: names that differ only by addresses share one."""
+        norm = strip_addresses(name)
+        nid = self._norm_ids.get(norm)
+        if nid is None:
+            nid = self._norm_ids[norm] = len(self.names)
+            self.names.append(norm)
+            self.cats.append(cat)
+        return nid
+
     def stats(self) -> list[OpStat]:
-        """Per-name CPU operator stats with self time = duration minus direct children.
+        """The operators (see the module doc), by self time."""
+        return list(self.tables().operators)
+
+    def tables(self) -> CpuTables:
+        """Operators and call sites with self time = time spent in no direct child.
 
         Nesting is resolved per (pid, tid) with one sort and a stack sweep, O(n log n), because
         a large trace holds hundreds of thousands of events. ProfilerStep annotations take part
         in the nesting (so they do not leak into the self time of anything) but are left out
         of the result, since they are whole steps, not operators.
+
+        A name's calls on one thread do not overlap but by nesting, which the running end
+        below merges. Calls on several threads may overlap: such a name's total is the union
+        of its threads' intervals, and only when they do overlap (gloo's threads) are its
+        threads swept again for the segments of its self time, so that a trace whose threads
+        share names but take turns (the autograd thread) costs one sweep.
         """
-        step = [name.startswith(STEP_PREFIX) for name in self.names]
-        calls = [0] * len(self.names)
-        self_us = [0.0] * len(self.names)
-        total_us = [0.0] * len(self.names)
-        for thread in self.threads.values():
+        count = len(self.names)
+        names = _Names(self)
+        on: list[list[Hashable]] = [[] for _ in range(count)]  # name -> threads it is on
+        has_frames: dict[Hashable, bool] = {}
+        for key, thread in self.threads.items():
+            present = set(thread.name)
+            for n in present:
+                on[n].append(key)
+            has_frames[key] = any(names.kind[n] == _FRAME for n in present)
+        shared = [len(keys) > 1 for keys in on]
+        # name -> threads it is on, for the names on several
+        on_several = {n: keys for n, keys in enumerate(on) if shared[n]}
+        step, kind = names.step, names.kind
+        calls = [0] * count
+        self_us = [0.0] * count
+        total_us = [0.0] * count
+        # A shared name's calls merged per thread: (starts, ends), each thread's in order.
+        merged: dict[int, tuple[array[float], array[float]]] = {}
+        none = [False] * count
+        profd_threads: set[Hashable] = set()
+        last_end = [-float("inf")] * count
+        for key, thread in self.threads.items():
+            sweep = _Sweep(thread, names, none, has_frames[key])
+            if sweep.profd_thread:
+                profd_threads.add(key)
+                continue
             ts, dur, nid = thread.ts, thread.dur, thread.name
-            order = thread.order()
-            children_us = array("d", bytes(8 * len(ts)))
-            stack: list[tuple[float, int]] = []  # (end, index)
-            for i in order:
-                start, d = ts[i], dur[i]
-                # Compare starts against ends, not ends against ends: kineto rounds timestamps
-                # to ns in floating point, so a child's end may overshoot its parent's by a hair.
-                while stack and stack[-1][0] <= start:
-                    stack.pop()
-                if stack:
-                    children_us[stack[-1][1]] += d
-                stack.append((start + d, i))
+            children, skip = sweep.children, sweep.skip
+            for n in on_several:  # a shared name's running end starts again on each thread
+                last_end[n] = -float("inf")
             # Summed in the same order as the sweep, so the floats come out the same however
             # the trace was read.
-            for i in order:
+            for i in thread.order():
+                if skip[i]:
+                    continue
                 n = nid[i]
                 if step[n]:
                     continue
+                start = ts[i]
                 d = dur[i]
                 calls[n] += 1
-                self_us[n] += max(d - children_us[i], 0.0)
-                total_us[n] += d
-        stats = [
-            OpStat(name, calls[n], self_us[n], total_us[n])
-            for n, name in enumerate(self.names)
-            if calls[n]
-        ]
-        return _sort(stats)
+                c = children[i]
+                if d > c:
+                    self_us[n] += d - c
+                # A call inside another call of the same name (recursion) counts once.
+                le = last_end[n]
+                if start >= le:
+                    total_us[n] += d
+                    last_end[n] = end = start + d
+                    if shared[n]:
+                        run = merged.get(n)
+                        if run is None:
+                            run = merged[n] = (array("d"), array("d"))
+                        run[0].append(start)
+                        run[1].append(end)
+                else:
+                    end = start + d
+                    if end > le:
+                        total_us[n] += end - le
+                        last_end[n] = end
+                        if shared[n]:
+                            merged[n][1][-1] = end
+        overlap = [False] * count
+        for n, (starts, ends) in merged.items():
+            wall = _overlapping_union_us(starts, ends)
+            if wall is not None:
+                overlap[n] = True
+                total_us[n] = wall
+        redo = {key for n, keys in on_several.items() if overlap[n] for key in keys}
+        segments: dict[int, list[tuple[float, float]]] = {}
+        for key in self.threads:
+            if key in redo and key not in profd_threads:
+                again = _Sweep(self.threads[key], names, overlap, has_frames[key])
+                for n, segs in again.segments.items():
+                    segments.setdefault(n, []).extend(segs)
+        for n, segs in segments.items():
+            self_us[n] = wall_us(segs)
+        ops: list[OpStat] = []
+        sites: list[OpStat] = []
+        for n, name in enumerate(self.names):
+            if calls[n]:
+                row = OpStat(name, calls[n], self_us[n], total_us[n])
+                (sites if kind[n] == _FRAME else ops).append(row)
+        return CpuTables(_sort(ops), _sort(sites))
+
+
+def _overlapping_union_us(starts: array[float], ends: array[float]) -> float | None:
+    """The time covered by the intervals, or None when no instant is covered twice (their
+    durations' sum is the answer then: most names shared by threads never overlap)."""
+    # Sorted apart, in C: no instant is covered twice iff each end (in order) comes no later
+    # than the next start (in order); no Python step per interval on the common path.
+    s, e = sorted(starts), sorted(ends)
+    if all(map(operator.le, itertools.islice(e, len(e) - 1), itertools.islice(s, 1, None))):
+        return None
+    del s, e
+    return wall_us(zip(starts, ends, strict=True))
 
 
 class GpuOps:
@@ -155,8 +399,15 @@ class GpuOps:
         self.name.append(nid)
 
     def stats(self) -> list[OpStat]:
-        """Device activities do not nest, so self time is total time."""
-        return _sort([OpStat(n, c, self.dur_us[n], self.dur_us[n]) for n, c in self.calls.items()])
+        """Device activities do not nest, so self time is total time; names that differ only
+        by an address are one row."""
+        calls: dict[str, int] = {}
+        dur: dict[str, float] = {}
+        for n, c in self.calls.items():
+            norm = strip_addresses(n)
+            calls[norm] = calls.get(norm, 0) + c
+            dur[norm] = dur.get(norm, 0.0) + self.dur_us[n]
+        return _sort([OpStat(n, c, dur[n], dur[n]) for n, c in calls.items()])
 
 
 def _sort(stats: list[OpStat]) -> list[OpStat]:

@@ -17,7 +17,7 @@ from functools import cached_property
 from typing import Any
 
 from profd.pipeline.memory import MEMORY_EVENT, MemoryEvents, SampleSeries
-from profd.pipeline.ops import CPU_OP_CATS, GPU_OP_CATS, CpuOps, GpuOps, OpStat
+from profd.pipeline.ops import CPU_OP_CATS, GPU_OP_CATS, CpuOps, CpuTables, GpuOps, OpStat
 from profd.pipeline.spans import (
     MAX_US,
     STEP_PREFIX,
@@ -120,8 +120,18 @@ class ParsedTrace:
         return step_stats(self.spans)
 
     @cached_property
+    def cpu_tables(self) -> CpuTables:
+        return self.groups.cpu.tables()
+
+    @property
     def cpu_ops(self) -> Sequence[OpStat]:
-        return self.groups.cpu.stats()
+        """CPU operators (no Python frames, nothing of profd's; see :mod:`.ops`)."""
+        return self.cpu_tables.operators
+
+    @property
+    def call_sites(self) -> Sequence[OpStat]:
+        """Python frames (``--with-stack``), profd's left out."""
+        return self.cpu_tables.call_sites
 
     @cached_property
     def gpu_ops(self) -> Sequence[OpStat]:

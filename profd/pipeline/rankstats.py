@@ -24,12 +24,10 @@ so the rank everyone waits for is the one with the least collective time (see
 
 from __future__ import annotations
 
-import bisect
-from array import array
-from collections.abc import Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from profd.pipeline.columns import sorted_order
+from profd.pipeline.columns import Intervals, sorted_order, wall_us
 from profd.pipeline.spans import StepSpan
 
 if TYPE_CHECKING:
@@ -55,75 +53,6 @@ def is_gpu_collective(name: str) -> bool:
     return "nccl" in name.lower()
 
 
-class Intervals:
-    """Disjoint intervals in time order, as two columns."""
-
-    __slots__ = ("ends", "starts")
-
-    def __init__(self) -> None:
-        self.starts = array("d")
-        self.ends = array("d")
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def extend_sorted(self, start: float, end: float) -> None:
-        """Add one interval that starts no earlier than every one before it."""
-        if end <= start:
-            return
-        if self.ends and start <= self.ends[-1]:
-            if end > self.ends[-1]:
-                self.ends[-1] = end
-            return
-        self.starts.append(start)
-        self.ends.append(end)
-
-    @classmethod
-    def of(cls, pairs: Iterable[tuple[float, float]]) -> Intervals:
-        out = cls()
-        for s, e in sorted(pairs):
-            out.extend_sorted(s, e)
-        return out
-
-    def union(self, other: Intervals) -> Intervals:
-        return Intervals.of(
-            [*zip(self.starts, self.ends, strict=True), *zip(other.starts, other.ends, strict=True)]
-        )
-
-    def intersection(self, other: Intervals) -> Intervals:
-        out = Intervals()
-        i = j = 0
-        a_s, a_e, b_s, b_e = self.starts, self.ends, other.starts, other.ends
-        while i < len(a_s) and j < len(b_s):
-            lo, hi = max(a_s[i], b_s[j]), min(a_e[i], b_e[j])
-            if lo < hi:
-                out.extend_sorted(lo, hi)
-            if a_e[i] < b_e[j]:
-                i += 1
-            else:
-                j += 1
-        return out
-
-    def measure(self, lo: float, hi: float) -> float:
-        """Time covered inside ``[lo, hi)``."""
-        total = 0.0
-        i = bisect.bisect_right(self.ends, lo)
-        while i < len(self.starts) and self.starts[i] < hi:
-            total += min(self.ends[i], hi) - max(self.starts[i], lo)
-            i += 1
-        return total
-
-    def longest_gap(self, lo: float, hi: float) -> float:
-        """The longest stretch of ``[lo, hi)`` that no interval covers."""
-        best, at = 0.0, lo
-        i = bisect.bisect_right(self.ends, lo)
-        while i < len(self.starts) and self.starts[i] < hi:
-            best = max(best, self.starts[i] - at)
-            at = max(at, self.ends[i])
-            i += 1
-        return max(best, hi - at)
-
-
 def _training_thread(parsed: ParsedTrace) -> Hashable | None:
     """The thread that holds the most ``ProfilerStep`` spans (the one that calls ``step()``)."""
     counts = parsed.groups.step_threads
@@ -131,19 +60,21 @@ def _training_thread(parsed: ParsedTrace) -> Hashable | None:
 
 
 def _parts(parsed: ParsedTrace) -> tuple[str, Intervals, Intervals, dict[str, list[float]]]:
-    """(mode, compute, collective, per collective name [calls, µs])."""
+    """(mode, compute, collective, per collective name [calls, µs]).
+
+    A collective's µs are wall-clock: gloo runs one on several threads at once, and their sum
+    would exceed the time it took (see :mod:`.ops`)."""
     cpu = parsed.groups.cpu
     coll_ids = {i for i, n in enumerate(cpu.names) if is_cpu_collective(n)}
     compute_ids = {i for i, c in enumerate(cpu.cats) if c == "cpu_op" and i not in coll_ids}
     main = _training_thread(parsed)
-    by_name: dict[str, list[float]] = {}
+    calls: dict[str, list[tuple[float, float]]] = {}
     coll_pairs: list[tuple[float, float]] = []
     cpu_compute = Intervals()
 
-    def note(name: str, dur: float) -> None:
-        acc = by_name.setdefault(name, [0, 0.0])
-        acc[0] += 1
-        acc[1] += dur
+    def note(name: str, start: float, end: float) -> None:
+        calls.setdefault(name, []).append((start, end))
+        coll_pairs.append((start, end))
 
     for key, thread in cpu.threads.items():
         ts, dur, nid = thread.ts, thread.dur, thread.name
@@ -153,29 +84,30 @@ def _parts(parsed: ParsedTrace) -> tuple[str, Intervals, Intervals, dict[str, li
                 if n in compute_ids:
                     cpu_compute.extend_sorted(ts[i], ts[i] + dur[i])
                 elif n in coll_ids:
-                    coll_pairs.append((ts[i], ts[i] + dur[i]))
-                    note(cpu.names[n], dur[i])
+                    note(cpu.names[n], ts[i], ts[i] + dur[i])
         elif coll_ids and any(thread.name.count(c) for c in coll_ids):
             # Only threads that hold a collective are walked in Python: gloo's own threads.
             for i, n in enumerate(nid):
                 if n in coll_ids:
-                    coll_pairs.append((ts[i], ts[i] + dur[i]))
-                    note(cpu.names[n], dur[i])
+                    note(cpu.names[n], ts[i], ts[i] + dur[i])
 
     gpu = parsed.groups.gpu
     if not gpu.ts:
-        return "cpu", cpu_compute, Intervals.of(coll_pairs), by_name
+        return "cpu", cpu_compute, Intervals.of(coll_pairs), _by_name(calls)
     gpu_coll = [is_gpu_collective(n) for n in gpu.names]
     gpu_compute = Intervals()
     for i in sorted_order(gpu.ts):
         n = gpu.name[i]
         start, end = gpu.ts[i], gpu.ts[i] + gpu.dur[i]
         if gpu_coll[n]:
-            coll_pairs.append((start, end))
-            note(gpu.names[n], gpu.dur[i])
+            note(gpu.names[n], start, end)
         else:
             gpu_compute.extend_sorted(start, end)
-    return "gpu", gpu_compute, Intervals.of(coll_pairs), by_name
+    return "gpu", gpu_compute, Intervals.of(coll_pairs), _by_name(calls)
+
+
+def _by_name(calls: Mapping[str, list[tuple[float, float]]]) -> dict[str, list[float]]:
+    return {name: [len(pairs), wall_us(pairs)] for name, pairs in calls.items()}
 
 
 def _ms(us: float) -> float:

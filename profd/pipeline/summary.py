@@ -55,6 +55,7 @@ def render_summary(
     cpu_ops: Sequence[OpStat],
     gpu_ops: Sequence[OpStat],
     top_n: int,
+    call_sites: Sequence[OpStat] = (),
 ) -> str:
     lines = header_lines("# profd trace summary", header)
     lines.append("## step time (ProfilerStep#N)")
@@ -67,10 +68,18 @@ def render_summary(
         lines.extend(f"{step:>10} {ms:>14.3f}" for step, ms in steps.durations_ms)
     lines.append("")
     lines.append("## CPU operators")
+    lines.append(
+        "(cpu_op and user_annotation events; wall-clock time, overlapping calls counted once;"
+        " profd's own work left out)"
+    )
     if cpu_ops:
         lines.extend(_op_table("CPU ops", cpu_ops, top_n))
     else:
         lines.append("(no CPU operator events)")
+    if call_sites:
+        lines.append("")
+        lines.append("## Python call sites (--with-stack)")
+        lines.extend(_op_table("Python frames", call_sites, top_n))
     if gpu_ops:
         lines.append("")
         lines.append("## GPU kernels, memcpy and memset")
@@ -87,5 +96,10 @@ class Summary:
 
     def render(self, parsed: ParsedTrace) -> str:
         return render_summary(
-            parsed.header, parsed.steps, parsed.cpu_ops, parsed.gpu_ops, parsed.top_n
+            parsed.header,
+            parsed.steps,
+            parsed.cpu_ops,
+            parsed.gpu_ops,
+            parsed.top_n,
+            parsed.call_sites,
         )

@@ -11,7 +11,7 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-from profd.report.model import Report, spotlight, verdict_text
+from profd.report.model import OPS_NOTE, Report, over_step_note, spotlight, verdict_text
 
 ROW_LIMIT = 64
 HEAT_ROWS = 128
@@ -163,7 +163,29 @@ def ops_table(report: Report) -> str:
             f"<td>{esc(report.ranks[o.max_index].label)}</td><td>{esc(named + more)}</td></tr>"
         )
     rows.append("</table>")
+    rows.append(f"<p class=muted>{esc(OPS_NOTE)}</p>")
+    over = over_step_note(report)
+    if over:
+        rows.append(f"<p>{esc(over)}</p>")
     return "".join(rows)
+
+
+def memory_links(report: Report) -> str:
+    """Links to the per-rank memory pages (``--profile-memory``) that this machine has."""
+    links = [
+        (r, cycle, report.page_links[path])
+        for r in report.ranks
+        for cycle, path in r.memory_pages
+        if path in report.page_links
+    ]
+    if not links:
+        return ""
+    shown = [
+        f'<a href="{esc(href)}">{esc(r.label)}' + (f" c{cycle}" if cycle else "") + "</a>"
+        for r, cycle, href in links[:ROW_LIMIT]
+    ]
+    more = f" and {len(links) - ROW_LIMIT} more" if len(links) > ROW_LIMIT else ""
+    return f"<p>Memory over time, per rank: {', '.join(shown)}{more}.</p>"
 
 
 def memory_bars(report: Report) -> str:
@@ -191,7 +213,7 @@ def memory_bars(report: Report) -> str:
             f'<text x="{LABEL_W + w + 4:.1f}" y="{y + 11}">{peak(i) / 2**20:.0f} MiB</text>'
         )
     out.append("</svg><p class=muted>Peak allocated memory per rank.</p>")
-    return "".join(out)
+    return "".join(out) + memory_links(report)
 
 
 def page(report: Report, sections: Sequence[tuple[str, str]]) -> str:

@@ -39,6 +39,9 @@ class RankData:
     memory: dict[str, int] = field(default_factory=dict)  # device -> peak allocated bytes
     profiled_steps: int = 0  # steps the operator times cover (for per-step averages)
     traces: list[tuple[int, str]] = field(default_factory=list)  # (cycle, path) per capture
+    #: (cycle, path) of each capture's memory page (``--profile-memory``), paths as results
+    #: give them (relative to the spool, and to the S3 prefix)
+    memory_pages: list[tuple[int, str]] = field(default_factory=list)
 
     @property
     def label(self) -> str:
@@ -88,6 +91,9 @@ class Report:
     stragglers: list[Straggler]
     ops: list[OpRow]
     skipped: int = 0  # targets without statistics (failed, or an older profd)
+    #: A memory page's path (as in RankData.memory_pages) -> where this machine opens it; only
+    #: the HTML page uses it, and only pages found here are linked.
+    page_links: dict[str, str] = field(default_factory=dict)
 
     @property
     def mode(self) -> str:
@@ -119,6 +125,9 @@ def rank_data(target: Mapping[str, Any]) -> RankData | None:
         cycle = int(res.get("cycle") or 0)
         if res.get("path"):
             r.traces.append((cycle, str(res["path"])))
+        for f in res.get("files") or []:
+            if isinstance(f, dict) and f.get("kind") == "memory_report" and f.get("path"):
+                r.memory_pages.append((cycle, str(f["path"])))
         if st.get("mode") == "gpu":
             r.mode = "gpu"
         s = st["steps"]
@@ -169,6 +178,34 @@ def _ops(ranks: Sequence[RankData]) -> list[OpRow]:
             OpRow(name, round(med, 3), round(min(vals), 3), round(vals[hi], 3), hi, outliers)
         )
     return out
+
+
+#: What the operator tables count, said under each of them (docs/reports.md says it at length).
+OPS_NOTE = (
+    "ms per step: an operator's self time (in it and in none of the operators it calls) over"
+    " the profiled steps, the median rank's. Wall-clock: calls that overlap (gloo runs a"
+    " collective on several threads) or nest count once. Python frames (--with-stack) are call"
+    " sites, not operators, and profd's own work is left out."
+)
+
+
+def ops_over_step(report: Report) -> list[OpRow]:
+    """Operators whose median time per step is above the median step (time outside the
+    profiled steps counts too: a trace opens before its first step and closes after its last)."""
+    step = report.median_step_ms
+    return [o for o in report.ops if step and o.median_ms > step]
+
+
+def over_step_note(report: Report) -> str:
+    over = ops_over_step(report)
+    if not over:
+        return ""
+    names = ", ".join(o.name for o in over[:3]) + (" and more" if len(over) > 3 else "")
+    return (
+        f"{names}: more per step than the median step ({report.median_step_ms:.2f} ms), since"
+        " an operator's time also counts what ran outside the profiled steps (before the first,"
+        " after the last)."
+    )
 
 
 def versus_peers(summaries: Sequence[RankSummary], k: int, col: int) -> tuple[float, float, float]:

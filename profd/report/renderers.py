@@ -12,7 +12,7 @@ import json
 from typing import Any, Protocol
 
 from profd.report.html import HtmlRenderer
-from profd.report.model import Report, spotlight, verdict_text
+from profd.report.model import OPS_NOTE, Report, over_step_note, spotlight, verdict_text
 
 
 class Renderer(Protocol):
@@ -118,6 +118,7 @@ class TextRenderer:
                     f"{o.name[:50]:<50} {o.median_ms:>8.2f} {o.max_ms:>8.2f}"
                     f"  {report.ranks[o.max_index].label}{flag}"
                 )
+            lines += [n for n in (OPS_NOTE, over_step_note(report)) if n]
         if report.skipped:
             lines.append(f"\n{report.skipped} target(s) without statistics left out")
         return "\n".join(lines) + "\n"

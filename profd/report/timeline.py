@@ -14,6 +14,7 @@ it: HTA reads every ``.json``/``.gz`` of a cycle directory as one rank's trace.
 from __future__ import annotations
 
 import gzip
+import io
 import json
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager
@@ -95,7 +96,13 @@ def write_timeline(traces: Sequence[RankTrace], out: Path) -> int:
     lead = LEAD_US + max(s - f for s, f in zip(starts, firsts, strict=True))
     tmp = out.with_name(out.name + ".tmp")
     try:
-        with gzip.open(tmp, "wt", encoding="utf-8", compresslevel=6) as gz:
+        # gzip headers record the original name: the final one's, not the temporary file's.
+        name = out.name.removesuffix(".gz")
+        with (
+            open(tmp, "wb") as raw,
+            gzip.GzipFile(filename=name, mode="wb", compresslevel=6, fileobj=raw) as packed,
+            io.TextIOWrapper(packed, encoding="utf-8") as gz,
+        ):
             gz.write('{"displayTimeUnit":"ms","otherData":')
             gz.write(_ENC.encode({"aligned_on_step": step, "aligned_at_us": lead}))
             gz.write(',"traceEvents":[')

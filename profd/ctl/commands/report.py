@@ -96,6 +96,8 @@ def report(
             f"session {rep.session} has no per-rank statistics"
             " (no trace processed yet, or captured by a profd without them)"
         )
+    if not s3_url and any(r.memory_pages for r in rep.ranks):
+        rep.page_links = _local_pages(env, rep)
     path = out or f"profd-report-{rep.session}.html"
     page = renderers()["html"].render(rep)
     if path == "-":
@@ -161,6 +163,23 @@ def _timelines(env: Env, rep: Any, s3_url: str | None, where: str | None) -> lis
             raise CtlError(f"cannot write {out}: {why} (try --timeline-dir)") from None
         written.append(str(out))
     return written
+
+
+def _local_pages(env: Env, rep: Any) -> dict[str, str]:
+    """The memory pages on this machine's disk, as file URIs: each lies beside its trace,
+    whose path on disk the daemon's trace rows give (another node's are not here)."""
+    dirs = {
+        (row["host"], row["role"], row["rank"], int(row["cycle"])): Path(str(row["path"])).parent
+        for row in _trace_rows(env, rep.session, None)
+    }
+    links: dict[str, str] = {}
+    for r in rep.ranks:
+        for cycle, rel in r.memory_pages:
+            where = dirs.get((r.host, r.role, r.rank, cycle))
+            page = where / Path(rel).name if where is not None else None
+            if page is not None and page.is_file():
+                links[rel] = page.resolve().as_uri()
+    return links
 
 
 def _trace_rows(env: Env, session: str, s3_url: str | None) -> list[dict[str, Any]]:
