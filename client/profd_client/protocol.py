@@ -791,6 +791,9 @@ PS_ROW: Final = _row(
     attached_at=(WHEN, _O),
     uid=(UID, _O),
     identity_source=(IDENTITY_SOURCE, _O),
+    # Another served process claims the same job, role and rank; every pid that claims it.
+    duplicate=(Bool(), _O),
+    claimed_by=(ListOf(PID, 1 << 22), _O),
 )
 
 _SESSION_FIELDS: Final[dict[str, tuple[Field, bool]]] = {
@@ -829,6 +832,8 @@ TARGET_ROW: Final = _row(
     results=(ListOf(MAP, 1 << 22), _R),  # per cycle, as session.json lists them
     updated_at=(WHEN, _R),
     node=(NODE, _R),
+    # The name its files share: ``{role}-r{rank}``, ``-p{pid}`` added when claimed twice.
+    stem=(Str(MAX_FRAME_BYTES, 1), _O),
 )
 
 #: ``show``: one session with its resolved steps and its targets.
@@ -837,6 +842,8 @@ SESSION_DOC: Final = Struct(
         **_SESSION_FIELDS,
         "steps": (ListOf(STEP, MAX_CYCLES * MAX_CYCLE_STEPS), _R),
         "targets": (ListOf(TARGET_ROW, 1 << 22), _R),
+        # What the session says beside its state ("2 processes claim main rank 0 ...").
+        "notes": (ListOf(LONG_TEXT, 1 << 22), _O),
     },
     open=True,
 )

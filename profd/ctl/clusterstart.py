@@ -122,12 +122,15 @@ def start_everywhere(env: Env, spec: dict[str, Any], strict: bool = False) -> di
     started = env.gather(P.C_START, nodes=list(p.targets), each=node_spec)
     nodes: list[dict[str, Any]] = []
     targets: list[dict[str, Any]] = []
+    duplicates: list[dict[str, Any]] = []
     for a in started.answers:
         row: dict[str, Any] = {"address": a.node.address, "state": "started", "error": None}
         if a.ok:
             mine = [on_node(dict(t), a.node) for t in a.data["targets"]]
             targets += mine
             row["host"] = mine[0]["host"] if mine else None
+            # (An older daemon says nothing of them.)
+            duplicates += [on_node(dict(d), a.node) for d in a.data.get("duplicates") or []]
         else:
             row["state"] = "not started"
             row["error"] = str(a.error) if a.error is not None else a.why
@@ -146,6 +149,7 @@ def start_everywhere(env: Env, spec: dict[str, Any], strict: bool = False) -> di
         "targets": targets,
         "nodes": nodes,
         "missing_ranks": p.missing_ranks,
+        "duplicates": duplicates,
     }
 
 

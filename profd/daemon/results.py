@@ -14,7 +14,7 @@ from profd.daemon.sessions.state import Sessions
 from profd.daemon.spool.incoming import Incoming
 from profd.pipeline.process import ProcessedTrace
 from profd.store import layout
-from profd.store.index import Index
+from profd.store.index import Index, PathTaken
 
 log = logging.getLogger("profd.results")
 
@@ -58,14 +58,24 @@ class Results:
         One commit for the trace, its inbox row and its target: a daemon killed before it
         redoes the capture from the raw trace (the outputs it wrote are simply replaced), one
         killed after it finds the row marked as indexed with its raw trace left, and deletes
-        that at its next start (:meth:`delete_raw`)."""
+        that at its next start (:meth:`delete_raw`).
+
+        A trace whose files the index already names for another capture is not indexed: the
+        capture fails saying whose they are (two rows never name one file)."""
+        try:
+            self._commit(o)
+        except PathTaken as exc:
+            log.error("session %s: capture %s: %s", o.capture.session_id, o.capture.key, exc)
+            self._commit(Outcome(o.capture, None, str(exc)))
+
+    def _commit(self, o: Outcome) -> None:
         c = o.capture
         s = self.sessions.exact(c.session_id)
         t = s.targets.get(c.target) if s is not None else None
         raw_left = o.trace is not None and c.raw_trace is not None
         with self.index.transaction():
             if o.trace is not None:
-                self.index_trace(c, o.trace)
+                self.index_trace(c, o.trace, o.shared)
             if not o.retry:
                 # (An nsys capture has no inbox row: then this changes nothing.)
                 self.index.inbox_done(c.key, raw_left=raw_left)
@@ -129,7 +139,7 @@ class Results:
     def _rel(self, path: str) -> str:
         return str(Path(path).relative_to(self.spool))
 
-    def index_trace(self, c: CaptureReport, res: ProcessedTrace) -> None:
+    def index_trace(self, c: CaptureReport, res: ProcessedTrace, shared: bool = False) -> None:
         files = [
             {
                 "session": c.session_id,
@@ -165,6 +175,7 @@ class Results:
                 "created_at": time.time(),
             },
             files,
+            shared,
         )
 
     def session_manifest(self, session: str, job: str, manifest: Path, cluster: bool) -> None:

@@ -20,7 +20,7 @@ from typing import Any
 from profd import globs
 from profd.states import sql_terminal
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 
 #: ``inbox.done`` of a capture that is indexed while its raw trace still exists.
 INBOX_RAW_LEFT = 2
@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS targets (
     final TEXT,                 -- the client's own last word (done/stopped/...), if any
     results TEXT NOT NULL DEFAULT '[]',  -- json: per-cycle results, as session.json lists them
     updated_at REAL NOT NULL,
+    stem TEXT,                  -- the name its files share; NULL (older rows): {role}-r{rank}
     PRIMARY KEY (session, host, pid)
 );
 CREATE TABLE IF NOT EXISTS traces (
@@ -87,6 +88,9 @@ CREATE INDEX IF NOT EXISTS traces_job ON traces(job, created_at);
 CREATE INDEX IF NOT EXISTS traces_session ON traces(session, rank);
 CREATE INDEX IF NOT EXISTS traces_rank ON traces(rank, created_at);
 CREATE INDEX IF NOT EXISTS traces_created ON traces(created_at);
+-- Not UNIQUE: an nsys report of several ranks is indexed once per rank (add_trace's shared),
+-- and an index written before the check may hold rows that share a path.
+CREATE INDEX IF NOT EXISTS traces_path ON traces(path);
 CREATE TABLE IF NOT EXISTS files (
     id INTEGER PRIMARY KEY,
     session TEXT NOT NULL,
@@ -122,6 +126,10 @@ CREATE TABLE IF NOT EXISTS inbox (
 _DUE = "(upload_state = 'pending' OR (upload_state = 'failed' AND next_attempt_at > 0))"
 
 _FILE_COLS = ("kind", "path", "bytes", "upload_state", "s3_uri", "last_error", "deleted")
+
+
+class PathTaken(Exception):
+    """A capture's file is already another capture's: two rows never name one file."""
 
 
 @dataclass(frozen=True)
@@ -182,6 +190,8 @@ class Index:
         trcols = {r[1] for r in self.db.execute("PRAGMA table_info(traces)")}
         if "stats" not in trcols:  # schema 4
             self.db.execute("ALTER TABLE traces ADD COLUMN stats TEXT")
+        if "stem" not in tcols:  # schema 5
+            self.db.execute("ALTER TABLE targets ADD COLUMN stem TEXT")
 
     def close(self) -> None:
         self.db.close()
@@ -208,12 +218,12 @@ class Index:
         restarted daemon needs to finish it and to write its ``session.json``."""
         self.db.execute(
             "INSERT INTO targets (session, host, pid, job, role, rank, world_size, state, error,"
-            " traces, final, results, updated_at) VALUES (:session, :host, :pid, :job, :role,"
-            " :rank, :world_size, :state, :error, :traces, :final, :results, :updated_at)"
-            " ON CONFLICT(session, host, pid) DO UPDATE SET state=excluded.state,"
-            " error=excluded.error, traces=excluded.traces, final=excluded.final,"
-            " results=excluded.results, updated_at=excluded.updated_at",
-            {**row, "results": json.dumps(row["results"])},
+            " traces, final, results, updated_at, stem) VALUES (:session, :host, :pid, :job,"
+            " :role, :rank, :world_size, :state, :error, :traces, :final, :results,"
+            " :updated_at, :stem) ON CONFLICT(session, host, pid) DO UPDATE SET"
+            " state=excluded.state, error=excluded.error, traces=excluded.traces,"
+            " final=excluded.final, results=excluded.results, updated_at=excluded.updated_at",
+            {"stem": None, **row, "results": json.dumps(row["results"])},
         )
 
     def sessions(
@@ -319,9 +329,17 @@ class Index:
         return [(r["key"], json.loads(r["message"])) for r in rows]
 
     # --- traces and files -------------------------------------------------------------------
-    def add_trace(self, row: Mapping[str, Any], files: Sequence[Mapping[str, Any]]) -> int:
-        """Index one capture and its files in one transaction; returns the trace id."""
+    def add_trace(
+        self, row: Mapping[str, Any], files: Sequence[Mapping[str, Any]], shared: bool = False
+    ) -> int:
+        """Index one capture and its files in one transaction; returns the trace id.
+
+        A file is one process's capture: :class:`PathTaken` if ``row``'s trace or one of
+        ``files`` already belongs to another capture (another session, process or cycle),
+        unless ``shared`` (an nsys report of several ranks, indexed once for each)."""
         with self._tx():
+            if not shared:
+                self._check_own(row, [row["path"], *(f["path"] for f in files)])
             cur = self.db.execute(
                 "INSERT OR REPLACE INTO traces (session, job, host, pid, role, rank, cycle,"
                 " region, steps, path, bytes, state, stall_ms, step_ms_p50, step_ms_max, torch,"
@@ -338,6 +356,22 @@ class Index:
             for f in files:
                 self._add_file(f, trace_id)
         return trace_id
+
+    def _check_own(self, row: Mapping[str, Any], paths: Sequence[str]) -> None:
+        marks = ",".join("?" * len(paths))
+        other = self.db.execute(
+            "SELECT session, pid, role, rank, cycle FROM traces"
+            f" WHERE (path IN ({marks}) OR id IN (SELECT trace_id FROM files"
+            f" WHERE path IN ({marks}))) AND NOT (session = ? AND host = ? AND pid = ?"
+            " AND cycle = ?) LIMIT 1",
+            [*paths, *paths, row["session"], row["host"], row["pid"], row["cycle"]],
+        ).fetchone()
+        if other is not None:
+            session, pid, role, rank, cycle = other
+            raise PathTaken(
+                f"not indexed: {os.path.basename(row['path'])} is already the capture of"
+                f" {role} rank {rank} (pid {pid}) in session {session} cycle {cycle}"
+            )
 
     def add_file(self, f: Mapping[str, Any]) -> None:
         self._add_file(f, None)

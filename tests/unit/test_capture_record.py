@@ -17,6 +17,7 @@ class Target:
     role: str
     rank: int
     world_size: int
+    stem: str = "trainer-r3"
 
 
 WHO = Target("host-a", 4242, "trainer", 3, 8)
@@ -88,3 +89,14 @@ def test_an_older_daemons_inbox_row_is_read() -> None:
     c = CaptureReport.from_row(row)
     assert (c.uid, c.gid, c.revision, c.training_job) == (-1, -1, 0, "job")
     assert c.steps == (10, 11) and c.notes == ("a note",) and c.stall_ms == 12.5
+    assert c.stem == c.raw_stem == "trainer-r3"  # no stem in the row: the plain name
+
+
+def test_a_claimed_identity_names_its_outputs_apart_from_its_raw_files() -> None:
+    """Another process claims trainer rank 3: the raw files keep the name the client gives
+    them in its own dir, the outputs take the target's and the inbox keeps it."""
+    c = CaptureReport.from_message(message(), "job", replace(WHO, stem="trainer-r3-p4242"), 1, 1)
+    assert (c.stem, c.raw_stem) == ("trainer-r3-p4242", "trainer-r3")
+    assert c.raw_trace == "trainer-r3.pt.trace.json"
+    assert [c.final_name(n) for _, n in c.extras] == ["trainer-r3-p4242.memory.pickle"]
+    assert CaptureReport.from_row(json.loads(json.dumps(c.to_row()))) == c

@@ -15,14 +15,16 @@ DAEMON_LAYERS = ["runtime", "spool", "clients", "captures", "sessions", "agent",
                  "results", "loop"]  # fmt: skip
 
 #: Packages that never reach into the daemon (profctl, storage and pure logic).
-NEVER_DAEMON = ["ctl", "store", "pipeline", "report", "scheduling", "reactor", "states"]
+NEVER_DAEMON = ["ctl", "store", "pipeline", "report", "scheduling", "reactor", "states",
+                "claims"]  # fmt: skip
 #: Pure logic shared by the daemon and profctl: the standard library and the protocol only.
-PURE = ["scheduling", "states"]
+PURE = ["scheduling", "states", "claims"]
 
 #: Fields of Session/Target (owned by sessions/state.py) and Client (owned by clients/registry.py).
 OWNED = {
     "sessions/state.py": {"state", "error", "client_final", "outstanding", "traces", "gone",
-                          "hold", "stop_asked", "results", "cycles", "revision", "armed_at"},
+                          "hold", "stop_asked", "results", "cycles", "revision", "armed_at",
+                          "stem"},
     "clients/registry.py": {"step", "step_at", "sps", "cpu", "rss", "gpu_util", "gpu_mem",
                             "attaching", "last_seen", "state"},
 }  # fmt: skip

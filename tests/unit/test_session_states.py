@@ -658,3 +658,38 @@ def test_no_other_module_spells_the_states_out() -> None:
             if len(found) >= 3:
                 offenders.append(f"{path.relative_to(PROFD)}:{node.lineno} {sorted(found)}")
     assert not offenders, offenders
+
+
+def test_processes_claiming_one_rank_are_named_apart_and_stay_so(
+    sessions: Sessions, index: Index, tmp_path: Path
+) -> None:
+    s = session(sessions, target(100, rank=0), target(101, rank=0), target(102, rank=1))
+    assert [t.stem for t in ts(s)] == ["worker-r0-p100", "worker-r0-p101", "worker-r1"]
+    note = "2 processes claim worker rank 0 (pids 100, 101): their files are worker-r0-p100,"
+    assert s.notes == [note + " worker-r0-p101"]
+    assert s.summary()["notes"] == s.notes
+    sessions.flush()
+    assert [t["stem"] for t in stored(index)["targets"]] == [t.stem for t in ts(s)]
+    # A restarted daemon names their files as the one that armed them did.
+    (r,) = Sessions(index, tmp_path / "spool", SpoolPerms(None), "node-a").restore()
+    assert [t.stem for t in r.targets.values()] == [t.stem for t in ts(s)]
+
+
+def test_a_later_claimant_is_named_apart_from_the_one_already_armed(sessions: Sessions) -> None:
+    s = session(sessions, target(100, rank=0))
+    assert s.targets[("host-a", 100)].stem == "worker-r0" and s.notes == []
+    sessions.join(s, target(101, rank=0))
+    assert [t.stem for t in ts(s)] == ["worker-r0", "worker-r0-p101"]
+    assert s.notes == [
+        "2 processes claim worker rank 0 (pids 100, 101): their files are worker-r0, worker-r0-p101"
+    ]
+
+
+def test_an_older_daemons_target_row_keeps_the_plain_name(
+    sessions: Sessions, index: Index, tmp_path: Path
+) -> None:
+    session(sessions, target(100, rank=0))
+    sessions.flush()
+    index.db.execute("UPDATE targets SET stem = NULL")
+    (r,) = Sessions(index, tmp_path / "spool", SpoolPerms(None), "node-a").restore()
+    assert [t.stem for t in r.targets.values()] == ["worker-r0"]

@@ -17,7 +17,11 @@ def _state(r: dict[str, Any]) -> str:
     if r["state"] == "incompatible":
         # A client of a protocol version this daemon does not serve: listed, not profilable.
         return f"incompatible (protocol {r.get('protocol')})"
-    return str(r["state"]) + ("" if r.get("allowed", True) else " (excluded)")
+    state = str(r["state"]) + ("" if r.get("allowed", True) else " (excluded)")
+    if r.get("duplicate"):
+        # Another process claims its job, role and rank: both are profiled, named apart.
+        state += f" (duplicate: pids {', '.join(map(str, r['claimed_by']))})"
+    return state
 
 
 COLUMNS: list[Column] = [

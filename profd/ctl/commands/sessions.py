@@ -72,6 +72,8 @@ def show(env: Env, session: str) -> None:
         click.echo(f"region  {s['region']}")
     if s["error"]:
         click.echo(f"error   {s['error']}")
+    for note in s.get("notes") or []:
+        click.echo(f"note    {note}")
     click.echo(table(s["targets"], TARGET_COLUMNS))
 
 
@@ -103,4 +105,10 @@ def merge_shown(known: list[Answer], session: str) -> dict[str, Any]:
     merged["state"] = combine(n["state"] for n in nodes)
     why = sorted({str(n["error"]) for n in nodes if n["error"]})
     merged["error"] = "; ".join(why) or None
+    several = len(known) > 1
+    merged["notes"] = [
+        f"{n['host']}: {note}" if several else note
+        for a, n in zip(known, nodes, strict=True)
+        for note in a.data.get("notes") or []  # (an older daemon's show has none)
+    ]
     return merged

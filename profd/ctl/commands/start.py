@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from profd import claims
 from profd.ctl.commands.wait import Followed, echo_end, follow
 from profd.ctl.errors import ranks_text, unmatched_refusal
 from profd.ctl.main import Env, command
@@ -102,6 +103,7 @@ def start(env: Env, /, **kw: Any) -> None:
     else:
         res = start_here(env, spec, strict=kw["strict"])
         final_of = partial(_final_here, res["session"])
+    warn_duplicates(res, by_node=env.nodes.remote)
     if not env.json:
         echo_started(res, by_node=env.nodes.remote)
     warn_missing(res["missing_ranks"], by_node=env.nodes.remote)
@@ -152,6 +154,15 @@ def _final_here(session: str, followed: Followed) -> dict[str, Any]:
     from profd.ctl.commands.sessions import merge_shown
 
     return merge_shown(followed.answers, session)
+
+
+def warn_duplicates(res: dict[str, Any], by_node: bool) -> None:
+    """On stderr, also with --json: processes that claim one identity (each is captured, under
+    a name of its own, but one of them is probably not what the operator meant)."""
+    for d in res.get("duplicates") or []:
+        where = f"{d['host']}: " if by_node else ""
+        what = claims.note(d["role"], d["rank"], list(zip(d["pids"], d["stems"], strict=True)))
+        click.echo(f"profctl: warning: {where}job {d['job']}: {what}", err=True)
 
 
 def echo_started(res: dict[str, Any], by_node: bool) -> None:

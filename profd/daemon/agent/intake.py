@@ -133,7 +133,7 @@ class Intake:
         cycle = capture.cycle
         if s.region is None and cycle >= len(s.cycles):
             return f"cycle {cycle} is not one of the session's {len(s.cycles)}"
-        own = self.incoming.own_files(capture.raw_dir, capture.stem)
+        own = self.incoming.own_files(capture.raw_dir, capture.raw_stem)
         for kind, path in capture.files:
             if own.get(kind) != Path(path):
                 return f"{kind} file {path[:200]!r} is not its own"
@@ -143,7 +143,7 @@ class Intake:
         """Delete the files of a superseded capture: only the target's own, never a path
         the report names elsewhere."""
         log.info("session %s: dropping a capture of superseded steps from pid %s", s.id, t.pid)
-        own = self.incoming.own_files(capture.raw_dir, capture.stem)
+        own = self.incoming.own_files(capture.raw_dir, capture.raw_stem)
         names = [p.name for kind, path in capture.files if (p := own.get(kind)) == Path(path)]
         what = f"superseded capture {capture.key}"
         self.incoming.discard(capture.raw_dir, names, what)

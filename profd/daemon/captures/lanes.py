@@ -134,9 +134,10 @@ def _run(c: CaptureReport, at: _Placement) -> ProcessedTrace:
                     header=_header(c),
                 )
             extras = [
-                ProcessedFile(kind, os.path.join(os.path.dirname(res.trace_path), name), size)
+                ProcessedFile(kind, os.path.join(os.path.dirname(res.trace_path), to), size)
                 for kind, name in c.extras
-                for size in [_move_extra(src, dst, name, at)]
+                for to in [c.final_name(name)]
+                for size in [_move_extra(src, dst, name, to, at)]
             ]
     except clientfiles.UnsafeFile as exc:
         raise PipelineError(str(exc)) from None
@@ -163,17 +164,18 @@ def _header(c: CaptureReport) -> dict[str, str]:
     }
 
 
-def _move_extra(src: int, dst: int, name: str, at: _Placement) -> int:
+def _move_extra(src: int, dst: int, name: str, to: str, at: _Placement) -> int:
+    """Move raw file ``name`` into the cycle dir as ``to``; its size."""
     try:
         fd, st = clientfiles.open_regular(src, name, at.max_bytes, at.perms.uid)
     except FileNotFoundError:
         # Moved by an attempt that died before its result was indexed: adopt it.
-        st = os.stat(name, dir_fd=dst, follow_symlinks=False)
+        st = os.stat(to, dir_fd=dst, follow_symlinks=False)
         if not stat.S_ISREG(st.st_mode):
             raise
         return st.st_size
     try:
-        return clientfiles.move(src, name, (fd, st), dst, at.perms.mode)
+        return clientfiles.move(src, name, (fd, st), dst, at.perms.mode, to)
     finally:
         os.close(fd)
 

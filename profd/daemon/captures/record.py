@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any, Protocol
 
+from profd import claims
 from profd.pipeline.process import ProcessedTrace
 from profd.store import layout
 
@@ -34,6 +35,9 @@ class Reporter(Protocol):
 
     @property
     def world_size(self) -> int: ...
+
+    @property
+    def stem(self) -> str: ...
 
 
 @dataclass(frozen=True)
@@ -66,6 +70,13 @@ class CaptureReport:
     region: str | None = None
     torch: str | None = None
     device: str | None = None
+    #: The name its outputs take in the cycle dir: its target's (:mod:`profd.claims`), never
+    #: the client's. Empty (an inbox row of an older daemon): ``{role}-r{rank}``.
+    stem: str = ""
+
+    def __post_init__(self) -> None:
+        if not self.stem:
+            object.__setattr__(self, "stem", self.raw_stem)
 
     @classmethod
     def from_message(
@@ -94,15 +105,15 @@ class CaptureReport:
             torch=m.get("torch"),
             device=m.get("device"),
             notes=tuple(m.get("notes") or ()),
+            stem=who.stem,
         )
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> CaptureReport:
         """The record of an inbox row (:meth:`to_row`, or an older daemon's full message)."""
         m, cl = row["report"], row["client"]
-        return cls.from_message(
-            m, m["job"], _Who(**{k: cl[k] for k in _WHO}), cl.get("uid", -1), cl.get("gid", -1)
-        )
+        who = _Who(**{k: cl[k] for k in _WHO}, stem=cl.get("stem") or "")
+        return cls.from_message(m, m["job"], who, cl.get("uid", -1), cl.get("gid", -1))
 
     def to_row(self) -> dict[str, Any]:
         """The inbox row: the report under its wire names, and who sent it."""
@@ -131,6 +142,7 @@ class CaptureReport:
                 "world_size": self.world_size,
                 "uid": self.uid,
                 "gid": self.gid,
+                "stem": self.stem,
             },
         }
 
@@ -145,9 +157,11 @@ class CaptureReport:
         return (self.host, self.pid)
 
     @property
-    def stem(self) -> str:
-        """The name its files share: ``{role}-r{rank}``."""
-        return f"{self.role}-r{self.rank}"
+    def raw_stem(self) -> str:
+        """The name its raw files share in its own dir: ``{role}-r{rank}`` as it was armed
+        (``ArmedSession.stem``). Only its outputs are told apart from another claimant's:
+        raw files never meet another process's."""
+        return claims.stem(self.role, self.rank)
 
     @property
     def raw_dir(self) -> layout.Parts:
@@ -163,12 +177,18 @@ class CaptureReport:
 
     @property
     def extras(self) -> list[tuple[str, str]]:
-        """(kind, name) of its other raw files, moved beside the processed trace."""
+        """(kind, raw name) of its other raw files, moved beside the processed trace (renamed
+        from :attr:`raw_stem` to :attr:`stem`, see :meth:`final_name`)."""
         trace = self.raw_trace
         out = [(kind, _name(p)) for kind, p in self.files]
         if trace is not None:
             out.remove(("trace", trace))
         return out
+
+    def final_name(self, raw_name: str) -> str:
+        """The name a raw file of it takes beside its processed trace."""
+        raw = self.raw_stem
+        return self.stem + raw_name[len(raw) :] if raw_name.startswith(raw) else raw_name
 
     @property
     def state(self) -> str:
@@ -185,6 +205,8 @@ class Outcome:
     error: str | None = None
     #: Not done: the inbox row stays open and the next daemon start processes it again.
     retry: bool = False
+    #: The trace is several processes' (an nsys report of one launch): indexed for each.
+    shared: bool = False
 
 
 _WHO = ("host", "pid", "role", "rank", "world_size")
@@ -197,6 +219,7 @@ class _Who:
     role: str
     rank: int
     world_size: int
+    stem: str
 
 
 def _name(path: str) -> str:

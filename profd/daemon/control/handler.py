@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profd import __version__
+from profd import __version__, claims
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.control import servable
 from profd.daemon.runtime.peers import PeerCred, Requester
@@ -167,6 +167,11 @@ class ControlHandler:
                 raise Refused("unknown_session", f"no session {m['session']!r}")
             s = row
             s["steps"] = sch.steps_of([tuple(c) for c in s["cycles"]])
+            for t in s["targets"]:
+                t["stem"] = t.get("stem") or claims.stem(t["role"], t["rank"])
+            s["notes"] = claims.notes(
+                (t["role"], t["rank"], t["pid"], t["stem"]) for t in s["targets"]
+            )
         self._stamp([s, *s["targets"]])
         doc = servable.row(
             {**s, "targets": servable.rows(s["targets"], P.TARGET_ROW)}, P.SESSION_DOC
@@ -228,7 +233,16 @@ class ControlHandler:
 
     def ps(self, job: str | None, role: str | None) -> list[dict[str, Any]]:
         sel = Selector(job=job, roles=(role,) if role else ())
-        rows = [c.row() for c in by_identity(self.registry) if sel.matches(c)]
+        served = by_identity(self.registry)
+        # Processes that claim one identity are marked, whatever the filter shows of them.
+        shared = claims.claimants(((c.job, c.role, c.rank), c.pid) for c in served)
+        rows = []
+        for c in served:
+            if sel.matches(c):
+                pids = shared.get((c.job, c.role, c.rank))
+                rows.append(
+                    {**c.row(), "duplicate": pids is not None, "claimed_by": pids or [c.pid]}
+                )
         # Peers of another protocol version are listed so nobody wonders where a job went.
         rows += [
             r

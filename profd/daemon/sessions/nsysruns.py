@@ -65,8 +65,7 @@ class Collection:
 
     def stem(self, s: Session) -> str:
         if len(self.keys) == 1:
-            t = s.targets[self.keys[0]]
-            return f"{t.role}-r{t.rank}"
+            return s.targets[self.keys[0]].stem
         return f"nsys-{self.nsys_session}"
 
 
@@ -320,7 +319,8 @@ class NsysRuns:
         if s is None:
             return
         for c in coll.reported.get(cycle, {}).values():
-            self.on_done(Outcome(c, res, err))
+            # One report of several ranks is indexed for each of them, by design.
+            self.on_done(Outcome(c, res, err, shared=len(coll.keys) > 1))
 
     def _header(self, s: Session, coll: Collection, cycle: int) -> dict[str, str]:
         ms = coll.reported[cycle]

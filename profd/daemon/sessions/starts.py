@@ -11,6 +11,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from profd import claims
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.arming import Arms
@@ -153,6 +154,8 @@ class Starter:
             sch.describe(cycles),
             len(targets),
         )
+        for note in s.notes:
+            log.warning("session %s: job %s: %s", s.id, s.job, note)
         return s
 
     def candidates(self, req: StartRequest, by: Requester | None) -> list[dict[str, Any]]:
@@ -283,6 +286,8 @@ class Starter:
 
 def started(s: Session) -> dict[str, Any]:
     """The ``start`` reply."""
+    stems = {t.pid: t.stem for t in s.targets.values()}
+    shared = claims.claimants((t.claim, t.pid) for t in s.targets.values())
     return {
         "session": s.id,
         "job": s.job,
@@ -292,5 +297,10 @@ def started(s: Session) -> dict[str, Any]:
         "targets": [
             {"host": t.host, "pid": t.pid, "role": t.role, "rank": t.rank}
             for t in s.targets.values()
+        ],
+        # Processes that claim one identity: each is captured, under a name of its own.
+        "duplicates": [
+            {"job": j, "role": r, "rank": k, "pids": pids, "stems": [stems[p] for p in pids]}
+            for (j, r, k), pids in shared.items()
         ],
     }

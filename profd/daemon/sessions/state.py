@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profd import claims
 from profd.daemon.clients.registry import Client
 from profd.daemon.runtime import faults
 from profd.daemon.spool.clientfiles import made_dir
@@ -48,6 +49,13 @@ class Target:
     hold: bool = False  # not to be armed yet (an nsys collection is still starting)
     stop_asked: bool = False  # the operator asked to stop it (``profctl stop``)
     results: list[dict[str, Any]] = field(default_factory=list)
+    #: The name its files share in a cycle dir, fixed when the session takes the target:
+    #: ``{role}-r{rank}``, with ``-p{pid}`` when another of the session's processes claims the
+    #: same role and rank (:mod:`profd.claims`). Empty: not decided yet, the plain name.
+    stem: str = ""
+
+    def __post_init__(self) -> None:
+        self.stem = self.stem or claims.stem(self.role, self.rank)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -79,6 +87,11 @@ class Target:
     def awaiting_arm(self) -> bool:
         """Should be sent ``arm`` (again): pending, with no report yet and not held."""
         return self.state == "pending" and self.client_final is None and not self.hold
+
+    @property
+    def claim(self) -> claims.Identity:
+        """What only this process should claim: job, role and rank."""
+        return (self.job, self.role, self.rank)
 
     @property
     def voidable(self) -> bool:
@@ -181,6 +194,7 @@ class Target:
             "state": self.state,
             "error": self.error,
             "traces": self.traces,
+            "stem": self.stem,
             "updated_at": time.time(),
         }
 
@@ -244,6 +258,11 @@ class Session:
         if self.state in ("failed", "cancelled"):
             self.error = self.error or next((t.error for t in ts if t.error), None)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the session says beside its state: processes that claim one role and rank."""
+        return claims.notes((t.role, t.rank, t.pid, t.stem) for t in self.targets.values())
+
     def row(self) -> dict[str, Any]:
         return {
             "id": self.id,
@@ -265,6 +284,7 @@ class Session:
         d = self.row()
         d["steps"] = steps_of(self.cycles)
         d["targets"] = [t.stored(self.id) for t in self.targets.values()]
+        d["notes"] = self.notes
         return d
 
     def manifest(self, node: str) -> dict[str, Any]:
@@ -295,6 +315,12 @@ class Sessions:
         self._owed: dict[str, Session] = {}
 
     def add(self, s: Session) -> None:
+        """A new session, its targets chosen: processes among them that claim one identity
+        get file names of their own, before anything is armed."""
+        shared = claims.claimants((t.claim, t.pid) for t in s.targets.values())
+        for t in s.targets.values():
+            if t.claim in shared:
+                t.stem = claims.stem(t.role, t.rank, t.pid)
         self.by_id[s.id] = s
         self.save(s)
 
@@ -316,7 +342,11 @@ class Sessions:
 
     # --- transitions: each sequence exists once, here --------------------------------------
     def join(self, s: Session, t: Target) -> None:
-        """A target joins a running session (a later rank under an ``[[auto]]`` rule)."""
+        """A target joins a running session (a later rank under an ``[[auto]]`` rule). If
+        another of its processes claims the same identity, the newcomer is named apart (the
+        other may be capturing under its name already)."""
+        if any(x.claim == t.claim and x.key != t.key for x in s.targets.values()):
+            t.stem = claims.stem(t.role, t.rank, t.pid)
         s.targets[t.key] = t
         self.save(s, t)
 
@@ -526,6 +556,7 @@ def _session_of(row: dict[str, Any]) -> Session:
             traces=t["traces"],
             client_final=t.get("final"),
             results=list(t.get("results") or []),
+            stem=t.get("stem") or "",  # none in an older daemon's row: the plain name
         )
         s.targets[tgt.key] = tgt
     return s

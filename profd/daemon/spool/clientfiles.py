@@ -172,9 +172,15 @@ def same_file(a: os.stat_result, b: os.stat_result) -> bool:
 
 
 def move(
-    src_dir: int, name: str, opened: tuple[int, os.stat_result], dst_dir: int, mode: int
+    src_dir: int,
+    name: str,
+    opened: tuple[int, os.stat_result],
+    dst_dir: int,
+    mode: int,
+    dst_name: str | None = None,
 ) -> int:
-    """Move the file ``opened`` (descriptor, stat) from ``src_dir/name`` into ``dst_dir``.
+    """Move the file ``opened`` (descriptor, stat) from ``src_dir/name`` into ``dst_dir``,
+    as ``dst_name`` (default: ``name``).
 
     The rename moves whatever ``name`` is *now*; a client that swapped it after the open
     would have moved a link or another file into the daemon's directory. So the result is
@@ -182,17 +188,18 @@ def move(
     moved file's size. ``mode`` applies to the moved file (its owner stays the client).
     """
     fd, st = opened
+    to = _component(dst_name or name)
     try:
-        os.rename(_component(name), name, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+        os.rename(_component(name), to, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
     except OSError as exc:
         if exc.errno != errno.EXDEV:
             raise
-        _copy_in(fd, name, dst_dir, mode)
+        _copy_in(fd, to, dst_dir, mode)
         os.unlink(name, dir_fd=src_dir)
         return st.st_size
-    now = os.stat(name, dir_fd=dst_dir, follow_symlinks=False)
+    now = os.stat(to, dir_fd=dst_dir, follow_symlinks=False)
     if not same_file(now, st):
-        os.unlink(name, dir_fd=dst_dir)
+        os.unlink(to, dir_fd=dst_dir)
         raise UnsafeFile(f"{name} was replaced while the daemon read it")
     os.fchmod(fd, mode)
     return st.st_size
