@@ -27,11 +27,12 @@ import benchlib as B
 from daemonproc import BIN  # tests/, on sys.path through benchlib
 from kineto_synth import write_trace  # tests/, on sys.path through benchlib
 from pipeline_paths import process_trace
-from stats_synth import synthetic_session
+from stats_synth import sync_steps, synthetic_session
 
 from profd.pipeline.rankstats import RankStatistics
 from profd.report.model import build_report
 from profd.report.renderers import renderers, report_doc
+from profd.report.straggler import RankSteps, find_stragglers
 from profd.store.index import Index
 
 RANKS = 1024
@@ -155,6 +156,19 @@ def bench_pipeline(size_mb: int, pairs: int) -> tuple[list[float], list[float], 
         return without, with_stats, facts
 
 
+def bench_straggler_rule(ranks: int, steps: int, reps: int) -> list[float]:
+    """The straggler rule alone on synthetic lockstep steps (one slow rank): seconds per run."""
+    rows, step = sync_steps(ranks, steps, slow=ranks // 3)
+    data = [RankSteps(c, w) for c, w in rows]
+    took = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        v = find_stragglers(data, step)
+        took.append(time.perf_counter() - t0)
+        assert v.stragglers == (ranks // 3,), v
+    return took
+
+
 def main() -> int:
     args = B.parser(__doc__).parse_args()
     started = time.monotonic()
@@ -164,6 +178,8 @@ def main() -> int:
     pairs = 2 if args.quick else 7
     cmd_s, inproc_s, rfacts = bench_report_command(reps, ranks)
     without, with_stats, pfacts = bench_pipeline(size_mb, pairs)
+    rule_ranks, rule_steps = (64, 16) if args.quick else (8192, 128)
+    rule_s = bench_straggler_rule(rule_ranks, rule_steps, reps)
     cmd_p50 = statistics.median(cmd_s)
     ratio = statistics.median(with_stats) / statistics.median(without)
     paired = [w / o for w, o in zip(with_stats, without, strict=True)]
@@ -195,6 +211,13 @@ def main() -> int:
             spread=f"pairs {min(paired):.3f}-{max(paired):.3f}",
         ),
         B.row(
+            f"straggler rule alone, {rule_ranks} ranks x {rule_steps} steps",
+            "",
+            statistics.median(rule_s),
+            "s",
+            spread=f"max {max(rule_s):.2f}",
+        ),
+        B.row(
             "statistics plug-in's own time / pipeline time (same runs)",
             "<= 0.10",
             own,
@@ -215,6 +238,7 @@ def main() -> int:
             "pipeline_without_s": without,
             "pipeline_with_s": with_stats,
             "pipeline": pfacts,
+            "straggler_rule_s": rule_s,
         },
         started,
     )

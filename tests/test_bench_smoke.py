@@ -207,8 +207,9 @@ def check_cluster(res: dict[str, Any]) -> None:
 
 def check_report(res: dict[str, Any]) -> None:
     d, p = res["details"], res["params"]
-    assert len(res["rows"]) == 4, metrics(res)
+    assert len(res["rows"]) == 5, metrics(res)
     assert len(d["report_cmd_s"]) == len(d["report_inproc_s"]) == p["reps"]
+    assert len(d["straggler_rule_s"]) == p["reps"]
     assert len(d["pipeline_with_s"]) == len(d["pipeline_without_s"]) == p["pairs"]
 
 

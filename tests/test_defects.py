@@ -122,7 +122,7 @@ def test_oversized_schedules_and_rank_lists_are_refused_at_once(
     a.send(pack(HELLO))
     recv(a, "welcome")
     for args, needle in (
-        (("--next", "--repeat", "2000000"), "spec.repeat"),
+        (("--next", "--repeat", "2000000"), "--repeat must be at most 1000 (got 2000000)"),
         (("--ranks", "0-20000000"), "ranks go up to"),
         (("--ranks", "0-200000"), "more than"),
         (("--steps", "1000:5001000"), "more than 10000"),

@@ -9,7 +9,6 @@ figures the rank table shows.
 from __future__ import annotations
 
 import re
-import time
 from statistics import median
 
 import pytest
@@ -92,14 +91,12 @@ def test_one_stalled_step_makes_no_straggler_and_hides_none() -> None:
     assert v.stragglers == (5,), v
 
 
-def test_the_rule_is_fast_at_8192_ranks() -> None:
+def test_the_rule_at_8192_ranks_and_128_steps() -> None:
+    # Its time (about a second on one idle core) is a benchmark's business, not a test's:
+    # bench/bench_report.py measures it.
     rows, step = sync_steps(8192, 128, slow=77)
-    ranks = [RankSteps(c, w) for c, w in rows]
-    t0 = time.perf_counter()
-    v = find_stragglers(ranks, step)
-    took = time.perf_counter() - t0
+    v = find_stragglers([RankSteps(c, w) for c, w in rows], step)
     assert v.stragglers == (77,)
-    assert took < 10.0, took  # about 1 s on one core; generous for a shared machine
 
 
 NUM = r"(-?\d+\.\d\d)"
