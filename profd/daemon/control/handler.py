@@ -237,12 +237,12 @@ class ControlHandler:
         # Processes that claim one identity are marked, whatever the filter shows of them.
         shared = claims.claimants(((c.job, c.role, c.rank), c.pid) for c in served)
         rows = []
-        for c in served:
-            if sel.matches(c):
-                pids = shared.get((c.job, c.role, c.rank))
-                rows.append(
-                    {**c.row(), "duplicate": pids is not None, "claimed_by": pids or [c.pid]}
-                )
+        for c in served if job is None and role is None else filter(sel.matches, served):
+            pids = shared.get((c.job, c.role, c.rank))
+            row = c.row()  # a fresh dict: extended in place, not copied (1,024 rows per ps)
+            row["duplicate"] = pids is not None
+            row["claimed_by"] = pids or [c.pid]
+            rows.append(row)
         # Peers of another protocol version are listed so nobody wonders where a job went.
         rows += [
             r
