@@ -5,7 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from profd.daemon.control import servable
+from profd.daemon.control.handler import ControlHandler
 from profd_client import protocol as P
 
 
@@ -41,8 +44,21 @@ def _trace(**over: Any) -> dict[str, Any]:
 
 def test_a_clean_listing_is_served_as_it_is() -> None:
     rows = [_trace(id=i) for i in range(40)]
-    assert servable.rows(rows, P.TRACE_ROW) is rows
-    P.reply({"v": P.VERSION, "t": P.C_TRACES}, rows)
+    assert servable.rows(rows, P.TRACE_ROW) == rows
+    frame = ControlHandler._reply({"v": P.VERSION, "t": P.C_TRACES}, rows)
+    assert P.decode(frame, P.REPLY_INBOUND, reply=True)["data"] == rows
+
+
+def test_the_reply_repairs_only_rows_from_the_index() -> None:
+    """A listing that cannot be sent is repaired on its way out; any other reply that breaks
+    its schema stays a bug (raised, answered as "internal")."""
+    rows = [_trace(id=i) for i in range(40)]
+    rows[5] = _trace(id=5, stats={"step": [10**30]})  # inside a map: only msgpack refuses it
+    frame = ControlHandler._reply({"v": P.VERSION, "t": P.C_TRACES}, rows)
+    sent = P.decode(frame, P.REPLY_INBOUND, reply=True)["data"]
+    assert len(sent) == 40 and sent[5]["stats"] is None and "stats" in sent[5]["skipped"]
+    with pytest.raises(P.ProtocolError):
+        ControlHandler._reply({"v": P.VERSION, "t": P.C_PS}, [{"host": "h", "pid": "x"}])
 
 
 def test_values_beyond_msgpack_or_the_schema_are_emptied_and_named() -> None:

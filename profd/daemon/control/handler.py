@@ -106,13 +106,26 @@ class ControlHandler:
             return exc.reply()
         v = msg["v"]
         try:
-            # A reply that breaks its schema (ProtocolError) is a bug here: "internal".
-            return bounded_reply(P.reply(msg, self.dispatch(msg, who())), v)
+            return bounded_reply(self._reply(msg, self.dispatch(msg, who())), v)
         except Refused as exc:
             return P.error(exc.code, str(exc), v=v)
         except Exception as exc:
             log.exception("control request failed")
             return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
+
+    @staticmethod
+    def _reply(msg: dict[str, Any], data: Any) -> bytes:
+        """``ok`` with ``data``, checked once. Rows read back from the index may hold a value an
+        older daemon stored beyond the protocol's bounds: then (only then) ``servable`` makes
+        them sendable, so one bad value costs its own row's field, not the listing. Any other
+        reply that breaks its schema is a bug here (ProtocolError: "internal")."""
+        try:
+            return P.reply(msg, data)
+        except servable.UNSENDABLE:
+            repaired = servable.repair(msg["t"], data)
+            if repaired is data:
+                raise
+        return P.reply(msg, repaired)
 
     def dispatch(self, m: dict[str, Any], by: Requester) -> Any:
         return HANDLERS[m["t"]](self, m, by)
@@ -125,9 +138,7 @@ class ControlHandler:
             r["node"] = self.facts.host
 
     # --- one handler per request type (``HANDLERS``) ----------------------------------------
-    # Requests that read the index flush first, so the answer has every change so far; rows
-    # read back from it go through ``servable``: a value an older daemon stored beyond the
-    # protocol's bounds costs its own row's field, named, not the listing.
+    # Requests that read the index flush first, so the answer has every change so far.
     def _status(self, m: dict[str, Any], by: Requester) -> Any:
         return self.status()
 
@@ -152,7 +163,7 @@ class ControlHandler:
         self.flush()
         rows = self.index.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
         self._stamp(rows)
-        return servable.rows(rows, P.SESSION_ROW)
+        return rows
 
     def _show(self, m: dict[str, Any], by: Requester) -> Any:
         self.flush()
@@ -173,14 +184,7 @@ class ControlHandler:
                 (t["role"], t["rank"], t["pid"], t["stem"]) for t in s["targets"]
             )
         self._stamp([s, *s["targets"]])
-        doc = servable.row(
-            {**s, "targets": servable.rows(s["targets"], P.TARGET_ROW)}, P.SESSION_DOC
-        )
-        if doc is None:
-            raise Refused(
-                "unservable", f"session {m['session']!r} holds values beyond the protocol's"
-            )
-        return doc
+        return s
 
     def _traces(self, m: dict[str, Any], by: Requester) -> Any:
         self.flush()
@@ -190,7 +194,7 @@ class ControlHandler:
             raise Refused("bad_request", str(exc)) from None
         rows = self.index.traces(flt)
         self._stamp(rows)
-        return servable.rows(rows, P.TRACE_ROW)
+        return rows
 
     def _retry(self, m: dict[str, Any], by: Requester) -> Any:
         if not by.privileged:

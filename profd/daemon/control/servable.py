@@ -6,6 +6,9 @@ beyond the reply schema (:data:`profd_client.protocol.REPLIES`). Such a row must
 ``profctl traces`` into an error for every user, for good: it is served with the fields that
 cannot be sent emptied and a ``skipped`` note naming them. A row that still breaks its schema
 then (a bad value in a field that cannot be empty) is left out of the listing, with a warning.
+
+Only a reply that failed goes through here (:func:`repair`): the normal reply is checked once,
+by ``protocol.reply``.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from profd.scheduling.refusal import Refused
 from profd_client import protocol as P
 
 log = logging.getLogger("profd.control")
@@ -37,11 +41,30 @@ def _valid(f: P.Field, value: object) -> bool:
     return fits(value)
 
 
+#: What a reply that cannot be sent is: a value outside its schema, or one msgpack cannot pack
+#: (a 30-digit integer inside a map the schema does not look into).
+UNSENDABLE = (P.ProtocolError, OverflowError, TypeError, ValueError)
+
+
+def repair(t: str, data: Any) -> Any:
+    """``data`` of a ``t`` reply that could not be sent, made sendable; the same ``data``
+    back for a reply type whose rows are not read from the index (nothing to repair)."""
+    if t == P.C_SESSIONS:
+        return rows(data, P.SESSION_ROW)
+    if t == P.C_TRACES:
+        return rows(data, P.TRACE_ROW)
+    if t == P.C_SHOW:
+        doc = row({**data, "targets": rows(data["targets"], P.TARGET_ROW)}, P.SESSION_DOC)
+        if doc is None:
+            why = f"session {data['id']!r} holds values beyond the protocol's"
+            raise Refused("unservable", why)
+        return doc
+    return data
+
+
 def rows(listing: list[dict[str, Any]], schema: P.Struct) -> list[dict[str, Any]]:
-    """``listing`` itself when it can be sent (a column pass, then one in C); else each row
-    that cannot replaced by :func:`row`, and left out if even that cannot."""
-    if schema.all_valid(listing) and fits(listing):
-        return listing
+    """Each row of ``listing`` that cannot be sent replaced by :func:`row`, and left out if
+    even that cannot."""
     out = []
     for r in listing:
         fixed = r if _valid(schema, r) else row(r, schema)
