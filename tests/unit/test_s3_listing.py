@@ -1,4 +1,5 @@
-"""Listing incomplete multipart uploads page by page (moto's server never truncates)."""
+"""Listing incomplete multipart uploads page by page. PagedStore is a test double for S3 (not a
+profd part): moto's server never truncates this listing, so paging cannot be tried against it."""
 
 from __future__ import annotations
 
