@@ -32,7 +32,8 @@ RELEASE: Final = "0.1.0"
 #: The version this code speaks. A daemon serves every version in ``SUPPORTED_VERSIONS``
 #: and answers each peer in the version the peer spoke (a job outlives daemon upgrades).
 #: 2: ``welcome`` carries ``protocol`` (the daemon's supported range); fields are bounded.
-VERSION: Final = 2
+#: 3: ``hb`` carries ``ledger`` (the step times and region times since the last heartbeat).
+VERSION: Final = 3
 MIN_VERSION: Final = 1
 SUPPORTED_VERSIONS: Final = range(MIN_VERSION, VERSION + 1)
 
@@ -594,6 +595,65 @@ TRACE_FILTERS: Final = Struct(
 
 FILE_ENTRY: Final = Struct({"kind": (Str(32, 1), True), "path": (PATH, True)}, open=True)
 
+# --- the step ledger (protocol 3) ----------------------------------------------------------------
+#: Upper bounds (seconds) of the step-time histogram buckets a client counts its steps into,
+#: the same as ``profd_step_duration_seconds``' buckets: 1 ms to 10 min. A ledger's ``b``
+#: holds one count per bound plus one for the steps above the last (Prometheus' ``+Inf``).
+STEP_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+#: Regions a ledger names at most; a process with more sends the ones with most time.
+MAX_LEDGER_REGIONS: Final = 32
+#: The client's ring of step-end times: the steps a ledger's statistics are computed over
+#: when more than this many steps ended between two heartbeats (``n`` counts them all).
+LEDGER_RING: Final = 4096
+
+
+@dataclass(frozen=True)
+class RegionTimes(Field):
+    """A ledger's ``r``: ``[[name, seconds, entries], ...]``, time spent inside each
+    ``region(name)`` since the last heartbeat."""
+
+    def check(self, value: object, where: str) -> Any:
+        if type(value) is not list or len(value) > MAX_LEDGER_REGIONS:
+            raise _bad(where, f"must be a list of at most {MAX_LEDGER_REGIONS} regions")
+        for i, item in enumerate(value):
+            if (
+                type(item) is not list
+                or len(item) != 3
+                or type(item[0]) is not str
+                or not 1 <= len(item[0]) <= MAX_NAME
+                or type(item[1]) not in (int, float)
+                or not 0.0 <= item[1] <= MAX_SECONDS  # also refuses NaN
+                or type(item[2]) is not int
+                or not 0 <= item[2] <= MAX_STEP
+            ):
+                raise _bad(f"{where}[{i}]", "must be [name, seconds, entries]")
+        return value
+
+    def describe(self) -> str:
+        return "list of [name, seconds, entries]"
+
+
+#: ``hb``'s ``ledger``: the steps that ended since the previous heartbeat. ``n`` steps, the
+#: last of them step ``at``, taking ``sum`` seconds in all; ``q`` = [p50, p90, p99, max]
+#: seconds and ``b`` the histogram counts (see :data:`STEP_BUCKETS`) over those steps, or
+#: over the last :data:`LEDGER_RING` of them when more ended. ``epoch`` changes when the
+#: process set its step count (``step(n)``): steps across that jump are not timed.
+LEDGER: Final = Struct(
+    {
+        "at": (Int(0, MAX_STEP), True),
+        "n": (Int(0, MAX_STEP), True),
+        "sum": (Num(0.0, MAX_SECONDS), True),
+        "q": (ListOf(Num(0.0, MAX_SECONDS), 4, 4), True),
+        "b": (ListOf(Int(0, MAX_STEP), len(STEP_BUCKETS) + 1, len(STEP_BUCKETS) + 1), True),
+        "r": (RegionTimes(), False),
+        "epoch": (Int(0, 1 << 31), False),
+    },
+    open=True,
+)
+
 # --- message types ------------------------------------------------------------------------------
 # Client -> daemon, on agent.sock.
 HELLO: Final = "hello"
@@ -621,6 +681,8 @@ C_SESSIONS: Final = "sessions"
 C_SHOW: Final = "show"
 C_TRACES: Final = "traces"
 C_RETRY: Final = "retry"
+C_TOP: Final = "top"  # every rank's recent step times (the step ledger)
+C_HISTORY: Final = "history"  # a job's per-minute step times, from the index
 
 
 def _msg(open_: bool = True, **fields: tuple[Field, bool]) -> Struct:
@@ -657,7 +719,14 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # a registered process with another job, role, rank or world size re-registers it.
         identity_source=(IDENTITY_SOURCE, _O),
     ),
-    HEARTBEAT: _msg(step=(STEP, _O), sps=(Num(0.0, MAX_RATE), _O), state=(SHORT, _O)),
+    HEARTBEAT: _msg(
+        step=(STEP, _O),
+        sps=(Num(0.0, MAX_RATE), _O),
+        state=(SHORT, _O),
+        # v3: the steps since the last heartbeat (``LEDGER``); a client sends it only to a
+        # daemon that speaks version 3, and a version-2 daemon would ignore it anyway.
+        ledger=(LEDGER, _O),
+    ),
     # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).
     ARMED: _msg(session=(SESSION_ID, _R), cycles=(Cycles(), _R), plan=(REVISION, _O)),
     PROGRESS: _msg(
@@ -723,6 +792,12 @@ SCHEMAS: Final[dict[str, Struct]] = {
     C_SHOW: _msg(session=(SESSION_ID, _R)),
     C_TRACES: _msg(filters=(TRACE_FILTERS, _R)),
     C_RETRY: _msg(session=(Nullable(SESSION_ID), _O)),
+    C_TOP: _msg(job=(Nullable(Str(MAX_TEXT)), _O), role=(Nullable(Str(MAX_TEXT)), _O)),
+    C_HISTORY: _msg(
+        job=(Str(MAX_TEXT, 1), _R),
+        since=(Nullable(SECONDS), _O),  # unix seconds; default: an hour ago
+        until=(Nullable(SECONDS), _O),
+    ),
 }
 
 #: Which types each socket accepts from its peers: agent peers can only report about
@@ -730,7 +805,19 @@ SCHEMAS: Final[dict[str, Struct]] = {
 AGENT_INBOUND: Final = frozenset({HELLO, HEARTBEAT, ARMED, PROGRESS, CAPTURED, BYE})
 CLIENT_INBOUND: Final = frozenset({WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR})
 CONTROL_INBOUND: Final = frozenset(
-    {C_STATUS, C_PS, C_START, C_STOP, C_CANCEL, C_SESSIONS, C_SHOW, C_TRACES, C_RETRY}
+    {
+        C_STATUS,
+        C_PS,
+        C_START,
+        C_STOP,
+        C_CANCEL,
+        C_SESSIONS,
+        C_SHOW,
+        C_TRACES,
+        C_RETRY,
+        C_TOP,
+        C_HISTORY,
+    }
 )
 REPLY_INBOUND: Final = frozenset({OK, ERROR})
 
@@ -928,6 +1015,59 @@ STATUS_DOC: Final = _row(
     rejected_messages=(COUNT, _R),
 )
 
+#: One rank in ``top``: its step times over the last minute (``window_s``: what the figures
+#: cover), ``step`` as of now (``step_extrapolated``: moved on from the last heartbeat's at
+#: the rank's rate) and ``age_s`` (seconds since that heartbeat). ``source``: ``ledger``
+#: (step times the client measured), ``rate`` (a protocol-2 client: 1/steps-per-second),
+#: ``index`` (the last minute the index holds, right after a daemon restart) or null.
+#: ``vs_role``: the rank's p50 over its role's median p50 on this node; ``marked``: far
+#: from it (``profd.watch.stats.FAR``). ``regions``: each region's share of the step time.
+TOP_ROW: Final = _row(
+    host=(HOST, _R),
+    node=(NODE, _R),
+    pid=(PID, _R),
+    job=(Str(MAX_NAME, 1), _R),
+    role=(Str(MAX_NAME, 1), _R),
+    rank=(RANK, _R),
+    world_size=(Int(1, MAX_RANK + 1), _R),
+    step=(STEP, _R),
+    step_extrapolated=(Bool(), _R),
+    age_s=(Nullable(FINITE), _R),
+    sps=(Num(0.0, math.inf), _R),
+    step_ms_p50=(Nullable(FINITE), _R),
+    step_ms_p99=(Nullable(FINITE), _R),
+    window_s=(Nullable(FINITE), _R),
+    source=(Nullable(SHORT), _R),
+    vs_role=(Nullable(FINITE), _R),
+    marked=(Bool(), _R),
+    regions=(MAP, _R),
+    cpu_percent=(Nullable(Num(0.0, math.inf)), _O),
+    rss_bytes=(Nullable(BYTES), _O),
+    gpu_util=(Nullable(Num(0.0, math.inf)), _O),
+    gpu_mem_bytes=(Nullable(BYTES), _O),
+)
+
+#: One role of a job in one minute, in ``history``: ``ranks`` ranks that stepped, ``steps``
+#: steps in all; ``p50_ms``/``p90_ms`` the median over ranks of each rank's own p50/p90,
+#: ``max_ms`` the longest step; ``slowest``: the ranks with the highest p50 (at most 3).
+HISTORY_ROW: Final = _row(
+    minute=(WHEN, _R),
+    role=(Str(MAX_NAME, 1), _R),
+    ranks=(COUNT, _R),
+    steps=(COUNT, _R),
+    p50_ms=(Nullable(FINITE), _R),
+    p90_ms=(Nullable(FINITE), _R),
+    max_ms=(Nullable(FINITE), _R),
+    slowest=(ListOf(MAP, 16), _R),
+)
+HISTORY_DOC: Final = _row(
+    job=(Str(MAX_TEXT, 1), _R),
+    since=(WHEN, _R),
+    until=(WHEN, _R),
+    node=(NODE, _R),
+    minutes=(ListOf(HISTORY_ROW, 1 << 22), _R),
+)
+
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,
 #: ``cancel``, ``retry``: small maps) are not described here.
 REPLIES: Final[dict[str, Field]] = {
@@ -936,6 +1076,8 @@ REPLIES: Final[dict[str, Field]] = {
     C_SESSIONS: ListOf(SESSION_ROW, 100_000),
     C_SHOW: SESSION_DOC,
     C_TRACES: ListOf(TRACE_ROW, 1_000_000),
+    C_TOP: ListOf(TOP_ROW, 1 << 22),
+    C_HISTORY: HISTORY_DOC,
 }
 
 

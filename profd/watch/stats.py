@@ -1,0 +1,100 @@
+"""Step-time statistics shared by the daemon (one node) and profctl (``--cluster``)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+#: A rank is marked in ``top`` when its p50 is this much slower than its role's other ranks
+#: (the ``slow_rank`` default of ``[watch]``).
+FAR = 0.25
+
+
+def weighted_quantile(pairs: Iterable[tuple[float, float]], q: float) -> float | None:
+    """The ``q`` quantile of values given as ``(value, weight)``; None when no weight.
+
+    Used to combine per-heartbeat quantiles into a minute's: exact for steady data, and for
+    unsteady data a quantile of the intervals' quantiles, weighted by their steps.
+    """
+    items = sorted((v, w) for v, w in pairs if w > 0)
+    total = sum(w for _, w in items)
+    if total <= 0:
+        return None
+    want = q * total
+    acc = 0.0
+    for v, w in items:
+        acc += w
+        if acc >= want:
+            return v
+    return items[-1][0]
+
+
+def _median(xs: Sequence[float]) -> float:
+    n = len(xs)
+    m = n // 2
+    return xs[m] if n % 2 else (xs[m - 1] + xs[m]) / 2.0
+
+
+def others_medians(values: Sequence[float]) -> list[float | None]:
+    """For each value, the median of all the others (None when there are none).
+
+    Leave-one-out, so at 2 ranks a rank is compared with its peer rather than with a median
+    it pulls halfway towards itself (the straggler rule's lesson). O(n log n).
+    """
+    n = len(values)
+    if n < 2:
+        return [None] * n
+    order = sorted(range(n), key=values.__getitem__)
+    s = [values[i] for i in order]
+    pos = [0] * n
+    for j, i in enumerate(order):
+        pos[i] = j
+    out: list[float | None] = []
+    m = n - 1  # how many others
+    for i in range(n):
+        j = pos[i]
+
+        def at(k: int, j: int = j) -> float:  # the k-th of the others, in order
+            return s[k] if k < j else s[k + 1]
+
+        out.append(at(m // 2) if m % 2 else (at(m // 2 - 1) + at(m // 2)) / 2.0)
+    return out
+
+
+def mark_vs_role(rows: list[dict[str, Any]]) -> None:
+    """Set ``vs_role`` (p50 over the median p50 of the role's other ranks) and ``marked``
+    (slower than that by more than :data:`FAR`) on ``top`` rows, grouped by job and role.
+
+    Rows without a p50 get ``vs_role`` None and are left out of their role's median.
+    """
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        r["vs_role"], r["marked"] = None, False
+        if r.get("step_ms_p50") is not None and r["step_ms_p50"] > 0:
+            groups[(r["job"], r["role"])].append(r)
+    for members in groups.values():
+        meds = others_medians([float(r["step_ms_p50"]) for r in members])
+        for r, med in zip(members, meds, strict=True):
+            if med is None or med <= 0:
+                continue
+            ratio = float(r["step_ms_p50"]) / med
+            r["vs_role"] = round(ratio, 3)
+            r["marked"] = ratio > 1.0 + FAR
+
+
+def slowest_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``top``'s order: the slowest against its role first, then by p50, then by name."""
+
+    def key(r: dict[str, Any]) -> tuple[float, float, str, str, int]:
+        vs = r.get("vs_role")
+        p50 = r.get("step_ms_p50")
+        return (
+            -(vs if vs is not None else 0.0),
+            -(p50 if p50 is not None else -1.0),
+            str(r.get("host", "")),
+            str(r["job"]) + "\0" + str(r["role"]),
+            int(r["rank"]),
+        )
+
+    return sorted(rows, key=key)
