@@ -26,6 +26,7 @@ from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
 from profd.daemon.captures.record import CaptureReport
+from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.sampler import Sampler
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
@@ -84,6 +85,7 @@ class Daemon:
         self.index = Index(cfg.index_path)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.registry = Registry()
+        self.ledgers = Ledgers()
         self.sessions = Sessions(self.index, spool, perms, host)
         self.incoming = Incoming(spool, perms)
         self.results = Results(self.sessions, self.index, self.incoming, self.uploads, host)
@@ -135,6 +137,7 @@ class Daemon:
             attach,
             self.intake,
             self._send_agent,
+            self.ledgers,
         )
         facts = DaemonFacts(
             host,
@@ -341,6 +344,7 @@ class Daemon:
             self.sd.watchdog(now)  # from this thread: a wedged loop stops pinging
             if now >= next_tick:
                 _guarded("housekeeping", self.liveness.tick, now)
+                _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
                 _guarded("polling nsys", self.nsys.poll, now)
                 self._retry_writes()
                 self.flush()

@@ -16,6 +16,7 @@ from profd.daemon.agent.attach import Attach
 from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.agent.send import Send
+from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.runtime.peers import PeerCred
 from profd.daemon.sessions.starts import Starter
@@ -38,6 +39,7 @@ class AgentHandler:
         attach: Attach,
         intake: Intake,
         send: Send,
+        ledgers: Ledgers,
     ) -> None:
         self.registry = registry
         self.sessions = sessions
@@ -46,6 +48,7 @@ class AgentHandler:
         self.attach = attach
         self.intake = intake
         self.send = send
+        self.ledgers = ledgers
         self.rejected = 0  # malformed frames seen, for status
         self._heartbeats: dict[int, bytes] = {}  # the same reply bytes for every client
 
@@ -85,6 +88,7 @@ class AgentHandler:
     # --- one handler per message type from a registered client (``HANDLERS``) ------------
     def heartbeat(self, c: Client, m: dict[str, Any], now: float) -> None:
         self.registry.heartbeat(c, now, m.get("step"), m.get("sps"), m.get("state"))
+        self.ledgers.heartbeat(c, m.get("step"), m.get("ledger"), now)
         self.send(c.ident, self._heartbeat(c.version))
 
     def _armed(self, c: Client, m: dict[str, Any], now: float) -> None:

@@ -1,0 +1,351 @@
+"""Every attached rank's step times (the step ledger), in bounded memory. Owned by the loop.
+
+Each heartbeat of a protocol-3 client carries a ledger: the steps that ended since the last
+one, summarised by the client (count, total, p50/p90/p99/max, histogram counts, region
+times). :class:`Ledgers` keeps, per rank, the last :data:`FULL` of those intervals at full
+resolution and the last :data:`MINUTES` minutes as per-minute summaries (a fixed budget per
+rank: about 20 KB), the histogram and counters since the rank attached (``/metrics``), and
+closes each rank's minute into a :class:`MinuteSummary` that the loop writes to the index.
+
+Protocol-2 clients send no ledger: their steps are counted from the step numbers of their
+heartbeats, and ``top`` shows their step time as the inverse of their rate.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from array import array
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from profd.daemon.clients.registry import Client
+from profd.watch.snapshot import RankSeries
+from profd.watch.stats import weighted_quantile
+from profd_client import protocol as P
+
+#: Heartbeat intervals kept at full resolution per rank (5 minutes at 1 Hz).
+FULL = 300
+#: Closed minutes kept in memory per rank (the index keeps them for ``keep_history``).
+MINUTES = 60
+#: What ``top``'s step-time figures cover.
+TOP_WINDOW_S = 60.0
+
+_NBUCKETS = len(P.STEP_BUCKETS) + 1
+# Fields of one interval in the ring: end time (monotonic), steps, seconds, p50, p90, p99, max.
+_T, _N, _SUM, _P50, _P90, _P99, _MAX = range(7)
+_W = 7
+# Fields of one closed minute: minute start (unix), steps, seconds, p50, p90, max.
+_MW = 6
+
+
+@dataclass(frozen=True)
+class MinuteSummary:
+    """One rank's steps in one minute of wall time (a row of the index's ``step_minutes``)."""
+
+    minute: int  # unix time of the minute's start
+    host: str
+    job: str
+    role: str
+    rank: int
+    pid: int
+    steps: int
+    sum_s: float
+    p50_ms: float | None
+    p90_ms: float | None
+    max_ms: float | None
+    regions: dict[str, float]  # seconds inside each region in this minute
+
+
+@dataclass(frozen=True)
+class Figures:
+    """A rank's step times over ``top``'s window."""
+
+    p50_ms: float | None
+    p99_ms: float | None
+    window_s: float | None
+    source: str | None  # "ledger", "rate" or None
+    regions: dict[str, float]  # share of the step time
+
+
+@dataclass
+class _Minute:
+    """The minute being accumulated."""
+
+    start: int
+    steps: int = 0
+    sum_s: float = 0.0
+    p50s: list[tuple[float, float]] = field(default_factory=list)
+    p90s: list[tuple[float, float]] = field(default_factory=list)
+    max_s: float = 0.0
+    regions: dict[str, float] = field(default_factory=dict)
+
+
+class Ledger:
+    """One rank's step times. Only :class:`Ledgers` changes it."""
+
+    __slots__ = (
+        "buckets",
+        "epoch",
+        "head",
+        "identity",
+        "last_step",
+        "minute",
+        "minutes",
+        "nmin",
+        "region_total",
+        "ring",
+        "size",
+        "steps_total",
+        "sum_total",
+        "timed",
+        "window_regions",
+    )
+
+    def __init__(self, identity: _Identity, step: int, now_unix: float) -> None:
+        self.identity = identity  # (host, job, role, rank, pid) it was opened under
+        self.ring = array("d", bytes(8 * _W * FULL))
+        self.head = 0  # the slot the next interval goes to
+        self.size = 0
+        self.minutes = array("d", bytes(8 * _MW * MINUTES))
+        self.nmin = 0  # closed minutes held (at most MINUTES), newest at (nmin - 1) % MINUTES
+        self.minute = _Minute(_minute_of(now_unix))
+        self.buckets = [0] * _NBUCKETS  # since attach, for the histogram
+        self.sum_total = 0.0
+        self.steps_total = 0
+        self.region_total: dict[str, float] = {}
+        #: Region seconds per interval in the ring's window, newest last (for shares).
+        self.window_regions: list[tuple[float, dict[str, float]]] = []
+        self.last_step = step
+        self.epoch: int | None = None
+        self.timed = False  # a ledger arrived: its figures are the client's own
+
+
+_Identity = tuple[str, str, str, int, int]
+
+
+def _minute_of(unix: float) -> int:
+    return int(unix // 60) * 60
+
+
+class Ledgers:
+    """The ledger of every attached rank, keyed like the registry (host, pid)."""
+
+    def __init__(self, clock: Any = time.time) -> None:
+        self.by_key: dict[tuple[str, int], Ledger] = {}
+        self._pending: list[MinuteSummary] = []
+        self._unix = clock
+
+    def __len__(self) -> int:
+        return len(self.by_key)
+
+    # --- transitions ---------------------------------------------------------------------
+    def heartbeat(
+        self, c: Client, step: int | None, ledger: dict[str, Any] | None, now: float
+    ) -> None:
+        """A heartbeat from ``c`` at monotonic ``now``: its step and, from protocol 3, its
+        ledger (validated by the protocol: every number within its bounds)."""
+        led = self._own(c)
+        if ledger is None:
+            if step is not None:
+                if step > led.last_step:
+                    led.steps_total += step - led.last_step
+                led.last_step = step
+            return
+        epoch = ledger.get("epoch", 0)
+        if led.epoch is not None and epoch != led.epoch:
+            led.epoch = epoch  # the process set its step count: nothing to time across it
+            led.last_step = ledger["at"]
+            return
+        led.epoch = epoch
+        led.last_step = ledger["at"]
+        n = ledger["n"]
+        led.steps_total += n
+        if n <= 0:
+            return
+        led.timed = True
+        q = ledger["q"]
+        total = ledger["sum"]
+        b = ledger["b"]
+        mine = led.buckets
+        for i in range(_NBUCKETS):
+            mine[i] += b[i]
+        # The histogram's sum covers the steps its buckets count (a sample above the ring).
+        counted = sum(b)
+        led.sum_total += total if counted >= n else total * counted / n
+        regions = {str(name): float(sec) for name, sec, _ in ledger.get("r", ())}
+        for name, sec in regions.items():
+            led.region_total[name] = led.region_total.get(name, 0.0) + sec
+        self._interval(led, now, n, total, q, regions)
+        m = led.minute
+        unix = self._unix()
+        if _minute_of(unix) != m.start:
+            self._close(led, unix)
+            m = led.minute
+        m.steps += n
+        m.sum_s += total
+        m.p50s.append((q[0], n))
+        m.p90s.append((q[1], n))
+        m.max_s = max(m.max_s, q[3])
+        for name, sec in regions.items():
+            m.regions[name] = m.regions.get(name, 0.0) + sec
+
+    def _interval(
+        self,
+        led: Ledger,
+        now: float,
+        n: int,
+        total: float,
+        q: list[float],
+        regions: dict[str, float],
+    ) -> None:
+        base = led.head * _W
+        led.ring[base : base + _W] = array("d", (now, n, total, q[0], q[1], q[2], q[3]))
+        led.head = (led.head + 1) % FULL
+        led.size = min(led.size + 1, FULL)
+        wr = led.window_regions
+        wr.append((now, regions))
+        while wr and wr[0][0] < now - TOP_WINDOW_S:
+            wr.pop(0)
+
+    def _own(self, c: Client) -> Ledger:
+        ident = (c.host, c.job, c.role, c.rank, c.pid)
+        led = self.by_key.get(c.key)
+        if led is not None and led.identity != ident:
+            # Re-registered as someone else (a new rank): its old rank's minute ends here.
+            self._close(led, self._unix(), reopen=False)
+            led = None
+        if led is None:
+            led = self.by_key[c.key] = Ledger(ident, c.step, self._unix())
+        return led
+
+    def _close(self, led: Ledger, unix: float, reopen: bool = True) -> None:
+        """End the rank's current minute: keep it in memory and queue it for the index."""
+        m = led.minute
+        if m.steps > 0:
+            p50 = weighted_quantile(m.p50s, 0.5)
+            p90 = weighted_quantile(m.p90s, 0.9)
+            host, job, role, rank, pid = led.identity
+            self._pending.append(
+                MinuteSummary(
+                    minute=m.start,
+                    host=host,
+                    job=job,
+                    role=role,
+                    rank=rank,
+                    pid=pid,
+                    steps=m.steps,
+                    sum_s=m.sum_s,
+                    p50_ms=None if p50 is None else p50 * 1000.0,
+                    p90_ms=None if p90 is None else p90 * 1000.0,
+                    max_ms=m.max_s * 1000.0,
+                    regions=m.regions,
+                )
+            )
+            base = (led.nmin % MINUTES) * _MW
+            led.minutes[base : base + _MW] = array(
+                "d",
+                (m.start, m.steps, m.sum_s, p50 or math.nan, p90 or math.nan, m.max_s),
+            )
+            led.nmin += 1
+        if reopen:
+            led.minute = _Minute(_minute_of(unix))
+
+    def tick(self, clients: Iterable[Client]) -> None:
+        """Once a tick: close minutes that ended, forget ranks that left (their last minute
+        is queued for the index first)."""
+        unix = self._unix()
+        minute = _minute_of(unix)
+        live = {c.key: c for c in clients}
+        for key, led in list(self.by_key.items()):
+            c = live.get(key)
+            if c is None:
+                self._close(led, unix, reopen=False)  # gone from the registry
+                del self.by_key[key]
+            elif led.minute.start != minute:
+                self._close(led, unix)
+
+    def take_minutes(self) -> list[MinuteSummary]:
+        """The closed minutes not yet written to the index (the loop writes them)."""
+        out, self._pending = self._pending, []
+        return out
+
+    # --- reads -----------------------------------------------------------------------------
+    def figures(self, c: Client, now: float) -> Figures:
+        """``c``'s step times over the last :data:`TOP_WINDOW_S` seconds (monotonic ``now``)."""
+        led = self.by_key.get(c.key)
+        if led is None or not led.timed:
+            if c.sps > 0:
+                return Figures(1000.0 / c.sps, None, None, "rate", {})
+            return Figures(None, None, None, None, {})
+        ring = led.ring
+        since = now - TOP_WINDOW_S
+        p50s: list[float] = []
+        p99s: list[float] = []
+        total = 0.0
+        oldest = now
+        i = led.head
+        for _ in range(led.size):
+            i = (i - 1) % FULL
+            base = i * _W
+            t = ring[base]
+            if t < since:
+                break
+            if ring[base + _N] > 0:
+                p50s.append(ring[base + _P50])
+                p99s.append(ring[base + _P99])
+                total += ring[base + _SUM]
+                oldest = t
+        if not p50s:
+            return Figures(None, None, None, "ledger", {})
+        # The median of the intervals' medians: each heartbeat's summary is the client's
+        # own over its steps; exact for steady steps, cheap for 1,024 ranks a second.
+        p50s.sort()
+        p99s.sort()
+        p50 = p50s[len(p50s) // 2]
+        p99 = p99s[min(len(p99s) - 1, int(len(p99s) * 0.99))]
+        shares: dict[str, float] = {}
+        if total > 0:
+            for t, regions in led.window_regions:
+                if t >= since:
+                    for name, sec in regions.items():
+                        shares[name] = shares.get(name, 0.0) + sec
+            shares = {k: round(min(v / total, 1.0), 4) for k, v in shares.items()}
+        return Figures(p50 * 1000.0, p99 * 1000.0, max(0.0, now - oldest), "ledger", shares)
+
+    def recent_minutes(self, c: Client) -> list[tuple[int, int, float, float, float, float]]:
+        """``c``'s closed minutes in memory, oldest first: (start, steps, seconds, p50 s,
+        p90 s, max s); p50/p90 are NaN where unknown."""
+        led = self.by_key.get(c.key)
+        if led is None:
+            return []
+        out = []
+        count = min(led.nmin, MINUTES)
+        for j in range(led.nmin - count, led.nmin):
+            base = (j % MINUTES) * _MW
+            row = led.minutes[base : base + _MW]
+            out.append((int(row[0]), int(row[1]), row[2], row[3], row[4], row[5]))
+        return out
+
+    def series(self, clients: Iterable[Client]) -> tuple[RankSeries, ...]:
+        """Every attached rank's counters, for ``/metrics``."""
+        out = []
+        for c in clients:
+            led = self.by_key.get(c.key)
+            if led is None:
+                out.append(RankSeries(c.host, c.job, c.role, c.rank, (), 0.0, 0))
+                continue
+            out.append(
+                RankSeries(
+                    c.host,
+                    c.job,
+                    c.role,
+                    c.rank,
+                    tuple(led.buckets) if led.timed else (),
+                    led.sum_total,
+                    led.steps_total,
+                    tuple(led.region_total.items()),
+                )
+            )
+        return tuple(out)

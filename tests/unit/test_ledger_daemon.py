@@ -1,0 +1,136 @@
+"""The daemon's step ledger (profd.daemon.clients.ledger) on synthetic heartbeats."""
+
+from __future__ import annotations
+
+import random
+from bisect import bisect_left
+from typing import Any
+
+from profd.daemon.clients.ledger import FULL, MINUTES, Ledgers
+from profd.daemon.clients.registry import Client
+from profd_client import protocol as P
+
+
+class Clock:
+    def __init__(self, t: float) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def client(rank: int = 0, pid: int = 100, role: str = "main") -> Client:
+    return Client(
+        ident=b"x%d" % pid, host="h", pid=pid, job="j", role=role, rank=rank, local_rank=rank,
+        world_size=4, step_mode="optimizer", allowed=True, torch=None, device=None,
+    )  # fmt: skip
+
+
+def ledger(durations: list[float], at: int, regions: Any = (), epoch: int = 0) -> dict[str, Any]:
+    s = sorted(durations)
+
+    def q(x: float) -> float:
+        return s[min(len(s) - 1, int(x * len(s)))]
+
+    b = [0] * (len(P.STEP_BUCKETS) + 1)
+    for d in durations:
+        b[bisect_left(P.STEP_BUCKETS, d)] += 1
+    msg = {"at": at, "n": len(durations), "sum": sum(durations), "b": b,
+           "q": [q(0.5), q(0.9), q(0.99), s[-1]], "r": [list(r) for r in regions],
+           "epoch": epoch}  # fmt: skip
+    P.LEDGER.check(msg, "ledger")  # what the daemon gets is validated first
+    return msg
+
+
+def feed(led: Ledgers, c: Client, clock: Clock, seconds: int, step_s: float, jitter: float,
+         rng: random.Random, start_step: int = 0, mono0: float = 1000.0) -> int:  # fmt: skip
+    step = start_step
+    per_hb = max(1, round(1.0 / step_s))
+    for i in range(seconds):
+        ds = [step_s * (1 + rng.uniform(-jitter, jitter)) for _ in range(per_hb)]
+        step += per_hb
+        clock.t += 1.0
+        led.heartbeat(c, step, ledger(ds, step, [("data", 0.25 * sum(ds), per_hb)]), mono0 + i)
+    return step
+
+
+def test_figures_over_the_last_minute_match_the_steps() -> None:
+    rng = random.Random(1)
+    clock = Clock(1_800_000_000.0)
+    led = Ledgers(clock)
+    c = client()
+    feed(led, c, clock, 90, 0.030, 0.1, rng)
+    f = led.figures(c, 1000.0 + 89)
+    assert f.source == "ledger"
+    assert f.p50_ms is not None and abs(f.p50_ms - 30.0) < 3.0
+    assert f.p99_ms is not None and 30.0 < f.p99_ms <= 33.0 + 1e-9
+    assert f.window_s is not None and f.window_s <= 60.0
+    assert abs(f.regions["data"] - 0.25) < 0.01
+
+
+def test_a_protocol_2_client_is_timed_by_its_rate() -> None:
+    led = Ledgers(Clock(0.0))
+    c = client()
+    c.sps = 50.0
+    led.heartbeat(c, 100, None, 1.0)
+    led.heartbeat(c, 150, None, 2.0)
+    f = led.figures(c, 2.0)
+    assert f.source == "rate" and f.p50_ms == 20.0 and f.p99_ms is None
+    (series,) = led.series([c])
+    assert series.steps == 150 and series.buckets == ()
+
+
+def test_minutes_close_on_the_wall_clock_and_when_a_rank_leaves() -> None:
+    rng = random.Random(2)
+    clock = Clock(1_800_000_000.0)  # a minute boundary
+    led = Ledgers(clock)
+    c = client()
+    feed(led, c, clock, 150, 0.1, 0.0, rng)
+    led.tick([c])
+    done = led.take_minutes()
+    assert [m.minute % 60 for m in done] == [0, 0]
+    assert done[0].steps == 590 and done[1].steps == 600  # the first heartbeat lands at +1 s
+    assert abs((done[1].p50_ms or 0) - 100.0) < 1e-6
+    assert abs(done[1].regions["data"] - 15.0) < 1e-6
+    led.tick([])  # it left: the minute it was in is written too
+    (last,) = led.take_minutes()
+    assert last.steps == 310 and len(led) == 0  # +120 s .. +150 s
+
+
+def test_memory_is_bounded_by_the_per_rank_budget() -> None:
+    rng = random.Random(3)
+    clock = Clock(1_800_000_000.0)
+    led = Ledgers(clock)
+    c = client()
+    feed(led, c, clock, FULL * 3, 0.5, 0.05, rng)
+    led.tick([c])
+    r = led.by_key[c.key]
+    assert r.size == FULL and len(r.ring) == 7 * FULL
+    assert len(led.recent_minutes(c)) == min(MINUTES, (FULL * 3) // 60)
+    assert len(r.window_regions) <= 61
+
+
+def test_a_step_jump_is_not_timed_and_a_new_identity_starts_a_new_ledger() -> None:
+    clock = Clock(1_800_000_000.0)
+    led = Ledgers(clock)
+    c = client()
+    led.heartbeat(c, 10, ledger([0.1] * 10, 10), 1.0)
+    led.heartbeat(c, 5000, ledger([0.1], 5000, epoch=1), 2.0)  # step(5000) in between
+    assert led.series([c])[0].steps == 10
+    c.rank = 3  # re-registered as another rank
+    led.heartbeat(c, 5010, ledger([0.1] * 10, 5010, epoch=1), 3.0)
+    (first,) = led.take_minutes()
+    assert first.rank == 0 and first.steps == 10
+    assert led.series([c])[0].steps == 10
+
+
+def test_histogram_counts_add_up_and_regions_accumulate() -> None:
+    rng = random.Random(4)
+    clock = Clock(1_800_000_000.0)
+    led = Ledgers(clock)
+    c = client()
+    feed(led, c, clock, 30, 0.02, 0.3, rng)
+    (s,) = led.series([c])
+    assert sum(s.buckets) == s.steps == 30 * 50
+    assert abs(s.sum_s - 30.0) < 1.0
+    assert dict(s.regions)["data"] > 7.0
