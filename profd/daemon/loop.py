@@ -59,6 +59,12 @@ if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
 log = logging.getLogger("profd")
 
 BATCH = 512
+#: After a wake-up that read agent messages, the loop leaves agent.sock unpolled this long, so
+#: heartbeats (1,024 a second from 1,024 ranks, almost each alone) are read in batches of
+#: ~20 per wake-up instead of one: the wake-up, not the message, was most of the daemon's CPU
+#: per heartbeat (docs/benchmarks.md). Operators (control.sock, TCP) and workers (the
+#: reactor) still wake it at once, so a start is never delayed; a client's reply may be.
+AGENT_LINGER_S = 0.02
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
@@ -320,11 +326,22 @@ class Daemon:
             poller.register(tcp.zap, zmq.POLLIN)
             poller.register(tcp.monitor, zmq.POLLIN)
             poller.register(tcp.sock, zmq.POLLIN)
+        # The same sockets without agent.sock, polled while agent messages are let gather.
+        quiet = zmq.Poller()
+        for sock, _ in poller.sockets:
+            if sock is not self.agent_sock:
+                quiet.register(sock, zmq.POLLIN)
+        agent_due = 0.0
         hb = self.cfg.heartbeat_interval
         next_tick = time.monotonic() + hb
         while not self.stopping:
-            timeout = max(0.0, min(next_tick, self.sd.next_ping) - time.monotonic())
-            events = dict(poller.poll(int(timeout * 1000.0)))
+            now = time.monotonic()
+            due = min(next_tick, self.sd.next_ping)
+            if now < agent_due:
+                due = min(due, agent_due)
+                events = dict(quiet.poll(int(max(0.0, due - now) * 1000.0) + 1))
+            else:
+                events = dict(poller.poll(int(max(0.0, due - now) * 1000.0)))
             if self.reactor.fd in events:
                 self.reactor.run_pending()
             # Operators first: a start must not wait behind a batch of heartbeats.
@@ -339,6 +356,7 @@ class Daemon:
                     self._drain(tcp.sock, self._handle_tcp)
             if self.agent_sock in events:
                 self._drain(self.agent_sock, self.agents.handle)
+                agent_due = time.monotonic() + AGENT_LINGER_S
             self.flush()
             now = time.monotonic()
             self.sd.watchdog(now)  # from this thread: a wedged loop stops pinging
