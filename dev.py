@@ -76,6 +76,9 @@ def ensure_env() -> None:
     pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     subprocess.run([*pip, TORCH], check=True)
     subprocess.run([*pip, "-e", f"{ROOT}[test]", TORCH], check=True)
+    # What pip does for an installed package, and an editable install skips: without it a
+    # PYTHONDONTWRITEBYTECODE=1 shell compiles profd again in every profctl command.
+    subprocess.run([str(PY), "-m", "compileall", "-q", "profd", "client"], cwd=ROOT, check=True)
     stamp.write_text(want)
 
 

@@ -33,6 +33,22 @@ from daemonproc import DaemonProcess  # noqa: E402
 from daemonproc import free_port as free_port  # noqa: E402
 from daemonproc import wait_for as wait_for  # noqa: E402
 
+
+def compile_sources() -> None:
+    """Byte-compile profd and the client, as ``pip install`` does for an installed package.
+
+    An editable checkout under ``PYTHONDONTWRITEBYTECODE=1`` (this machine sets it) compiles
+    profd's sources again in every new process: ~35 ms of each ``profctl`` command that no
+    installed profd pays.
+    """
+    import compileall
+
+    for d in ("profd", "client"):
+        compileall.compile_dir(str(ROOT / d), quiet=1)
+
+
+compile_sources()
+
 RESULT_KEYS = ("name", "quick", "date", "machine", "params", "rows", "details", "wall_s")
 
 
