@@ -1,0 +1,138 @@
+"""The step ledger on real jobs: ``profctl top`` and ``history`` against what ranks measured.
+
+One daemon and two torchrun jobs of ``tests/jobs/ledgered.py`` (gloo, CPU), 3 ranks each,
+steps of 30 ms ± 10 % (sleep-driven, so they hold on a loaded machine):
+
+* ``lockstep``: DDP, so every rank's step is the slowest rank's;
+* ``workers``: independent workers (role ``worker``), rank 1 40 % slower than the others.
+
+Each rank writes the median of its own last steps; ``top`` must agree within 20 %, list the
+slow worker first with its ``vs_role``, say what share of the step ``region("data")`` took,
+and do the same after the daemon restarts under the running jobs; ``history`` must hold the
+minutes the first daemon saw.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from harness import Daemon, Jobs, wait_for
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ledger_jobs")]
+
+WAIT = 120.0
+JOBS = {"lockstep": "1", "workers": "0"}  # job -> DDP
+
+
+@dataclass
+class Run:
+    root: Path
+    daemon: Daemon
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
+    root = tmp_path_factory.mktemp("ledger_jobs")
+    d = Daemon(root / "profd")
+    d.root.mkdir()
+    d.start()
+    jobs = Jobs(root)
+    try:
+        for job, ddp in JOBS.items():
+            (root / job).mkdir()
+            jobs.start(
+                "ledgered.py", nproc=3, daemon=d, PROFD_JOB=job, DDP=ddp, OUT_DIR=str(root / job),
+                SLOW_RANK="1" if job == "workers" else "-1",
+                PROFD_ROLE="worker" if job == "workers" else "main",
+            )  # fmt: skip
+        d.wait_attached(6, timeout=WAIT, min_step=20)
+        yield Run(root, d)
+    finally:
+        jobs.kill_all()
+        d.stop()
+
+
+def measured(run: Run, job: str) -> dict[int, float]:
+    out = {}
+    for f in (run.root / job).glob("rank*.json"):
+        try:
+            doc = json.loads(f.read_text())
+        except (OSError, ValueError):
+            continue  # being replaced
+        out[doc["rank"]] = doc["p50_ms"]
+    return out
+
+
+def top(run: Run, job: str) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = run.daemon.ctl_json("top", "--once", "--job", job)["ranks"]
+    return rows
+
+
+def settled(run: Run, job: str, sources: set[str]) -> list[dict[str, Any]]:
+    """``top``'s rows for ``job`` once every rank has figures from ``sources`` over 5 s."""
+
+    def ready() -> list[dict[str, Any]] | None:
+        rows = top(run, job)
+        ok = len(rows) == 3 and all(
+            r["step_ms_p50"] and r["source"] in sources and (r["window_s"] or 0) >= 5 for r in rows
+        )
+        return rows if ok and len(measured(run, job)) == 3 else None
+
+    rows: list[dict[str, Any]] = wait_for(ready, WAIT, f"top to time every rank of {job}")
+    return rows
+
+
+def check_against_the_job(run: Run, job: str, rows: list[dict[str, Any]]) -> None:
+    own = measured(run, job)
+    for r in rows:
+        want = own[r["rank"]]
+        assert abs(r["step_ms_p50"] - want) <= 0.2 * want, (job, r, own)
+        assert r["step_ms_p99"] >= r["step_ms_p50"], r
+        assert r["host"] and r["role"] == ("worker" if job == "workers" else "main"), r
+
+
+def check_slow_worker_first(rows: list[dict[str, Any]]) -> None:
+    first, *rest = rows
+    assert first["rank"] == 1 and first["marked"], rows
+    assert 1.25 < first["vs_role"] < 1.6, first
+    assert all(not r["marked"] and r["vs_role"] < 1.15 for r in rest), rows
+
+
+def test_top_agrees_with_what_every_rank_measured(run: Run) -> None:
+    for job in JOBS:
+        check_against_the_job(run, job, settled(run, job, {"ledger"}))
+
+
+def test_the_slow_worker_comes_first_with_its_vs_role(run: Run) -> None:
+    rows = settled(run, "workers", {"ledger"})
+    check_slow_worker_first(rows)
+    # A quarter of each worker's sleep is inside region("data").
+    for r in rows:
+        assert 0.15 < r["regions"]["data"] < 0.35, r
+    # Lockstep ranks all run at the slowest one's pace: nobody stands out.
+    lock = settled(run, "lockstep", {"ledger"})
+    assert all(not r["marked"] for r in lock), lock
+
+
+def test_after_a_daemon_restart_top_and_history_carry_on(run: Run) -> None:
+    d = run.daemon
+    d.stop()
+    d.start()
+    d.wait_attached(6, timeout=WAIT)
+    for job in JOBS:
+        rows = settled(run, job, {"ledger", "index"})
+        check_against_the_job(run, job, rows)
+        if job == "workers":
+            check_slow_worker_first(rows)
+    # The minutes the first daemon saw (it wrote the open ones as it stopped) are history.
+    doc = d.ctl_json("history", "--job", "workers", "--since", "1h")
+    minutes = [m for m in doc["minutes"] if m["role"] == "worker"]
+    assert minutes and max(m["ranks"] for m in minutes) == 3, doc
+    busiest = max(minutes, key=lambda m: m["steps"])
+    assert busiest["slowest"][0]["rank"] == 1, busiest
+    assert abs(busiest["p50_ms"] - 30.0) <= 6.0, busiest
