@@ -1,0 +1,199 @@
+"""The detectors' rules (DESIGN "Watch"): pure functions of step times and a clock.
+
+The daemon feeds them from the step ledger once a tick; they keep only what their hold times
+need. Robust by construction: medians, never means; a noise floor from each job's own
+spread; a condition must hold for ``hold`` seconds, evaluation after evaluation, before it
+fires; and a rule that lacks the data it needs (a baseline too short, a rank alone in its
+role, no steps in the window) says nothing rather than guess.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from statistics import median
+
+from profd.watch.stats import others_medians
+
+#: The noise floor is this many times the job's own relative spread (median absolute
+#: deviation over the median): a threshold below the job's jitter would fire on jitter.
+NOISE_K = 3.0
+#: A change of exactly the threshold must fire, yet a changed job's ticks scatter around it:
+#: a condition starts to hold at this much of the threshold (20 % from 15 %), which steady
+#: jitter of ±10 % cannot reach (``tests/unit/test_detect.py`` measures both).
+MARGIN = 0.75
+#: Once a condition holds, it keeps holding while the change stays above this much of the
+#: threshold (hysteresis): medians of a job that really changed scatter around the threshold,
+#: and one tick below it must not restart the hold.
+KEEP = 0.5
+#: The window is judged by this quantile of its ticks rather than their median: a change is
+#: seen once it covers about a third of the window (20-25 s of 60) and fires after the hold
+#: (30 s), inside DESIGN's 60 s; a steady job's ticks stay far below the start threshold.
+WINDOW_Q = 0.7
+#: Fewest steps a window (or a baseline) must hold to be compared at all.
+MIN_STEPS = 8
+
+
+@dataclass(frozen=True)
+class WatchRules:
+    """``[watch]``'s thresholds (fractions) and durations (seconds), as DESIGN gives them."""
+
+    window: float = 60.0
+    baseline: float = 600.0
+    hold: float = 30.0
+    regression: float = 0.2
+    slow_rank: float = 0.25
+
+
+def relative_spread(values: Sequence[float]) -> float:
+    """Median absolute deviation over the median (0 for fewer than 3 values)."""
+    if len(values) < 3:
+        return 0.0
+    m = median(values)
+    if m <= 0:
+        return 0.0
+    return float(median(abs(v - m) for v in values) / m)
+
+
+@dataclass
+class _Hold:
+    """When a condition started to hold without a break (None: it does not hold now)."""
+
+    since: float | None = None
+
+    def update(self, start: bool, keep: bool, now: float, hold: float) -> bool:
+        """``start``: the condition is met; ``keep``: it is still nearly met (hysteresis)."""
+        if self.since is None:
+            if start:
+                self.since = now
+        elif not keep:
+            self.since = None
+        return self.since is not None and now - self.since >= hold
+
+
+@dataclass(frozen=True)
+class Regression:
+    """A job's step time rose: window median, baseline median, how long it has held."""
+
+    window_ms: float
+    baseline_ms: float
+    threshold: float  # the fraction it had to exceed (``regression`` or the noise floor)
+
+    @property
+    def ratio(self) -> float:
+        return self.window_ms / self.baseline_ms
+
+
+@dataclass
+class RegressionRule:
+    """One job: is its median step time over the last ``window`` seconds more than
+    ``regression`` (or its noise floor) above its own baseline, for ``hold`` seconds?
+
+    Fed one observation per tick: the median step time over the job's ranks in that tick
+    and how many steps it covers. A tick without steps (a pause: checkpointing, evaluation)
+    adds nothing, so a pause neither fires nor moves the baseline; :meth:`reset` (the job
+    set its step count, or restarted) starts the baseline again.
+    """
+
+    rules: WatchRules
+    _obs: deque[tuple[float, float, int]] = field(default_factory=deque)  # (t, ms, steps)
+    _hold: _Hold = field(default_factory=_Hold)
+
+    def reset(self) -> None:
+        self._obs.clear()
+        self._hold = _Hold()
+
+    def observe(self, now: float, step_ms: float, steps: int) -> Regression | None:
+        r = self.rules
+        if steps > 0 and step_ms > 0:
+            self._obs.append((now, step_ms, steps))
+        horizon = now - r.window - r.baseline
+        while self._obs and self._obs[0][0] < horizon:
+            self._obs.popleft()
+        start = now - r.window
+        window = [(ms, n) for t, ms, n in self._obs if t >= start]
+        base = [(ms, n) for t, ms, n in self._obs if t < start]
+        found = self._judge(window, base, now)
+        start = found is not None and found.ratio >= 1.0 + MARGIN * found.threshold
+        keep = found is not None and found.ratio >= 1.0 + KEEP * found.threshold
+        return found if self._hold.update(start, keep, now, r.hold) else None
+
+    def _judge(
+        self, window: list[tuple[float, int]], base: list[tuple[float, int]], now: float
+    ) -> Regression | None:
+        r = self.rules
+        if sum(n for _, n in window) < MIN_STEPS or sum(n for _, n in base) < MIN_STEPS:
+            return None
+        if not self._obs or now - self._obs[0][0] < r.window + r.baseline / 2:
+            return None  # a baseline of less than half its length: too young to judge
+        base_ms = [ms for ms, _ in base]
+        b = median(base_ms)
+        ws = sorted(ms for ms, _ in window)
+        w = ws[min(len(ws) - 1, int(WINDOW_Q * len(ws)))]
+        threshold = max(r.regression, NOISE_K * relative_spread(base_ms))
+        if b > 0 and w >= b * (1.0 + KEEP * threshold):
+            return Regression(w, b, threshold)
+        return None
+
+
+@dataclass(frozen=True)
+class SlowRank:
+    """A rank slower than the other ranks of its role."""
+
+    rank: int
+    step_ms: float
+    peers_ms: float  # the median of the role's other ranks
+    threshold: float
+
+    @property
+    def ratio(self) -> float:
+        return self.step_ms / self.peers_ms
+
+
+@dataclass
+class SlowRankRule:
+    """One role of one job: which ranks have stayed more than ``slow_rank`` (or the role's
+    noise floor) slower than the median of the role's other ranks for ``hold`` seconds?
+
+    Fed once a tick with each rank's step time over the last ``window`` seconds (its
+    :data:`WINDOW_Q` quantile, as for the regression rule) and the steps it covers.
+    Leave-one-out, so it is right at 2 ranks; lockstep ranks (DDP) all step at the slowest
+    one's pace and never differ, which is why a straggler in a
+    synchronous job is the straggler rule's business, not this one's. A rank with fewer than
+    :data:`MIN_STEPS` steps in the window (attached late, paused) is left out of the role.
+    """
+
+    rules: WatchRules
+    _holds: dict[int, _Hold] = field(default_factory=dict)
+
+    def forget(self, rank: int) -> None:
+        self._holds.pop(rank, None)
+
+    def observe(self, now: float, ranks: Mapping[int, tuple[float, int]]) -> list[SlowRank]:
+        r = self.rules
+        ready = sorted((rank, ms) for rank, (ms, n) in ranks.items() if n >= MIN_STEPS and ms > 0)
+        present = {rank for rank, _ in ready}
+        for rank in [k for k in self._holds if k not in present]:
+            del self._holds[rank]
+        if len(ready) < 2:
+            return []
+        values = [ms for _, ms in ready]
+        peers = others_medians(values)
+        threshold = max(r.slow_rank, NOISE_K * relative_spread(values))
+        out = []
+        for (rank, ms), peer in zip(ready, peers, strict=True):
+            if peer is None or peer <= 0:
+                continue
+            start = ms >= peer * (1.0 + MARGIN * threshold)
+            keep = ms >= peer * (1.0 + KEEP * threshold)
+            hold = self._holds.get(rank)
+            if hold is None:
+                if not start:
+                    continue  # most ranks, most ticks: nothing to keep
+                hold = self._holds[rank] = _Hold()
+            if hold.update(start, keep, now, r.hold):
+                out.append(SlowRank(rank, ms, peer, threshold))
+            elif hold.since is None:
+                del self._holds[rank]
+        return out
