@@ -13,6 +13,7 @@ from bisect import bisect_left
 from collections.abc import Callable
 from typing import Any
 
+from clusters import Cluster
 from harness import Daemon, wait_for
 from rawpeer import HELLO, pack
 
@@ -58,8 +59,9 @@ def ledger_hb(step_s: float, n: int, at: int) -> dict[str, Any]:
     return {"v": P.VERSION, "t": P.HEARTBEAT, "step": at, "sps": 1.0 / step_s, "ledger": led}
 
 
-def peer(d: Daemon, role: str, rank: int, step_s: float, beats: int, stay: bool = False) -> Any:
-    hello = {**HELLO, "v": P.VERSION, "host": "node-a", "job": JOB, "role": role,
+def peer(d: Daemon, role: str, rank: int, step_s: float, beats: int, stay: bool = False,
+         host: str = "node-a") -> Any:  # fmt: skip
+    hello = {**HELLO, "v": P.VERSION, "host": host, "job": JOB, "role": role,
              "rank": rank, "local_rank": rank, "world_size": 3}  # fmt: skip
     msgs: list[dict[str, Any]] = [hello]
     msgs += [ledger_hb(step_s, 10, 10 * (i + 1)) for i in range(beats)]
@@ -88,14 +90,18 @@ def minutes_with(d: Daemon, role: str, steps: int) -> list[dict[str, Any]]:
     return found
 
 
+def not_near_a_minute_end() -> None:
+    """The peers take a second or two: start them where no wall-clock minute ends meanwhile,
+    so each rank's steps are one minute."""
+    if time.time() % 60 > 45:
+        time.sleep(61 - time.time() % 60)
+
+
 def test_history_of_ranks_that_left_outlives_the_daemon(
     daemon_factory: Callable[..., Daemon],
 ) -> None:
     d = daemon_factory()
-    # The peers take a second or two: start them where no wall-clock minute ends meanwhile,
-    # so each rank's steps are one minute.
-    if time.time() % 60 > 45:
-        time.sleep(61 - time.time() % 60)
+    not_near_a_minute_end()
     rollout = peer(d, "rollout", 0, 0.020, 2, stay=True)
     try:
         trainers = [peer(d, "trainer", r, 0.045 if r == 2 else 0.030, 3) for r in range(3)]
@@ -142,3 +148,28 @@ def test_a_job_without_history_is_one_line_and_exit_1(daemon: Daemon) -> None:
     assert r.returncode == 2 and "--since 'last week'" in r.stderr
     r = daemon.ctl("history", "--job", "never-ran", "--since", "1h", "--until", "2h")
     assert r.returncode == 2 and "--since must be before --until" in r.stderr
+
+
+def test_cluster_history_merges_the_nodes_minutes(cluster: Cluster) -> None:
+    a, _ = cluster.add("node-a", heartbeat=1)
+    b, _ = cluster.add("node-b", heartbeat=1)
+    not_near_a_minute_end()
+    peers = [peer(a, "trainer", r, 0.030, 3, host="pod-a") for r in range(2)]
+    peers.append(peer(b, "trainer", 2, 0.090, 3, host="pod-b"))
+    for p in peers:
+        assert p.wait(30) == 0
+    minutes_with(a, "trainer", 60)
+    minutes_with(b, "trainer", 30)
+    r = cluster.ctl("--json", "history", "--job", JOB)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc) == {"job", "since", "until", "minutes"}
+    (m,) = doc["minutes"]
+    assert (m["ranks"], m["steps"], m["p50_ms"], m["max_ms"]) == (3, 90, 30.0, 90.0)
+    assert [(s["host"], s["client_host"], s["rank"], s["p50_ms"]) for s in m["slowest"]] == [
+        ("node-b", "pod-b", 2, 90.0),
+        ("node-a", "pod-a", 0, 30.0),
+        ("node-a", "pod-a", 1, 30.0),
+    ]
+    text = cluster.ctl("history", "--job", JOB)
+    assert "node-b r2 90.0ms, node-a r0 30.0ms" in text.stdout, text.stderr

@@ -45,6 +45,7 @@ class StepHistory:
         self._clock = clock
         self.pending: deque[MinuteSummary] = deque(maxlen=MAX_PENDING)
         self.dropped = 0  # minutes lost to MAX_PENDING while the index was unwritable
+        self.failing = False  # the last write failed (and Storage was told)
         self._next_prune = 0.0  # the first tick prunes
 
     def tick(self, minutes: Iterable[MinuteSummary]) -> None:
@@ -65,9 +66,15 @@ class StepHistory:
             self.index.add_step_minutes(rows)
         except Exception as exc:  # unwritable now (full, locked): the rows wait, bounded
             self.storage.failed("index", exc, f"{len(rows)} step-time minutes")
+            self.failing = True
             return
         self.pending.clear()
-        self.storage.ok("index")
+        if self.failing:
+            # Only after a failure of its own: a small write getting through must not clear
+            # a problem another writer of the index still has (its next failure would log
+            # it again, and again).
+            self.failing = False
+            self.storage.ok("index")
         if self.dropped:
             log.warning(
                 "%d step-time minutes were dropped while the index could not be written",
