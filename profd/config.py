@@ -125,6 +125,24 @@ def _cluster(table: Mapping[str, Any]) -> ClusterConfig:
 
 
 @dataclass(frozen=True)
+class WatchConfig:
+    """``[watch]``: what profd keeps of every rank's step times."""
+
+    #: Seconds the index keeps each rank's per-minute step times (``profctl history``).
+    keep_history: float = 604800.0
+
+
+def _watch(table: Mapping[str, Any]) -> WatchConfig:
+    unknown = set(table) - set(WatchConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"[watch]: unknown keys {sorted(unknown)}")
+    kw: dict[str, Any] = {}
+    if "keep_history" in table:
+        kw["keep_history"] = _number(table["keep_history"], "watch.keep_history", float, 0)
+    return WatchConfig(**kw)
+
+
+@dataclass(frozen=True)
 class AutoRule:
     """A standing ``[[auto]]`` rule: a start spec applied to every matching client on attach."""
 
@@ -153,6 +171,7 @@ class Config:
     #: This daemon's name in a cluster: the ``host`` of every row it reports.
     node_name: str = field(default_factory=socket.gethostname)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
+    watch: WatchConfig = field(default_factory=WatchConfig)
 
     @property
     def index_path(self) -> Path:
@@ -329,6 +348,9 @@ def load(
     cluster_table = data.get("cluster", {})
     if not isinstance(cluster_table, dict):
         raise ConfigError("[cluster] must be a table")
+    watch_table = data.get("watch", {})
+    if not isinstance(watch_table, dict):
+        raise ConfigError("[watch] must be a table")
     node_name = _opt_str(e.get("PROFD_NODE_NAME") or daemon.get("node_name"), "node_name")
     if node_name is not None and not node_name.strip():
         raise ConfigError("node_name: must not be empty")
@@ -364,6 +386,7 @@ def load(
             auto=tuple(AutoRule(spec=a) for a in auto),
             node_name=node_name or socket.gethostname(),
             cluster=_cluster(cluster_table),
+            watch=_watch(watch_table),
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):

@@ -39,6 +39,7 @@ FLAGS: Final = {
     **{f"ps.{f}": f"--{f}" for f in ("job", "role")},
     **{f"traces.filters.{f}": f"--{f}" for f in ("job", "session", "rank", "role", "host")},
     "traces.filters.limit": "--limit",
+    **{f"history.{f}": f"--{f}" for f in ("job", "since", "until")},
     **{f"{t}.session": "SESSION" for t in ("show", "stop", "cancel", "retry")},
 }
 

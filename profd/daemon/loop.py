@@ -26,6 +26,7 @@ from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
 from profd.daemon.captures.record import CaptureReport
+from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.sampler import Sampler
@@ -91,7 +92,9 @@ class Daemon:
         self.index = Index(cfg.index_path)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.registry = Registry()
-        self.ledgers = Ledgers()
+        self.history = StepHistory(self.index, self.storage, cfg.watch.keep_history)
+        # A rank re-attaching after a restart shows its last minute until its ledger comes.
+        self.ledgers = Ledgers(seed=self.history.seed)
         self.sessions = Sessions(self.index, spool, perms, host)
         self.incoming = Incoming(spool, perms)
         self.results = Results(self.sessions, self.index, self.incoming, self.uploads, host)
@@ -291,6 +294,9 @@ class Daemon:
         while self.reactor.run_pending():
             pass
         self.flush()
+        # Every rank's open minute, so far: a restarted daemon's history has no gap.
+        _guarded("closing step-ledger minutes", self.ledgers.tick, ())
+        _guarded("writing step-ledger minutes", self._write_minutes)
         self.index.close()
         log.info("stopped")
 
@@ -363,6 +369,7 @@ class Daemon:
             if now >= next_tick:
                 _guarded("housekeeping", self.liveness.tick, now)
                 _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
+                _guarded("writing step-ledger minutes", self._write_minutes)
                 _guarded("polling nsys", self.nsys.poll, now)
                 self._retry_writes()
                 self.flush()
@@ -382,6 +389,9 @@ class Daemon:
             except zmq.Again:
                 return
             _guarded("handling a message", handle, frames, _peer(last))
+
+    def _write_minutes(self) -> None:
+        self.history.tick(self.ledgers.take_minutes())
 
     def _retry_writes(self) -> None:
         """What a full disk stopped, tried again: the first success is the recovery."""

@@ -1,4 +1,5 @@
-"""The SQLite index: sessions, targets, traces, their files, and the upload queue.
+"""The SQLite index: sessions, targets, traces, their files, the upload queue, and every
+rank's step times per minute (``step_minutes``, written by the loop, kept ``keep_history``).
 
 One file (``index.db``) in WAL mode so profctl-side readers and the daemon's upload workers
 never block the event loop's writes. The event loop owns sessions/targets/traces rows; upload
@@ -8,6 +9,7 @@ open one :class:`Index` per thread.
 
 from __future__ import annotations
 
+import heapq
 import json
 import os
 import sqlite3
@@ -19,8 +21,13 @@ from typing import Any
 
 from profd import globs
 from profd.states import sql_terminal
+from profd.watch.stats import weighted_quantile
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
+
+#: Rank-minutes one ``history`` request reads at most (about 4 hours of 1,024 ranks, a month
+#: of 8; some 0.4 s): a longer range is answered for its newest minutes.
+HISTORY_MAX_ROWS = 250_000
 
 #: ``inbox.done`` of a capture that is indexed while its raw trace still exists.
 INBOX_RAW_LEFT = 2
@@ -119,6 +126,25 @@ CREATE TABLE IF NOT EXISTS inbox (
     received_at REAL NOT NULL,
     done INTEGER NOT NULL DEFAULT 0  -- 0 to process, 1 done, 2 indexed with its raw left
 );
+-- One rank's steps in one minute of wall time (the step ledger's closed minutes). Not
+-- unique: a rank that re-attaches within a minute (a restarted daemon or process) closes
+-- that minute twice; a read merges them.
+CREATE TABLE IF NOT EXISTS step_minutes (
+    job TEXT NOT NULL,
+    host TEXT NOT NULL,
+    role TEXT NOT NULL,
+    rank INTEGER NOT NULL,
+    pid INTEGER NOT NULL,
+    minute INTEGER NOT NULL,    -- unix time of the minute's start
+    steps INTEGER NOT NULL,
+    sum_s REAL NOT NULL,
+    p50_ms REAL,
+    p90_ms REAL,
+    max_ms REAL,
+    regions TEXT NOT NULL DEFAULT '{}'  -- json: seconds inside each region in the minute
+);
+CREATE INDEX IF NOT EXISTS step_minutes_job ON step_minutes(job, minute);
+CREATE INDEX IF NOT EXISTS step_minutes_minute ON step_minutes(minute);
 """
 
 #: Files a worker may take once their ``next_attempt_at`` has come: pending ones, and failed
@@ -192,6 +218,7 @@ class Index:
             self.db.execute("ALTER TABLE traces ADD COLUMN stats TEXT")
         if "stem" not in tcols:  # schema 5
             self.db.execute("ALTER TABLE targets ADD COLUMN stem TEXT")
+        # schema 6: the step_minutes table, new: SCHEMA's CREATE TABLE IF NOT EXISTS adds it.
 
     def close(self) -> None:
         self.db.close()
@@ -593,6 +620,66 @@ class Index:
     def mark_deleted(self, file_id: int) -> None:
         self.db.execute("UPDATE files SET deleted = 1 WHERE id = ?", (file_id,))
 
+    # --- step minutes (event loop) ---------------------------------------------------------
+    def add_step_minutes(self, rows: Sequence[Mapping[str, Any]]) -> None:
+        """Closed minutes of ranks (the ledger's ``MinuteSummary`` fields), in one
+        transaction: 1,024 ranks' minute is one commit, not 1,024."""
+        with self._tx():
+            self.db.executemany(
+                "INSERT INTO step_minutes (job, host, role, rank, pid, minute, steps, sum_s,"
+                " p50_ms, p90_ms, max_ms, regions) VALUES (:job, :host, :role, :rank, :pid,"
+                " :minute, :steps, :sum_s, :p50_ms, :p90_ms, :max_ms, :regions)",
+                ({**r, "regions": json.dumps(r.get("regions") or {})} for r in rows),
+            )
+
+    def step_history(
+        self, job: str, since: float, until: float, max_rows: int = HISTORY_MAX_ROWS
+    ) -> tuple[list[dict[str, Any]], float]:
+        """``job``'s minutes that overlap ``[since, until)``, one row per minute and role
+        (``HISTORY_ROW``), oldest first; and the ``since`` they cover: later than asked when
+        the range holds more than ``max_rows`` rank-minutes (the newest are kept, whole
+        minutes only), so one request never holds the loop for long."""
+        cur = self.db.cursor()
+        cur.row_factory = None
+        # Newest first, the (job, minute) index's own order read backwards: no sort.
+        cur.execute(
+            "SELECT minute, role, host, rank, steps, p50_ms, p90_ms, max_ms FROM step_minutes"
+            " WHERE job = ? AND minute > ? AND minute < ? ORDER BY minute DESC LIMIT ?",
+            (job, since - 60.0, until, max_rows + 1),
+        )
+        rows = cur.fetchall()
+        if len(rows) > max_rows:
+            cut = rows[-1][0]  # the oldest minute read may be cut short: none of it
+            rows = [r for r in rows if r[0] != cut]
+            since = float(cut + 60)
+        return history_rows(rows), since
+
+    def last_step_minute(
+        self, job: str, role: str, rank: int, since: float
+    ) -> tuple[int, float] | None:
+        """The newest minute of ``job``'s ``role`` rank ``rank`` that starts at ``since`` or
+        later and has a p50: (minute start, p50 ms)."""
+        r = self.db.execute(
+            "SELECT minute, p50_ms FROM step_minutes WHERE job = ? AND minute >= ?"
+            " AND role = ? AND rank = ? AND p50_ms IS NOT NULL ORDER BY minute DESC LIMIT 1",
+            (job, int(since), role, rank),
+        ).fetchone()
+        return None if r is None else (int(r[0]), float(r[1]))
+
+    def prune_step_minutes(self, before: float, chunk: int = 20_000) -> int:
+        """Forget minutes that start before ``before``; how many. In chunks, each its own
+        transaction, so a week of a large job goes without one long write lock."""
+        n = 0
+        while True:
+            k = self.db.execute(
+                "DELETE FROM step_minutes WHERE rowid IN"
+                " (SELECT rowid FROM step_minutes WHERE minute < ? LIMIT ?)",
+                (before, chunk),
+            ).rowcount
+            n += k
+            if k < chunk:
+                return n
+
     # --- helpers -----------------------------------------------------------------------------
     def transaction(self) -> _Tx:
         """One commit for many writes (the event loop's write-behind flush)."""
@@ -616,6 +703,85 @@ class _Tx:
     def __exit__(self, exc_type: object, *_: object) -> None:
         if self.outer:
             self.db.execute("ROLLBACK" if exc_type else "COMMIT")
+
+
+def history_rows(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+    """``(minute, role, host, rank, steps, p50_ms, p90_ms, max_ms)`` rows as ``HISTORY_ROW``
+    dicts, oldest first: per minute and role the ranks that stepped, their steps, the median
+    over ranks of each rank's p50 (and p90), the longest step and the 3 ranks with the
+    highest p50. A rank with two rows in one minute (it re-attached) counts once: its steps
+    summed, its quantiles combined weighted by steps."""
+    groups: dict[tuple[int, str], list[Sequence[Any]]] = {}
+    for r in rows:
+        key = (r[0], r[1])
+        g = groups.get(key)
+        if g is None:
+            groups[key] = [r]
+        else:
+            g.append(r)
+    out = []
+    for minute, role in sorted(groups):
+        members = groups[(minute, role)]
+        if len({(r[2], r[3]) for r in members}) < len(members):
+            members = _one_per_rank(members)
+        p50s = sorted(r[5] for r in members if r[5] is not None)
+        p90s = sorted(r[6] for r in members if r[6] is not None)
+        maxes = [r[7] for r in members if r[7] is not None]
+        slow = heapq.nsmallest(
+            3, (r for r in members if r[5] is not None), key=lambda r: (-r[5], r[2], r[3])
+        )
+        out.append(
+            {
+                "minute": int(minute),
+                "role": role,
+                "ranks": len(members),
+                "steps": sum(r[4] for r in members),
+                "p50_ms": _ms(_median(p50s)),
+                "p90_ms": _ms(_median(p90s)),
+                "max_ms": _ms(max(maxes)) if maxes else None,
+                "slowest": [
+                    {"host": r[2], "role": role, "rank": r[3], "p50_ms": _ms(r[5])} for r in slow
+                ],
+            }
+        )
+    return out
+
+
+def _median(xs: Sequence[float]) -> float | None:
+    n = len(xs)
+    if not n:
+        return None
+    m = n // 2
+    return float(xs[m]) if n % 2 else (xs[m - 1] + xs[m]) / 2.0
+
+
+def _one_per_rank(members: list[Sequence[Any]]) -> list[Sequence[Any]]:
+    by_rank: dict[tuple[str, int], list[Sequence[Any]]] = {}
+    for r in members:
+        by_rank.setdefault((r[2], r[3]), []).append(r)
+    out: list[Sequence[Any]] = []
+    for (host, rank), parts in by_rank.items():
+        if len(parts) == 1:
+            out.append(parts[0])
+            continue
+        maxes = [p[7] for p in parts if p[7] is not None]
+        out.append(
+            (
+                parts[0][0],
+                parts[0][1],
+                host,
+                rank,
+                sum(p[4] for p in parts),
+                weighted_quantile(((p[5], p[4]) for p in parts if p[5] is not None), 0.5),
+                weighted_quantile(((p[6], p[4]) for p in parts if p[6] is not None), 0.9),
+                max(maxes) if maxes else None,
+            )
+        )
+    return out
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(float(v), 3)
 
 
 def _combined_upload_state(states: set[str]) -> str:

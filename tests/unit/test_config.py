@@ -191,6 +191,12 @@ def test_every_key(tmp_path: Path) -> None:
     ]
 
 
+def test_watch_keeps_a_week_of_history_unless_told(tmp_path: Path) -> None:
+    assert load(env={}).watch.keep_history == 604800.0
+    cfg = load(toml(tmp_path, "[watch]\nkeep_history = 3600\n"), env={})
+    assert cfg.watch.keep_history == 3600.0 and isinstance(cfg.watch.keep_history, float)
+
+
 def test_config_is_frozen(tmp_path: Path) -> None:
     cfg = load(env={})
     with pytest.raises(AttributeError):
@@ -416,6 +422,10 @@ def test_bad_toml_names_the_file_and_place(tmp_path: Path) -> None:
         ("[nsys]\npath = 1\n", "nsys.path: must be a string"),
         ("[nsys]\nfinalize_timeout = 'soon'\n", "nsys.finalize_timeout: must be a number > 0"),
         ("[nsys]\ncommand_timeout = 0\n", "nsys.command_timeout: must be a number > 0"),
+        ("[watch]\nkeep_history = 0\n", "watch.keep_history: must be a number > 0, got 0"),
+        ("[watch]\nkeep_history = '7d'\n", "watch.keep_history: must be a number > 0"),
+        ("[watch]\nkeep = 1\n", r"\[watch\]: unknown keys \['keep'\]"),
+        ("watch = 1\n", r"\[watch\] must be a table"),
     ],
 )
 def test_errors_are_one_line_config_errors(tmp_path: Path, text: str, message: str) -> None:

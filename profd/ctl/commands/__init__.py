@@ -12,6 +12,7 @@ COMMANDS: dict[str, str] = {
     "sessions": "sessions:sessions",
     "show": "sessions:show",
     "traces": "traces:traces",
+    "history": "history:history",
     "pull": "pull:pull",
     "retry": "retry:retry",
     "run": "run:run",

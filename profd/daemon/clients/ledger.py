@@ -9,6 +9,10 @@ closes each rank's minute into a :class:`MinuteSummary` that the loop writes to 
 
 Protocol-2 clients send no ledger: their steps are counted from the step numbers of their
 heartbeats, and ``top`` shows their step time as the inverse of their rate.
+
+A rank that attaches to a restarted daemon has no ledger yet: until its first one arrives,
+its p50 is its last minute in the index (``source`` "index") when that minute ended at most
+:data:`SEED_MAX_AGE_S` ago, through the ``seed`` lookup the loop passes in (no SQL here).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import math
 import time
 from array import array
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +35,12 @@ FULL = 300
 MINUTES = 60
 #: What ``top``'s step-time figures cover.
 TOP_WINDOW_S = 60.0
+#: How long after its end a rank's last minute in the index stands in for its ledger.
+SEED_MAX_AGE_S = 120.0
+
+#: ``seed(job, role, rank, since)``: the newest (minute start, p50 ms) of that rank that
+#: starts at ``since`` (unix) or later, or None.
+SeedLookup = Callable[[str, str, int, float], "tuple[int, float] | None"]
 
 _NBUCKETS = len(P.STEP_BUCKETS) + 1
 # Fields of one interval in the ring: end time (monotonic), steps, seconds, p50, p90, p99, max.
@@ -65,7 +75,7 @@ class Figures:
     p50_ms: float | None
     p99_ms: float | None
     window_s: float | None
-    source: str | None  # "ledger", "rate" or None
+    source: str | None  # "ledger", "index", "rate" or None
     regions: dict[str, float]  # share of the step time
 
 
@@ -132,10 +142,13 @@ def _minute_of(unix: float) -> int:
 class Ledgers:
     """The ledger of every attached rank, keyed like the registry (host, pid)."""
 
-    def __init__(self, clock: Any = time.time) -> None:
+    def __init__(self, clock: Any = time.time, seed: SeedLookup | None = None) -> None:
         self.by_key: dict[tuple[str, int], Ledger] = {}
         self._pending: list[MinuteSummary] = []
         self._unix = clock
+        self._seed = seed
+        #: (host, pid, job, role, rank) -> what ``seed`` found, looked up once per rank.
+        self._seeded: dict[tuple[str, int, str, str, int], tuple[int, float] | None] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -265,6 +278,9 @@ class Ledgers:
                 del self.by_key[key]
             elif led.minute.start != minute:
                 self._close(led, unix)
+        if self._seeded:
+            for k in [k for k in self._seeded if (k[0], k[1]) not in live]:
+                del self._seeded[k]
 
     def take_minutes(self) -> list[MinuteSummary]:
         """The closed minutes not yet written to the index (the loop writes them)."""
@@ -276,6 +292,9 @@ class Ledgers:
         """``c``'s step times over the last :data:`TOP_WINDOW_S` seconds (monotonic ``now``)."""
         led = self.by_key.get(c.key)
         if led is None or not led.timed:
+            seeded = self._from_index(c)
+            if seeded is not None:
+                return seeded
             if c.sps > 0:
                 return Figures(1000.0 / c.sps, None, None, "rate", {})
             return Figures(None, None, None, None, {})
@@ -313,6 +332,20 @@ class Ledgers:
                         shares[name] = shares.get(name, 0.0) + sec
             shares = {k: round(min(v / total, 1.0), 4) for k, v in shares.items()}
         return Figures(p50 * 1000.0, p99 * 1000.0, max(0.0, now - oldest), "ledger", shares)
+
+    def _from_index(self, c: Client) -> Figures | None:
+        """``c``'s last minute in the index, if recent enough (see :data:`SEED_MAX_AGE_S`)."""
+        if self._seed is None:
+            return None
+        key = (c.host, c.pid, c.job, c.role, c.rank)
+        if key in self._seeded:
+            found = self._seeded[key]
+        else:
+            since = self._unix() - SEED_MAX_AGE_S - 60.0
+            found = self._seeded[key] = self._seed(c.job, c.role, c.rank, since)
+        if found is None or self._unix() - (found[0] + 60) > SEED_MAX_AGE_S:
+            return None
+        return Figures(found[1], None, 60.0, "index", {})
 
     def recent_minutes(self, c: Client) -> list[tuple[int, int, float, float, float, float]]:
         """``c``'s closed minutes in memory, oldest first: (start, steps, seconds, p50 s,

@@ -32,6 +32,8 @@ log = logging.getLogger("profd.control")
 SendFrames = Callable[[list[bytes]], None]
 #: Ids an ambiguous session name lists.
 SHOWN_AMBIGUOUS = 5
+#: What ``history`` covers when the request gives no ``since``: the last hour.
+HISTORY_DEFAULT_S = 3600.0
 
 
 @dataclass(frozen=True)
@@ -196,6 +198,25 @@ class ControlHandler:
         self._stamp(rows)
         return rows
 
+    def _history(self, m: dict[str, Any], by: Requester) -> Any:
+        # From the index alone: a job's history outlives the job and this daemon. Minutes
+        # still open for live ranks are not in it yet (the loop writes closed ones).
+        now = time.time()
+        since = m.get("since")
+        until = m.get("until")
+        since = now - HISTORY_DEFAULT_S if since is None else since
+        until = now if until is None else until
+        if since >= until:
+            raise Refused("bad_request", "history: since must be before until")
+        minutes, since = self.index.step_history(m["job"], since, until)
+        return {
+            "job": m["job"],
+            "since": since,  # later than asked when the range held too many rows
+            "until": until,
+            "node": self.facts.host,
+            "minutes": minutes,
+        }
+
     def _retry(self, m: dict[str, Any], by: Requester) -> Any:
         if not by.privileged:
             self._check_owner(m.get("session"), by)
@@ -309,6 +330,7 @@ HANDLERS: dict[str, Callable[[ControlHandler, dict[str, Any], Requester], Any]] 
     P.C_SHOW: ControlHandler._show,
     P.C_TRACES: ControlHandler._traces,
     P.C_RETRY: ControlHandler._retry,
+    P.C_HISTORY: ControlHandler._history,
 }
 
 
