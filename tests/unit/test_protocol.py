@@ -310,7 +310,9 @@ def test_a_reply_that_breaks_its_schema_does_not_leave(over: dict[str, Any], fie
 
 
 def test_replies_without_a_schema_are_any_map() -> None:
-    assert set(P.REPLIES) == {P.C_STATUS, P.C_PS, P.C_TRACES, P.C_SHOW, P.C_SESSIONS}
+    assert set(P.REPLIES) == {
+        P.C_STATUS, P.C_PS, P.C_TRACES, P.C_SHOW, P.C_SESSIONS, P.C_TOP, P.C_HISTORY
+    }  # fmt: skip
     frame = P.reply({"v": P.VERSION, "t": P.C_RETRY}, {"requeued": 3})
     assert P.decode(frame, P.REPLY_INBOUND)["data"] == {"requeued": 3}
 
