@@ -38,6 +38,7 @@ import msgpack, zmq
 from profd_client.protocol import STEP_BUCKETS
 hello, path = msgpack.unpackb(bytes.fromhex(sys.argv[1])), sys.argv[2]
 step_s, v = float(sys.argv[3]), hello["v"]
+data, fwd = float(sys.argv[4]), float(sys.argv[5])
 s = zmq.Context().socket(zmq.DEALER)
 s.connect("ipc://" + path)
 s.send(msgpack.packb({**hello, "pid": os.getpid()}))
@@ -63,9 +64,9 @@ while True:
         q = [ds[min(n - 1, int(x * n))] for x in (0.5, 0.9, 0.99)] + [ds[-1]]
         total = sum(ds)
         hb["ledger"] = {"at": step, "n": n, "sum": total, "q": q, "b": b, "epoch": 0,
-                        "r": [["data", %r * total, n], ["fwd", %r * total, n]]}
+                        "r": [["data", data * total, n], ["fwd", fwd * total, n]]}
     s.send(msgpack.packb(hb))
-""" % (DATA, FWD)
+"""
 
 
 Spawn = Callable[..., subprocess.Popen[str]]
@@ -83,7 +84,7 @@ def stepper() -> Iterator[Spawn]:
                  "local_rank": rank, "world_size": world}  # fmt: skip
         p = subprocess.Popen(
             [sys.executable, "-c", _STEPPER, pack(hello).hex(),
-             str(d.runtime_dir / "agent.sock"), str(step_s)],
+             str(d.runtime_dir / "agent.sock"), str(step_s), str(DATA), str(FWD)],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         made.append(p)
@@ -258,9 +259,7 @@ def test_top_across_nodes(cluster: Cluster, stepper: Spawn) -> None:
 
     # A node that does not answer is named; the others' rows are printed.
     down = f"127.0.0.1:{free_port()}"
-    r = cluster.ctl(
-        "--node-timeout", "1", "top", "--once", "--json", nodes=[addr_a, addr_b, down]
-    )
+    r = cluster.ctl("--node-timeout", "1", "top", "--once", "--json", nodes=[addr_a, addr_b, down])
     assert r.returncode == EXIT_NODES_MISSING, r.stderr
     assert len(json.loads(r.stdout)["ranks"]) == 3
     assert f"{down} did not answer" in r.stderr

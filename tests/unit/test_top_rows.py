@@ -42,13 +42,13 @@ def test_figures_match_a_walk_over_the_intervals_wrapped_and_silent() -> None:
     beats: list[tuple[float, list[float], dict[str, float]]] = []
     t, step = 500.0, 0
     # Uneven heartbeats, in phases of 10 a second (the minute's window outgrows the ring),
-    # a region that comes and goes: the ring wraps several times.
+    # a region that comes and goes, intervals without regions: the ring wraps several times.
     for i in range(FULL * 3 + 17):
         t += 0.1 if (i // 200) % 2 == 0 else rng.choice((0.12, 0.2, 0.5, 1.0, 1.7))
         clock.t += 1.0
         ds = [rng.uniform(0.01, 0.2) for _ in range(rng.randint(1, 9))]
         step += len(ds)
-        r = {"data": 0.3 * sum(ds)}
+        r = {"data": 0.3 * sum(ds)} if i % 7 else {}  # some intervals enter no region
         if i % 50 < 20:
             r["fwd"] = 0.5 * sum(ds)
         led.heartbeat(c, step, ledger(ds, step, list((k, v, 1) for k, v in r.items())), t)
