@@ -865,6 +865,10 @@ PS_ROW: Final = _row(
     local_rank=(RANK, _O),
     world_size=(Int(1, MAX_RANK + 1), _O),
     step=(STEP, _O),
+    # ``step`` as of now: moved on from the last heartbeat's at the rank's rate (as in
+    # ``TOP_ROW``); ``age_s``: seconds since the heartbeat that carried the step.
+    step_extrapolated=(Bool(), _O),
+    age_s=(FINITE, _O),
     steps_per_s=(Num(0.0, math.inf), _O),
     step_mode=(Str(16), _O),
     allowed=(Bool(), _O),

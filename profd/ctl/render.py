@@ -30,6 +30,28 @@ def ago(ts: float | None) -> str:
     return time.strftime("%Y-%m-%d %H:%M", time.localtime(ts))
 
 
+def step_cell(r: dict[str, Any]) -> str:
+    """A row's step, ``~12345`` when the daemon moved it on at the rank's rate."""
+    step = r.get("step")
+    if step is None:
+        return "-"
+    return f"~{step}" if r.get("step_extrapolated") else str(step)
+
+
+def age_cell(r: dict[str, Any]) -> str:
+    """Seconds since the heartbeat that carried the row's step: ``0.4s``, ``12s``, ``3m``."""
+    a = r.get("age_s")
+    if a is None:
+        return "-"
+    if a < 10:
+        return f"{a:.1f}s"
+    if a < 90:
+        return f"{a:.0f}s"
+    if a < 5400:
+        return f"{a / 60:.0f}m"
+    return f"{a / 3600:.0f}h"
+
+
 def opt(v: Any, fmt: str = "{}") -> str:
     return "-" if v is None else fmt.format(v)
 

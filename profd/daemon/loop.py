@@ -157,10 +157,12 @@ class Daemon:
             cfg.max_spool_bytes,
             fsutil.boot_id(),
             runtime.group_id(cfg.admin_group),
+            cfg.heartbeat_interval,
         )
         self.control = ControlHandler(
             facts,
             self.registry,
+            self.ledgers,
             self.sessions,
             self.index,
             self.starter,

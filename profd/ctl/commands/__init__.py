@@ -6,6 +6,7 @@ from __future__ import annotations
 COMMANDS: dict[str, str] = {
     "status": "status:status",
     "ps": "ps:ps",
+    "top": "top:top",
     "start": "start:start",
     "stop": "stop:stop",
     "cancel": "stop:cancel",

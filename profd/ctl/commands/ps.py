@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from profd.ctl.main import Env, command
-from profd.ctl.render import Column, emit_json, opt, size, table
+from profd.ctl.render import Column, age_cell, emit_json, opt, size, step_cell, table
 from profd_client import protocol as P
 
 
@@ -30,7 +30,9 @@ COLUMNS: list[Column] = [
     ("JOB", lambda r: r["job"]),
     ("ROLE", lambda r: r["role"]),
     ("RANK", lambda r: f"{opt(r['rank'], '{}')}/{opt(r.get('world_size'), '{}')}"),
-    ("STEP", lambda r: opt(r.get("step"), "{}")),
+    # ~N: moved on from the last heartbeat's step at the rank's rate; AGE: that heartbeat's.
+    ("STEP", step_cell),
+    ("AGE", age_cell),
     ("STEPS/S", lambda r: opt(r.get("steps_per_s"), "{:.1f}")),
     ("STATE", _state),
     # Which jobs `--backend nsys` can capture: those started with `profctl run --nsys`.
@@ -86,7 +88,11 @@ SOURCE_COLUMNS: list[Column] = [
 def ps(
     env: Env, job: str | None, role: str | None, sources: bool, watch: bool, interval: float
 ) -> None:
-    """Attached processes: host pid job role rank/world step steps/s state cpu% rss gpu.
+    """Attached processes: host pid job role rank/world step age steps/s state cpu% rss gpu.
+
+    STEP is the step as of now: ~N when moved on from the last heartbeat's at the rank's rate
+    (while its heartbeats keep coming), else the last reported; AGE: seconds since that
+    heartbeat.
 
     --sources: where each identity field came from (env:RANK, torch.distributed, ray, ...).
     """

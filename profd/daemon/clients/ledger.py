@@ -20,6 +20,8 @@ from __future__ import annotations
 import math
 import time
 from array import array
+from bisect import bisect_left, insort
+from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -110,6 +112,10 @@ class Ledger:
         "steps_total",
         "sum_total",
         "timed",
+        "window_base",
+        "window_cum",
+        "window_p50",
+        "window_p99",
         "window_regions",
     )
 
@@ -125,14 +131,47 @@ class Ledger:
         self.sum_total = 0.0
         self.steps_total = 0
         self.region_total: dict[str, float] = {}
-        #: Region seconds per interval in the ring's window, newest last (for shares).
-        self.window_regions: list[tuple[float, dict[str, float]]] = []
+        #: The intervals of the last :data:`TOP_WINDOW_S` (as of the last heartbeat), newest
+        #: last, for ``top``: (end time, step seconds and region seconds since the rank
+        #: attached as of that end, its p50, its p99). A window's sums are the newest totals
+        #: less those before its first interval, and its intervals' p50s and p99s are kept
+        #: sorted as they come and go: ``top`` reads 1,024 ranks at once, and going over
+        #: each one's minute of intervals again cost it ~80 ms.
+        self.window_regions: deque[_Window] = deque()
+        self.window_cum = 0.0  # step seconds of every interval so far
+        #: The entry before the oldest interval held (the last one dropped).
+        self.window_base: _Window = (0.0, 0.0, {}, 0.0, 0.0)
+        self.window_p50: list[float] = []
+        self.window_p99: list[float] = []
         self.last_step = step
         self.epoch: int | None = None
         self.timed = False  # a ledger arrived: its figures are the client's own
 
 
 _Identity = tuple[str, str, str, int, int]
+_Window = tuple[float, float, dict[str, float], float, float]
+
+
+def _nth_without(values: list[float], i: int, gone: list[float]) -> float:
+    """The ``i``-th of sorted ``values`` once ``gone`` (some of them) are taken out."""
+    if not gone:
+        return values[i]
+    if len(gone) == 1:  # the usual stale head: one heartbeat just out of the window
+        return values[i] if i < bisect_left(values, gone[0]) else values[i + 1]
+    rest = values.copy()
+    for v in gone:
+        del rest[bisect_left(rest, v)]
+    return rest[i]
+
+
+def _newest(led: Ledger, k: int, col: int) -> list[float]:
+    """Field ``col`` of the ring's newest ``k`` intervals, sorted (slices, not a loop)."""
+    ring, head = led.ring, led.head
+    first = head - k
+    if first >= 0:
+        return sorted(ring[first * _W + col : head * _W : _W])
+    first += FULL  # the window wraps around the ring's end
+    return sorted(ring[first * _W + col :: _W] + ring[col : head * _W : _W])
 
 
 def _minute_of(unix: float) -> int:
@@ -218,9 +257,20 @@ class Ledgers:
         led.head = (led.head + 1) % FULL
         led.size = min(led.size + 1, FULL)
         wr = led.window_regions
-        wr.append((now, regions))
-        while wr and wr[0][0] < now - TOP_WINDOW_S:
-            wr.pop(0)
+        led.window_cum += total
+        # ``region_total`` already holds this interval's regions (the caller added them). The
+        # copies are never changed, so an interval without regions shares the one before.
+        before = wr[-1][2] if wr else led.window_base[2]
+        totals = dict(led.region_total) if regions else before
+        p50, p99 = float(q[0]), float(q[2])
+        wr.append((now, led.window_cum, totals, p50, p99))
+        p50s, p99s = led.window_p50, led.window_p99
+        insort(p50s, p50)
+        insort(p99s, p99)
+        while wr[0][0] < now - TOP_WINDOW_S:
+            gone = led.window_base = wr.popleft()
+            del p50s[bisect_left(p50s, gone[3])]
+            del p99s[bisect_left(p99s, gone[4])]
 
     def _own(self, c: Client) -> Ledger:
         ident = (c.host, c.job, c.role, c.rank, c.pid)
@@ -298,39 +348,44 @@ class Ledgers:
             if c.sps > 0:
                 return Figures(1000.0 / c.sps, None, None, "rate", {})
             return Figures(None, None, None, None, {})
-        ring = led.ring
         since = now - TOP_WINDOW_S
-        p50s: list[float] = []
-        p99s: list[float] = []
-        total = 0.0
-        oldest = now
-        i = led.head
-        for _ in range(led.size):
-            i = (i - 1) % FULL
-            base = i * _W
-            t = ring[base]
-            if t < since:
+        # The window's intervals are the ring's newest: as many as the heartbeats kept in
+        # ``window_regions``, less those older than ``since`` (a rank silent since its last
+        # one; none or one mostly). Sorted lists and running totals kept as heartbeats come,
+        # no loop over intervals: ``top`` reads every rank at once.
+        wr = led.window_regions
+        stale = 0
+        for e in wr:
+            if e[0] >= since:
                 break
-            if ring[base + _N] > 0:
-                p50s.append(ring[base + _P50])
-                p99s.append(ring[base + _P99])
-                total += ring[base + _SUM]
-                oldest = t
-        if not p50s:
+            stale += 1
+        k = min(len(wr) - stale, led.size)
+        if k <= 0:
             return Figures(None, None, None, "ledger", {})
+        oldest = wr[len(wr) - k][0]
         # The median of the intervals' medians: each heartbeat's summary is the client's
         # own over its steps; exact for steady steps, cheap for 1,024 ranks a second.
-        p50s.sort()
-        p99s.sort()
-        p50 = p50s[len(p50s) // 2]
-        p99 = p99s[min(len(p99s) - 1, int(len(p99s) * 0.99))]
+        i50, i99 = k // 2, min(k - 1, int(k * 0.99))
+        if k == len(wr) - stale:
+            # The window is all of ``window_regions`` but its stale head: sorted already.
+            gone = [wr[j] for j in range(stale)]
+            p50 = _nth_without(led.window_p50, i50, [e[3] for e in gone])
+            p99 = _nth_without(led.window_p99, i99, [e[4] for e in gone])
+        else:  # more heartbeats in the minute than the ring holds: its newest k
+            p50, p99 = _newest(led, k, _P50)[i50], _newest(led, k, _P99)[i99]
+        j = len(wr) - k
+        _, cum0, regions0, _, _ = wr[j - 1] if j else led.window_base
+        total = led.window_cum - cum0
         shares: dict[str, float] = {}
         if total > 0:
-            for t, regions in led.window_regions:
-                if t >= since:
-                    for name, sec in regions.items():
-                        shares[name] = shares.get(name, 0.0) + sec
-            shares = {k: round(min(v / total, 1.0), 4) for k, v in shares.items()}
+            inv = 1.0 / total
+            # At most 1: regions that overlap or span steps can add up to more than the steps.
+            # Rounding below 1e-9 s is no time spent in a region (one not entered lately).
+            shares = {
+                n: min(round((v - regions0.get(n, 0.0)) * inv, 4), 1.0)
+                for n, v in led.region_total.items()
+                if v - regions0.get(n, 0.0) > 1e-9
+            }
         return Figures(p50 * 1000.0, p99 * 1000.0, max(0.0, now - oldest), "ledger", shares)
 
     def _from_index(self, c: Client) -> Figures | None:

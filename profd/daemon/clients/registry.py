@@ -5,10 +5,13 @@ Client fields change only through :class:`Registry` methods; everything else rea
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from profd_client import protocol as P
 
 
 @dataclass
@@ -117,6 +120,26 @@ class Incompatible:
             "protocol": self.version,
             "error": f"speaks protocol version {self.version}",
         }
+
+
+#: A rank's step is moved on at its rate for this many heartbeat intervals after the heartbeat
+#: that carried it; a rank silent for longer may have stopped (a hang, a long checkpoint), and
+#: its reported step is shown with its age instead of a guess.
+FRESH_HEARTBEATS = 3
+
+
+def step_now(c: Client, now: float, heartbeat_s: float) -> tuple[int, bool, float]:
+    """``c``'s step as of monotonic ``now``: (step, extrapolated, age in seconds).
+
+    The one rule ``ps`` and ``top`` show steps by. Each row is as old as its last heartbeat,
+    so the rows of one lockstep job running 100 steps/s differ by up to 100 steps; moved on
+    at the rank's rate they agree, and are marked as moved.
+    """
+    age = max(0.0, now - c.step_at)
+    if c.sps > 0 and age < FRESH_HEARTBEATS * heartbeat_s:
+        # Never past the protocol's bound on a step: the row must stay sendable.
+        return min(c.step + math.floor(c.sps * age), P.MAX_STEP), True, age
+    return c.step, False, age
 
 
 #: The shortest interval a rate is observed over: heartbeats queued behind a step that

@@ -16,7 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from profd import __version__, claims
-from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.ledger import Ledgers
+from profd.daemon.clients.registry import Client, Registry, step_now
 from profd.daemon.control import servable
 from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.selector import Selector
@@ -25,6 +26,7 @@ from profd.daemon.sessions.state import Sessions
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
 from profd.store.index import Index, TraceFilter
+from profd.watch.stats import mark_vs_role, slowest_first
 from profd_client import protocol as P
 
 log = logging.getLogger("profd.control")
@@ -50,6 +52,9 @@ class DaemonFacts:
     boot_id: str | None = None
     #: Members of ``[daemon] admin_group`` may stop and retry any user's sessions.
     admin_gid: int | None = None
+    #: The clients' heartbeat interval (``[daemon] heartbeat_interval``): how long a rank's
+    #: step is moved on at its rate (``step_now``).
+    heartbeat_interval: float = 1.0
 
 
 class ControlHandler:
@@ -57,6 +62,7 @@ class ControlHandler:
         self,
         facts: DaemonFacts,
         registry: Registry,
+        ledgers: Ledgers,
         sessions: Sessions,
         index: Index,
         starter: Starter,
@@ -67,6 +73,7 @@ class ControlHandler:
     ) -> None:
         self.facts = facts
         self.registry = registry
+        self.ledgers = ledgers
         self.sessions = sessions
         self.index = index
         self.starter = starter
@@ -146,6 +153,11 @@ class ControlHandler:
 
     def _ps(self, m: dict[str, Any], by: Requester) -> Any:
         rows = self.ps(m.get("job"), m.get("role"))
+        self._stamp(rows)
+        return rows
+
+    def _top(self, m: dict[str, Any], by: Requester) -> Any:
+        rows = self.top(m.get("job"), m.get("role"))
         self._stamp(rows)
         return rows
 
@@ -262,11 +274,14 @@ class ControlHandler:
         # Processes that claim one identity are marked, whatever the filter shows of them.
         shared = claims.claimants(((c.job, c.role, c.rank), c.pid) for c in served)
         rows = []
+        now, hb = time.monotonic(), self.facts.heartbeat_interval
         for c in served if job is None and role is None else filter(sel.matches, served):
             pids = shared.get((c.job, c.role, c.rank))
             row = c.row()  # a fresh dict: extended in place, not copied (1,024 rows per ps)
             row["duplicate"] = pids is not None
             row["claimed_by"] = pids or [c.pid]
+            row["step"], row["step_extrapolated"], age = step_now(c, now, hb)
+            row["age_s"] = round(age, 3)
             rows.append(row)
         # Peers of another protocol version are listed so nobody wonders where a job went.
         rows += [
@@ -275,6 +290,45 @@ class ControlHandler:
             if (job is None or r["job"] == job)
         ]
         return rows
+
+    def top(self, job: str | None, role: str | None) -> list[dict[str, Any]]:
+        """One row per served rank (``P.TOP_ROW``), slowest against its role first."""
+        clients: Any = self.registry
+        if job is not None or role is not None:
+            clients = filter(Selector(job=job, roles=(role,) if role else ()).matches, clients)
+        now, hb = time.monotonic(), self.facts.heartbeat_interval
+        figures = self.ledgers.figures
+        rows = []
+        for c in clients:
+            f = figures(c, now)
+            step, extrapolated, age = step_now(c, now, hb)
+            rows.append(
+                {
+                    "host": c.host,
+                    "pid": c.pid,
+                    "job": c.job,
+                    "role": c.role,
+                    "rank": c.rank,
+                    "world_size": c.world_size,
+                    "step": step,
+                    "step_extrapolated": extrapolated,
+                    "age_s": round(age, 3),
+                    "sps": round(c.sps, 2),
+                    "step_ms_p50": _ms(f.p50_ms),
+                    "step_ms_p99": _ms(f.p99_ms),
+                    "window_s": None if f.window_s is None else round(f.window_s, 1),
+                    "source": f.source,
+                    "regions": f.regions,
+                    "cpu_percent": c.cpu,
+                    "rss_bytes": c.rss,
+                    "gpu_util": c.gpu_util,
+                    "gpu_mem_bytes": c.gpu_mem,
+                }
+            )
+        # A role's ranks are all here whatever the filter (it selects whole jobs and roles),
+        # so each is compared with its whole role on this node.
+        mark_vs_role(rows)
+        return slowest_first(rows)
 
     def _check_owner(self, session_id: str | None, by: Requester) -> None:
         if session_id is None:
@@ -330,6 +384,7 @@ HANDLERS: dict[str, Callable[[ControlHandler, dict[str, Any], Requester], Any]] 
     P.C_SHOW: ControlHandler._show,
     P.C_TRACES: ControlHandler._traces,
     P.C_RETRY: ControlHandler._retry,
+    P.C_TOP: ControlHandler._top,
     P.C_HISTORY: ControlHandler._history,
 }
 
@@ -346,6 +401,10 @@ def bounded_reply(reply: bytes, v: int, limit: int = P.MAX_REPLY_BYTES) -> bytes
         " ask for less (filters, --limit)",
         v=v,
     )
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
 
 
 def by_identity(clients: Any) -> list[Client]:
