@@ -114,9 +114,7 @@ def test_a_heartbeat_stays_within_16_kib_at_any_rate_and_region_count() -> None:
         regions=worst_names,
     )
     lg["b"] = [P.MAX_STEP] * NB  # more than any ring holds: the widest integers
-    frame = P.encode(
-        P.HEARTBEAT, step=P.MAX_STEP, sps=P.MAX_RATE, state="region-wait", ledger=lg
-    )
+    frame = P.encode(P.HEARTBEAT, step=P.MAX_STEP, sps=P.MAX_RATE, state="region-wait", ledger=lg)
     assert len(frame) <= 16 * 1024, len(frame)
     # And through the real path: 100,000 steps and more names than are timed, all of the
     # longest, between two heartbeats.
@@ -132,7 +130,7 @@ def test_a_heartbeat_stays_within_16_kib_at_any_rate_and_region_count() -> None:
     assert len(frame) <= 16 * 1024, len(frame)
 
 
-# --- reading the ring -------------------------------------------------------------------------------
+# --- reading the ring ------------------------------------------------------------------------
 def test_each_step_is_timed_from_attach_on() -> None:
     st, clock = stepper()
     rd = Reader(st)
@@ -283,10 +281,10 @@ def test_nested_entries_of_one_name_count_once() -> None:
         clock.now += 8.0
     assert (outer.seconds, outer.entries) == (15.0, 1)
     assert (st.regions["inner"].seconds, st.regions["inner"].entries) == (4.0, 1)
-    with pytest.raises(KeyError):  # an exception leaves the block: timed, and it propagates
-        with outer:
-            clock.now += 16.0
-            raise KeyError("x")
+    # An exception leaves the block: timed, and it propagates.
+    with pytest.raises(KeyError), outer:
+        clock.now += 16.0
+        raise KeyError("x")
     assert (outer.seconds, outer.entries) == (31.0, 2)
     assert not outer._open
 
