@@ -2,11 +2,11 @@
 region timers and the armed sessions.
 
 The hot path (:meth:`Stepper.tick`) is one clock read stored in a preallocated ring, an integer
-increment and one compare. Everything else
-runs in :meth:`Stepper._boundary`, entered only when ``count`` reaches ``next_event``; the
-agent thread forces that by posting a command and setting ``next_event = 0``. The training
-thread owns ``count``, the armed sessions and the live capture; the agent thread only reads
-``count`` (an atomic read under the GIL) and talks to it through two deques.
+increment and one compare. Everything else runs in :meth:`Stepper._boundary`, entered only
+when ``count`` reaches ``next_event``; the agent thread forces that by posting a command and
+setting ``next_event = 0``. The training thread owns ``count``, the ring, the region timers,
+the armed sessions and the live capture; the agent thread only reads them (``count`` is an
+atomic read under the GIL) and talks to it through two deques.
 
 The step ledger: ``_ring[k & _MASK]`` holds the :func:`time.perf_counter` reading at the end of
 step ``k`` (``_ring[0]``: attach time, so step 1 has a duration). A slot is written before
