@@ -4,7 +4,11 @@ a torch.profiler object waiting in its schedule (the baseline).
 Three long-lived worker processes (one per variant) build the same model; the coordinator
 runs blocks of N steps in them one at a time, rotating the order every round (ABC, BCA, CAB,
 ...), so drift and noise on the shared machine show up as spread of the paired per-round
-ratios instead of as a bias. Then it microbenchmarks the hot path itself with timeit.
+ratios instead of as a bias. Then it microbenchmarks the hot path itself with timeit: the
+optimizer hook as installed (hook + ``Stepper.tick`` + the step ledger's clock read into its
+ring), the same hook calling a tick without the ledger (a count-only stand-in defined here:
+the step before the ledger, for the difference), the clock alone, and one ``region()`` entry
+while nothing is captured (timed since the ledger) against the no-op it replaced.
 
 Target: <= 1 us a step; loop time ratio attached / not attached <= 1.01 at 1 ms steps.
 """
@@ -105,6 +109,22 @@ def worker(variant: str) -> None:
 
 
 # --- hot path microbenchmarks ---------------------------------------------------------------
+class CountOnly:
+    """``Stepper.tick`` without the step ledger: what a step cost before it (the comparison
+    for the hook-alone figure; not client code)."""
+
+    __slots__ = ("count", "next_event")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.next_event = 1 << 62
+
+    def tick(self) -> None:
+        self.count += 1
+        if self.count >= self.next_event:
+            raise AssertionError("no boundary in this benchmark")
+
+
 def best_ns(stmt: Any, number: int, repeat: int) -> tuple[float, float]:
     times = timeit.repeat(stmt, number=number, repeat=repeat)
     per = sorted(t / number * 1e9 for t in times)
@@ -129,10 +149,43 @@ def micro(quick: bool) -> dict[str, Any]:
         pass
 
     out["empty_call_ns"] = best_ns(empty, n, rep)
+    out["clock_ns"] = best_ns(time.perf_counter, n, rep)
     handle = profd_client._install_optimizer_hook(st)
     hook = list(_global_optimizer_post_hooks.values())[-1]
     out["hook_call_ns"] = best_ns(functools.partial(hook, None, (), {}), n, rep)
     handle.remove()
+    # The hook alone: the same installed hook calling a tick without the ledger's ring write.
+    handle = profd_client._install_optimizer_hook(CountOnly())  # type: ignore[arg-type]
+    hook = list(_global_optimizer_post_hooks.values())[-1]
+    out["hook_no_ledger_ns"] = best_ns(functools.partial(hook, None, (), {}), n, rep)
+    handle.remove()
+    out["tick_no_ledger_ns"] = best_ns(CountOnly().tick, n, rep)
+
+    # region() while nothing is captured: the name's timer (entered and left), against the
+    # shared no-op every idle region() returned before regions were timed.
+    from profd_client import api
+
+    def region_block() -> None:
+        with profd_client.region("fwd"):
+            pass
+
+    def noop_block() -> None:
+        with no_op_region("fwd"):
+            pass
+
+    def no_op_region(name: str) -> Any:
+        st_ = api._stepper
+        if st_ is None or st_.live is None:
+            return api._NULL
+        return st_.region(name)
+
+    saved, api._stepper = api._stepper, st
+    try:
+        out["region_entry_ns"] = best_ns(region_block, n, rep)
+        out["region_no_op_ns"] = best_ns(noop_block, n, rep)
+    finally:
+        api._stepper = saved
+    out["region_not_attached_ns"] = best_ns(region_block, n, rep)
 
     # The whole cost a step pays, as torch dispatches it: a tiny optimizer's step() with and
     # without profd's global post-hook, interleaved, min of repeats.
@@ -230,14 +283,39 @@ def main() -> None:
     hook_ns = mb["hook_call_ns"][0]
     rows.append(
         B.row(
-            "idle cost/step: optimizer hook + tick (timeit)",
+            "idle cost/step: optimizer hook + tick + ledger clock (timeit)",
             "<= 1 us",
             hook_ns / 1000,
             "us",
             baseline=mb["torchprof_step_ns"][0] / 1000,
             baseline_what="prof.step() waiting",
             met=hook_ns <= 1000,
-            spread=f"Stepper.tick alone {mb['tick_ns'][0]:.0f} ns",
+            spread=f"Stepper.tick alone {mb['tick_ns'][0]:.0f} ns,"
+            f" perf_counter() alone {mb['clock_ns'][0]:.0f} ns",
+        )
+    )
+    rows.append(
+        B.row(
+            "idle cost/step: hook alone, tick without the ledger (timeit)",
+            "(reference)",
+            mb["hook_no_ledger_ns"][0] / 1000,
+            "us",
+            baseline=hook_ns / 1000,
+            baseline_what="with the ledger",
+            met=None,
+            spread=f"count-only tick alone {mb['tick_no_ledger_ns'][0]:.0f} ns",
+        )
+    )
+    rows.append(
+        B.row(
+            "region() entry while idle, timed (timeit)",
+            "(measure)",
+            mb["region_entry_ns"][0] / 1000,
+            "us",
+            baseline=mb["region_no_op_ns"][0] / 1000,
+            baseline_what="the shared no-op before",
+            met=None,
+            spread=f"not attached {mb['region_not_attached_ns'][0]:.0f} ns",
         )
     )
     for key in plan:

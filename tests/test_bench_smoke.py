@@ -98,7 +98,7 @@ def metrics(res: dict[str, Any]) -> list[str]:
 def check_idle(res: dict[str, Any]) -> None:
     d = res["details"]
     assert set(d["plan_rounds_steps"]) == {"1ms", "10ms"}
-    assert len(res["rows"]) == 1 + 2 * len(d["plan_rounds_steps"]), metrics(res)
+    assert len(res["rows"]) == 3 + 2 * len(d["plan_rounds_steps"]), metrics(res)
     for key, (rounds, _steps) in d["plan_rounds_steps"].items():
         assert rounds >= 3, "every rotation of the three variants"
         for v in ("profd", "torchprof"):
@@ -108,6 +108,12 @@ def check_idle(res: dict[str, Any]) -> None:
     for k in (
         "tick_ns",
         "hook_call_ns",
+        "hook_no_ledger_ns",
+        "tick_no_ledger_ns",
+        "clock_ns",
+        "region_entry_ns",
+        "region_no_op_ns",
+        "region_not_attached_ns",
         "opt_step_ns",
         "opt_step_with_hook_ns",
         "torchprof_step_ns",

@@ -2,7 +2,8 @@
 
 A running version-2 client kept sending version-2 heartbeats, which the older daemon refused
 with a ``version`` error; the client ignored that error once welcomed, so it stayed listed as
-incompatible with job "?" and logged nothing. It must step down, once, and be served.
+incompatible with job "?" and logged nothing. It must step down (from the version it speaks
+now, through every older one the daemon refuses), say so once, and be served.
 """
 
 from __future__ import annotations
@@ -44,12 +45,11 @@ def test_a_client_steps_down_when_the_daemon_is_rolled_back(tmp_path: Path) -> N
             ident, frame = daemon.recv_multipart()
             m = msgpack.unpackb(frame, raw=False)
             if not served:
-                # The daemon before the rollback: version 2.
-                if m["t"] == "hello" and m["v"] == 2:
-                    daemon.send_multipart(
-                        [ident, pack({"v": 2, "t": "welcome", **welcome, "protocol": [1, 2]})]
-                    )
-                    served.append(2)
+                # The daemon before the rollback: the client's own version.
+                if m["t"] == "hello" and m["v"] == P.VERSION:
+                    w = {"v": P.VERSION, "t": "welcome", **welcome, "protocol": [1, P.VERSION]}
+                    daemon.send_multipart([ident, pack(w)])
+                    served.append(P.VERSION)
                 continue
             # After it: version 1 only, refusing anything else in the peer's version.
             if m["v"] != 1:
@@ -74,7 +74,7 @@ def test_a_client_steps_down_when_the_daemon_is_rolled_back(tmp_path: Path) -> N
                 assert m["job"] == "rolled", m
                 daemon.send_multipart([ident, pack({"v": 1, "t": "welcome", **welcome})])
                 served.append(1)
-        assert served == [2, 1], (served, refused, job.output())
+        assert served == [P.VERSION, 1], (served, refused, job.output())
         # Served in version 1 now: its heartbeats are version 1 and refused no more.
         beats, until = 0, time.monotonic() + 1.5
         while time.monotonic() < until:

@@ -6,9 +6,10 @@ Two lines in a training script::
     profd_client.attach()
 
 From then on ``profctl start ...`` on the node can capture exactly the requested steps on
-exactly the requested ranks. While nothing is being captured the cost per step is an integer
-increment and a compare. Nothing in this package raises into training code because the
-daemon is absent, slow, restarted or misbehaving.
+exactly the requested ranks. While nothing is being captured the cost per step is one clock
+read into a preallocated ring (the step ledger), an integer increment and a compare. Nothing
+in this package raises into training code because the daemon is absent, slow, restarted or
+misbehaving.
 
 This package imports only the standard library, pyzmq, msgpack and (lazily) torch. It looks
 at ``ray`` only when the process has already imported it.

@@ -21,6 +21,7 @@ from typing import Any
 from . import protocol as P
 from .capture import torch_info
 from .identity import DistInfo, Identity, RayInfo, detect, probe_dist
+from .ledger import Reader
 from .locations import locate_socket, warn_untrusted
 from .steps import ArmedSession, Stepper
 
@@ -78,10 +79,14 @@ class Agent(threading.Thread):
         self._last_step = 0
         self._last_step_t = time.monotonic()
         self._sps = 0.0
+        self._ledger = Reader(stepper)
         #: The protocol version spoken now: ours, or lower once a daemon refused it.
         self.proto = P.VERSION
         self._warned_version = False
         self._warned_step_down = False
+        #: The first version refused since we last connected, and why; said once welcomed,
+        #: naming the version that was (not every version tried on the way down).
+        self._refused: tuple[int, str] | None = None
         self._warned_identity = False
 
     # Called from the training thread (slow path only) and from detach().
@@ -140,7 +145,7 @@ class Agent(threading.Thread):
                 self._last_tx = now
                 return
             if self._welcomed:
-                self._send(P.encode(P.HEARTBEAT, v=self.proto, **self._heartbeat()))
+                self._send(self._heartbeat_frame())
             else:
                 self._send(self._hello())
             self._last_tx = now
@@ -170,6 +175,7 @@ class Agent(threading.Thread):
         self._welcomed = False
         self.connected.clear()
         self.proto = P.VERSION  # a new daemon may speak ours
+        self._refused = None
         self._last_tx = 0.0  # say hello at once
 
     def _send(self, frame: bytes) -> bool:
@@ -184,6 +190,8 @@ class Agent(threading.Thread):
     def _hello(self) -> bytes:
         i = self.who
         tv, dev = torch_info()
+        # Whoever reads this hello learns of us now: the next ledger covers what follows.
+        self._ledger.restart()
         return P.encode(
             P.HELLO,
             v=self.proto,
@@ -251,7 +259,32 @@ class Agent(threading.Thread):
         if dt >= 0.5:
             self._sps = max(0.0, (step - self._last_step) / dt)
             self._last_step, self._last_step_t = step, now
-        return {"step": step, "sps": round(self._sps, 3), "state": self.stepper.state()}
+        hb: dict[str, Any] = {
+            "step": step,
+            "sps": round(self._sps, 3),
+            "state": self.stepper.state(),
+        }
+        if self.proto >= 3:  # a version-2 daemon never sees a ledger
+            try:
+                ledger = self._ledger.take()
+            except Exception as exc:  # never let the ledger cost the heartbeat
+                log.debug("profd_client: ledger not read: %r", exc)
+                ledger = None
+            if ledger is not None:
+                hb["ledger"] = ledger
+        return hb
+
+    def _heartbeat_frame(self) -> bytes:
+        hb = self._heartbeat()
+        try:
+            return P.encode(P.HEARTBEAT, v=self.proto, **hb)
+        except P.ProtocolError as exc:
+            # A ledger this side got wrong (a bug) must not cost the heartbeat: the daemon
+            # would drop this process.
+            if hb.pop("ledger", None) is None:
+                raise
+            log.debug("profd_client: ledger not sent: %s", exc)
+            return P.encode(P.HEARTBEAT, v=self.proto, **hb)
 
     def _handle(self, frame: bytes) -> None:
         try:
@@ -266,6 +299,16 @@ class Agent(threading.Thread):
             self.hb_interval = max(0.05, float(msg["hb_interval"]))
             self._welcomed = True
             self.connected.set()
+            refused, self._refused = self._refused, None
+            if refused is not None and self.proto < refused[0] and not self._warned_step_down:
+                log.warning(
+                    "profd_client: the profd daemon refused protocol version %d (%s);"
+                    " stepped down to version %d",
+                    refused[0],
+                    refused[1],
+                    self.proto,
+                )
+                self._warned_step_down = True
             for m in list(self._unacked.values()):
                 self._send_report(m)
         elif t == P.ARM:
@@ -292,17 +335,10 @@ class Agent(threading.Thread):
 
     def _version_refused(self, why: str) -> None:
         """The daemon does not speak our version: try the older ones we still speak."""
+        if self._refused is None:
+            self._refused = (self.proto, why)
         if self.proto > P.MIN_VERSION:
             self.proto -= 1
-            if not self._warned_step_down:
-                log.warning(
-                    "profd_client: the profd daemon refused protocol version %d (%s);"
-                    " stepping down to version %d",
-                    self.proto + 1,
-                    why,
-                    self.proto,
-                )
-                self._warned_step_down = True
             self._send(self._hello())
             return
         if not self._warned_version:
@@ -386,7 +422,7 @@ class Agent(threading.Thread):
             # The state ``ps`` shows is the last heartbeat's: right behind the reports, it
             # reads ``idle`` before their session can end, never the ``armed`` of a beat
             # sent before the capture.
-            self._send(P.encode(P.HEARTBEAT, v=self.proto, **self._heartbeat()))
+            self._send(self._heartbeat_frame())
             self._last_tx = time.monotonic()
 
     def _send_report(self, m: dict[str, Any]) -> None:

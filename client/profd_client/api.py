@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import atexit
-import contextlib
 import logging
 import os
 import sys
@@ -17,7 +16,7 @@ from .agent import Agent, Explicit
 from .identity import Identity, detect, probe_dist, probe_ray
 from .locations import find_socket, locate_socket
 from .ranks import RankSpecError, parse_ranks
-from .steps import Stepper
+from .steps import NULL_REGION, Stepper
 
 __all__ = ["attach", "current_step", "detach", "identity", "is_attached", "region", "step"]
 
@@ -27,7 +26,7 @@ _stepper: Stepper | None = None
 _agent: Agent | None = None
 _identity: Identity | None = None
 _hook: Any = None
-_NULL: AbstractContextManager[None] = contextlib.nullcontext()
+_NULL: AbstractContextManager[None] = NULL_REGION
 
 
 def attach(
@@ -188,13 +187,27 @@ def step(n: int | None = None) -> None:
 def region(name: str) -> AbstractContextManager[None]:
     """Mark a phase (``with profd_client.region("rollout"):``).
 
-    While a capture is running the block becomes a ``record_function`` range (and an NVTX
-    range where CUDA exists); a session started with ``--region NAME`` records one trace per
-    entry into the region. Otherwise this returns a shared no-op context manager.
+    Every block is timed, captured or not: the time spent inside each name and how often
+    it was entered go to the daemon with the step ledger (``profctl top``'s region shares,
+    ``profd_region_seconds_total``). Nested entries of the same name count once. The first
+    ``MAX_LEDGER_REGIONS`` (32) distinct names are timed; later names, and names that are not
+    1..200-character strings, are not. While idle this returns the name's reusable timer
+    (two clock reads, no allocation beyond them).
+
+    While a capture is running the block also becomes a ``record_function`` range (and an
+    NVTX range where CUDA exists); a session started with ``--region NAME`` records one trace
+    per entry into the region. Without ``attach()`` this returns a shared no-op context
+    manager.
     """
     st = _stepper
-    if st is None or st.live is None:
+    if st is None:
         return _NULL
+    if st.live is None:
+        try:
+            t = st.regions.get(name)
+        except TypeError:  # unhashable: st.timer() says no to it
+            return _NULL
+        return t if t is not None else st.timer(name)
     return st.region(name)
 
 

@@ -1,10 +1,21 @@
-"""The training-thread side of the client: the step counter and the armed sessions.
+"""The training-thread side of the client: the step counter, the step ledger's clock readings,
+region timers and the armed sessions.
 
-The hot path (:meth:`Stepper.tick`) is an integer increment and one compare. Everything else
-runs in :meth:`Stepper._boundary`, entered only when ``count`` reaches ``next_event``; the
-agent thread forces that by posting a command and setting ``next_event = 0``. The training
-thread owns ``count``, the armed sessions and the live capture; the agent thread only reads
-``count`` (an atomic read under the GIL) and talks to it through two deques.
+The hot path (:meth:`Stepper.tick`) is one clock read stored in a preallocated ring, an integer
+increment and one compare. Everything else runs in :meth:`Stepper._boundary`, entered only
+when ``count`` reaches ``next_event``; the agent thread forces that by posting a command and
+setting ``next_event = 0``. The training thread owns ``count``, the ring, the region timers,
+the armed sessions and the live capture; the agent thread only reads them (``count`` is an
+atomic read under the GIL) and talks to it through two deques.
+
+The step ledger: ``_ring[k & _MASK]`` holds the :func:`time.perf_counter` reading at the end of
+step ``k`` (``_ring[0]``: attach time, so step 1 has a duration). A slot is written before
+``count`` says its step is done, so a reader that sees ``count == k`` finds step ``k``'s slot
+written; the agent thread reads ``count`` again after copying slots to tell which of them the
+training thread may have overwritten meanwhile (``profd_client.ledger``). ``step(n)`` that is
+not ``count + 1`` is a jump: ``epoch`` moves on and no step is timed across it. ``region()``
+times every entry into each of the first :data:`~.protocol.MAX_LEDGER_REGIONS` names it sees
+(:class:`RegionTimer`), captured or not.
 
 Every report to the daemon carries an ``id`` and stays in the agent's outbox until the
 daemon acks it, so a capture that ends while the daemon is down is delivered later.
@@ -17,11 +28,14 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import TracebackType
+from typing import Any, Final
 
 from . import protocol as P
 from .capture import CaptureResult, TorchCapture, torch_info
@@ -29,6 +43,61 @@ from .nsysrange import NsysRange
 
 NEVER = 1 << 62
 _ids = itertools.count(1)
+#: Ring index of a step: ``k & _MASK`` (LEDGER_RING is a power of two).
+_MASK: Final = P.LEDGER_RING - 1
+assert P.LEDGER_RING & _MASK == 0
+#: A ledger's ``epoch`` is at most 2**31: it wraps.
+_EPOCH_MASK: Final = (1 << 31) - 1
+#: What ``region()`` returns for a block it does not time (not attached, a name it cannot
+#: send, or one name too many).
+NULL_REGION: AbstractContextManager[None] = contextlib.nullcontext()
+
+
+class RegionTimer:
+    """Wall time spent inside one region name: ``seconds`` and ``entries`` (outermost entries;
+    a nested entry of the same name adds neither). Reused for every entry, so entering costs
+    no allocation beyond the clock's float.
+
+    The open entries are a stack of start times: ``list.append``/``pop`` are atomic under the
+    GIL, so entries from several threads can make the time the span during which any of them
+    was open, but never leave the timer stuck open (as a depth counter's lost update could).
+    Time is added when the outermost entry exits.
+    """
+
+    __slots__ = ("_clock", "_open", "entries", "name", "seconds")
+
+    def __init__(self, name: str, clock: Callable[[], float]) -> None:
+        self.name = name
+        self.seconds = 0.0
+        self.entries = 0
+        self._open: list[float] = []
+        self._clock = clock
+
+    def __enter__(self) -> None:
+        self._open.append(self._clock())
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        opened = self._open
+        t0 = opened.pop()
+        if not opened:
+            self.seconds += self._clock() - t0
+            self.entries += 1
+
+
+def _sendable(name: object) -> bool:
+    """A region name a ledger can carry (``RegionTimes``), checked once per name."""
+    if type(name) is not str or not 1 <= len(name) <= P.MAX_NAME:
+        return False
+    try:
+        name.encode()  # a lone surrogate would make msgpack refuse the whole heartbeat
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 @dataclass
@@ -72,9 +141,28 @@ class Live:
 
 
 class Stepper:
-    __slots__ = ("_armed", "_notify", "count", "inbox", "live", "next_event", "outbox", "stem")
+    __slots__ = (
+        "_armed",
+        "_clock",
+        "_notify",
+        "_ring",
+        "base",
+        "count",
+        "epoch",
+        "inbox",
+        "live",
+        "next_event",
+        "outbox",
+        "regions",
+        "stem",
+    )
 
-    def __init__(self, stem: str, notify: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        stem: str,
+        notify: Callable[[], None],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.count = 0  # steps completed; the step running now is count + 1
         self.next_event = NEVER
         self.inbox: deque[tuple[str, Any]] = deque()  # from the agent thread
@@ -83,21 +171,45 @@ class Stepper:
         self.stem = stem  # "{role}-r{rank}"
         self._notify = notify
         self._armed: list[ArmedSession] = []
+        # The ledger (see the module docstring). Bound here so tick() reads two attributes
+        # and allocates nothing but the clock's float.
+        self._clock = clock
+        self._ring = [0.0] * P.LEDGER_RING
+        t = clock()
+        self._ring[0] = t
+        self.epoch = 0
+        #: ``(epoch, step, time)`` of the last jump (attach: step 0), replaced in one store so
+        #: the agent reads it whole; None while a jump is being made.
+        self.base: tuple[int, int, float] | None = (0, 0, t)
+        #: Region name -> its timer; the agent thread reads it (``list(values())``).
+        self.regions: dict[str, RegionTimer] = {}
 
     # --- hot path ----------------------------------------------------------------------------
     def tick(self) -> None:
-        self.count += 1
-        if self.count >= self.next_event:
+        n = self.count + 1
+        self._ring[n & _MASK] = self._clock()  # before count: see the module docstring
+        self.count = n
+        if n >= self.next_event:
             self._boundary()
 
     def set_step(self, n: int) -> None:
         """Resumed runs: ``n`` steps are done, the next one is ``n + 1``."""
         if n == self.count:
             return  # no step ended: a capture must not count one
-        live = self.live
-        if live is not None and n != self.count + 1:
-            self._cut(live, n)
-        self.count = n
+        if n == self.count + 1:
+            # step(i) called every step with the loop's own counter: a step ended, timed.
+            self._ring[n & _MASK] = self._clock()
+            self.count = n
+        else:
+            live = self.live
+            if live is not None:
+                self._cut(live, n)
+            self.base = None  # the agent skips a ledger it read while this is None
+            t = self._clock()
+            self._ring[n & _MASK] = t
+            self.count = n
+            self.epoch = (self.epoch + 1) & _EPOCH_MASK
+            self.base = (self.epoch, n, t)
         self._boundary()
 
     def boundary_now(self) -> None:
@@ -295,9 +407,31 @@ class Stepper:
             self._progress(armed, "done", None)
 
     # --- regions --------------------------------------------------------------------------------
+    def timer(self, name: str) -> AbstractContextManager[None]:
+        """The timer of region ``name``, made on its first entry; :data:`NULL_REGION` for a
+        name a ledger cannot carry or beyond the first ``MAX_LEDGER_REGIONS`` names (the
+        first seen keep their timers: names are not evicted, so totals only ever grow)."""
+        regions = self.regions
+        try:
+            t = regions.get(name)
+        except TypeError:  # unhashable: not a name
+            return NULL_REGION
+        if t is not None:
+            return t
+        if len(regions) >= P.MAX_LEDGER_REGIONS or not _sendable(name):
+            return NULL_REGION
+        t = regions[name] = RegionTimer(name, self._clock)
+        return t
+
     @contextlib.contextmanager
     def region(self, name: str) -> Iterator[None]:
-        """Only entered while a capture or a region window is live (see ``region()``)."""
+        """Only entered while a capture or a region window is live (see ``region()``); the
+        block is timed as when idle, inside the profiler's start and stop."""
+        with self._live_region(name), self.timer(name):
+            yield
+
+    @contextlib.contextmanager
+    def _live_region(self, name: str) -> Iterator[None]:
         live = self.live
         if live is not None and live.armed.region == name and live.capture is None:
             with self._region_capture(live, name):

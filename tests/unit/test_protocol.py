@@ -244,7 +244,7 @@ def test_a_refused_frame_carries_its_answer_in_the_peers_version() -> None:
     assert exc.value.code == "version" and exc.value.raw == raw and exc.value.reply_v == 99
     answer = msgpack.unpackb(exc.value.reply())
     assert answer["v"] == 99 and answer["t"] == P.ERROR and answer["code"] == "version"
-    assert "1..2" in answer["msg"]
+    assert f"{P.MIN_VERSION}..{P.VERSION}" in answer["msg"]
     # A version-1 peer's bad field is answered in version 1, naming the field.
     with pytest.raises(P.ProtocolError) as exc:
         P.decode(_hello(v=1, rank=-1), P.AGENT_INBOUND)
@@ -311,8 +311,14 @@ def test_a_reply_that_breaks_its_schema_does_not_leave(over: dict[str, Any], fie
 
 def test_replies_without_a_schema_are_any_map() -> None:
     assert set(P.REPLIES) == {
-        P.C_STATUS, P.C_PS, P.C_TRACES, P.C_SHOW, P.C_SESSIONS, P.C_TOP, P.C_HISTORY
-    }  # fmt: skip
+        P.C_STATUS,
+        P.C_PS,
+        P.C_TRACES,
+        P.C_SHOW,
+        P.C_SESSIONS,
+        P.C_TOP,
+        P.C_HISTORY,
+    }
     frame = P.reply({"v": P.VERSION, "t": P.C_RETRY}, {"requeued": 3})
     assert P.decode(frame, P.REPLY_INBOUND)["data"] == {"requeued": 3}
 

@@ -644,6 +644,19 @@ def test_region_window_captures_each_entry(run: Run, torch: TorchDouble) -> None
     assert len(torch.profiles) == 3
 
 
+def test_regions_are_timed_whether_captured_or_not(run: Run, torch: TorchDouble) -> None:
+    run.arm(run.armed("s1", (2, 2, 3), region="gen"))
+    with run.st.timer("gen"):  # idle (what region() returns then)
+        pass
+    run.until(1)
+    # Captured: one trace, and timed as well; the nested entry adds neither.
+    with run.st.region("gen"), run.st.region("gen"):
+        pass
+    run.ticks(1)
+    assert len(torch.profiles) == 1 and run.st.live is None
+    assert run.st.regions["gen"].entries == 2
+
+
 def test_region_window_closes_after_its_last_step(run: Run, torch: TorchDouble) -> None:
     run.arm(run.armed("s1", (2, 2, 3), region="gen"))
     run.until(1)
