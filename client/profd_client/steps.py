@@ -9,7 +9,9 @@ the armed sessions and the live capture; the agent thread only reads them (``cou
 atomic read under the GIL) and talks to it through two deques.
 
 The step ledger: ``_ring[k & _MASK]`` holds the :func:`time.perf_counter` reading at the end of
-step ``k`` (``_ring[0]``: attach time, so step 1 has a duration). A slot is written before
+step ``k``. Step 1 is not timed: from ``attach()`` to its end the process may load data,
+build the model or wait for its peers, which is no step time; the first boundary moves the
+ledger's base to step 1's end as a jump would. A slot is written before
 ``count`` says its step is done, so a reader that sees ``count == k`` finds step ``k``'s slot
 written; the agent thread reads ``count`` again after copying slots to tell which of them the
 training thread may have overwritten meanwhile (``profd_client.ledger``). ``step(n)`` that is
@@ -146,6 +148,7 @@ class Stepper:
         "_clock",
         "_notify",
         "_ring",
+        "_untimed_first",
         "base",
         "count",
         "epoch",
@@ -183,6 +186,8 @@ class Stepper:
         self.base: tuple[int, int, float] | None = (0, 0, t)
         #: Region name -> its timer; the agent thread reads it (``list(values())``).
         self.regions: dict[str, RegionTimer] = {}
+        #: Until the first step ends: then the ledger starts from its end (see the docstring).
+        self._untimed_first = True
 
     # --- hot path ----------------------------------------------------------------------------
     def tick(self) -> None:
@@ -204,13 +209,19 @@ class Stepper:
             live = self.live
             if live is not None:
                 self._cut(live, n)
-            self.base = None  # the agent skips a ledger it read while this is None
             t = self._clock()
             self._ring[n & _MASK] = t
             self.count = n
-            self.epoch = (self.epoch + 1) & _EPOCH_MASK
-            self.base = (self.epoch, n, t)
+            self._rebase(t)
         self._boundary()
+
+    def _rebase(self, t: float) -> None:
+        """Time only the steps after step ``count``, which ended at ``t`` (a jump, or the
+        untimed first step): a new epoch tells the agent's reader to start from here."""
+        self._untimed_first = False
+        self.base = None  # the agent skips a ledger it read while this is None
+        self.epoch = (self.epoch + 1) & _EPOCH_MASK
+        self.base = (self.epoch, self.count, t)
 
     def boundary_now(self) -> None:
         """Apply what the agent posted at once (attach(): the boundary before step 1)."""
@@ -236,6 +247,8 @@ class Stepper:
 
     # --- boundary (training thread) -----------------------------------------------------------
     def _boundary(self) -> None:
+        if self._untimed_first and self.count >= 1:
+            self._rebase(self._ring[self.count & _MASK])
         try:
             self._drain_inbox()
             self._advance()
@@ -254,6 +267,8 @@ class Stepper:
             nxt = live.stop - 1  # region window: close it when its last step completes
         else:
             nxt = min((p.pending_start() for p in self._armed), default=NEVER) - 1
+        if self._untimed_first:
+            nxt = min(nxt, 1)  # the first step's end starts the ledger (slow path, once)
         self.next_event = nxt
         # Close the race with post(): an item appended after the drain must not wait.
         if self.inbox:

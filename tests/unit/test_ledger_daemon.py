@@ -110,17 +110,19 @@ def test_memory_is_bounded_by_the_per_rank_budget() -> None:
     assert len(r.window_regions) <= 61
 
 
-def test_a_step_jump_is_not_timed_and_a_new_identity_starts_a_new_ledger() -> None:
+def test_a_step_jump_counts_only_steps_run_and_a_new_identity_starts_a_new_ledger() -> None:
     clock = Clock(1_800_000_000.0)
     led = Ledgers(clock)
     c = client()
     led.heartbeat(c, 10, ledger([0.1] * 10, 10), 1.0)
-    led.heartbeat(c, 5000, ledger([0.1], 5000, epoch=1), 2.0)  # step(5000) in between
-    assert led.series([c])[0].steps == 10
+    # step(4999) in between: the client times the step after the jump, and the 4,989 steps
+    # jumped over are none it ran.
+    led.heartbeat(c, 5000, ledger([0.1], 5000, epoch=1), 2.0)
+    assert led.series([c])[0].steps == 11
     c.rank = 3  # re-registered as another rank
     led.heartbeat(c, 5010, ledger([0.1] * 10, 5010, epoch=1), 3.0)
     (first,) = led.take_minutes()
-    assert first.rank == 0 and first.steps == 10
+    assert first.rank == 0 and first.steps == 11
     assert led.series([c])[0].steps == 10
 
 

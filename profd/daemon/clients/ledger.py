@@ -205,12 +205,10 @@ class Ledgers:
                     led.steps_total += step - led.last_step
                 led.last_step = step
             return
-        epoch = ledger.get("epoch", 0)
-        if led.epoch is not None and epoch != led.epoch:
-            led.epoch = epoch  # the process set its step count: nothing to time across it
-            led.last_step = ledger["at"]
-            return
-        led.epoch = epoch
+        # A new epoch: the process set its step count (or began timing after its untimed
+        # first step). The client times only the steps after the jump, so the ledger counts
+        # as it is; the steps jumped over are not steps it ran.
+        led.epoch = ledger.get("epoch", 0)
         led.last_step = ledger["at"]
         n = ledger["n"]
         led.steps_total += n
