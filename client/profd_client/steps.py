@@ -167,7 +167,7 @@ class Stepper:
         clock: Callable[[], float] = time.perf_counter,
     ) -> None:
         self.count = 0  # steps completed; the step running now is count + 1
-        self.next_event = NEVER
+        self.next_event = 1  # the first step's end starts the ledger (see _rebase)
         self.inbox: deque[tuple[str, Any]] = deque()  # from the agent thread
         self.outbox: deque[dict[str, Any]] = deque()  # to the agent thread
         self.live: Live | None = None

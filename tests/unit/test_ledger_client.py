@@ -125,28 +125,30 @@ def test_a_heartbeat_stays_within_16_kib_at_any_rate_and_region_count() -> None:
             clock.now += 1.0
     steps(st, clock, 100_000, 1e-4)
     lg = rd.take()
-    assert lg is not None and lg["n"] == 100_000 and lg["r"]
+    assert lg is not None and lg["n"] == 100_000 - 1 and lg["r"]  # step 1 is not timed
     frame = P.encode(P.HEARTBEAT, step=st.count, sps=1e4, state="idle", ledger=lg)
     assert len(frame) <= 16 * 1024, len(frame)
 
 
 # --- reading the ring ------------------------------------------------------------------------
-def test_each_step_is_timed_from_attach_on() -> None:
+def test_every_step_after_the_first_is_timed() -> None:
     st, clock = stepper()
     rd = Reader(st)
-    steps(st, clock, 3, 0.020)
+    clock.now += 30.0  # from attach() to step 1's end: loading, building: no step time
+    steps(st, clock, 4, 0.020)
     clock.now += 0.5  # between heartbeats, no step ends: nothing is counted for it
     lg = valid(rd.take() or {})
-    assert lg["n"] == 3 and lg["at"] == 3 and lg["epoch"] == 0
+    # Step 1's end began epoch 1: steps 2..4 are timed.
+    assert lg["n"] == 3 and lg["at"] == 4 and lg["epoch"] == 1
     assert lg["q"] == pytest.approx([0.020] * 4) and lg["sum"] == pytest.approx(0.060)
     assert lg["b"][P.STEP_BUCKETS.index(0.025)] == 3
     steps(st, clock, 2, 0.010)
     lg = valid(rd.take() or {})
     # The first step after the gap took the gap too: it ended 0.51 s after the one before.
-    assert lg["n"] == 2 and lg["at"] == 5 and lg["q"] == pytest.approx([0.01, 0.51, 0.51, 0.51])
+    assert lg["n"] == 2 and lg["at"] == 6 and lg["q"] == pytest.approx([0.01, 0.51, 0.51, 0.51])
     assert lg["sum"] == pytest.approx(0.52)
     lg = valid(rd.take() or {})
-    assert lg["n"] == 0 and lg["at"] == 5 and lg["sum"] == 0.0
+    assert lg["n"] == 0 and lg["at"] == 6 and lg["sum"] == 0.0
 
 
 def test_more_steps_than_the_ring_holds_between_heartbeats() -> None:
@@ -155,8 +157,8 @@ def test_more_steps_than_the_ring_holds_between_heartbeats() -> None:
     steps(st, clock, 6000, 0.001)
     steps(st, clock, 6000, 0.003)
     lg = valid(rd.take() or {})
-    assert lg["n"] == 12_000 and lg["at"] == 12_000
-    assert lg["sum"] == pytest.approx(6.0 + 18.0)  # every step, from the last one shipped
+    assert lg["n"] == 12_000 - 1 and lg["at"] == 12_000  # all but the untimed step 1
+    assert lg["sum"] == pytest.approx(6.0 - 0.001 + 18.0)  # every step, from the last shipped
     # The statistics cover the steps still in the ring: the last ones, all 3 ms.
     assert P.LEDGER_RING - 2 <= sum(lg["b"]) <= P.LEDGER_RING
     assert lg["q"] == pytest.approx([0.003] * 4)
@@ -176,8 +178,8 @@ def test_slots_the_training_thread_overwrote_while_read_are_dropped() -> None:
     rd = Racing(st)
     steps(st, clock, 100, 0.001)
     lg = valid(rd.take() or {})
-    assert lg["n"] == 100 and lg["at"] == 100 and lg["sum"] == pytest.approx(0.1)
-    assert 0 < sum(lg["b"]) < 100  # only the slots no step of the race can have written
+    assert lg["n"] == 99 and lg["at"] == 100 and lg["sum"] == pytest.approx(0.099)
+    assert 0 < sum(lg["b"]) < 99  # only the slots no step of the race can have written
     assert lg["q"] == pytest.approx([0.001] * 4)  # none of the 5 ms slots
     lg = valid(rd.take() or {})
     assert lg["n"] == 4090 and lg["q"] == pytest.approx([0.005] * 4)
@@ -192,17 +194,17 @@ def test_a_jump_starts_a_new_epoch_timed_from_the_jump() -> None:
     steps(st, clock, 4, 0.030)
     lg = valid(rd.take() or {})
     # The 5 steps before the jump are not shipped and the 7 s around it are no step's.
-    assert lg["epoch"] == 1 and lg["at"] == 1004 and lg["n"] == 4
+    assert lg["epoch"] == 2 and lg["at"] == 1004 and lg["n"] == 4
     assert lg["q"] == pytest.approx([0.030] * 4) and lg["sum"] == pytest.approx(0.12)
     st.set_step(1005)  # the loop's own counter, one step on: a step, not a jump
     clock.now += 0.040
     st.set_step(1006)
     lg = valid(rd.take() or {})
-    assert lg["epoch"] == 1 and lg["n"] == 2 and lg["q"][-1] == pytest.approx(0.040)
+    assert lg["epoch"] == 2 and lg["n"] == 2 and lg["q"][-1] == pytest.approx(0.040)
     st.set_step(3)  # backwards too
     steps(st, clock, 1, 0.050)
     lg = valid(rd.take() or {})
-    assert lg["epoch"] == 2 and lg["at"] == 4 and lg["n"] == 1
+    assert lg["epoch"] == 3 and lg["at"] == 4 and lg["n"] == 1
     assert lg["q"] == pytest.approx([0.050] * 4)
 
 
@@ -220,7 +222,7 @@ def test_a_jump_while_the_agent_reads_waits_for_the_next_heartbeat() -> None:
     assert rd.take() is None
     steps(st, clock, 3, 0.020)
     lg = valid(rd.take() or {})
-    assert lg["epoch"] == 1 and lg["at"] == 503 and lg["n"] == 3
+    assert lg["epoch"] == 2 and lg["at"] == 503 and lg["n"] == 3
     assert lg["q"] == pytest.approx([0.020] * 4)
 
 
@@ -250,6 +252,7 @@ def api_region(st: Stepper, name: Any) -> Any:
 
 def test_region_time_and_entries_per_heartbeat() -> None:
     st, clock = stepper()
+    st.tick()  # step 1: not timed
     rd = Reader(st)
     for _ in range(3):
         with api_region(st, "fwd"):

@@ -253,22 +253,24 @@ def test_idle_ticks_only_count() -> None:
     for _ in range(10_000):
         st.tick()
     assert st.count == 10_000
-    assert st.boundaries == 0  # the idle hot path never leaves tick()
-    assert st.next_event == NEVER  # never yet: no boundary has run
+    # The first step's end starts the step ledger (one boundary); after it the idle hot path
+    # never leaves tick().
+    assert st.boundaries == 1
+    assert st.next_event == IDLE
     assert not st.outbox and st.live is None
     assert st.state() == "idle" and st.busy_sessions() == []
 
 
 def test_a_post_is_applied_at_the_next_tick_only() -> None:
     st = CountingStepper()
-    st.tick()
+    st.tick()  # step 1's end: the ledger's start
     st.post("disarm", ("nothing", True))
-    assert st.next_event == 0 and st.boundaries == 0  # the agent thread does no work
+    assert st.next_event == 0 and st.boundaries == 1  # the agent thread does no work
     st.tick()
-    assert st.boundaries == 1 and not st.inbox
+    assert st.boundaries == 2 and not st.inbox
     assert st.next_event == IDLE  # idle again
     st.tick()
-    assert st.boundaries == 1
+    assert st.boundaries == 2
 
 
 def test_no_torch_is_imported_while_idle(run: Run, torch: TorchDouble) -> None:

@@ -212,6 +212,17 @@ class Ledgers:
         led.last_step = ledger["at"]
         n = ledger["n"]
         led.steps_total += n
+        m = led.minute
+        unix = self._unix()
+        if _minute_of(unix) != m.start:
+            self._close(led, unix)
+            m = led.minute
+        # Region time counts also in a heartbeat no step ended in (steps longer than the
+        # heartbeat interval): the step that ends later carries the rest of its time.
+        regions = {str(name): float(sec) for name, sec, _ in ledger.get("r", ())}
+        for name, sec in regions.items():
+            led.region_total[name] = led.region_total.get(name, 0.0) + sec
+            m.regions[name] = m.regions.get(name, 0.0) + sec
         if n <= 0:
             return
         led.timed = True
@@ -224,22 +235,12 @@ class Ledgers:
         # The histogram's sum covers the steps its buckets count (a sample above the ring).
         counted = sum(b)
         led.sum_total += total if counted >= n else total * counted / n
-        regions = {str(name): float(sec) for name, sec, _ in ledger.get("r", ())}
-        for name, sec in regions.items():
-            led.region_total[name] = led.region_total.get(name, 0.0) + sec
-        self._interval(led, now, n, total, q, regions)
-        m = led.minute
-        unix = self._unix()
-        if _minute_of(unix) != m.start:
-            self._close(led, unix)
-            m = led.minute
+        self._interval(led, now, n, total, q)
         m.steps += n
         m.sum_s += total
         m.p50s.append((q[0], n))
         m.p90s.append((q[1], n))
         m.max_s = max(m.max_s, q[3])
-        for name, sec in regions.items():
-            m.regions[name] = m.regions.get(name, 0.0) + sec
 
     def _interval(
         self,
@@ -248,7 +249,6 @@ class Ledgers:
         n: int,
         total: float,
         q: list[float],
-        regions: dict[str, float],
     ) -> None:
         base = led.head * _W
         led.ring[base : base + _W] = array("d", (now, n, total, q[0], q[1], q[2], q[3]))
@@ -257,9 +257,10 @@ class Ledgers:
         wr = led.window_regions
         led.window_cum += total
         # ``region_total`` already holds this interval's regions (the caller added them). The
-        # copies are never changed, so an interval without regions shares the one before.
+        # copies are never changed, so an interval without new region time shares the one
+        # before (most heartbeats of a process without regions: one comparison of {}).
         before = wr[-1][2] if wr else led.window_base[2]
-        totals = dict(led.region_total) if regions else before
+        totals = before if before == led.region_total else dict(led.region_total)
         p50, p99 = float(q[0]), float(q[2])
         wr.append((now, led.window_cum, totals, p50, p99))
         p50s, p99s = led.window_p50, led.window_p99
