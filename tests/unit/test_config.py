@@ -500,7 +500,7 @@ def test_metrics_listen(tmp_path: Path, listen: str, host: str, port: int) -> No
         ('[metrics]\nlisten = "[]:7718"\n', "metrics.listen: must look like HOST:PORT"),
         ('[metrics]\nlisten = "http://h:1"\n', "metrics.listen: must look like HOST:PORT"),
         ("[metrics]\nlisten = 7718\n", "metrics.listen: must be a string"),
-        ('[metrics]\nport = 7718\n', "[metrics]: unknown keys ['port']"),
+        ("[metrics]\nport = 7718\n", "[metrics]: unknown keys ['port']"),
         ('metrics = "127.0.0.1:1"\n', "[metrics] must be a table"),
     ],
 )
