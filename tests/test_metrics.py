@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from profd.daemon.metrics import FAMILIES, INCIDENT_KINDS, MetricsServer, render
 from profd.states import LIVE
+from profd.store.index import Index
 from profd.watch.snapshot import RankSeries, Snapshot
 
 CONFIG = '[metrics]\nlisten = "127.0.0.1:0"\n'
@@ -269,3 +270,34 @@ def test_a_daemon_refuses_to_start_on_a_taken_port(daemon_factory: Callable[...,
 
 def test_status_says_null_without_metrics(daemon: Daemon) -> None:
     assert daemon.ctl_json("status")["metrics"] is None
+
+
+def test_upload_queue_bytes_is_what_status_counts(tmp_path: Path) -> None:
+    """The loop's cheap query for ``profd_upload_queue_bytes`` agrees with ``status``'."""
+    idx = Index(tmp_path / "index.db")
+    try:
+
+        def add(name: str, size: int, state: str) -> None:
+            idx.add_file(
+                {"session": "s", "job": "j", "kind": "trace", "path": f"/spool/{name}",
+                 "rel": name, "bytes": size, "upload_state": state}
+            )  # fmt: skip
+
+        assert idx.queue_bytes() == 0 == idx.queue_stats()["bytes_pending"]
+        for i, state in enumerate(("pending", "pending", "local", "pending", "pending")):
+            add(f"f{i}", 10**i, state)
+        assert idx.queue_bytes() == 1 + 10 + 1000 + 10000
+        first = idx.claim_upload(time.time())  # uploading: still queued
+        assert first is not None
+        second = idx.claim_upload(time.time())
+        assert second is not None
+        idx.upload_done(second["id"], "s3://b/f1")  # uploaded: no longer
+        third = idx.claim_upload(time.time())
+        assert third is not None
+        idx.upload_retry(third["id"], "boom", 0, give_up=True)  # failed: still queued
+        last = idx.claim_upload(time.time())
+        assert last is not None
+        idx.mark_deleted(last["id"])  # deleted: gone
+        assert idx.queue_bytes() == idx.queue_stats()["bytes_pending"] == 1 + 1000
+    finally:
+        idx.close()

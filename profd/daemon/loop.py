@@ -61,8 +61,8 @@ if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
 log = logging.getLogger("profd")
 
 BATCH = 512
-#: Seconds between two reads of the upload queue's size for ``/metrics``: a scan of the
-#: index's files, too much for every tick.
+#: Seconds between two reads of the upload queue's size for ``/metrics``: a query of the
+#: queued files (~2 ms for 1,000 of them), too much for every tick.
 QUEUE_BYTES_EVERY = 10.0
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
@@ -370,7 +370,7 @@ class Daemon:
             return
         wall = time.time()
         if wall >= self._queue_bytes_due:
-            self._queue_bytes = self.index.queue_stats()["bytes_pending"]
+            self._queue_bytes = self.index.queue_bytes()
             self._queue_bytes_due = wall + QUEUE_BYTES_EVERY
         by_state = dict.fromkeys(LIVE, 0)
         for s in self.sessions.live():
