@@ -370,8 +370,11 @@ class Daemon:
             return
         wall = time.time()
         if wall >= self._queue_bytes_due:
-            self._queue_bytes = self.index.queue_bytes()
             self._queue_bytes_due = wall + QUEUE_BYTES_EVERY
+            try:
+                self._queue_bytes = self.index.queue_bytes()
+            except sqlite3.Error as exc:  # the page goes on, with the last size read
+                log.warning("metrics: cannot read the upload queue's size: %s", exc)
         by_state = dict.fromkeys(LIVE, 0)
         for s in self.sessions.live():
             by_state[s.state] = by_state.get(s.state, 0) + 1
