@@ -18,7 +18,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
 
-ORDER = ("idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "pipeline")
+ORDER = ("idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "pipeline",
+         "metrics")  # fmt: skip
 
 
 def main() -> int:

@@ -124,6 +124,56 @@ def _cluster(table: Mapping[str, Any]) -> ClusterConfig:
     return ClusterConfig(**kw)
 
 
+#: The TCP port of ``[metrics] listen`` in the shipped deployment files.
+DEFAULT_METRICS_PORT = 7718
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """``[metrics]``: Prometheus' ``/metrics`` over HTTP; off unless ``listen`` is set."""
+
+    listen: str | None = None  # "HOST:PORT" as written
+    host: str = ""
+    port: int = 0  # 0: a port the kernel picks (status shows the one bound)
+
+
+def _metrics(table: Mapping[str, Any], env: Mapping[str, str]) -> MetricsConfig:
+    unknown = set(table) - {"listen"}
+    if unknown:
+        raise ConfigError(f"[metrics]: unknown keys {sorted(unknown)}")
+    listen = env.get("PROFD_METRICS_LISTEN") or _opt_str(table.get("listen"), "metrics.listen")
+    if not listen:
+        return MetricsConfig()
+    host, port = parse_listen(listen)
+    return MetricsConfig(listen=listen, host=host, port=port)
+
+
+def parse_listen(text: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for an IPv6 address) as (host, port)."""
+    bad = ConfigError(
+        f"metrics.listen: must look like HOST:PORT (127.0.0.1:{DEFAULT_METRICS_PORT},"
+        f" 0.0.0.0:{DEFAULT_METRICS_PORT} for every interface, [::]:PORT), got {text!r}"
+    )
+    host, sep, port = text.strip().rpartition(":")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+        if not host:
+            raise bad
+    elif ":" in host or "[" in host or "]" in host:
+        raise bad  # an IPv6 address without brackets: where its port starts is a guess
+    if (
+        not sep
+        or not host
+        or not (port.isascii() and port.isdigit())
+        or any(c.isspace() for c in host)
+    ):
+        raise bad
+    n = int(port)
+    if n > 65535:
+        raise bad
+    return host, n
+
+
 @dataclass(frozen=True)
 class WatchConfig:
     """``[watch]``: what profd keeps of every rank's step times."""
@@ -172,6 +222,7 @@ class Config:
     node_name: str = field(default_factory=socket.gethostname)
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
 
     @property
     def index_path(self) -> Path:
@@ -351,6 +402,9 @@ def load(
     watch_table = data.get("watch", {})
     if not isinstance(watch_table, dict):
         raise ConfigError("[watch] must be a table")
+    metrics_table = data.get("metrics", {})
+    if not isinstance(metrics_table, dict):
+        raise ConfigError("[metrics] must be a table")
     node_name = _opt_str(e.get("PROFD_NODE_NAME") or daemon.get("node_name"), "node_name")
     if node_name is not None and not node_name.strip():
         raise ConfigError("node_name: must not be empty")
@@ -387,6 +441,7 @@ def load(
             node_name=node_name or socket.gethostname(),
             cluster=_cluster(cluster_table),
             watch=_watch(watch_table),
+            metrics=_metrics(metrics_table, e),
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):

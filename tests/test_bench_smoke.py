@@ -25,10 +25,10 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-NAMES = ("idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report")
+NAMES = ("idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "metrics")
 # Two lanes side by side, of about equal length: bench_trigger (its torchrun job and sessions
 # mostly wait) is the longest by far, so the two shortest run after it.
-LANES = (("trigger", "index", "s3", "report"), ("idle", "daemon", "stall", "cluster"))
+LANES = (("trigger", "index", "s3", "report"), ("idle", "daemon", "stall", "cluster", "metrics"))
 RESULT_KEYS = {"name", "quick", "date", "machine", "params", "rows", "details", "wall_s"}
 ROW_KEYS = {
     "metric",
@@ -219,6 +219,18 @@ def check_report(res: dict[str, Any]) -> None:
     assert len(d["pipeline_with_s"]) == len(d["pipeline_without_s"]) == p["pairs"]
 
 
+def check_metrics(res: dict[str, Any]) -> None:
+    d, p = res["details"], res["params"]
+    assert len(res["rows"]) == 6, metrics(res)
+    assert d["scrape_plain_s"]["n"] == d["scrape_gzip_s"]["n"] == p["reps"]
+    assert d["publish_hook_s"]["n"] == d["publish_full_s"]["n"] == p["reps"]
+    assert 0 < d["gzip_bytes"] < d["plain_bytes"]
+    assert d["families"] == 8
+    # Per rank: 19 buckets (+Inf among them), count and sum, the step counter, each region;
+    # and the daemon's 11: attached, 4 session states, 4 incident kinds, queue, age.
+    assert d["samples"] == p["ranks"] * (19 + 2 + 1 + p["regions"]) + 11
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "cluster": check_cluster,
     "report": check_report,
@@ -228,6 +240,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "daemon": check_daemon,
     "index": check_index,
     "s3": check_s3,
+    "metrics": check_metrics,
 }
 
 

@@ -1013,6 +1013,8 @@ STATUS_DOC: Final = _row(
         _R,
     ),
     tcp=(Nullable(_row(listen=(LONG_TEXT, _R), refused=(COUNT, _R))), _R),
+    # ``[metrics] listen`` as bound (``host:port``, the kernel's port for port 0), or None.
+    metrics=(Nullable(_row(listen=(LONG_TEXT, _R))), _O),
     pipeline=(MAP, _R),
     storage=(MAP, _R),
     s3=(_row(configured=(Bool(), _R)), _R),

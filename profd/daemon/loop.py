@@ -32,6 +32,7 @@ from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.sampler import Sampler
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
 from profd.daemon.control.tcp import TcpControl
+from profd.daemon.metrics import INCIDENT_KINDS, MetricsServer
 from profd.daemon.results import Results
 from profd.daemon.runtime import faults
 from profd.daemon.runtime import rundir as runtime
@@ -50,8 +51,10 @@ from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.spool.storage import Storage
 from profd.reactor import Reactor
 from profd.scheduling.refusal import Refused
+from profd.states import LIVE
 from profd.store import layout
 from profd.store.index import Index
+from profd.watch.snapshot import Snapshot
 from profd_client import protocol as P
 
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
@@ -66,6 +69,9 @@ BATCH = 512
 #: per heartbeat (docs/benchmarks.md). Operators (control.sock, TCP) and workers (the
 #: reactor) still wake it at once, so a start is never delayed; a client's reply may be.
 AGENT_LINGER_S = 0.02
+#: Seconds between two reads of the upload queue's size for ``/metrics``: a query of the
+#: queued files (~2 ms for 1,000 of them), too much for every tick.
+QUEUE_BYTES_EVERY = 10.0
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
@@ -85,6 +91,10 @@ class Daemon:
         self.control_sock: Any = None
         # Keys are checked here, before anything is bound: a bad key file stops the start.
         self.tcp = TcpControl(self.ctx, cfg.cluster) if cfg.cluster.listen else None
+        m = cfg.metrics
+        self.metrics = MetricsServer(m.host, m.port, time.time) if m.listen else None
+        self._queue_bytes = 0
+        self._queue_bytes_due = 0.0
 
         self.reactor = Reactor()
         self.storage = Storage({"index": cfg.state_dir, "spool": spool})
@@ -206,6 +216,7 @@ class Daemon:
         )
         return {
             "tcp": tcp,
+            "metrics": {"listen": self.metrics.address} if self.metrics is not None else None,
             "pipeline": self.captures.status(),
             "storage": {
                 **self.storage.status(),
@@ -226,6 +237,8 @@ class Daemon:
         self.control_sock = self._router(rdir / P.CONTROL_SOCKET, gid)
         if self.tcp is not None:
             self.tcp.bind()
+        if self.metrics is not None:
+            self.metrics.start()
 
     def _router(self, path: Path, gid: int | None) -> Any:
         s = self.ctx.socket(zmq.ROUTER)
@@ -260,6 +273,7 @@ class Daemon:
             self.cfg.state_dir,
             self.sessions.spool,
         )
+        self.publish_metrics()  # a scrape before the first tick finds the daemon as it is
         self.sd.ready(f"listening on {self.cfg.runtime_dir}")
         try:
             self._loop()
@@ -280,6 +294,8 @@ class Daemon:
 
     def _shutdown(self) -> None:
         self.sd.stopping("shutting down")
+        if self.metrics is not None:
+            self.metrics.stop()
         for s in (self.agent_sock, self.control_sock):
             if s is not None:
                 s.close(0)
@@ -373,9 +389,36 @@ class Daemon:
                 _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
                 _guarded("writing step-ledger minutes", self._write_minutes)
                 _guarded("polling nsys", self.nsys.poll, now)
+                _guarded("publishing metrics", self.publish_metrics)
                 self._retry_writes()
                 self.flush()
                 next_tick = now + hb
+
+    # --- /metrics -------------------------------------------------------------------------------
+    def publish_metrics(self) -> None:
+        """Hand ``/metrics`` a new snapshot of this daemon (nothing without ``[metrics]``)."""
+        if self.metrics is None:
+            return
+        wall = time.time()
+        if wall >= self._queue_bytes_due:
+            self._queue_bytes_due = wall + QUEUE_BYTES_EVERY
+            try:
+                self._queue_bytes = self.index.queue_bytes()
+            except sqlite3.Error as exc:  # the page goes on, with the last size read
+                log.warning("metrics: cannot read the upload queue's size: %s", exc)
+        by_state = dict.fromkeys(LIVE, 0)
+        for s in self.sessions.live():
+            by_state[s.state] = by_state.get(s.state, 0) + 1
+        self.metrics.publish(
+            Snapshot(
+                at=wall,
+                ranks=self.ledgers.series(self.registry),
+                attached=len(self.registry),
+                sessions=tuple(by_state.items()),
+                incidents=tuple((kind, 0) for kind in INCIDENT_KINDS),
+                upload_queue_bytes=self._queue_bytes,
+            )
+        )
 
     def _drain(self, sock: Any, handle: Callable[[list[bytes], PeerCred | None], None]) -> None:
         for _ in range(BATCH):

@@ -600,6 +600,15 @@ class Index:
         ).fetchone()
         return {k: int(r[k] or 0) for k in ("queued", "failed", "bytes_pending", "uploaded")}
 
+    def queue_bytes(self) -> int:
+        """``queue_stats()["bytes_pending"]`` alone, through the ``files_queue`` index: it
+        reads the queued rows only, not every file (``/metrics`` asks every few seconds)."""
+        r = self.db.execute(
+            "SELECT SUM(bytes) AS b FROM files"
+            " WHERE upload_state IN ('pending','uploading','failed') AND deleted = 0"
+        ).fetchone()
+        return int(r["b"] or 0)
+
     # --- spool quota ---------------------------------------------------------------------------
     def spool_usage(self) -> tuple[int, int]:
         """(bytes held in the spool, of which not yet safely uploaded)."""

@@ -478,3 +478,41 @@ def test_a_directory_as_config_file_is_a_config_error(tmp_path: Path) -> None:
     (tmp_path / "conf.d").mkdir()
     with pytest.raises(ConfigError, match=r"config file .*conf\.d: Is a directory"):
         load(tmp_path / "conf.d", env={})
+
+
+# --- [metrics] ---------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("listen", "host", "port"),
+    [
+        ("127.0.0.1:7718", "127.0.0.1", 7718),
+        ("0.0.0.0:0", "0.0.0.0", 0),
+        ("[::1]:9100", "::1", 9100),
+        ("localhost:65535", "localhost", 65535),
+    ],
+)
+def test_metrics_listen(tmp_path: Path, listen: str, host: str, port: int) -> None:
+    assert load(env={}).metrics == C.MetricsConfig()  # off unless asked for
+    cfg = load(toml(tmp_path, f'[metrics]\nlisten = "{listen}"\n'), env={})
+    assert (cfg.metrics.listen, cfg.metrics.host, cfg.metrics.port) == (listen, host, port)
+    env = load(toml(tmp_path, ""), env={"PROFD_METRICS_LISTEN": listen}).metrics
+    assert (env.host, env.port) == (host, port)
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        ('[metrics]\nlisten = "7718"\n', "metrics.listen: must look like HOST:PORT"),
+        ('[metrics]\nlisten = ":7718"\n', "metrics.listen: must look like HOST:PORT"),
+        ('[metrics]\nlisten = "127.0.0.1:"\n', "metrics.listen: must look like HOST:PORT"),
+        ('[metrics]\nlisten = "127.0.0.1:65536"\n', "got '127.0.0.1:65536'"),
+        ('[metrics]\nlisten = "127.0.0.1:-1"\n', "metrics.listen: must look like HOST:PORT"),
+        ('[metrics]\nlisten = "::1:7718"\n', "metrics.listen: must look like HOST:PORT"),
+        ('[metrics]\nlisten = "[]:7718"\n', "metrics.listen: must look like HOST:PORT"),
+        ('[metrics]\nlisten = "http://h:1"\n', "metrics.listen: must look like HOST:PORT"),
+        ("[metrics]\nlisten = 7718\n", "metrics.listen: must be a string"),
+        ("[metrics]\nport = 7718\n", "[metrics]: unknown keys ['port']"),
+        ('metrics = "127.0.0.1:1"\n', "[metrics] must be a table"),
+    ],
+)
+def test_bad_metrics_listen(tmp_path: Path, text: str, error: str) -> None:
+    assert error in error_of(tmp_path, text)

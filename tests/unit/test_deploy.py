@@ -70,3 +70,35 @@ def test_a_training_pod_sees_the_daemons_runtime_dir() -> None:
     ours = {v["name"]: v for v in ds["volumes"]}["runtime"]["hostPath"]["path"]
     # Where the client looks first (/run/profd) is the node's dir the daemon binds in.
     assert theirs == ours == "/run/profd"
+
+
+def test_prometheus_finds_the_metrics_port_the_config_opens(tmp_path: Path) -> None:
+    d = docs()
+    toml = tmp_path / "profd.toml"
+    toml.write_text(d["ConfigMap"]["data"]["profd.toml"])
+    cfg = load(toml, env={})
+    template = d["DaemonSet"]["spec"]["template"]
+    [c] = template["spec"]["containers"]
+    assert cfg.metrics.host == "0.0.0.0"
+    assert {"containerPort": cfg.metrics.port, "name": "metrics", "protocol": "TCP"} in c["ports"]
+    notes = template["metadata"]["annotations"]
+    assert notes["prometheus.io/scrape"] == "true"
+    assert notes["prometheus.io/port"] == str(cfg.metrics.port)
+    assert notes["prometheus.io/path"] == "/metrics"
+
+    monitor = {
+        m["kind"]: m
+        for m in yaml.safe_load_all((MANIFEST.parent / "servicemonitor.yaml").read_text())
+        if m
+    }
+    svc, sm = monitor["Service"], monitor["ServiceMonitor"]
+    pod_labels = template["metadata"]["labels"]
+    assert svc["metadata"]["namespace"] == sm["metadata"]["namespace"] == "profd"
+    assert svc["spec"]["selector"].items() <= pod_labels.items()
+    assert sm["spec"]["selector"]["matchLabels"].items() <= svc["metadata"]["labels"].items()
+    [port] = svc["spec"]["ports"]
+    assert port["targetPort"] == "metrics" and port["port"] == cfg.metrics.port
+    [endpoint] = sm["spec"]["endpoints"]
+    assert endpoint["port"] == port["name"] and endpoint["path"] == "/metrics"
+    # The training job's `job` label survives the scrape (not renamed exported_job).
+    assert endpoint["honorLabels"] is True

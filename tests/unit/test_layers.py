@@ -11,8 +11,8 @@ PROFD = Path(__file__).resolve().parents[2] / "profd"
 DAEMON = PROFD / "daemon"
 
 #: Bottom to top: a daemon package may import only the packages before it in this list.
-DAEMON_LAYERS = ["runtime", "spool", "clients", "captures", "sessions", "agent", "control",
-                 "results", "loop"]  # fmt: skip
+DAEMON_LAYERS = ["runtime", "metrics", "spool", "clients", "captures", "sessions", "agent",
+                 "control", "results", "loop"]  # fmt: skip
 
 #: Packages that never reach into the daemon (profctl, storage and pure logic).
 NEVER_DAEMON = ["ctl", "store", "pipeline", "report", "scheduling", "reactor", "states",

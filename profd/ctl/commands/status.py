@@ -44,6 +44,8 @@ def status_text(st: dict[str, Any]) -> str:
     if st.get("tcp"):
         tcp = st["tcp"]
         lines.append(f"tcp      {tcp['listen']} (CURVE), {tcp['refused']} refused connection(s)")
+    if st.get("metrics"):
+        lines.append(f"metrics  http://{st['metrics']['listen']}/metrics")
     if "storage" in st:  # a daemon older than 0.3 does not say
         lines += storage_lines(st["storage"])
     if s3.get("configured"):
