@@ -9,7 +9,8 @@ steps of 30 ms ± 10 % (sleep-driven, so they hold on a loaded machine):
 Each rank writes the median of its own last steps; ``top`` must agree within 20 %, list the
 slow worker first with its ``vs_role``, say what share of the step ``region("data")`` took,
 and do the same after the daemon restarts under the running jobs; ``history`` must hold the
-minutes the first daemon saw.
+minutes the first daemon saw; ``/metrics`` (scraped over HTTP, parsed by prometheus_client)
+must hold every rank's histogram, whose median bucket holds its step time, and its region.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from typing import Any
 
 import pytest
 from harness import Daemon, Jobs, wait_for
+from test_metrics import scraper
+
+from profd_client import protocol as P
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("ledger_jobs")]
 
@@ -38,8 +42,10 @@ class Run:
 @pytest.fixture(scope="module")
 def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     root = tmp_path_factory.mktemp("ledger_jobs")
-    d = Daemon(root / "profd")
-    d.root.mkdir()
+    (root / "profd").mkdir()
+    config = root / "profd" / "profd.toml"
+    config.write_text('[metrics]\nlisten = "127.0.0.1:0"\n')
+    d = Daemon(root / "profd", config=config)
     d.start()
     jobs = Jobs(root)
     try:
@@ -117,6 +123,33 @@ def test_the_slow_worker_comes_first_with_its_vs_role(run: Run) -> None:
     # Lockstep ranks all run at the slowest one's pace: nobody stands out.
     lock = settled(run, "lockstep", {"ledger"})
     assert all(not r["marked"] for r in lock), lock
+
+
+def test_metrics_hold_every_ranks_step_times_and_regions(run: Run) -> None:
+    for job in JOBS:
+        settled(run, job, {"ledger"})
+    page = scraper(run.daemon)()
+    own = {job: measured(run, job) for job in JOBS}
+    buckets: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for sample in page["profd_step_duration_seconds_bucket"]:
+        key = (sample.labels["job"], sample.labels["rank"])
+        buckets.setdefault(key, []).append((float(sample.labels["le"]), sample.value))
+    assert set(buckets) == {(job, str(r)) for job in JOBS for r in range(3)}
+    for (job, rank), les in buckets.items():
+        les.sort()
+        assert [le for le, _ in les] == [*P.STEP_BUCKETS, float("inf")]
+        total = les[-1][1]
+        # The bucket the median step falls in holds what the rank measured itself.
+        upper = next(le for le, count in les if count >= total / 2)
+        lower = max([0.0, *(le for le in P.STEP_BUCKETS if le < upper)])
+        want = own[job][int(rank)] / 1000.0
+        assert lower * 0.8 <= want <= upper * 1.2, (job, rank, les, want)
+    regions = {
+        (x.labels["job"], x.labels["rank"], x.labels["region"]): x.value
+        for x in page["profd_region_seconds_total"]
+    }
+    assert set(regions) == {(job, str(r), "data") for job in JOBS for r in range(3)}
+    assert all(v > 0 for v in regions.values())
 
 
 def test_after_a_daemon_restart_top_and_history_carry_on(run: Run) -> None:
