@@ -187,6 +187,8 @@ def micro(quick: bool) -> dict[str, Any]:
         api._stepper = saved
     out["region_not_attached_ns"] = best_ns(region_block, n, rep)
 
+    out.update(heartbeat_size())
+
     # The whole cost a step pays, as torch dispatches it: a tiny optimizer's step() with and
     # without profd's global post-hook, interleaved, min of repeats.
     p = torch.nn.Parameter(torch.zeros(1))
@@ -212,6 +214,31 @@ def micro(quick: bool) -> dict[str, Any]:
     out["torchprof_step_ns"] = best_ns(prof.step, m, rep)
     prof.stop()
     return out
+
+
+def heartbeat_size() -> dict[str, Any]:
+    """A heartbeat's bytes after one second at 10,000 steps/s with the most regions a ledger
+    names, each with the longest name (32 x 200 characters), and what reading the ring for it
+    costs the agent thread."""
+    from profd_client import protocol as P
+    from profd_client.ledger import Reader
+    from profd_client.steps import Stepper
+
+    now = [0.0]
+    st = Stepper("main-r0", notify=lambda: None, clock=lambda: now[0])
+    rd = Reader(st)
+    names = [f"{i:02d}" + "r" * (P.MAX_NAME - 2) for i in range(P.MAX_LEDGER_REGIONS)]
+    for i in range(10_000):
+        with st.timer(names[i % len(names)]) if i < len(names) else st.regions[names[i % 32]]:
+            now[0] += 0.00005
+        now[0] += 0.00005
+        st.tick()
+    t0 = time.perf_counter()
+    ledger = rd.take()
+    take_us = (time.perf_counter() - t0) * 1e6
+    assert ledger is not None and len(ledger["r"]) == P.MAX_LEDGER_REGIONS
+    frame = P.encode(P.HEARTBEAT, step=st.count, sps=10_000.0, state="idle", ledger=ledger)
+    return {"heartbeat_bytes_10k_sps": len(frame), "ledger_take_us_10k_steps": take_us}
 
 
 # --- coordinator ------------------------------------------------------------------------------
@@ -316,6 +343,16 @@ def main() -> None:
             baseline_what="the shared no-op before",
             met=None,
             spread=f"not attached {mb['region_not_attached_ns'][0]:.0f} ns",
+        )
+    )
+    rows.append(
+        B.row(
+            "heartbeat size, 10,000 steps/s, 32 regions of 200 chars",
+            "<= 16 KiB",
+            mb["heartbeat_bytes_10k_sps"] / 1024,
+            "KiB",
+            met=mb["heartbeat_bytes_10k_sps"] <= 16 * 1024,
+            spread=f"agent thread reads the ring in {mb['ledger_take_us_10k_steps']:.0f} us",
         )
     )
     for key in plan:

@@ -98,7 +98,7 @@ def metrics(res: dict[str, Any]) -> list[str]:
 def check_idle(res: dict[str, Any]) -> None:
     d = res["details"]
     assert set(d["plan_rounds_steps"]) == {"1ms", "10ms"}
-    assert len(res["rows"]) == 3 + 2 * len(d["plan_rounds_steps"]), metrics(res)
+    assert len(res["rows"]) == 4 + 2 * len(d["plan_rounds_steps"]), metrics(res)
     for key, (rounds, _steps) in d["plan_rounds_steps"].items():
         assert rounds >= 3, "every rotation of the three variants"
         for v in ("profd", "torchprof"):
@@ -117,6 +117,8 @@ def check_idle(res: dict[str, Any]) -> None:
         "opt_step_ns",
         "opt_step_with_hook_ns",
         "torchprof_step_ns",
+        "heartbeat_bytes_10k_sps",
+        "ledger_take_us_10k_steps",
     ):
         assert k in mb, k
 
@@ -173,7 +175,10 @@ def check_daemon(res: dict[str, Any]) -> None:
     assert d["ps_idle"]["rows"] == 0
     assert d["busy"]["clients_cpu_percent"] is not None
     assert set(d["python_floor_ms"]) == {"python -c pass", "import profctl modules"}
-    assert len(res["rows"]) == 4, metrics(res)
+    # top as ps: every served rank, and its own row in the table.
+    assert d["top_busy"]["rows"] == n and d["top_busy"]["cli_rows"] == n, d["top_busy"]
+    assert d["top_idle"]["rows"] == 0
+    assert len(res["rows"]) == 5, metrics(res)
 
 
 def check_index(res: dict[str, Any]) -> None:

@@ -139,7 +139,7 @@ def test_this_client_steps_down_to_a_protocol_2_daemon(
         assert len(job.results()) == 2
         # It said once that it stepped down, and nothing worse.
         out = job.output()
-        assert out.count("stepping down to version 2") == 2, out  # once per rank
+        assert out.count("stepped down to version 2") == 2, out  # once per rank
         assert "Traceback" not in out, out
     finally:
         d.stop()
