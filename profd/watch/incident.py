@@ -1,0 +1,92 @@
+"""An incident: what a detector noticed (DESIGN "Watch", "Incidents"). Pure data.
+
+The daemon's ``Incidents`` owns the live ones and their transitions (open -> resolved), keeps
+them in the index and as ``{job}/incidents/{id}.json``; profctl reads them in this shape.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+#: What the detectors notice (``hang`` comes with the hang diagnosis).
+KINDS = ("regression", "slow_rank", "straggler", "hang")
+OPEN, RESOLVED = "open", "resolved"
+STATES = (OPEN, RESOLVED)
+
+
+@dataclass(frozen=True)
+class Suspect:
+    host: str
+    role: str
+    rank: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "role": self.role, "rank": self.rank}
+
+
+@dataclass
+class Incident:
+    """``evidence``: what the detector saw (its figures, thresholds and window), a map.
+    ``session``: the automatic capture's session id, once armed; ``comparison``: what
+    differs between the suspect and its peer once that capture is processed."""
+
+    id: str
+    kind: str
+    job: str
+    role: str | None
+    host: str
+    suspects: list[Suspect]
+    detected_at: float  # unix time
+    step: int | None  # the job's step when detected (the suspects' highest)
+    evidence: dict[str, Any]
+    session: str | None = None
+    state: str = OPEN
+    resolved_at: float | None = None
+    comparison: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "kind": self.kind,
+            "job": self.job,
+            "role": self.role,
+            "host": self.host,
+            "suspects": [s.to_dict() for s in self.suspects],
+            "detected_at": self.detected_at,
+            "step": self.step,
+            "evidence": self.evidence,
+            "session": self.session,
+            "state": self.state,
+            "resolved_at": self.resolved_at,
+            "comparison": self.comparison,
+            "notes": list(self.notes),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> Incident:
+        return cls(
+            id=d["id"],
+            kind=d["kind"],
+            job=d["job"],
+            role=d.get("role"),
+            host=d["host"],
+            suspects=[Suspect(s["host"], s["role"], int(s["rank"])) for s in d["suspects"]],
+            detected_at=float(d["detected_at"]),
+            step=d.get("step"),
+            evidence=dict(d.get("evidence") or {}),
+            session=d.get("session"),
+            state=d.get("state", OPEN),
+            resolved_at=d.get("resolved_at"),
+            comparison=d.get("comparison"),
+            notes=list(d.get("notes") or []),
+        )
+
+
+def new_id(kind: str, now: float | None = None) -> str:
+    """``20261124-213000-slow_rank-3f9a2c``: sortable by time, readable, unique."""
+    t = time.gmtime(time.time() if now is None else now)
+    return f"{time.strftime('%Y%m%d-%H%M%S', t)}-{kind}-{secrets.token_hex(3)}"
