@@ -7,8 +7,8 @@
    through prometheus-client's ``generate_latest`` over ``SnapshotCollector`` (in process).
 2. What the event loop pays once a tick with ``[metrics]`` on: building the snapshot (the
    step ledger's series of 1,024 clients, each fed a ledger with 19 buckets and 4 regions,
-   through ``Ledgers.series`` as the loop calls it; and 1,024 prebuilt ``RankSeries``, the
-   snapshot alone) and publishing it.
+   through ``Ledgers.series`` as the loop calls it; for reference, 1,024 synthetic
+   ``RankSeries`` built by the bench itself) and publishing it.
 """
 
 from __future__ import annotations
@@ -198,7 +198,7 @@ def main() -> int:
             spread=f"p99 {B.pct(p['hook_s'], 99) * 1e3:.2f}",
         ),
         B.row(
-            f"loop's publish per tick, {ranks} prebuilt RankSeries (the snapshot alone)",
+            f"publish per tick, {ranks} synthetic RankSeries built by the bench (reference)",
             "",
             statistics.median(p["full_s"]) * 1e3,
             "ms",
