@@ -1,8 +1,8 @@
 """``python -m profd.demo``: run the whole loop on this machine, CPU only.
 
 Starts ``profd run`` with temporary dirs, launches a 2-rank ``torchrun`` job that uses the
-two-line integration, shows ``profctl ps`` while it trains, captures three steps on both
-ranks, and prints the session, the indexed traces, a summary, and ends with the cross-rank
+two-line integration, shows ``profctl ps`` and ``profctl top`` while it trains, captures
+three steps on both ranks, and prints the session, the indexed traces, a summary, and ends with the cross-rank
 report of the capture (``profctl report``: text here, the HTML page beside the spool).
 """
 
@@ -90,6 +90,9 @@ def main() -> None:
         wait_for_ranks(env, 2)
         say("attached processes, live")
         ctl(env, "ps")
+        say("every rank's step times, always on (the step ledger; `profctl top` refreshes live)")
+        time.sleep(2.0)  # two heartbeats: each rank's first ledgers
+        ctl(env, "top", "--once")
         say("capture the next 3 steps on both ranks, and wait for the result")
         ctl(
             env,
