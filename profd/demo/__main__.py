@@ -2,8 +2,9 @@
 
 Starts ``profd run`` with temporary dirs, launches a 2-rank ``torchrun`` job that uses the
 two-line integration, shows ``profctl ps`` and ``profctl top`` while it trains, captures
-three steps on both ranks, and prints the session, the indexed traces, a summary, and ends with the cross-rank
-report of the capture (``profctl report``: text here, the HTML page beside the spool).
+three steps on both ranks, and prints the session, the indexed traces, a summary, and ends
+with the cross-rank report of the capture (``profctl report``: text here, the HTML page
+beside the spool).
 """
 
 from __future__ import annotations
