@@ -166,12 +166,31 @@ def _nth_without(values: list[float], i: int, gone: list[float]) -> float:
 
 def _newest(led: Ledger, k: int, col: int) -> list[float]:
     """Field ``col`` of the ring's newest ``k`` intervals, sorted (slices, not a loop)."""
+    return sorted(_column(led, k, col))
+
+
+def _column(led: Ledger, k: int, col: int) -> array[float]:
+    """Field ``col`` of the ring's newest ``k`` intervals, oldest first."""
     ring, head = led.ring, led.head
     first = head - k
     if first >= 0:
-        return sorted(ring[first * _W + col : head * _W : _W])
+        return ring[first * _W + col : head * _W : _W]
     first += FULL  # the window wraps around the ring's end
-    return sorted(ring[first * _W + col :: _W] + ring[col : head * _W : _W])
+    return ring[first * _W + col :: _W] + ring[col : head * _W : _W]
+
+
+def _count_after(led: Ledger, t: float) -> int:
+    """How many of the ring's newest intervals ended after monotonic ``t``: a binary search,
+    as their end times rise from the oldest held to the newest."""
+    ring, head = led.ring, led.head
+    lo, hi = 0, led.size
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ring[((head - mid) % FULL) * _W] > t:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _minute_of(unix: float) -> int:
@@ -400,6 +419,39 @@ class Ledgers:
         if found is None or self._unix() - (found[0] + 60) > SEED_MAX_AGE_S:
             return None
         return Figures(found[1], None, 60.0, "index", {})
+
+    # --- the detectors' reads (profd.daemon.watch), once a tick for every rank --------------
+    def since(self, key: tuple[str, int], t: float) -> tuple[list[float], int, int | None]:
+        """The p50s (ms) of the rank's intervals that ended after monotonic ``t``, newest
+        first, the steps they cover, and the rank's ledger epoch (None: no ledger yet)."""
+        led = self.by_key.get(key)
+        if led is None or not led.timed:
+            return [], 0, None if led is None else led.epoch
+        ring = led.ring
+        i = led.head
+        p50s: list[float] = []
+        steps = 0
+        for _ in range(led.size):  # mostly one interval a tick: a short walk back
+            i = i - 1 if i else FULL - 1
+            b = i * _W
+            if ring[b] <= t:
+                break
+            p50s.append(ring[b + _P50] * 1000.0)
+            steps += int(ring[b + _N])
+        return p50s, steps, led.epoch
+
+    def window_quantile(self, key: tuple[str, int], t: float, q: float) -> tuple[float | None, int]:
+        """The ``q`` quantile (ms) of the p50s of the rank's intervals that ended after
+        monotonic ``t``, and the steps they cover; (None, 0) when there are none."""
+        led = self.by_key.get(key)
+        if led is None or not led.timed:
+            return None, 0
+        k = _count_after(led, t)
+        if k <= 0:
+            return None, 0
+        p50s = _newest(led, k, _P50)
+        steps = int(sum(_column(led, k, _N)))
+        return p50s[min(k - 1, int(q * k))] * 1000.0, steps
 
     def recent_minutes(self, c: Client) -> list[tuple[int, int, float, float, float, float]]:
         """``c``'s closed minutes in memory, oldest first: (start, steps, seconds, p50 s,
