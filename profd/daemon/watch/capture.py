@@ -9,11 +9,11 @@ make: the planner's ``--next``, through the same :class:`Starter` as ``profctl s
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.registry import Client
 from profd.daemon.sessions.starts import Starter, StartRequest
 from profd.daemon.watch.incidents import JOB_WIDE, LABEL
 from profd.scheduling.refusal import Refused
@@ -26,7 +26,7 @@ ACTIVE_STEPS = 2
 class IncidentCapture:
     def __init__(
         self,
-        registry: Registry,
+        registry: Iterable[Client],
         ledgers: Ledgers,
         starter: Starter,
         cfg: Callable[[], WatchConfig],

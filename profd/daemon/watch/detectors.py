@@ -16,10 +16,11 @@ rule's business).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from statistics import median
 
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.registry import Client
 from profd.daemon.watch.incidents import Incidents
 from profd.watch.detect import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
 from profd.watch.incident import Suspect
@@ -43,7 +44,7 @@ class Detectors:
     def __init__(
         self,
         ledgers: Ledgers,
-        registry: Registry,
+        registry: Iterable[Client],
         incidents: Incidents,
         rules: WatchRules,
         enabled: bool = True,

@@ -228,7 +228,7 @@ class Incidents:
     def restore(self) -> int:
         """At start: the open incidents and those inside their job's cooldown, from the
         index. An open one stays open long enough for its rule, starting afresh, to report
-        it again (a window and a hold; a regression's half baseline more)."""
+        it again (twice a window and a hold; a regression's half baseline more)."""
         now = self._clock()
         rows = self.index.recent_incidents(now - self.cfg.cooldown)
         for row in rows:
@@ -239,7 +239,9 @@ class Incidents:
             if inc.session is not None:
                 self._captured[inc.job] = max(self._captured.get(inc.job, 0.0), inc.detected_at)
             if inc.state == OPEN:
-                grace = self.cfg.window + self.cfg.hold
+                # Twice a window and a hold: its ranks attach again first (three missed
+                # heartbeats), and a window of their steps must come before any judgement.
+                grace = 2 * (self.cfg.window + self.cfg.hold)
                 if inc.kind in JOB_WIDE:
                     grace += self.cfg.baseline / 2
                 self._seen[inc.id] = now
