@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,7 @@ from typing import Any
 
 import pytest
 from harness import Daemon, Job, Jobs, wait_for
+from test_metrics import scraper
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("incidents")]
 
@@ -101,7 +103,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     root = tmp_path_factory.mktemp("incidents")
     (root / "profd").mkdir()
     config = root / "profd" / "profd.toml"
-    config.write_text(WATCH)
+    config.write_text(WATCH + '[metrics]\nlisten = "127.0.0.1:0"\n')
     d = Daemon(root / "profd", config=config)
     d.start()
     jobs = Jobs(root)
@@ -117,6 +119,12 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
     finally:
         jobs.kill_all()
         d.stop()
+
+
+def counted(d: Daemon) -> dict[str, float]:
+    """``profd_incidents_total`` by kind, from ``/metrics``."""
+    page = scraper(d)()
+    return {x.labels["kind"]: x.value for x in page["profd_incidents_total"]}
 
 
 def slow_rank_incident(run: Run) -> dict[str, Any]:
@@ -140,6 +148,7 @@ def test_a_slow_worker_is_one_slow_rank_incident_captured_with_one_peer(run: Run
     assert "slow_rank" in text and "worker rank 1" in text and s["id"] in text, text
     listing = run.daemon.ctl("incidents").stdout
     assert inc["id"] in listing and "worker r1" in listing, listing
+    wait_for(lambda: counted(run.daemon)["slow_rank"] == 1, WAIT, "the metric to count it")
 
 
 def test_a_steady_jittery_job_over_several_windows_yields_none(run: Run) -> None:
@@ -168,3 +177,21 @@ def test_a_restart_keeps_the_incident_and_fires_nothing_new(run: Run) -> None:
     assert after["id"] == before["id"] and after["state"] == "open", after
     assert [s["id"] for s in incident_sessions(d)] == [before["session"]]
     assert "open" in d.ctl("incidents", "--job", "workers").stdout
+    assert set(counted(d).values()) == {0.0}  # this daemon opened none
+
+
+def test_sighup_reads_watch_again_and_keeps_it_when_bad(
+    daemon_factory: Callable[..., Daemon],
+) -> None:
+    d = daemon_factory(config=WATCH)
+    assert d.config is not None and d.proc is not None
+
+    def hup_logs(text: str) -> None:
+        d.proc.send_signal(signal.SIGHUP)  # type: ignore[union-attr]
+        wait_for(lambda: text in d.log.read_text(), 30, f"{text!r} in the log")
+
+    d.config.write_text(WATCH.replace("hold = 3.0", "hold = 'soon'"))
+    hup_logs("reload: keeping [watch] as it was: watch.hold: must be a number >= 0")
+    d.config.write_text(WATCH.replace("hold = 3.0", "hold = 5.0"))
+    hup_logs("hold=5.0")
+    assert d.ctl("status").returncode == 0  # still serving
