@@ -17,6 +17,7 @@ from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import Index
 from profd.watch.incident import OPEN, RESOLVED, Incident, Suspect
+from profd_client import protocol as P
 
 CFG = WatchConfig(window=6.0, baseline=12.0, hold=3.0, cooldown=60.0)
 
@@ -100,6 +101,10 @@ def test_it_is_kept_in_the_index_and_as_a_file_queued_like_any_other(tmp_path: P
     ).fetchone()
     assert tuple(row) == ("incident", f"j/incidents/{inc.id}.json", "local")
     assert incidents.find(inc.id[-6:])["id"] == inc.id  # any unique part of its id
+    # What the control requests answer with passes their reply schemas.
+    rows = [{**r, "node": "n1"} for r in incidents.rows()]
+    P.reply({"v": P.VERSION, "t": P.C_INCIDENTS}, rows)
+    P.reply({"v": P.VERSION, "t": P.C_INCIDENT}, {**rows[0], "session_state": "armed"})
     with pytest.raises(Refused, match="no incident"):
         incidents.find("nope")
 

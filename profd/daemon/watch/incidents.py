@@ -171,6 +171,10 @@ class Incidents:
             inc.notes.append(f"no capture: {exc}")
             log.warning("incident %s: no capture: %s", inc.id, exc)
             return
+        except Exception as exc:  # a bug there must not lose the incident itself
+            inc.notes.append(f"no capture: {type(exc).__name__}: {exc}")
+            log.exception("incident %s: arming its capture", inc.id)
+            return
         self._captured[inc.job] = now
 
     def _reopen(
