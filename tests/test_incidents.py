@@ -48,7 +48,7 @@ def capture_of(d: Daemon, inc: dict[str, Any]) -> dict[str, Any]:
         s: dict[str, Any] = d.ctl_json("show", inc["session"])
         return s if s["state"] in ("done", "partial", "failed", "cancelled") else None
 
-    s: dict[str, Any] = wait_for(ended, WAIT, f"capture {inc['session']} to end")
+    s: dict[str, Any] = wait_for(ended, WAIT, f"capture {inc['session']} to end", every=1.0)
     assert s["state"] == "done", s
     assert s["label"] == f"incident:{inc['id']}", s
     assert s["request"]["options"] == {"record_shapes": True, "with_stack": True}, s
@@ -76,7 +76,10 @@ def test_a_job_slower_on_every_rank_is_one_regression_with_a_capture(
     )  # fmt: skip
     d.wait_attached(3, timeout=WAIT, min_step=10)
     found = wait_for(
-        lambda: incidents(d, "--kind", "regression"), WAIT + 2 * (WINDOW + BASELINE), "regression"
+        lambda: incidents(d, "--kind", "regression"),
+        WAIT + 2 * (WINDOW + BASELINE),
+        "a regression incident",
+        every=1.0,
     )
     (inc,) = found
     assert inc["job"] == "lock" and inc["suspects"] == [] and inc["state"] == "open", inc
@@ -129,7 +132,7 @@ def counted(d: Daemon) -> dict[str, float]:
 
 def slow_rank_incident(run: Run) -> dict[str, Any]:
     found = wait_for(
-        lambda: incidents(run.daemon, "--job", "workers"), WAIT, "a slow_rank incident"
+        lambda: incidents(run.daemon, "--job", "workers"), WAIT, "a slow_rank incident", every=1.0
     )
     (inc,) = found
     return dict(inc)
@@ -148,7 +151,9 @@ def test_a_slow_worker_is_one_slow_rank_incident_captured_with_one_peer(run: Run
     assert "slow_rank" in text and "worker rank 1" in text and s["id"] in text, text
     listing = run.daemon.ctl("incidents").stdout
     assert inc["id"] in listing and "worker r1" in listing, listing
-    wait_for(lambda: counted(run.daemon)["slow_rank"] == 1, WAIT, "the metric to count it")
+    wait_for(
+        lambda: counted(run.daemon)["slow_rank"] == 1, WAIT, "the metric to count it", every=0.5
+    )
 
 
 def test_a_steady_jittery_job_over_several_windows_yields_none(run: Run) -> None:
