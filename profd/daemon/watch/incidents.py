@@ -31,7 +31,7 @@ from profd.fsutil import atomic_write
 from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import Index
-from profd.watch.incident import KINDS, OPEN, RESOLVED, Incident, Suspect, new_id
+from profd.watch.incident import KINDS, OPEN, Incident, Suspect, new_id
 
 log = logging.getLogger("profd.watch")
 
@@ -181,8 +181,7 @@ class Incidents:
         self, inc: Incident, now: float, evidence: dict[str, Any], keep_for: float | None
     ) -> None:
         """A resolved incident's condition came back inside its job's cooldown."""
-        inc.state, inc.resolved_at = OPEN, None
-        inc.notes.append(f"open again at {_clock(now)} (inside the cooldown): {evidence}")
+        inc.reopen(f"open again at {_clock(now)} (inside the cooldown): {evidence}")
         self._seen[inc.id] = now
         self._keep[inc.id] = self.cfg.hold if keep_for is None else keep_for
         self._save(inc)
@@ -215,7 +214,7 @@ class Incidents:
             del self._captured[job]
 
     def _resolve(self, inc: Incident, now: float) -> None:
-        inc.state, inc.resolved_at = RESOLVED, now
+        inc.resolve(now)
         self._seen.pop(inc.id, None)
         self._keep.pop(inc.id, None)
         self._save(inc)
