@@ -95,17 +95,17 @@ class Detectors:
         top = 0
         cutoff = now - self.rules.window
         roles: dict[str, dict[int, tuple[float, int]]] = {}
+        read = ledgers.watch
         for c in clients:
             key = c.key
-            p50s, n, epoch = ledgers.since(key, since)
+            ms, n, epoch, q, wn = read(key, since, cutoff, WINDOW_Q)
             members[key] = epoch
-            if n:
-                tick_ms.append(p50s[0] if len(p50s) == 1 else median(p50s))
+            if ms is not None:
+                tick_ms.append(ms)
                 if n > steps:
                     steps = n
             if c.step > top:
                 top = c.step
-            q, wn = ledgers.window_quantile(key, cutoff, WINDOW_Q)
             if q is not None:
                 r = roles.get(c.role)
                 if r is None:
