@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profd.watch.detect import WatchRules
 from profd_client.locations import runtime_dir as resolve_runtime_dir
 from profd_client.locations import under_systemd
+from profd_client.protocol import MAX_CYCLE_STEPS, MAX_PIDS
 
 DEFAULT_CONFIG = Path("/etc/profd/profd.toml")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
@@ -176,10 +178,59 @@ def parse_listen(text: str) -> tuple[str, int]:
 
 @dataclass(frozen=True)
 class WatchConfig:
-    """``[watch]``: what profd keeps of every rank's step times."""
+    """``[watch]``: what profd keeps of every rank's step times and what it notices by itself
+    (DESIGN "Watch"): durations in seconds, thresholds as fractions."""
 
     #: Seconds the index keeps each rank's per-minute step times (``profctl history``).
     keep_history: float = 604800.0
+    #: The detectors run (incidents are listed either way).
+    enabled: bool = True
+    window: float = 60.0
+    baseline: float = 600.0
+    hold: float = 30.0
+    regression: float = 0.2
+    slow_rank: float = 0.25
+    #: Seconds after an automatic capture before the same job gets another.
+    cooldown: float = 900.0
+    #: A rank without a step for this long is stalled (the hang rule); None: the rule's own.
+    stall_after: float | None = None
+    #: Steps between two samples of every attached job (0: no samples).
+    sample_every: int = 0
+    sample_steps: int = 2
+    keep_samples: float = 86400.0
+    #: Arm a capture on each incident.
+    capture: bool = True
+    #: Ranks a regression's capture takes at most.
+    capture_ranks: int = 8
+
+    def rules(self) -> WatchRules:
+        """The detectors' thresholds and durations."""
+        return WatchRules(
+            window=self.window,
+            baseline=self.baseline,
+            hold=self.hold,
+            regression=self.regression,
+            slow_rank=self.slow_rank,
+        )
+
+
+#: ``[watch]`` keys by kind of value: (name, kind, lowest, lowest allowed itself).
+_WATCH_NUMBERS: tuple[tuple[str, type[float] | type[int], float, bool], ...] = (
+    ("keep_history", float, 0, False),
+    ("window", float, 0, False),
+    ("baseline", float, 0, False),
+    ("hold", float, 0, True),
+    ("regression", float, 0, False),
+    ("slow_rank", float, 0, False),
+    ("cooldown", float, 0, True),
+    ("stall_after", float, 0, False),
+    ("sample_every", int, 0, True),
+    ("sample_steps", int, 1, True),
+    ("keep_samples", float, 0, False),
+    ("capture_ranks", int, 1, True),
+)
+_MAX_SAMPLE_STEPS = MAX_CYCLE_STEPS  # a sample is one capture cycle
+_MAX_CAPTURE_RANKS = MAX_PIDS  # a capture selects its ranks by pid
 
 
 def _watch(table: Mapping[str, Any]) -> WatchConfig:
@@ -187,9 +238,35 @@ def _watch(table: Mapping[str, Any]) -> WatchConfig:
     if unknown:
         raise ConfigError(f"[watch]: unknown keys {sorted(unknown)}")
     kw: dict[str, Any] = {}
-    if "keep_history" in table:
-        kw["keep_history"] = _number(table["keep_history"], "watch.keep_history", float, 0)
+    for k, kind, low, zero_ok in _WATCH_NUMBERS:
+        if k in table:
+            kw[k] = _number(table[k], f"watch.{k}", kind, low, zero_ok=zero_ok)
+    for k in ("enabled", "capture"):
+        if k in table:
+            if not isinstance(table[k], bool):
+                raise ConfigError(f"watch.{k}: must be true or false, got {table[k]!r}")
+            kw[k] = table[k]
+    if kw.get("sample_steps", 1) > _MAX_SAMPLE_STEPS:
+        raise ConfigError(f"watch.sample_steps: at most {_MAX_SAMPLE_STEPS}")
+    if kw.get("capture_ranks", 1) > _MAX_CAPTURE_RANKS:
+        raise ConfigError(f"watch.capture_ranks: at most {_MAX_CAPTURE_RANKS}")
     return WatchConfig(**kw)
+
+
+def reload_watch(path: Path | None) -> WatchConfig:
+    """``[watch]`` read again from the config file (SIGHUP); the rest of the file is not
+    looked at. No file: the defaults. :class:`ConfigError` if it cannot be used."""
+    if path is None:
+        return WatchConfig()
+    table = _read_toml(path).get("watch", {})
+    if not isinstance(table, dict):
+        raise ConfigError("[watch] must be a table")
+    try:
+        return _watch(table)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, ConfigError):
+            raise
+        raise ConfigError(f"[watch]: {exc}") from None
 
 
 @dataclass(frozen=True)

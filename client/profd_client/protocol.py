@@ -683,6 +683,8 @@ C_TRACES: Final = "traces"
 C_RETRY: Final = "retry"
 C_TOP: Final = "top"  # every rank's recent step times (the step ledger)
 C_HISTORY: Final = "history"  # a job's per-minute step times, from the index
+C_INCIDENTS: Final = "incidents"  # what the detectors noticed, from the index
+C_INCIDENT: Final = "incident"  # one incident, with its capture's state
 
 
 def _msg(open_: bool = True, **fields: tuple[Field, bool]) -> Struct:
@@ -798,6 +800,13 @@ SCHEMAS: Final[dict[str, Struct]] = {
         since=(Nullable(SECONDS), _O),  # unix seconds; default: an hour ago
         until=(Nullable(SECONDS), _O),
     ),
+    C_INCIDENTS: _msg(
+        job=(Nullable(Str(MAX_TEXT)), _O),
+        kind=(Nullable(Str(MAX_NAME)), _O),
+        since=(Nullable(SECONDS), _O),  # unix seconds: detected then or later
+        limit=(Nullable(Int(1, 100_000)), _O),
+    ),
+    C_INCIDENT: _msg(id=(Str(MAX_NAME, 1), _R)),  # the id or any unique part of it
 }
 
 #: Which types each socket accepts from its peers: agent peers can only report about
@@ -817,6 +826,8 @@ CONTROL_INBOUND: Final = frozenset(
         C_RETRY,
         C_TOP,
         C_HISTORY,
+        C_INCIDENTS,
+        C_INCIDENT,
     }
 )
 REPLY_INBOUND: Final = frozenset({OK, ERROR})
@@ -1074,6 +1085,35 @@ HISTORY_DOC: Final = _row(
     minutes=(ListOf(HISTORY_ROW, 1 << 22), _R),
 )
 
+#: A rank an incident names.
+SUSPECT: Final = _row(host=(HOST, _R), role=(Str(MAX_NAME, 1), _R), rank=(RANK, _R))
+
+#: One incident (DESIGN "Watch"): ``kind`` one of regression, slow_rank, straggler, hang;
+#: ``host`` the node that detected it; ``step`` the job's step then; ``evidence`` what the
+#: detector saw (its figures and thresholds); ``session`` the automatic capture, if armed;
+#: ``state`` open or resolved; ``comparison`` what differs, once the capture is processed.
+INCIDENT_ROW: Final = _row(
+    id=(Str(MAX_NAME, 1), _R),
+    kind=(SHORT, _R),
+    job=(Str(MAX_NAME, 1), _R),
+    role=(Nullable(Str(MAX_NAME)), _R),
+    host=(NODE, _R),
+    suspects=(ListOf(SUSPECT, MAX_PIDS), _R),
+    detected_at=(WHEN, _R),
+    step=(Nullable(STEP), _R),
+    evidence=(MAP, _R),
+    session=(Nullable(Str(MAX_NAME)), _R),
+    state=(SHORT, _R),
+    resolved_at=(Nullable(WHEN), _R),
+    comparison=(Nullable(MAP), _R),
+    notes=(ListOf(LONG_TEXT, 1 << 16), _R),
+    node=(NODE, _R),
+)
+#: ``incident``: one incident and ``session_state``, its capture's state (null: none).
+INCIDENT_DOC: Final = Struct(
+    {**INCIDENT_ROW.fields, "session_state": (Nullable(SHORT), _R)}, open=True
+)
+
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,
 #: ``cancel``, ``retry``: small maps) are not described here.
 REPLIES: Final[dict[str, Field]] = {
@@ -1084,6 +1124,8 @@ REPLIES: Final[dict[str, Field]] = {
     C_TRACES: ListOf(TRACE_ROW, 1_000_000),
     C_TOP: ListOf(TOP_ROW, 1 << 22),
     C_HISTORY: HISTORY_DOC,
+    C_INCIDENTS: ListOf(INCIDENT_ROW, 100_000),
+    C_INCIDENT: INCIDENT_DOC,
 }
 
 

@@ -7,6 +7,7 @@ sees this object: each gets the collaborators it needs.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import sqlite3
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import zmq
 
 from profd import __version__, fsutil
-from profd.config import Config
+from profd.config import Config, ConfigError, reload_watch
 from profd.daemon.agent.attach import Attach, Welcome
 from profd.daemon.agent.handler import AgentHandler
 from profd.daemon.agent.intake import Intake
@@ -49,6 +50,9 @@ from profd.daemon.spool import leftovers
 from profd.daemon.spool.incoming import Incoming
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.spool.storage import Storage
+from profd.daemon.watch.capture import IncidentCapture
+from profd.daemon.watch.detectors import Detectors
+from profd.daemon.watch.incidents import Incidents
 from profd.reactor import Reactor
 from profd.scheduling.refusal import Refused
 from profd.states import LIVE
@@ -130,6 +134,13 @@ class Daemon:
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, self.index, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
+        self.incidents = Incidents(self.index, spool, perms, host, cfg.watch, self.uploads)
+        self.incidents.capture = IncidentCapture(
+            self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
+        )
+        self.detectors = Detectors(
+            self.ledgers, self.registry, self.incidents, cfg.watch.rules(), cfg.watch.enabled
+        )
         self.intake = Intake(
             self.sessions,
             self.index,
@@ -180,6 +191,7 @@ class Daemon:
             self._send_control,
             self._live_status,
             self.results.retry,
+            self.incidents,
         )
 
     # --- wiring -----------------------------------------------------------------------------
@@ -287,6 +299,24 @@ class Daemon:
 
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, lambda _s, _f: self.reactor.call_soon(self.reload))
+
+    def reload(self) -> None:
+        """SIGHUP: ``[watch]`` read again from the config file; the rest needs a restart. A
+        ``[watch]`` that cannot be used leaves the one in use as it is."""
+        try:
+            watch = reload_watch(self.cfg.config_file)
+        except ConfigError as exc:
+            log.warning("reload: keeping [watch] as it was: %s", exc)
+            return
+        if watch == self.cfg.watch:
+            log.info("reload: [watch] unchanged")
+            return
+        self.cfg = dataclasses.replace(self.cfg, watch=watch)
+        self.history.keep_s = watch.keep_history
+        self.incidents.reconfigure(watch)
+        self.detectors.reconfigure(watch.rules(), watch.enabled)
+        log.info("reload: [watch] now %s", watch)
 
     def stop(self, why: str = "") -> None:
         log.info("shutting down%s", f" ({why})" if why else "")
@@ -332,6 +362,9 @@ class Daemon:
         for _key, row in self.index.inbox_pending():
             _guarded("resubmitting a capture", self._resubmit, row)
         self.sessions.settle_restored()
+        held = self.incidents.restore()
+        if held:
+            log.info("%d incident(s) still open", held)
 
     def _delete_raw(self, row: dict[str, Any]) -> None:
         self.results.delete_raw(CaptureReport.from_row(row))
@@ -388,6 +421,8 @@ class Daemon:
                 _guarded("housekeeping", self.liveness.tick, now)
                 _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
                 _guarded("writing step-ledger minutes", self._write_minutes)
+                _guarded("running the detectors", self.detectors.tick, now)
+                _guarded("keeping incidents", self.incidents.tick)
                 _guarded("polling nsys", self.nsys.poll, now)
                 _guarded("publishing metrics", self.publish_metrics)
                 self._retry_writes()
@@ -415,7 +450,7 @@ class Daemon:
                 ranks=self.ledgers.series(self.registry),
                 attached=len(self.registry),
                 sessions=tuple(by_state.items()),
-                incidents=tuple((kind, 0) for kind in INCIDENT_KINDS),
+                incidents=tuple((k, self.incidents.counts.get(k, 0)) for k in INCIDENT_KINDS),
                 upload_queue_bytes=self._queue_bytes,
             )
         )
@@ -460,6 +495,7 @@ class Daemon:
             self.arms.ended(s.id)
             if s.backend == "nsys":
                 _guarded("ending an nsys session", self.nsys.session_ended, s)
+            _guarded("ending an incident's capture", self.incidents.capture_ended, s)
             self.incoming.remove_incoming(s.job, s.id)
         if finished:
             faults.point("session-ended")

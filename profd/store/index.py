@@ -23,7 +23,7 @@ from profd import globs
 from profd.states import sql_terminal
 from profd.watch.stats import weighted_quantile
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 
 #: Rank-minutes one ``history`` request reads at most (about 4 hours of 1,024 ranks, a month
 #: of 8; some 0.4 s): a longer range is answered for its newest minutes.
@@ -145,6 +145,19 @@ CREATE TABLE IF NOT EXISTS step_minutes (
 );
 CREATE INDEX IF NOT EXISTS step_minutes_job ON step_minutes(job, minute);
 CREATE INDEX IF NOT EXISTS step_minutes_minute ON step_minutes(minute);
+-- What the detectors noticed (profd.watch.incident.Incident); the record itself as json.
+CREATE TABLE IF NOT EXISTS incidents (
+    id TEXT PRIMARY KEY,
+    kind TEXT NOT NULL,
+    job TEXT NOT NULL,
+    state TEXT NOT NULL,        -- open | resolved
+    detected_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    doc TEXT NOT NULL           -- json: Incident.to_dict()
+);
+CREATE INDEX IF NOT EXISTS incidents_detected ON incidents(detected_at);
+CREATE INDEX IF NOT EXISTS incidents_job ON incidents(job, detected_at);
+CREATE INDEX IF NOT EXISTS incidents_state ON incidents(state);
 """
 
 #: Files a worker may take once their ``next_attempt_at`` has come: pending ones, and failed
@@ -219,6 +232,7 @@ class Index:
         if "stem" not in tcols:  # schema 5
             self.db.execute("ALTER TABLE targets ADD COLUMN stem TEXT")
         # schema 6: the step_minutes table, new: SCHEMA's CREATE TABLE IF NOT EXISTS adds it.
+        # schema 7: the incidents table, likewise.
 
     def close(self) -> None:
         self.db.close()
@@ -688,6 +702,70 @@ class Index:
             n += k
             if k < chunk:
                 return n
+
+    # --- incidents (event loop) ------------------------------------------------------------
+    def save_incident(self, doc: Mapping[str, Any]) -> None:
+        """Insert or replace an incident (``Incident.to_dict()``)."""
+        self.db.execute(
+            "INSERT INTO incidents (id, kind, job, state, detected_at, updated_at, doc)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT(id) DO UPDATE SET state=excluded.state,"
+            " updated_at=excluded.updated_at, doc=excluded.doc",
+            (
+                doc["id"],
+                doc["kind"],
+                doc["job"],
+                doc["state"],
+                doc["detected_at"],
+                time.time(),
+                json.dumps(doc),
+            ),
+        )
+
+    def incidents(
+        self,
+        job: str | None = None,
+        kind: str | None = None,
+        since: float | None = None,
+        state: str | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        """Incidents, newest first."""
+        where: list[str] = []
+        args: list[Any] = []
+        for col, v in (("job", job), ("kind", kind), ("state", state)):
+            if v is not None:
+                where.append(f"{col} = ?")
+                args.append(v)
+        if since is not None:
+            where.append("detected_at >= ?")
+            args.append(since)
+        sql = "SELECT doc FROM incidents"
+        if where:
+            sql += " WHERE " + " AND ".join(where)
+        sql += " ORDER BY detected_at DESC, id DESC LIMIT ?"
+        return [json.loads(r[0]) for r in self.db.execute(sql, [*args, limit]).fetchall()]
+
+    def incident_ids(self, part: str, limit: int) -> list[str]:
+        """Up to ``limit`` incident ids that contain ``part``, newest first."""
+        rows = self.db.execute(
+            "SELECT id FROM incidents WHERE instr(id, ?) > 0 ORDER BY detected_at DESC LIMIT ?",
+            (part, limit),
+        ).fetchall()
+        return [r[0] for r in rows]
+
+    def incident(self, incident_id: str) -> dict[str, Any] | None:
+        r = self.db.execute("SELECT doc FROM incidents WHERE id = ?", (incident_id,)).fetchone()
+        return None if r is None else dict(json.loads(r[0]))
+
+    def recent_incidents(self, since: float) -> list[dict[str, Any]]:
+        """Open incidents and those detected since ``since``: what a restarted daemon holds
+        again (open ones stay open; recent ones carry their job's cooldown)."""
+        rows = self.db.execute(
+            "SELECT doc FROM incidents WHERE state = 'open' OR detected_at >= ?"
+            " ORDER BY detected_at",
+            (since,),
+        ).fetchall()
+        return [json.loads(r[0]) for r in rows]
 
     # --- helpers -----------------------------------------------------------------------------
     def transaction(self) -> _Tx:

@@ -3,6 +3,7 @@
 A session is ``{job}/{session}/``, one ``c{cycle}/`` per cycle holding every rank's files. Its
 manifest is ``session.json``, except for a cluster session (one id, several nodes, one S3
 directory): there each node's manifest is ``session.{node}.json``, so none overwrites another.
+A job's incidents are ``{job}/incidents/{id}.json``.
 
 Training processes write their raw captures below ``.incoming/{job}/{session}/``, in
 ``plan{N}/`` for revision N of the session's steps (none for revision 0), each process in its
@@ -22,6 +23,8 @@ from typing import Any
 from profd_client.protocol import target_dir
 
 MANIFEST = "session.json"
+#: A job's incidents (DESIGN "Watch"), one ``{id}.json`` each, beside its sessions.
+INCIDENTS = "incidents"
 INCOMING = ".incoming"
 #: nsys writes a collection's reports here, below the session's incoming dir.
 NSYS = "nsys"
@@ -89,6 +92,15 @@ def raw_names(stem: str) -> dict[str, str]:
     """The only raw files a process may report for a cycle, by kind (the client names them
     the same way)."""
     return {"trace": f"{stem}.pt.trace.json", "memory": f"{stem}.memory.pickle"}
+
+
+def incident_parts(job: str, incident: str) -> Parts:
+    """An incident's record: ``{job}/incidents/{id}.json``, in the spool and in S3."""
+    return (job, INCIDENTS, f"{incident}.json")
+
+
+def incident_key(job: str, incident: str) -> str:
+    return key(incident_parts(job, incident))
 
 
 def nsys_parts(job: str, session: str) -> Parts:

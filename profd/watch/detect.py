@@ -9,6 +9,7 @@ role, no steps in the window) says nothing rather than guess.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -94,47 +95,77 @@ class RegressionRule:
     and how many steps it covers. A tick without steps (a pause: checkpointing, evaluation)
     adds nothing, so a pause neither fires nor moves the baseline; :meth:`reset` (the job
     set its step count, or restarted) starts the baseline again.
+
+    Incremental: the window's and the baseline's step times are kept sorted as ticks come
+    and go (a daemon judges every job on its node every tick), and the noise floor, a pass
+    over the baseline, is computed only when the window is above the threshold it can
+    only raise.
     """
 
     rules: WatchRules
-    _obs: deque[tuple[float, float, int]] = field(default_factory=deque)  # (t, ms, steps)
+    _win: deque[tuple[float, float, int]] = field(default_factory=deque)  # (t, ms, steps)
+    _base: deque[tuple[float, float, int]] = field(default_factory=deque)
+    _win_ms: list[float] = field(default_factory=list)  # sorted
+    _base_ms: list[float] = field(default_factory=list)  # sorted
+    _win_n: int = 0
+    _base_n: int = 0
     _hold: _Hold = field(default_factory=_Hold)
 
     def reset(self) -> None:
-        self._obs.clear()
+        self._win.clear()
+        self._base.clear()
+        self._win_ms.clear()
+        self._base_ms.clear()
+        self._win_n = self._base_n = 0
         self._hold = _Hold()
 
     def observe(self, now: float, step_ms: float, steps: int) -> Regression | None:
         r = self.rules
         if steps > 0 and step_ms > 0:
-            self._obs.append((now, step_ms, steps))
-        horizon = now - r.window - r.baseline
-        while self._obs and self._obs[0][0] < horizon:
-            self._obs.popleft()
+            self._win.append((now, step_ms, steps))
+            insort(self._win_ms, step_ms)
+            self._win_n += steps
         start = now - r.window
-        window = [(ms, n) for t, ms, n in self._obs if t >= start]
-        base = [(ms, n) for t, ms, n in self._obs if t < start]
-        found = self._judge(window, base, now)
-        start = found is not None and found.ratio >= 1.0 + MARGIN * found.threshold
+        while self._win and self._win[0][0] < start:
+            o = self._win.popleft()
+            del self._win_ms[bisect_left(self._win_ms, o[1])]
+            self._win_n -= o[2]
+            self._base.append(o)
+            insort(self._base_ms, o[1])
+            self._base_n += o[2]
+        horizon = start - r.baseline
+        while self._base and self._base[0][0] < horizon:
+            o = self._base.popleft()
+            del self._base_ms[bisect_left(self._base_ms, o[1])]
+            self._base_n -= o[2]
+        found = self._judge(now)
+        start_ok = found is not None and found.ratio >= 1.0 + MARGIN * found.threshold
         keep = found is not None and found.ratio >= 1.0 + KEEP * found.threshold
-        return found if self._hold.update(start, keep, now, r.hold) else None
+        return found if self._hold.update(start_ok, keep, now, r.hold) else None
 
-    def _judge(
-        self, window: list[tuple[float, int]], base: list[tuple[float, int]], now: float
-    ) -> Regression | None:
+    def _judge(self, now: float) -> Regression | None:
         r = self.rules
-        if sum(n for _, n in window) < MIN_STEPS or sum(n for _, n in base) < MIN_STEPS:
+        if self._win_n < MIN_STEPS or self._base_n < MIN_STEPS:
             return None
-        if not self._obs or now - self._obs[0][0] < r.window + r.baseline / 2:
+        oldest = self._base[0][0]  # the base holds steps, so it is not empty
+        if now - oldest < r.window + r.baseline / 2:
             return None  # a baseline of less than half its length: too young to judge
-        base_ms = [ms for ms, _ in base]
-        b = median(base_ms)
-        ws = sorted(ms for ms, _ in window)
+        base_ms = self._base_ms
+        b = _sorted_median(base_ms)
+        ws = self._win_ms
         w = ws[min(len(ws) - 1, int(WINDOW_Q * len(ws)))]
+        if b <= 0 or w < b * (1.0 + KEEP * r.regression):
+            return None  # below the threshold at its lowest: the noise floor can only raise it
         threshold = max(r.regression, NOISE_K * relative_spread(base_ms))
-        if b > 0 and w >= b * (1.0 + KEEP * threshold):
+        if w >= b * (1.0 + KEEP * threshold):
             return Regression(w, b, threshold)
         return None
+
+
+def _sorted_median(xs: Sequence[float]) -> float:
+    n = len(xs)
+    m = n // 2
+    return float(xs[m]) if n % 2 else (xs[m - 1] + xs[m]) / 2.0
 
 
 @dataclass(frozen=True)

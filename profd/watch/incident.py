@@ -48,6 +48,15 @@ class Incident:
     comparison: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
 
+    def resolve(self, at: float) -> None:
+        """Its condition cleared (``at``: unix time)."""
+        self.state, self.resolved_at = RESOLVED, at
+
+    def reopen(self, note: str) -> None:
+        """Its condition came back (inside its job's cooldown): open again, saying when."""
+        self.state, self.resolved_at = OPEN, None
+        self.notes.append(note)
+
     def to_dict(self) -> dict[str, Any]:
         return {
             "id": self.id,

@@ -8,8 +8,11 @@ own step times (from one optimizer step to the next) and writes the median of it
 ``WINDOW`` steps to ``OUT_DIR/rank{R}.json`` every second, so a test can compare what profd
 says with what the job measured itself.
 
+``SLOWER_AFTER_S``: from that many seconds after its first step, every rank's steps take
+``SLOWER_FACTOR`` times as long (a regression of the whole job).
+
 Env: STEP_MS (30), JITTER (0.1), SLOW_RANK (-1), SLOW_FACTOR (1.4), DATA_SHARE (0.25),
-DDP (0), STEPS (100000), OUT_DIR, WINDOW (300).
+DDP (0), STEPS (100000), OUT_DIR, WINDOW (300), SLOWER_AFTER_S (never), SLOWER_FACTOR (1.5).
 """
 
 import json
@@ -33,6 +36,8 @@ jitter = float(os.environ.get("JITTER", "0.1"))
 if rank == int(os.environ.get("SLOW_RANK", "-1")):
     step_s *= float(os.environ.get("SLOW_FACTOR", "1.4"))
 share = float(os.environ.get("DATA_SHARE", "0.25"))
+slower_after = float(os.environ.get("SLOWER_AFTER_S", "inf"))
+slower = float(os.environ.get("SLOWER_FACTOR", "1.5"))
 use_ddp = os.environ.get("DDP") == "1"
 out = os.path.join(os.environ["OUT_DIR"], f"rank{rank}.json")
 rng = random.Random(rank)
@@ -45,9 +50,12 @@ x = torch.randn(4, 8)
 durations: deque[float] = deque(maxlen=int(os.environ.get("WINDOW", "300")))
 last = time.perf_counter()
 written = last
+slower_at = time.monotonic() + slower_after
 
 for _ in range(int(os.environ.get("STEPS", "100000"))):
     work = step_s * (1 + rng.uniform(-jitter, jitter))
+    if time.monotonic() >= slower_at:
+        work *= slower
     with profd_client.region("data"):
         time.sleep(work * share)
     time.sleep(work * (1 - share))

@@ -15,7 +15,16 @@ from pathlib import Path
 import pytest
 
 from profd import config as C
-from profd.config import Config, ConfigError, NsysConfig, S3Config, configured_runtime_dir, load
+from profd.config import (
+    Config,
+    ConfigError,
+    NsysConfig,
+    S3Config,
+    WatchConfig,
+    configured_runtime_dir,
+    load,
+    reload_watch,
+)
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -195,6 +204,40 @@ def test_watch_keeps_a_week_of_history_unless_told(tmp_path: Path) -> None:
     assert load(env={}).watch.keep_history == 604800.0
     cfg = load(toml(tmp_path, "[watch]\nkeep_history = 3600\n"), env={})
     assert cfg.watch.keep_history == 3600.0 and isinstance(cfg.watch.keep_history, float)
+
+
+def test_watch_has_design_defaults_and_takes_every_key(tmp_path: Path) -> None:
+    w = load(env={}).watch
+    assert (w.enabled, w.window, w.baseline, w.hold, w.regression, w.slow_rank) == (
+        True, 60.0, 600.0, 30.0, 0.2, 0.25,
+    )  # fmt: skip
+    assert (w.cooldown, w.stall_after, w.sample_every, w.sample_steps) == (900.0, None, 0, 2)
+    assert (w.keep_samples, w.capture, w.capture_ranks) == (86400.0, True, 8)
+    text = (
+        "[watch]\nenabled = false\nwindow = 6\nbaseline = 12\nhold = 0\nregression = 0.5\n"
+        "slow_rank = 0.3\ncooldown = 0\nstall_after = 120\nsample_every = 1000\n"
+        "sample_steps = 3\nkeep_samples = 3600\ncapture = false\ncapture_ranks = 2\n"
+    )
+    w = load(toml(tmp_path, text), env={}).watch
+    assert w == WatchConfig(
+        enabled=False, window=6.0, baseline=12.0, hold=0.0, regression=0.5, slow_rank=0.3,
+        cooldown=0.0, stall_after=120.0, sample_every=1000, sample_steps=3,
+        keep_samples=3600.0, capture=False, capture_ranks=2,
+    )  # fmt: skip
+    assert isinstance(w.window, float) and isinstance(w.sample_every, int)
+    assert w.rules().window == 6.0 and w.rules().regression == 0.5
+
+
+def test_watch_is_read_again_alone(tmp_path: Path) -> None:
+    path = toml(tmp_path, "[daemon]\nlog_level = 'loud'\n[watch]\nhold = 5\n")
+    assert reload_watch(path).hold == 5.0  # the rest of the file is not looked at
+    assert reload_watch(None) == WatchConfig()
+    path.write_text("[watch]\nhold = 'x'\n")
+    with pytest.raises(ConfigError, match=r"watch\.hold"):
+        reload_watch(path)
+    path.write_text("[watch\n")
+    with pytest.raises(ConfigError, match="config file"):
+        reload_watch(path)
 
 
 def test_config_is_frozen(tmp_path: Path) -> None:
@@ -425,6 +468,20 @@ def test_bad_toml_names_the_file_and_place(tmp_path: Path) -> None:
         ("[watch]\nkeep_history = 0\n", "watch.keep_history: must be a number > 0, got 0"),
         ("[watch]\nkeep_history = '7d'\n", "watch.keep_history: must be a number > 0"),
         ("[watch]\nkeep = 1\n", r"\[watch\]: unknown keys \['keep'\]"),
+        ("[watch]\nwindow = 0\n", "watch.window: must be a number > 0, got 0"),
+        ("[watch]\nbaseline = -1\n", "watch.baseline: must be a number > 0"),
+        ("[watch]\nhold = -1\n", "watch.hold: must be a number >= 0"),
+        ("[watch]\nregression = 0\n", "watch.regression: must be a number > 0"),
+        ("[watch]\nslow_rank = nan\n", "watch.slow_rank: must be a number > 0, got nan"),
+        ("[watch]\ncooldown = '15m'\n", "watch.cooldown: must be a number >= 0"),
+        ("[watch]\nstall_after = 0\n", "watch.stall_after: must be a number > 0"),
+        ("[watch]\nsample_every = 1.5\n", "watch.sample_every: must be an integer >= 0"),
+        ("[watch]\nsample_steps = 0\n", "watch.sample_steps: must be an integer >= 1"),
+        ("[watch]\nsample_steps = 10001\n", "watch.sample_steps: at most 10000"),
+        ("[watch]\nkeep_samples = 0\n", "watch.keep_samples: must be a number > 0"),
+        ("[watch]\nenabled = 'yes'\n", "watch.enabled: must be true or false"),
+        ("[watch]\ncapture = 1\n", "watch.capture: must be true or false"),
+        ("[watch]\ncapture_ranks = 0\n", "watch.capture_ranks: must be an integer >= 1"),
         ("watch = 1\n", r"\[watch\] must be a table"),
     ],
 )

@@ -11,7 +11,7 @@ PROFD = Path(__file__).resolve().parents[2] / "profd"
 DAEMON = PROFD / "daemon"
 
 #: Bottom to top: a daemon package may import only the packages before it in this list.
-DAEMON_LAYERS = ["runtime", "metrics", "spool", "clients", "captures", "sessions", "agent",
+DAEMON_LAYERS = ["runtime", "metrics", "spool", "clients", "captures", "sessions", "watch", "agent",
                  "control", "results", "loop"]  # fmt: skip
 
 #: Packages that never reach into the daemon (profctl, storage and pure logic).

@@ -14,6 +14,8 @@ COMMANDS: dict[str, str] = {
     "show": "sessions:show",
     "traces": "traces:traces",
     "history": "history:history",
+    "incidents": "incidents:incidents",
+    "incident": "incidents:incident",
     "pull": "pull:pull",
     "retry": "retry:retry",
     "run": "run:run",

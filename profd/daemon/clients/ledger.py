@@ -140,7 +140,7 @@ class Ledger:
         self.window_regions: deque[_Window] = deque()
         self.window_cum = 0.0  # step seconds of every interval so far
         #: The entry before the oldest interval held (the last one dropped).
-        self.window_base: _Window = (0.0, 0.0, {}, 0.0, 0.0)
+        self.window_base: _Window = (0.0, 0.0, {}, 0.0, 0.0, 0)
         self.window_p50: list[float] = []
         self.window_p99: list[float] = []
         self.last_step = step
@@ -149,7 +149,8 @@ class Ledger:
 
 
 _Identity = tuple[str, str, str, int, int]
-_Window = tuple[float, float, dict[str, float], float, float]
+#: (end time, step seconds so far, region seconds so far, p50, p99, steps so far).
+_Window = tuple[float, float, dict[str, float], float, float, int]
 
 
 def _nth_without(values: list[float], i: int, gone: list[float]) -> float:
@@ -166,12 +167,43 @@ def _nth_without(values: list[float], i: int, gone: list[float]) -> float:
 
 def _newest(led: Ledger, k: int, col: int) -> list[float]:
     """Field ``col`` of the ring's newest ``k`` intervals, sorted (slices, not a loop)."""
+    return sorted(_column(led, k, col))
+
+
+def _column(led: Ledger, k: int, col: int) -> array[float]:
+    """Field ``col`` of the ring's newest ``k`` intervals, oldest first."""
     ring, head = led.ring, led.head
     first = head - k
     if first >= 0:
-        return sorted(ring[first * _W + col : head * _W : _W])
+        return ring[first * _W + col : head * _W : _W]
     first += FULL  # the window wraps around the ring's end
-    return sorted(ring[first * _W + col :: _W] + ring[col : head * _W : _W])
+    return ring[first * _W + col :: _W] + ring[col : head * _W : _W]
+
+
+#: Intervals of ``top``'s window that may end before a detector's window starts for it to
+#: be read from ``top``'s window; more (a shorter ``[watch] window``): from the ring.
+_FEW_STALE = 4
+
+
+def _median_after(led: Ledger, t: float) -> float:
+    """The median p50 (seconds) of the ring's intervals that ended after ``t``."""
+    vals = _newest(led, _count_after(led, t), _P50)
+    n = len(vals)
+    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2.0
+
+
+def _count_after(led: Ledger, t: float) -> int:
+    """How many of the ring's newest intervals ended after monotonic ``t``: a binary search,
+    as their end times rise from the oldest held to the newest."""
+    ring, head = led.ring, led.head
+    lo, hi = 0, led.size
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if ring[((head - mid) % FULL) * _W] > t:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _minute_of(unix: float) -> int:
@@ -262,7 +294,7 @@ class Ledgers:
         before = wr[-1][2] if wr else led.window_base[2]
         totals = before if before == led.region_total else dict(led.region_total)
         p50, p99 = float(q[0]), float(q[2])
-        wr.append((now, led.window_cum, totals, p50, p99))
+        wr.append((now, led.window_cum, totals, p50, p99, led.steps_total))
         p50s, p99s = led.window_p50, led.window_p99
         insort(p50s, p50)
         insort(p99s, p99)
@@ -373,7 +405,7 @@ class Ledgers:
         else:  # more heartbeats in the minute than the ring holds: its newest k
             p50, p99 = _newest(led, k, _P50)[i50], _newest(led, k, _P99)[i99]
         j = len(wr) - k
-        _, cum0, regions0, _, _ = wr[j - 1] if j else led.window_base
+        _, cum0, regions0, _, _, _ = wr[j - 1] if j else led.window_base
         total = led.window_cum - cum0
         shares: dict[str, float] = {}
         if total > 0:
@@ -400,6 +432,77 @@ class Ledgers:
         if found is None or self._unix() - (found[0] + 60) > SEED_MAX_AGE_S:
             return None
         return Figures(found[1], None, 60.0, "index", {})
+
+    # --- the detectors' read (profd.daemon.watch), once a tick for every rank ----------------
+    def watch(
+        self, key: tuple[str, int], since: float, window_from: float, q: float
+    ) -> tuple[float | None, int, int | None, float | None, int]:
+        """What the detectors need of one rank, in one call (they ask it of every rank each
+        tick), all times monotonic:
+
+        - the median of the p50s (ms) of its intervals that ended after ``since`` (the last
+          tick) and the steps they cover;
+        - its ledger's epoch (None: no ledger yet);
+        - the ``q`` quantile (ms) of the p50s of its intervals that ended after
+          ``window_from`` and the steps they cover.
+
+        (None, 0, ...) where it has no such intervals. A window that starts
+        :data:`TOP_WINDOW_S` before now (the default ``[watch] window``) is read from the
+        sorted p50s and running totals ``top`` keeps, in constant time; any other from the
+        ring.
+        """
+        led = self.by_key.get(key)
+        if led is None or not led.timed:
+            return None, 0, None if led is None else led.epoch, None, 0
+        ring = led.ring
+        i = led.head
+        tick_ms: float | None = None
+        tick_n = intervals = 0
+        for _ in range(led.size):  # mostly one interval a tick: a short walk back
+            i = i - 1 if i else FULL - 1
+            b = i * _W
+            if ring[b] <= since:
+                break
+            tick_ms = ring[b + _P50]
+            tick_n += int(ring[b + _N])
+            intervals += 1
+        if intervals > 1:  # several heartbeats in one tick: their median
+            tick_ms = _median_after(led, since)
+        wq, wn = self._window(led, window_from, q)
+        return (
+            None if tick_ms is None else tick_ms * 1000.0,
+            tick_n,
+            led.epoch,
+            wq,
+            wn,
+        )
+
+    def _window(self, led: Ledger, t: float, q: float) -> tuple[float | None, int]:
+        wr = led.window_regions
+        # ``top``'s window holds every interval that ended after ``t`` when ``t`` is at most
+        # :data:`TOP_WINDOW_S` before the newest (older ones are all it drops); read from it
+        # when only a few of its oldest ended before ``t`` (the default window: none or one).
+        if wr and t >= wr[-1][0] - TOP_WINDOW_S:
+            stale = 0
+            for e in wr:
+                if e[0] > t:
+                    break
+                stale += 1
+                if stale > _FEW_STALE:
+                    break
+            if stale <= _FEW_STALE:
+                k = len(wr) - stale
+                if k <= 0:
+                    return None, 0
+                gone = [wr[j][3] for j in range(stale)]
+                p50 = _nth_without(led.window_p50, min(k - 1, int(q * k)), gone)
+                base = wr[stale - 1] if stale else led.window_base
+                return p50 * 1000.0, led.steps_total - base[5]
+        k = _count_after(led, t)
+        if k <= 0:
+            return None, 0
+        p50s = _newest(led, k, _P50)
+        return p50s[min(k - 1, int(q * k))] * 1000.0, int(sum(_column(led, k, _N)))
 
     def recent_minutes(self, c: Client) -> list[tuple[int, int, float, float, float, float]]:
         """``c``'s closed minutes in memory, oldest first: (start, steps, seconds, p50 s,

@@ -23,6 +23,7 @@ from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.selector import Selector
 from profd.daemon.sessions.starts import Starter, StartRequest, started
 from profd.daemon.sessions.state import Sessions
+from profd.daemon.watch.incidents import Incidents
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
 from profd.store.index import Index, TraceFilter
@@ -70,6 +71,7 @@ class ControlHandler:
         send: SendFrames,
         live_status: Callable[[], dict[str, Any]],
         retry: Callable[[str | None], int],
+        incidents: Incidents,
     ) -> None:
         self.facts = facts
         self.registry = registry
@@ -82,6 +84,7 @@ class ControlHandler:
         #: Counters owned elsewhere (pipeline, uploads, rejected agent frames).
         self.live_status = live_status
         self.retry = retry
+        self.incidents = incidents
         self.own_uid = os.geteuid()
         self.rejected = 0
 
@@ -228,6 +231,30 @@ class ControlHandler:
             "node": self.facts.host,
             "minutes": minutes,
         }
+
+    def _incidents(self, m: dict[str, Any], by: Requester) -> Any:
+        # From the index (incidents outlive their job and this daemon's start).
+        rows = self.incidents.rows(
+            job=m.get("job"), kind=m.get("kind"), since=m.get("since"), limit=m.get("limit") or 1000
+        )
+        self._stamp(rows)
+        return rows
+
+    def _incident(self, m: dict[str, Any], by: Requester) -> Any:
+        self.flush()
+        doc = self.incidents.find(m["id"])
+        doc["session_state"] = self._session_state(doc.get("session"))
+        self._stamp([doc])
+        return doc
+
+    def _session_state(self, sid: str | None) -> str | None:
+        if sid is None:
+            return None
+        live = self.sessions.exact(sid)
+        if live is not None:
+            return live.state
+        row = self.index.session(sid)
+        return None if row is None else str(row["state"])
 
     def _retry(self, m: dict[str, Any], by: Requester) -> Any:
         if not by.privileged:
@@ -386,6 +413,8 @@ HANDLERS: dict[str, Callable[[ControlHandler, dict[str, Any], Requester], Any]] 
     P.C_RETRY: ControlHandler._retry,
     P.C_TOP: ControlHandler._top,
     P.C_HISTORY: ControlHandler._history,
+    P.C_INCIDENTS: ControlHandler._incidents,
+    P.C_INCIDENT: ControlHandler._incident,
 }
 
 

@@ -1,0 +1,111 @@
+"""profctl incidents / incident: what the daemons noticed by themselves (DESIGN "Watch")."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import click
+
+from profd.ctl.commands.history import parse_when
+from profd.ctl.errors import CtlError
+from profd.ctl.main import Env, command
+from profd.ctl.render import Column, ago, emit_json, opt, table
+from profd_client import protocol as P
+
+
+def suspects_text(r: dict[str, Any]) -> str:
+    return ", ".join(f"{s['role']} r{s['rank']}" for s in r.get("suspects") or []) or "job"
+
+
+def _figure(r: dict[str, Any]) -> str:
+    """The detector's main figure: how much slower."""
+    ratio = (r.get("evidence") or {}).get("ratio")
+    return f"{(float(ratio) - 1.0) * 100:+.0f}%" if isinstance(ratio, int | float) else "-"
+
+
+COLUMNS: list[Column] = [
+    ("HOST", lambda r: r["host"]),
+    ("ID", lambda r: r["id"]),
+    ("KIND", lambda r: r["kind"]),
+    ("JOB", lambda r: r["job"]),
+    ("STATE", lambda r: r["state"]),
+    ("SUSPECTS", suspects_text),
+    ("SLOWER", _figure),
+    ("STEP", lambda r: opt(r.get("step"))),
+    ("DETECTED", lambda r: ago(r["detected_at"])),
+    ("SESSION", lambda r: opt(r.get("session"))),
+]
+
+
+@click.command()
+@click.option("--job", help="Only this job (its exact name).")
+@click.option("--kind", type=click.Choice(["regression", "slow_rank", "straggler", "hang"]))
+@click.option(
+    "--since", help="Detected since: a duration ago (90s, 30m, 2h, 7d) or a time (local)."
+)
+@click.option("--limit", default=1000, show_default=True, help="At most this many per node.")
+@click.pass_obj
+@command
+def incidents(env: Env, job: str | None, kind: str | None, since: str | None, limit: int) -> None:
+    """What the daemons noticed by themselves, newest first: a job that slowed down
+    (regression), a rank slower than its role (slow_rank), a straggler; each with the ranks
+    it names, how much slower, and its automatic capture. --json: a list of incidents."""
+    t0 = parse_when(since, "--since") if since else None
+    rows = env.rows(P.C_INCIDENTS, job=job, kind=kind, since=t0, limit=limit)
+    rows.sort(key=lambda r: (-r["detected_at"], r["id"]))
+    if env.json:
+        emit_json(rows)
+    else:
+        click.echo(table(rows, COLUMNS) if rows else "no incidents")
+
+
+@click.command()
+@click.argument("incident_id", metavar="ID")
+@click.pass_obj
+@command
+def incident(env: Env, incident_id: str) -> None:
+    """One incident: what was noticed, where, when, at which step, the detector's figures,
+    and its capture with that session's state.
+
+    ID: the id or any unique part of it."""
+    answers = env.gather(P.C_INCIDENT, id=incident_id).answered()
+    ids = sorted({a.data["id"] for a in answers})
+    if len(ids) > 1:
+        raise CtlError(f"incident {incident_id!r} is ambiguous across nodes: {', '.join(ids)}")
+    doc = answers[0].node.named(answers[0].data)
+    if env.json:
+        emit_json(doc)
+        return
+    click.echo(text(doc))
+
+
+def text(d: dict[str, Any]) -> str:
+    """``profctl incident``'s text."""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(d["detected_at"]))
+    lines = [
+        f"incident {d['id']}  {d['kind']}  {d['state']}",
+        f"job       {d['job']}" + (f"  role {d['role']}" if d.get("role") else ""),
+        f"detected  {when} ({ago(d['detected_at'])}) on {d['host']}"
+        + (f" at step {d['step']}" if d.get("step") is not None else ""),
+        "suspects  "
+        + (
+            ", ".join(f"{s['role']} rank {s['rank']} on {s['host']}" for s in d["suspects"])
+            or "the job (every rank)"
+        ),
+        "evidence  " + ", ".join(f"{k} {_num(v)}" for k, v in sorted(d["evidence"].items())),
+    ]
+    if d.get("resolved_at") is not None:
+        lines.append(f"resolved  {ago(d['resolved_at'])}")
+    if d.get("session"):
+        lines.append(f"session   {d['session']} ({d.get('session_state') or 'unknown'})")
+    else:
+        lines.append("session   none")
+    if d.get("comparison"):
+        lines.append("compared  " + ", ".join(f"{k} {v}" for k, v in d["comparison"].items()))
+    lines += [f"note      {n}" for n in d.get("notes") or []]
+    return "\n".join(lines)
+
+
+def _num(v: object) -> str:
+    return f"{v:g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,176 @@
+"""The detectors on the loop (DESIGN "Watch", "Detectors"): once a tick, from the step ledger,
+never blocking (reads of memory only; an incident's record is the only write).
+
+For each job attached to this node a :class:`RegressionRule`, fed with the median over the
+job's ranks of each rank's step time in this tick; for each role of a job with two ranks or
+more a :class:`SlowRankRule`, fed with each rank's :data:`WINDOW_Q` quantile of its step
+times over ``[watch] window``. What they report goes to :meth:`Incidents.open`.
+
+What they ignore: a job's regression baseline starts again when a rank sets its step count
+(``step(n)``: its ledger's epoch changes), restarts, attaches or leaves; ticks without steps
+(a pause for a checkpoint or an evaluation) add nothing; a rank with fewer than
+``MIN_STEPS`` steps in the window (attached late, paused) is left out of its role; ranks of
+a lockstep job (DDP) never differ, so the slow-rank rule does not see them (the straggler
+rule's business).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from statistics import median
+
+from profd.daemon.clients.ledger import Ledgers
+from profd.daemon.clients.registry import Client
+from profd.daemon.watch.incidents import Incidents
+from profd.watch.detect import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
+from profd.watch.incident import Suspect
+
+#: A rank's key in the registry and the ledgers, and its ledger's epoch (None: no ledger).
+_Members = dict[tuple[str, int], "int | None"]
+
+
+class _Job:
+    """One job's rules and who they were fed from."""
+
+    __slots__ = ("members", "regression", "roles")
+
+    def __init__(self, rules: WatchRules) -> None:
+        self.regression = RegressionRule(rules)
+        self.roles: dict[str, SlowRankRule] = {}
+        self.members: _Members = {}
+
+
+class Detectors:
+    def __init__(
+        self,
+        ledgers: Ledgers,
+        registry: Iterable[Client],
+        incidents: Incidents,
+        rules: WatchRules,
+        enabled: bool = True,
+    ) -> None:
+        self.ledgers = ledgers
+        self.registry = registry
+        self.incidents = incidents
+        self.rules = rules
+        self.enabled = enabled
+        self.jobs: dict[str, _Job] = {}
+        self._last: float | None = None  # the last tick (monotonic)
+
+    def reconfigure(self, rules: WatchRules, enabled: bool) -> None:
+        """New ``[watch]`` settings: rules start again (their holds and baselines were
+        measured against the old ones)."""
+        if rules != self.rules or enabled != self.enabled:
+            self.jobs.clear()
+        self.rules, self.enabled = rules, enabled
+
+    def tick(self, now: float) -> None:
+        """Feed every job's rules with what the ledger got since the last tick (monotonic
+        ``now``)."""
+        since = self._last if self._last is not None else now - 1.0
+        self._last = now
+        if not self.enabled:
+            self.jobs.clear()
+            return
+        by_job: dict[str, list[Client]] = {}
+        for c in self.registry:
+            g = by_job.get(c.job)
+            if g is None:
+                by_job[c.job] = [c]
+            else:
+                g.append(c)
+        for gone in [j for j in self.jobs if j not in by_job]:
+            del self.jobs[gone]
+        for job, clients in by_job.items():
+            w = self.jobs.get(job)
+            if w is None:
+                w = self.jobs[job] = _Job(self.rules)
+            self._job(job, w, clients, since, now)
+
+    def _job(self, job: str, w: _Job, clients: list[Client], since: float, now: float) -> None:
+        ledgers = self.ledgers
+        members: _Members = {}
+        tick_ms: list[float] = []
+        steps = 0
+        top = 0
+        cutoff = now - self.rules.window
+        roles: dict[str, dict[int, tuple[float, int]]] = {}
+        read = ledgers.watch
+        for c in clients:
+            key = c.key
+            ms, n, epoch, q, wn = read(key, since, cutoff, WINDOW_Q)
+            members[key] = epoch
+            if ms is not None:
+                tick_ms.append(ms)
+                if n > steps:
+                    steps = n
+            if c.step > top:
+                top = c.step
+            if q is not None:
+                r = roles.get(c.role)
+                if r is None:
+                    roles[c.role] = {c.rank: (q, wn)}
+                else:
+                    r[c.rank] = (q, wn)
+        if members != w.members:
+            # A rank came, left, set its step count or restarted: the job's step time before
+            # is not its baseline any more.
+            w.regression.reset()
+            w.members = members
+        found = w.regression.observe(now, median(tick_ms) if tick_ms else 0.0, steps)
+        if found is not None:
+            names = {c.role for c in clients}
+            rules = self.rules
+            self.incidents.open(
+                "regression",
+                job,
+                next(iter(names)) if len(names) == 1 else None,
+                [],
+                top,
+                {
+                    "window_ms": round(found.window_ms, 3),
+                    "baseline_ms": round(found.baseline_ms, 3),
+                    "ratio": round(found.ratio, 4),
+                    "threshold": round(found.threshold, 4),
+                    "window_s": rules.window,
+                    "baseline_s": rules.baseline,
+                    "hold_s": rules.hold,
+                    "ranks": len(clients),
+                },
+            )
+        for gone in [g for g in w.roles if g not in roles]:
+            del w.roles[gone]
+        for role, ranks in roles.items():
+            if len(ranks) < 2:
+                w.roles.pop(role, None)
+                continue
+            rule = w.roles.get(role)
+            if rule is None:
+                rule = w.roles[role] = SlowRankRule(self.rules)
+            slow = rule.observe(now, ranks)
+            if slow:
+                self._slow(job, role, clients, slow)
+
+    def _slow(self, job: str, role: str, clients: list[Client], slow: list[SlowRank]) -> None:
+        by_rank = {c.rank: c for c in clients if c.role == role}
+        r = self.rules
+        for s in slow:
+            c = by_rank.get(s.rank)
+            if c is None:
+                continue
+            self.incidents.open(
+                "slow_rank",
+                job,
+                role,
+                [Suspect(c.host, role, c.rank)],
+                c.step,
+                {
+                    "step_ms": round(s.step_ms, 3),
+                    "peers_ms": round(s.peers_ms, 3),
+                    "ratio": round(s.ratio, 4),
+                    "threshold": round(s.threshold, 4),
+                    "window_s": r.window,
+                    "hold_s": r.hold,
+                    "ranks": len(by_rank),
+                },
+            )

@@ -1,0 +1,378 @@
+"""Incidents: every detection, kept (DESIGN "Watch", "Incidents"). Owned by the event loop.
+
+A detector calls :meth:`Incidents.open` each tick its rule reports something; the first call
+opens an incident, later ones only say it still holds. At most one incident is open per
+kind, job and rank (per kind and job for job-wide kinds: ``regression``); an incident is
+resolved once its rule has not reported it for ``hold`` seconds. An incident is kept in the
+index, as ``{job}/incidents/{id}.json`` in the spool (queued for S3 like any file), logged at
+warning level and counted for ``/metrics``.
+
+A cooldown per job (``[watch] cooldown``) bounds what a flapping job costs: a detection of a
+kind, job and rank whose last incident was detected less than ``cooldown`` ago opens that
+incident again instead of a new one, and a job gets at most one automatic capture per
+cooldown. A restarted daemon holds the open incidents and the recent ones again (from the
+index): its detectors, starting afresh, find the open ones still open and fire nothing new.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from profd.config import WatchConfig
+from profd.daemon.sessions.state import Session
+from profd.daemon.spool.clientfiles import made_dir
+from profd.daemon.spool.spoolperms import SpoolPerms
+from profd.fsutil import atomic_write
+from profd.scheduling.refusal import Refused
+from profd.store import layout
+from profd.store.index import Index
+from profd.watch.incident import KINDS, OPEN, Incident, Suspect, new_id
+
+log = logging.getLogger("profd.watch")
+
+#: Kinds that name a whole job: one open incident per job, whatever ranks it lists.
+JOB_WIDE = frozenset({"regression"})
+#: The label of an incident's automatic capture: this, then the incident's id.
+LABEL = "incident:"
+
+#: (kind, job, role, rank): what one open incident stands for (role and rank None: the job).
+Key = tuple[str, str, str | None, int | None]
+#: Arms an incident's capture; its session id. Raises :class:`Refused` when it cannot.
+Capture = Callable[[Incident], str]
+
+
+class UploadQueue(Protocol):
+    def kick(self) -> None: ...
+
+
+def on_capture_processed(incident: Incident, session: Session) -> None:
+    """An incident's capture ended and its traces are processed (``session`` is terminal).
+
+    The comparison (the ``diff`` engine: suspect against peer per operator and per step; for
+    a regression, the capture against the job's last sample before it) belongs here: it sets
+    ``incident.comparison``, and :meth:`Incidents.capture_ended`, which calls this from the
+    loop's flush for every finished session labelled ``incident:ID``, saves the incident
+    again. Not built yet: it does nothing."""
+
+
+class Incidents:
+    def __init__(
+        self,
+        index: Index,
+        spool: Path,
+        perms: SpoolPerms,
+        host: str,
+        cfg: WatchConfig,
+        uploads: UploadQueue | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.index = index
+        self.spool = spool
+        self.perms = perms
+        self.host = host
+        self.cfg = cfg
+        self.uploads = uploads
+        self._clock = clock
+        #: Arms an incident's capture (set by the loop; None: incidents capture nothing).
+        self.capture: Capture | None = None
+        #: Open incidents, and resolved ones still inside their job's cooldown, by id.
+        self.held: dict[str, Incident] = {}
+        #: Each key's newest incident (open, or resolved inside the cooldown).
+        self._by_key: dict[Key, str] = {}
+        #: When each open incident was last reported by its rule (unix time), and how long
+        #: it stays open without being reported again.
+        self._seen: dict[str, float] = {}
+        self._keep: dict[str, float] = {}
+        #: When each job's last automatic capture was armed (unix time).
+        self._captured: dict[str, float] = {}
+        #: Incidents opened since the daemon started, by kind (``/metrics``).
+        self.counts: dict[str, int] = dict.fromkeys(KINDS, 0)
+        #: Incidents whose record could not be written (a full disk): tried again each tick.
+        self._unsaved: set[str] = set()
+
+    # --- the detectors' side --------------------------------------------------------------
+    def open(
+        self,
+        kind: str,
+        job: str,
+        role: str | None,
+        suspects: Sequence[Suspect],
+        step: int | None,
+        evidence: dict[str, Any],
+        keep_for: float | None = None,
+    ) -> Incident | None:
+        """A rule reports ``kind`` in ``job`` for ``suspects``: a new incident, or None when
+        each suspect (the job, for a job-wide kind) is already in an open incident (which
+        now holds a while longer) or in one detected inside the job's cooldown (which opens
+        again). ``keep_for``: seconds the incident stays open without being reported again
+        (default ``[watch] hold``; a rule that reports only now and then, on samples, says
+        how long it waits between two)."""
+        if kind not in KINDS:
+            raise ValueError(f"unknown incident kind {kind!r}")
+        now = self._clock()
+        fresh: list[Suspect] = []
+        held = False  # the job itself, for a job-wide kind
+        for key, suspect in self._keys(kind, job, suspects):
+            old = self.held.get(self._by_key.get(key, ""))
+            if old is not None and old.state == OPEN:
+                self._seen[old.id] = now
+                held = True
+            elif old is not None and now - old.detected_at < self.cfg.cooldown:
+                self._reopen(old, now, evidence, keep_for)
+                held = True
+            elif suspect is not None:
+                fresh.append(suspect)
+        if kind in JOB_WIDE or not suspects:
+            if held:
+                return None
+            fresh = list(suspects)
+        elif not fresh:
+            return None
+        inc = Incident(
+            id=new_id(kind, now),
+            kind=kind,
+            job=job,
+            role=role,
+            host=self.host,
+            suspects=fresh,
+            detected_at=now,
+            step=step,
+            evidence=evidence,
+        )
+        self.held[inc.id] = inc
+        for key, _ in self._keys(kind, job, fresh):
+            self._by_key[key] = inc.id
+        self._seen[inc.id] = now
+        self._keep[inc.id] = self.cfg.hold if keep_for is None else keep_for
+        self.counts[kind] += 1
+        self._arm_capture(inc, now)
+        self._save(inc)
+        log.warning("incident %s: %s", inc.id, describe(inc))
+        return inc
+
+    def _arm_capture(self, inc: Incident, now: float) -> None:
+        if self.capture is None or not self.cfg.capture:
+            return
+        last = self._captured.get(inc.job)
+        if last is not None and now - last < self.cfg.cooldown:
+            inc.notes.append(
+                f"no capture: job {inc.job} had one {now - last:.0f}s ago"
+                f" (cooldown {self.cfg.cooldown:.0f}s)"
+            )
+            return
+        try:
+            inc.session = self.capture(inc)
+        except Refused as exc:
+            inc.notes.append(f"no capture: {exc}")
+            log.warning("incident %s: no capture: %s", inc.id, exc)
+            return
+        except Exception as exc:  # a bug there must not lose the incident itself
+            inc.notes.append(f"no capture: {type(exc).__name__}: {exc}")
+            log.exception("incident %s: arming its capture", inc.id)
+            return
+        self._captured[inc.job] = now
+
+    def _reopen(
+        self, inc: Incident, now: float, evidence: dict[str, Any], keep_for: float | None
+    ) -> None:
+        """A resolved incident's condition came back inside its job's cooldown."""
+        inc.reopen(f"open again at {_clock(now)} (inside the cooldown): {evidence}")
+        self._seen[inc.id] = now
+        self._keep[inc.id] = self.cfg.hold if keep_for is None else keep_for
+        self._save(inc)
+        log.warning("incident %s open again: %s", inc.id, describe(inc))
+
+    @staticmethod
+    def _keys(kind: str, job: str, suspects: Sequence[Suspect]) -> list[tuple[Key, Suspect | None]]:
+        if kind in JOB_WIDE or not suspects:
+            return [((kind, job, None, None), None)]
+        return [((kind, job, s.role, s.rank), s) for s in suspects]
+
+    # --- the loop's side ------------------------------------------------------------------
+    def tick(self) -> None:
+        """Once a tick: resolve the incidents no rule reported for their hold; forget the
+        resolved ones whose cooldown passed; write what could not be written before."""
+        now = self._clock()
+        for inc in list(self.held.values()):
+            if inc.state == OPEN:
+                if now - self._seen.get(inc.id, now) > self._keep.get(inc.id, self.cfg.hold):
+                    self._resolve(inc, now)
+            elif now - inc.detected_at >= self.cfg.cooldown:
+                self._forget(inc)
+        for iid in list(self._unsaved):
+            found = self.held.get(iid)
+            if found is None:
+                self._unsaved.discard(iid)
+            else:
+                self._save(found)
+        for job in [j for j, t in self._captured.items() if now - t >= self.cfg.cooldown]:
+            del self._captured[job]
+
+    def _resolve(self, inc: Incident, now: float) -> None:
+        inc.resolve(now)
+        self._seen.pop(inc.id, None)
+        self._keep.pop(inc.id, None)
+        self._save(inc)
+        log.info("incident %s resolved after %.0fs", inc.id, now - inc.detected_at)
+
+    def _forget(self, inc: Incident) -> None:
+        del self.held[inc.id]
+        for key in [k for k, v in self._by_key.items() if v == inc.id]:
+            del self._by_key[key]
+
+    def reconfigure(self, cfg: WatchConfig) -> None:
+        self.cfg = cfg
+
+    def restore(self) -> int:
+        """At start: the open incidents and those inside their job's cooldown, from the
+        index. An open one stays open long enough for its rule, starting afresh, to report
+        it again (twice a window and a hold; a regression's half baseline more)."""
+        now = self._clock()
+        rows = self.index.recent_incidents(now - self.cfg.cooldown)
+        for row in rows:
+            inc = Incident.from_dict(row)
+            self.held[inc.id] = inc
+            for key, _ in self._keys(inc.kind, inc.job, inc.suspects):
+                self._by_key[key] = inc.id
+            if inc.session is not None:
+                self._captured[inc.job] = max(self._captured.get(inc.job, 0.0), inc.detected_at)
+            if inc.state == OPEN:
+                # Twice a window and a hold: its ranks attach again first (three missed
+                # heartbeats), and a window of their steps must come before any judgement.
+                grace = 2 * (self.cfg.window + self.cfg.hold)
+                if inc.kind in JOB_WIDE:
+                    grace += self.cfg.baseline / 2
+                self._seen[inc.id] = now
+                self._keep[inc.id] = grace
+        return sum(1 for i in self.held.values() if i.state == OPEN)
+
+    def capture_ended(self, s: Session) -> None:
+        """A session ended: if it is an incident's capture, the comparison's hook."""
+        if not (s.label or "").startswith(LABEL):
+            return
+        iid = s.label[len(LABEL) :] if s.label else ""
+        inc = self.held.get(iid)
+        if inc is None:
+            row = self.index.incident(iid)
+            if row is None:
+                return
+            inc = Incident.from_dict(row)
+        before = inc.comparison
+        on_capture_processed(inc, s)
+        if inc.comparison != before:
+            self._save(inc)
+
+    # --- reads (control requests) ---------------------------------------------------------
+    def rows(
+        self,
+        job: str | None = None,
+        kind: str | None = None,
+        since: float | None = None,
+        limit: int = 1000,
+    ) -> list[dict[str, Any]]:
+        """Incidents, newest first, from the index (what memory holds is written there as it
+        changes; one that could not be written yet is taken from memory)."""
+        rows = self.index.incidents(job=job, kind=kind, since=since, limit=limit)
+        if self._unsaved:
+            mine = {iid: self.held[iid].to_dict() for iid in self._unsaved if iid in self.held}
+            rows = [mine.pop(r["id"], r) for r in rows]
+            rows += [
+                d
+                for d in mine.values()
+                if (job is None or d["job"] == job)
+                and (kind is None or d["kind"] == kind)
+                and (since is None or d["detected_at"] >= since)
+            ]
+            rows.sort(key=lambda d: (-d["detected_at"], d["id"]))
+        return rows[:limit]
+
+    def find(self, text: str) -> dict[str, Any]:
+        """The incident with this id, else the one whose id contains it."""
+        inc = self.held.get(text)
+        if inc is not None:
+            return inc.to_dict()
+        row = self.index.incident(text)
+        if row is not None:
+            return row
+        ids = self.index.incident_ids(text, 6)
+        if not ids:
+            raise Refused("not_found", f"no incident {text!r}")
+        if len(ids) > 1:
+            shown = ", ".join(ids[:5])
+            raise Refused("ambiguous", f"incident {text!r} is ambiguous: {shown}")
+        found = self.index.incident(ids[0])
+        if found is None:
+            raise Refused("not_found", f"no incident {text!r}")
+        return found
+
+    # --- the record --------------------------------------------------------------------------
+    def _save(self, inc: Incident) -> None:
+        """The incident into the index and ``{job}/incidents/{id}.json``, queued for S3."""
+        doc = inc.to_dict()
+        try:
+            path = self._write(inc.job, inc.id, doc)
+            with self.index.transaction():
+                self.index.save_incident(doc)
+                self.index.add_file(
+                    {
+                        "session": inc.id,
+                        "job": inc.job,
+                        "kind": "incident",
+                        "path": str(path),
+                        "rel": layout.incident_key(inc.job, inc.id),
+                        "bytes": path.stat().st_size,
+                        "upload_state": "pending" if self.uploads is not None else "local",
+                    }
+                )
+        except Exception as exc:
+            if inc.id not in self._unsaved:
+                log.error("incident %s: cannot write its record (tried each tick): %s", inc.id, exc)
+            self._unsaved.add(inc.id)
+            return
+        self._unsaved.discard(inc.id)
+        if self.uploads is not None:
+            self.uploads.kick()
+
+    def _write(self, job: str, iid: str, doc: dict[str, Any]) -> Path:
+        parts = layout.incident_parts(job, iid)
+        with made_dir(self.spool, [self.perms.shared(job), self.perms.final(parts[1])]):
+            pass
+        path = self.spool.joinpath(*parts)
+        atomic_write(path, json.dumps(doc, indent=2, sort_keys=True), self.perms.file_mode)
+        return path
+
+
+def describe(inc: Incident) -> str:
+    """One line: what was noticed, where, and the capture."""
+    ev = inc.evidence
+    who = ", ".join(f"{s.role} rank {s.rank} on {s.host}" for s in inc.suspects)
+    if inc.kind == "regression":
+        what = (
+            f"job {inc.job} slowed down: step {ev.get('window_ms', 0):.1f} ms against"
+            f" {ev.get('baseline_ms', 0):.1f} ms before ({_pct(ev.get('ratio'))})"
+        )
+    elif inc.kind == "slow_rank":
+        what = (
+            f"job {inc.job}: {who} steps in {ev.get('step_ms', 0):.1f} ms against"
+            f" {ev.get('peers_ms', 0):.1f} ms of its role ({_pct(ev.get('ratio'))})"
+        )
+    else:
+        what = f"{inc.kind} in job {inc.job}" + (f": {who}" if who else "")
+    if inc.step is not None:
+        what += f" at step {inc.step}"
+    if inc.session is not None:
+        what += f"; capture {inc.session}"
+    return what
+
+
+def _pct(ratio: object) -> str:
+    return f"{(float(ratio) - 1.0) * 100:+.0f}%" if isinstance(ratio, int | float) else "?"
+
+
+def _clock(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t))

@@ -1,0 +1,116 @@
+"""The detectors on the loop (profd.daemon.watch.detectors) fed by a real step ledger from
+synthetic heartbeats, one a second per rank, opening real incidents (SQLite, spool)."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+from test_ledger_daemon import Clock, client, ledger
+
+from profd.config import WatchConfig
+from profd.daemon.clients.ledger import Ledgers
+from profd.daemon.clients.registry import Client
+from profd.daemon.spool.spoolperms import SpoolPerms
+from profd.daemon.watch.detectors import Detectors
+from profd.daemon.watch.incidents import Incidents
+from profd.store.index import Index
+
+CFG = WatchConfig(window=20.0, baseline=60.0, hold=10.0, cooldown=600.0)
+
+
+class Rig:
+    def __init__(self, tmp_path: Path, clients: list[Client], cfg: WatchConfig = CFG) -> None:
+        self.unix = Clock(1_800_000_000.0)
+        self.mono = 1000.0
+        self.clients = clients
+        self.ledgers = Ledgers(self.unix)
+        spool = tmp_path / "spool"
+        spool.mkdir()
+        self.incidents = Incidents(
+            Index(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, self.unix
+        )
+        self.detectors = Detectors(self.ledgers, clients, self.incidents, cfg.rules())
+        self.rng = random.Random(7)
+        self.steps = {c.key: 0 for c in clients}
+        self.epochs = {c.key: 0 for c in clients}
+
+    def run(self, seconds: int, step_ms: dict[int, float], jitter: float = 0.1) -> None:
+        """``seconds`` ticks; rank r's steps take ``step_ms[r]`` ± ``jitter``."""
+        for _ in range(seconds):
+            self.mono += 1.0
+            self.unix.t += 1.0
+            for c in self.clients:
+                base = step_ms[c.rank] / 1000.0
+                n = max(1, round(1.0 / base))
+                ds = [base * (1 + self.rng.uniform(-jitter, jitter)) for _ in range(n)]
+                self.steps[c.key] += n
+                c.step = self.steps[c.key]
+                msg = ledger(ds, c.step, epoch=self.epochs[c.key])
+                self.ledgers.heartbeat(c, c.step, msg, self.mono)
+            self.detectors.tick(self.mono)
+            self.incidents.tick()
+
+    def found(self) -> list[tuple[str, list[int]]]:
+        return sorted(
+            (r["kind"], [s["rank"] for s in r["suspects"]]) for r in self.incidents.rows()
+        )
+
+
+def workers(n: int) -> list[Client]:
+    return [client(rank=r, pid=100 + r, role="worker") for r in range(n)]
+
+
+def test_a_steady_jittery_job_yields_nothing(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, workers(4))
+    rig.run(400, dict.fromkeys(range(4), 30.0))
+    assert rig.found() == []
+
+
+def test_a_slow_worker_is_one_slow_rank_incident(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, workers(3))
+    rig.run(100, {0: 30.0, 1: 42.0, 2: 30.0})
+    assert rig.found() == [("slow_rank", [1])]
+    (inc,) = rig.incidents.rows()
+    assert inc["state"] == "open" and 1.3 < inc["evidence"]["ratio"] < 1.5
+    # It catches up: the incident is resolved, and nothing else is opened.
+    rig.run(60, dict.fromkeys(range(3), 30.0))
+    (inc,) = rig.incidents.rows()
+    assert inc["state"] == "resolved"
+
+
+def test_a_job_that_slows_down_on_every_rank_is_one_regression(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, workers(3))
+    rig.run(90, dict.fromkeys(range(3), 30.0))
+    assert rig.found() == []
+    slower_from = max(rig.steps.values())
+    rig.run(60, dict.fromkeys(range(3), 45.0))
+    assert rig.found() == [("regression", [])]
+    (inc,) = rig.incidents.rows()
+    assert 1.4 < inc["evidence"]["ratio"] < 1.6
+    assert slower_from < inc["step"] < max(rig.steps.values())  # the job's step then
+
+
+def test_a_step_count_jump_starts_the_baseline_again(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, workers(3))
+    rig.run(90, dict.fromkeys(range(3), 30.0))
+    # The job resumes from a checkpoint: step(n) on every rank, and its steps are slower
+    # from then on (another phase of training): no baseline to compare them with.
+    for c in rig.clients:
+        rig.epochs[c.key] += 1
+        rig.steps[c.key] += 100_000
+    rig.run(25, dict.fromkeys(range(3), 45.0))
+    assert rig.found() == []
+
+
+def test_a_rank_alone_in_its_role_and_a_late_rank_fire_nothing(tmp_path: Path) -> None:
+    clients = [*workers(2), client(rank=5, pid=200, role="learner")]
+    rig = Rig(tmp_path, clients)
+    # The learner is alone in its role: no peers to compare with, however slow.
+    rig.run(60, {0: 30.0, 1: 30.0, 5: 300.0})
+    late = client(rank=2, pid=102, role="worker")
+    rig.clients.append(late)
+    rig.steps[late.key] = 0
+    rig.epochs[late.key] = 0
+    rig.run(60, {0: 30.0, 1: 30.0, 2: 30.0, 5: 300.0})
+    assert rig.found() == []

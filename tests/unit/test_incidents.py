@@ -1,0 +1,196 @@
+"""Incidents (profd.daemon.watch.incidents) on a real SQLite index and a real spool: dedup,
+resolution after the hold, the cooldown of a flapping job, and a restart that keeps them and
+fires nothing again. The capture is the injection point the loop fills with the Starter;
+here a recorder stands in for it."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from profd.config import WatchConfig
+from profd.daemon.spool.spoolperms import SpoolPerms
+from profd.daemon.watch.incidents import Incidents
+from profd.scheduling.refusal import Refused
+from profd.store import layout
+from profd.store.index import Index
+from profd.watch.incident import OPEN, RESOLVED, Incident, Suspect
+from profd_client import protocol as P
+
+CFG = WatchConfig(window=6.0, baseline=12.0, hold=3.0, cooldown=60.0)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 1_800_000_000.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+class Recorder:
+    """Arms nothing: says which incidents asked, and answers with a session id."""
+
+    def __init__(self) -> None:
+        self.asked: list[str] = []
+        self.refuse: str | None = None
+
+    def __call__(self, inc: Incident) -> str:
+        if self.refuse:
+            raise Refused("quota", self.refuse)
+        self.asked.append(inc.id)
+        return f"sess-{len(self.asked)}"
+
+
+def make(tmp_path: Path, clock: Clock, cfg: WatchConfig = CFG) -> tuple[Incidents, Recorder]:
+    spool = tmp_path / "spool"
+    spool.mkdir(exist_ok=True)
+    inc = Incidents(Index(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, clock)
+    rec = Recorder()
+    inc.capture = rec
+    return inc, rec
+
+
+def slow(incidents: Incidents, rank: int = 1, job: str = "j") -> Incident | None:
+    return incidents.open(
+        "slow_rank", job, "worker", [Suspect("h", "worker", rank)], 100, {"ratio": 1.4}
+    )
+
+
+def regression(incidents: Incidents, job: str = "j") -> Incident | None:
+    return incidents.open("regression", job, "main", [], 100, {"ratio": 1.5})
+
+
+def test_one_open_incident_per_kind_job_and_rank(tmp_path: Path) -> None:
+    clock = Clock()
+    incidents, rec = make(tmp_path, clock)
+    first = slow(incidents)
+    assert first is not None and first.state == OPEN and first.session == "sess-1"
+    for _ in range(5):
+        clock.t += 1.0
+        assert slow(incidents) is None  # the rule reports it each tick: still the one
+        incidents.tick()
+    other = slow(incidents, rank=2)
+    assert other is not None and other.id != first.id
+    assert slow(incidents, job="k") is not None  # another job
+    reg = regression(incidents)
+    assert reg is not None and reg.suspects == []
+    assert regression(incidents) is None  # job-wide: one per job
+    assert incidents.counts["slow_rank"] == 3 and incidents.counts["regression"] == 1
+    # One capture per job inside the cooldown: j's first incident's, and k's.
+    assert len(rec.asked) == 2 and other.session is None and reg.session is None
+    rows = incidents.rows()
+    assert len(rows) == 4 and {first.id, other.id, reg.id} < {r["id"] for r in rows}
+    assert [r["id"] for r in incidents.rows(job="j", kind="regression")] == [reg.id]
+
+
+def test_it_is_kept_in_the_index_and_as_a_file_queued_like_any_other(tmp_path: Path) -> None:
+    clock = Clock()
+    incidents, _ = make(tmp_path, clock)
+    inc = slow(incidents)
+    assert inc is not None
+    path = tmp_path.joinpath("spool", *layout.incident_parts("j", inc.id))
+    assert path.name == f"{inc.id}.json" and path.parent.name == "incidents"
+    doc = json.loads(path.read_text())
+    assert doc == inc.to_dict() == incidents.index.incident(inc.id)
+    assert doc["suspects"] == [{"host": "h", "role": "worker", "rank": 1}]
+    row = incidents.index.db.execute(
+        "SELECT kind, rel, upload_state FROM files WHERE path = ?", (str(path),)
+    ).fetchone()
+    assert tuple(row) == ("incident", f"j/incidents/{inc.id}.json", "local")
+    assert incidents.find(inc.id[-6:])["id"] == inc.id  # any unique part of its id
+    # What the control requests answer with passes their reply schemas.
+    rows = [{**r, "node": "n1"} for r in incidents.rows()]
+    P.reply({"v": P.VERSION, "t": P.C_INCIDENTS}, rows)
+    P.reply({"v": P.VERSION, "t": P.C_INCIDENT}, {**rows[0], "session_state": "armed"})
+    with pytest.raises(Refused, match="no incident"):
+        incidents.find("nope")
+
+
+def test_resolved_once_its_rule_stops_reporting_it_for_the_hold(tmp_path: Path) -> None:
+    clock = Clock()
+    incidents, _ = make(tmp_path, clock)
+    inc = slow(incidents)
+    assert inc is not None
+    clock.t += CFG.hold  # not reported for the hold exactly: still open
+    incidents.tick()
+    assert inc.state == OPEN
+    clock.t += 0.5
+    incidents.tick()
+    assert inc.state == RESOLVED and inc.resolved_at == clock.t
+    path = tmp_path.joinpath("spool", *layout.incident_parts("j", inc.id))
+    assert json.loads(path.read_text())["state"] == RESOLVED
+    assert incidents.index.incident(inc.id)["state"] == RESOLVED  # type: ignore[index]
+
+
+def test_a_flapping_job_yields_one_incident_and_one_capture_per_cooldown(tmp_path: Path) -> None:
+    clock = Clock()
+    incidents, rec = make(tmp_path, clock)
+    first = slow(incidents)
+    assert first is not None
+    for _ in range(8):  # fires, clears for longer than the hold, fires again...
+        clock.t += CFG.hold + 1.0
+        incidents.tick()
+        assert first.state == RESOLVED
+        clock.t += 1.0
+        assert slow(incidents) is None
+        assert first.state == OPEN  # the same incident, open again
+    assert incidents.counts["slow_rank"] == 1 and rec.asked == [first.id]
+    assert sum("open again" in n for n in first.notes) == 8
+    # Another kind in the same job inside the cooldown: an incident, but no capture.
+    reg = regression(incidents)
+    assert reg is not None and reg.session is None
+    assert any("cooldown" in n for n in reg.notes), reg.notes
+    # Once the cooldown passed: a new incident and a new capture.
+    clock.t = first.detected_at + CFG.cooldown + 1.0
+    incidents.tick()
+    clock.t += CFG.hold + 1.0
+    incidents.tick()
+    again = slow(incidents)
+    assert again is not None and again.id != first.id and again.session == "sess-2"
+    assert rec.asked == [first.id, again.id]
+
+
+def test_a_refused_capture_is_a_note_and_the_incident_stands(tmp_path: Path) -> None:
+    clock = Clock()
+    incidents, rec = make(tmp_path, clock)
+    rec.refuse = "spool quota full"
+    inc = slow(incidents)
+    assert inc is not None and inc.session is None
+    assert inc.notes == ["no capture: spool quota full"]
+    (tmp_path / "off").mkdir()
+    off, rec2 = make(tmp_path / "off", clock, WatchConfig(capture=False))
+    inc2 = slow(off)
+    assert inc2 is not None and inc2.session is None and rec2.asked == []
+
+
+def test_a_restart_keeps_incidents_and_fires_nothing_again(tmp_path: Path) -> None:
+    clock = Clock()
+    incidents, _ = make(tmp_path, clock)
+    inc = slow(incidents)
+    reg = regression(incidents, job="k")
+    assert inc is not None and reg is not None
+    incidents.index.close()
+
+    clock.t += 5.0
+    again, rec2 = make(tmp_path, clock)
+    assert again.restore() == 2
+    assert again.held[inc.id].state == OPEN
+    # Its rule starts afresh: its ranks attach again, then it needs a window and a hold
+    # before it reports anything; the incident waits twice that long for it.
+    grace = 2 * (CFG.window + CFG.hold)
+    clock.t += grace - 1.0
+    again.tick()
+    assert again.held[inc.id].state == OPEN
+    assert slow(again) is None and regression(again, job="k") is None
+    assert again.counts["slow_rank"] == 0 and rec2.asked == []
+    assert len(again.rows()) == 2
+    # No longer reported: resolved once its grace passed.
+    clock.t += grace + 1.0
+    again.tick()
+    assert again.held[inc.id].state == RESOLVED
+    # The job's capture was inside the cooldown: a new incident of it captures nothing.
+    other = slow(again, rank=2)
+    assert other is not None and other.session is None and rec2.asked == []
