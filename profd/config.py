@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profd.watch import sampling
 from profd_client.locations import runtime_dir as resolve_runtime_dir
 from profd_client.locations import under_systemd
 
@@ -180,6 +181,11 @@ class WatchConfig:
 
     #: Seconds the index keeps each rank's per-minute step times (``profctl history``).
     keep_history: float = 604800.0
+    #: Samples (DESIGN "Watch"): every ``sample_every`` steps (0: off) a capture of
+    #: ``sample_steps`` steps of every attached job, its trace files kept ``keep_samples`` s.
+    sample_every: int = 0
+    sample_steps: int = 2
+    keep_samples: float = 86400.0
 
 
 def _watch(table: Mapping[str, Any]) -> WatchConfig:
@@ -189,7 +195,17 @@ def _watch(table: Mapping[str, Any]) -> WatchConfig:
     kw: dict[str, Any] = {}
     if "keep_history" in table:
         kw["keep_history"] = _number(table["keep_history"], "watch.keep_history", float, 0)
-    return WatchConfig(**kw)
+    if "sample_every" in table:
+        kw["sample_every"] = _number(table["sample_every"], "watch.sample_every", int, 0, True)
+    if "sample_steps" in table:
+        kw["sample_steps"] = _number(table["sample_steps"], "watch.sample_steps", int, 0)
+    if "keep_samples" in table:
+        kw["keep_samples"] = _number(table["keep_samples"], "watch.keep_samples", float, 0)
+    w = WatchConfig(**kw)
+    why = sampling.problem(w.sample_every, w.sample_steps)
+    if why:
+        raise ConfigError(f"[watch]: {why}")
+    return w
 
 
 @dataclass(frozen=True)

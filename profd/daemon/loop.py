@@ -43,6 +43,7 @@ from profd.daemon.sessions.autorules import AutoRules
 from profd.daemon.sessions.autorules import check as check_rules
 from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.quota import Quota
+from profd.daemon.sessions.samples import Samples, rules_of
 from profd.daemon.sessions.starts import Starter
 from profd.daemon.sessions.state import Sessions
 from profd.daemon.spool import leftovers
@@ -130,6 +131,9 @@ class Daemon:
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, self.index, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
+        self.samples = Samples(
+            rules_of(cfg.watch), self.registry, self.sessions, self.starter, self.index
+        )
         self.intake = Intake(
             self.sessions,
             self.index,
@@ -389,6 +393,7 @@ class Daemon:
                 _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
                 _guarded("writing step-ledger minutes", self._write_minutes)
                 _guarded("polling nsys", self.nsys.poll, now)
+                _guarded("sampling", self.samples.tick, now, time.time())
                 _guarded("publishing metrics", self.publish_metrics)
                 self._retry_writes()
                 self.flush()
@@ -461,6 +466,7 @@ class Daemon:
             if s.backend == "nsys":
                 _guarded("ending an nsys session", self.nsys.session_ended, s)
             self.incoming.remove_incoming(s.job, s.id)
+            _guarded("watching a sample", self.samples.finished, s)
         if finished:
             faults.point("session-ended")
             self.write_manifests()
