@@ -66,11 +66,12 @@ def logged_incident(
         evidence=evidence,
     )
     log.warning(
-        "incident %s: %s in job %s, suspects %s: %s",
+        "incident %s: %s in job %s, suspects %s, session %s: %s",
         i.id,
         kind,
         job,
         " ".join(f"{s.role}:r{s.rank}@{s.host}" for s in suspects),
+        evidence.get("session"),
         evidence.get("why", ""),
     )
     return i
