@@ -7,9 +7,13 @@ import itertools
 import math
 import random
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
+from profd import config
+from profd.config import ConfigError, load
+from profd.daemon.sessions.samples import rules_of
 from profd.scheduling.planner import TargetState, check_reachable
 from profd.watch import sampling
 from profd.watch.sampling import SampleRules, cycle_of, due, first_k, sample_id
@@ -159,3 +163,26 @@ def test_a_node_that_processes_too_long_skips_one_and_the_nodes_agree_again(n_no
     # The slow node samples every other one of the same samples: one id, the same steps.
     assert slow and set(slow) <= set(fast) and len(slow) < len(fast), (slow, fast)
     assert all(b - a == 200 for a, b in itertools.pairwise(slow)), slow
+
+
+def toml(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "profd.toml"
+    p.write_text(text)
+    return p
+
+
+def test_watch_sample_keys_are_read_and_checked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(config, "DEFAULT_CONFIG", tmp_path / "etc" / "profd.toml")
+    cfg = load(toml(tmp_path, "[watch]\nsample_every = 500\nsample_steps = 3\n"), env={})
+    assert rules_of(cfg.watch) == SampleRules(500, 3, 86400.0)
+    assert not rules_of(load(env={}).watch).on  # off unless asked
+    for text, why in (
+        ("sample_every = 2\n", "overlap"),
+        ("sample_every = 100\nsample_steps = 0\n", "sample_steps: must be an integer > 0"),
+        ("sample_every = -1\n", "sample_every: must be an integer >= 0"),
+        ("keep_samples = 0\n", "keep_samples: must be a number > 0"),
+    ):
+        with pytest.raises(ConfigError, match=why):
+            load(toml(tmp_path, "[watch]\n" + text), env={})

@@ -89,9 +89,10 @@ class SampleArming:
         self.registry = registry
         self.sessions = sessions
         self.starter = starter
-        #: Sample ids found taken (a restarted job reaching a step it sampled before): not
-        #: asked of the index again each tick.
-        self._taken: set[str] = set()
+        #: Per job, the first step of the sample it skips: refused (the quota) or its id
+        #: taken (a restarted job at steps it sampled before). Not tried again each tick
+        #: until its steps pass: a quota check reads the whole files table.
+        self._skip: dict[str, int] = {}
 
     def tick(self, now: float) -> list[Session]:
         """Arm the samples due now; the sessions started."""
@@ -102,6 +103,7 @@ class SampleArming:
         for c in self.registry:
             if c.allowed and c.job not in running:
                 jobs.setdefault(c.job, []).append(c)
+        self._skip = {j: v for j, v in self._skip.items() if j in jobs}
         started = []
         for job, clients in jobs.items():
             s = self._arm(job, clients, now)
@@ -114,15 +116,18 @@ class SampleArming:
         cycle = sampling.due(self.rules, [target_state(c, busy(c.key)) for c in clients], now)
         if cycle is None:
             return None
+        if self._skip.get(job) == cycle[1]:
+            return None
         sid = sampling.sample_id(job, cycle[1])
-        if sid in self._taken or self.sessions.taken(sid):
-            self._taken.add(sid)
+        if self.sessions.taken(sid):
+            self._skip[job] = cycle[1]
             return None
         spec = {"job": job, "session": sid, "cycles": [list(cycle)], "label": LABEL}
         try:
             return self.starter.start(StartRequest.parse(spec))
         except Refused as exc:
             # The quota, or a rank that passed the steps meanwhile: this sample is skipped.
+            self._skip[job] = cycle[1]
             log.debug("sample %s of job %s not armed: %s", sid, job, exc)
             return None
 
