@@ -129,7 +129,7 @@ def simulate(
 @pytest.mark.parametrize("seed", range(5))
 def test_nodes_of_one_job_arm_the_same_samples_with_the_same_ids(n_nodes: int, seed: int) -> None:
     rng = random.Random(seed * 100 + n_nodes)
-    rules = SampleRules(100, 2)
+    rules = SampleRules(500, 2)
     job_rate = rng.uniform(5.0, 40.0)
     nodes = [
         Node(
@@ -137,18 +137,18 @@ def test_nodes_of_one_job_arm_the_same_samples_with_the_same_ids(n_nodes: int, s
             skew=[rng.uniform(0.0, 3.0) for _ in range(r)],
             rate=[job_rate * rng.uniform(0.9, 1.1) for _ in range(r)],
             phase=rng.uniform(0.0, 1.0),
-            # Processing ends well before the next sample's deadline.
-            proc_s=rng.uniform(0.0, 0.3) * 100 / job_rate,
+            # Processing, a loop tick and the lead end before the next sample's deadline.
+            proc_s=rng.uniform(0.0, 0.3) * 500 / job_rate,
         )
         for _ in range(n_nodes)
     ]
-    simulate(nodes, rules, job_rate, seconds=30 * 100 / job_rate)
+    simulate(nodes, rules, job_rate, seconds=30 * 500 / job_rate)
     ids = [[sample_id("job", c[1]) for c in n.armed] for n in nodes]
     assert len(ids[0]) >= 25, ids[0]
     assert all(x == ids[0] for x in ids), ids
     # Every sample: the next multiple of sample_every, none skipped.
     firsts = [c[1] for c in nodes[0].armed]
-    assert firsts == [100 * k + 1 for k in range(1, len(firsts) + 1)]
+    assert firsts == [500 * k + 1 for k in range(1, len(firsts) + 1)]
 
 
 @pytest.mark.parametrize("n_nodes", [2, 8])
