@@ -61,9 +61,9 @@ def reported_after(d: Daemon, job: str, since: float, ranks: int) -> int:
     def fresh() -> int | None:
         before = time.monotonic()
         rows = [r for r in d.ps() if r["job"] == job]
-        if len(rows) == ranks and all(
-            before - r["age_s"] > since + d.heartbeat and not r["step_extrapolated"] for r in rows
-        ):
+        # A row's step is its last report's, or more (moved on at its rate): either way at
+        # least the step it had when the report was sent.
+        if len(rows) == ranks and all(before - r["age_s"] > since + d.heartbeat for r in rows):
             return max(int(r["step"]) for r in rows)
         return None
 
