@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from profd.watch import sampling
 from profd.watch.detect import WatchRules
 from profd_client.locations import runtime_dir as resolve_runtime_dir
 from profd_client.locations import under_systemd
@@ -250,7 +251,11 @@ def _watch(table: Mapping[str, Any]) -> WatchConfig:
         raise ConfigError(f"watch.sample_steps: at most {_MAX_SAMPLE_STEPS}")
     if kw.get("capture_ranks", 1) > _MAX_CAPTURE_RANKS:
         raise ConfigError(f"watch.capture_ranks: at most {_MAX_CAPTURE_RANKS}")
-    return WatchConfig(**kw)
+    w = WatchConfig(**kw)
+    why = sampling.problem(w.sample_every, w.sample_steps)
+    if why:
+        raise ConfigError(f"[watch]: {why}")
+    return w
 
 
 def reload_watch(path: Path | None) -> WatchConfig:

@@ -44,6 +44,7 @@ from profd.daemon.sessions.autorules import AutoRules
 from profd.daemon.sessions.autorules import check as check_rules
 from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.quota import Quota
+from profd.daemon.sessions.samples import Samples, rules_of
 from profd.daemon.sessions.starts import Starter
 from profd.daemon.sessions.state import Sessions
 from profd.daemon.spool import leftovers
@@ -58,6 +59,7 @@ from profd.scheduling.refusal import Refused
 from profd.states import LIVE
 from profd.store import layout
 from profd.store.index import Index
+from profd.watch.incident import Incident, Suspect
 from profd.watch.snapshot import Snapshot
 from profd_client import protocol as P
 
@@ -140,6 +142,15 @@ class Daemon:
         )
         self.detectors = Detectors(
             self.ledgers, self.registry, self.incidents, cfg.watch.rules(), cfg.watch.enabled
+        )
+        self.samples = Samples(
+            rules_of(cfg.watch),
+            self.registry,
+            self.sessions,
+            self.starter,
+            self.index,
+            open_incident=self._sample_incident,
+            referenced=self.incidents.referenced_sessions,
         )
         self.intake = Intake(
             self.sessions,
@@ -316,6 +327,7 @@ class Daemon:
         self.history.keep_s = watch.keep_history
         self.incidents.reconfigure(watch)
         self.detectors.reconfigure(watch.rules(), watch.enabled)
+        self.samples.set_rules(rules_of(watch))
         log.info("reload: [watch] now %s", watch)
 
     def stop(self, why: str = "") -> None:
@@ -424,6 +436,7 @@ class Daemon:
                 _guarded("running the detectors", self.detectors.tick, now)
                 _guarded("keeping incidents", self.incidents.tick)
                 _guarded("polling nsys", self.nsys.poll, now)
+                _guarded("sampling", self.samples.tick, now, time.time())
                 _guarded("publishing metrics", self.publish_metrics)
                 self._retry_writes()
                 self.flush()
@@ -453,6 +466,21 @@ class Daemon:
                 incidents=tuple((k, self.incidents.counts.get(k, 0)) for k in INCIDENT_KINDS),
                 upload_queue_bytes=self._queue_bytes,
             )
+        )
+
+    def _sample_incident(
+        self,
+        kind: str,
+        job: str,
+        role: str | None,
+        suspects: list[Suspect],
+        step: int | None,
+        evidence: dict[str, Any],
+    ) -> Incident | None:
+        # A straggler is named only when a sample ends: it stays open for the cooldown
+        # unless a later sample names it again.
+        return self.incidents.open(
+            kind, job, role, suspects, step, evidence, keep_for=self.cfg.watch.cooldown
         )
 
     def _drain(self, sock: Any, handle: Callable[[list[bytes], PeerCred | None], None]) -> None:
@@ -497,6 +525,7 @@ class Daemon:
                 _guarded("ending an nsys session", self.nsys.session_ended, s)
             _guarded("ending an incident's capture", self.incidents.capture_ended, s)
             self.incoming.remove_incoming(s.job, s.id)
+            _guarded("watching a sample", self.samples.finished, s)
         if finished:
             faults.point("session-ended")
             self.write_manifests()

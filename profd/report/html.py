@@ -9,7 +9,8 @@ synchronous job), and bar charts show the ranks at fixed percentiles plus the st
 from __future__ import annotations
 
 import html
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from profd.report.model import OPS_NOTE, Report, over_step_note, spotlight, verdict_text
 
@@ -216,14 +217,60 @@ def memory_bars(report: Report) -> str:
     return "".join(out) + memory_links(report)
 
 
+def _diff_table(d: Mapping[str, Any], rows: int = 10) -> str:
+    """The largest per-operator and per-step differences of a ``diff`` map, A against B."""
+    out = [
+        f"<p class=muted>A: {esc(d['a'])}; B: {esc(d['b'])}. ms per step; delta = B - A.</p>",
+        "<table><tr><th>operator</th><th>A</th><th>B</th><th>delta</th></tr>",
+    ]
+    for o in d["ops"][:rows]:
+        cells = [_ms(o[k]) for k in ("a_ms", "b_ms")] + [_ms(o["delta_ms"], "+.2f")]
+        out.append(f"<tr><td>{esc(o['name'])}</td>" + "".join(f"<td>{c}</td>" for c in cells))
+    out.append("</table><table><tr><th>step (A/B)</th><th>A</th><th>B</th><th>delta</th></tr>")
+    for x in d["steps"][:rows]:
+        out.append(
+            f"<tr><td>{x['a_step']}/{x['b_step']}</td><td>{_ms(x['a_ms'])}</td>"
+            f"<td>{_ms(x['b_ms'])}</td><td>{_ms(x['delta_ms'], '+.2f')}</td></tr>"
+        )
+    return "".join(out) + "</table>"
+
+
+def _ms(v: float | None, fmt: str = ".2f") -> str:
+    return "-" if v is None else format(v, fmt)
+
+
+def incident_section(incident: Mapping[str, Any]) -> str:
+    """What the incident this session captured is, and what differs (its ``comparison``)."""
+    who = ", ".join(f"{s['role']} r{s['rank']}@{s['host']}" for s in incident.get("suspects") or [])
+    why = (incident.get("evidence") or {}).get("why") or ""
+    out = [
+        f"<div class='verdict bad'><b>Incident {esc(incident.get('id'))}</b>:"
+        f" {esc(incident.get('kind'))} in job {esc(incident.get('job'))}"
+        f" at step {esc(incident.get('step'))}; suspects: {esc(who or 'none')}."
+        + (f"<br>{esc(why)}" if why else "")
+        + "</div>"
+    ]
+    c = incident.get("comparison") or {}
+    for key, title in (
+        ("suspect_vs_peer", "Suspect against peer"),
+        ("capture_vs_sample", "This capture against the job's last sample"),
+    ):
+        if c.get(key):
+            out.append(f"<h3>{title}</h3>{_diff_table(c[key])}")
+    out += [f"<p class=muted>{esc(n)}</p>" for n in c.get("notes") or []]
+    return "".join(out)
+
+
 def page(report: Report, sections: Sequence[tuple[str, str]]) -> str:
     bad = " bad" if report.stragglers else ""
+    # An incident's capture is read for the incident first: it leads the page.
+    lead = "" if report.incident is None else incident_section(report.incident)
     body = "".join(f"<h2>{esc(t)}</h2>{content}" for t, content in sections)
     return (
         "<!doctype html><html lang=en><head><meta charset=utf-8>"
         f"<title>profd report {esc(report.session)}</title><style>{CSS}</style></head><body>"
         f"<h1>Session {esc(report.session)} <span class=muted>job {esc(report.job)}</span></h1>"
-        f"<p>{len(report.ranks)} ranks, {len(report.steps)} common steps "
+        f"{lead}<p>{len(report.ranks)} ranks, {len(report.steps)} common steps "
         f"({esc(', '.join(map(str, report.steps[:12])))}{'…' if len(report.steps) > 12 else ''}),"
         f" {report.mode.upper()} trace statistics; median step {report.median_step_ms:.2f} ms."
         + (f" {report.skipped} target(s) had no statistics." if report.skipped else "")

@@ -94,6 +94,9 @@ class Report:
     #: A memory page's path (as in RankData.memory_pages) -> where this machine opens it; only
     #: the HTML page uses it, and only pages found here are linked.
     page_links: dict[str, str] = field(default_factory=dict)
+    #: The incident this session captured (its map, ``comparison`` included), when it is an
+    #: incident's capture: the HTML page leads with it.
+    incident: dict[str, Any] | None = None
 
     @property
     def mode(self) -> str:

@@ -51,6 +51,7 @@ CREATE TABLE IF NOT EXISTS sessions (
 );
 CREATE INDEX IF NOT EXISTS sessions_job ON sessions(job, created_at);
 CREATE INDEX IF NOT EXISTS sessions_state ON sessions(state, created_at);
+CREATE INDEX IF NOT EXISTS sessions_label ON sessions(label, created_at);
 CREATE TABLE IF NOT EXISTS targets (
     session TEXT NOT NULL,
     host TEXT NOT NULL,
@@ -642,6 +643,43 @@ class Index:
 
     def mark_deleted(self, file_id: int) -> None:
         self.db.execute("UPDATE files SET deleted = 1 WHERE id = ?", (file_id,))
+
+    # --- samples (event loop) ----------------------------------------------------------------
+    def labelled_with_files(
+        self, label: str, before: float, after: tuple[float, str], limit: int
+    ) -> list[tuple[float, str]]:
+        """``(created_at, id)`` of up to ``limit`` sessions labelled ``label``, created before
+        ``before`` and after ``after`` (in that order), that still have a file other than
+        their manifest in the spool: the samples whose trace files may age out."""
+        rows = self.db.execute(
+            "SELECT created_at, id FROM sessions s WHERE label = ? AND created_at < ?"
+            " AND (created_at, id) > (?, ?) AND EXISTS (SELECT 1 FROM files f"
+            " WHERE f.session = s.id AND f.deleted = 0 AND f.kind != 'session')"
+            " ORDER BY created_at, id LIMIT ?",
+            (label, before, after[0], after[1], limit),
+        ).fetchall()
+        return [(float(r["created_at"]), str(r["id"])) for r in rows]
+
+    def capture_files(self, session: str) -> list[dict[str, Any]]:
+        """A session's files still in the spool, its manifest left out."""
+        return [
+            dict(r)
+            for r in self.db.execute(
+                "SELECT id, path, kind, upload_state FROM files"
+                " WHERE session = ? AND deleted = 0 AND kind != 'session'",
+                (session,),
+            )
+        ]
+
+    def last_labelled(self, job: str, label: str, before: float) -> str | None:
+        """The id of ``job``'s last session labelled ``label`` that ended with results
+        (done or partial) and was created before ``before``."""
+        r = self.db.execute(
+            "SELECT id FROM sessions WHERE job = ? AND created_at < ? AND label = ?"
+            " AND state IN ('done', 'partial') ORDER BY created_at DESC LIMIT 1",
+            (job, before, label),
+        ).fetchone()
+        return None if r is None else str(r["id"])
 
     # --- step minutes (event loop) ---------------------------------------------------------
     def add_step_minutes(self, rows: Sequence[Mapping[str, Any]]) -> None:

@@ -11,6 +11,7 @@ from profd.ctl.commands.history import parse_when
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, ago, emit_json, opt, table
+from profd.report.incident_compare import comparison_text
 from profd_client import protocol as P
 
 
@@ -69,15 +70,21 @@ def incident(env: Env, incident_id: str) -> None:
     and its capture with that session's state.
 
     ID: the id or any unique part of it."""
-    answers = env.gather(P.C_INCIDENT, id=incident_id).answered()
-    ids = sorted({a.data["id"] for a in answers})
-    if len(ids) > 1:
-        raise CtlError(f"incident {incident_id!r} is ambiguous across nodes: {', '.join(ids)}")
-    doc = answers[0].node.named(answers[0].data)
+    doc = fetch_incident(env, incident_id)
     if env.json:
         emit_json(doc)
         return
     click.echo(text(doc))
+
+
+def fetch_incident(env: Env, incident_id: str) -> dict[str, Any]:
+    """The incident ``incident_id`` names, from whichever node has it (``host`` added)."""
+    answers = env.gather(P.C_INCIDENT, id=incident_id).answered()
+    ids = sorted({a.data["id"] for a in answers})
+    if len(ids) > 1:
+        raise CtlError(f"incident {incident_id!r} is ambiguous across nodes: {', '.join(ids)}")
+    doc: dict[str, Any] = answers[0].node.named(answers[0].data)
+    return doc
 
 
 def text(d: dict[str, Any]) -> str:
@@ -101,9 +108,9 @@ def text(d: dict[str, Any]) -> str:
         lines.append(f"session   {d['session']} ({d.get('session_state') or 'unknown'})")
     else:
         lines.append("session   none")
-    if d.get("comparison"):
-        lines.append("compared  " + ", ".join(f"{k} {v}" for k, v in d["comparison"].items()))
     lines += [f"note      {n}" for n in d.get("notes") or []]
+    if d.get("comparison"):
+        lines += ["", comparison_text(d["comparison"])]
     return "\n".join(lines)
 
 

@@ -91,6 +91,15 @@ def report(
 
     s = load_session(env, session, s3_url)
     rep = build_report(s)
+    label = str(s.get("label") or "")
+    if label.startswith("incident:") and not s3_url:
+        # An incident's capture: the page leads with the incident and what differs.
+        from profd.ctl.commands.incidents import fetch_incident
+
+        try:
+            rep.incident = fetch_incident(env, label[len("incident:") :])
+        except CtlError as exc:
+            click.echo(f"profctl: the incident of this capture is not readable: {exc}", err=True)
     if not rep.ranks:
         raise CtlError(
             f"session {rep.session} has no per-rank statistics"

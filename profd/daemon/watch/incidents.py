@@ -28,6 +28,7 @@ from profd.daemon.sessions.state import Session
 from profd.daemon.spool.clientfiles import made_dir
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.fsutil import atomic_write
+from profd.report.incident_compare import comparison_from_index
 from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import Index
@@ -50,14 +51,13 @@ class UploadQueue(Protocol):
     def kick(self) -> None: ...
 
 
-def on_capture_processed(incident: Incident, session: Session) -> None:
-    """An incident's capture ended and its traces are processed (``session`` is terminal).
-
-    The comparison (the ``diff`` engine: suspect against peer per operator and per step; for
-    a regression, the capture against the job's last sample before it) belongs here: it sets
-    ``incident.comparison``, and :meth:`Incidents.capture_ended`, which calls this from the
-    loop's flush for every finished session labelled ``incident:ID``, saves the incident
-    again. Not built yet: it does nothing."""
+def on_capture_processed(index: Index, incident: Incident, session: Session) -> None:
+    """An incident's capture ended and its traces are processed (``session`` is terminal):
+    what differs, suspect against peer per operator and per step, and for a regression the
+    capture against the job's last sample before it (the ``diff`` engine, reading the index
+    only). :meth:`Incidents.capture_ended` calls this from the loop's flush for every
+    finished session labelled ``incident:ID`` and saves the incident again."""
+    incident.comparison = comparison_from_index(index, incident, session.id)
 
 
 class Incidents:
@@ -263,9 +263,27 @@ class Incidents:
                 return
             inc = Incident.from_dict(row)
         before = inc.comparison
-        on_capture_processed(inc, s)
+        on_capture_processed(self.index, inc, s)
         if inc.comparison != before:
             self._save(inc)
+
+    def referenced_sessions(self, ids: Sequence[str]) -> set[str]:
+        """Which of these sessions an incident refers to (its evidence, its capture, the
+        sample its comparison used): the sample sweep keeps their files."""
+        wanted = set(ids)
+        if not wanted:
+            return set()
+        found: set[str] = set()
+        for d in self.index.incidents(limit=1_000_000):
+            comparison = d.get("comparison") or {}
+            for sid in (
+                (d.get("evidence") or {}).get("session"),
+                d.get("session"),
+                comparison.get("sample") if isinstance(comparison, dict) else None,
+            ):
+                if isinstance(sid, str) and sid in wanted:
+                    found.add(sid)
+        return found
 
     # --- reads (control requests) ---------------------------------------------------------
     def rows(

@@ -1,0 +1,282 @@
+"""Samples (DESIGN "Watch"): the daemon captures a few steps of every attached job by itself,
+every ``sample_every`` steps, at steps every node derives from the step alone.
+
+Three parts, all on the event loop:
+
+* :class:`SampleArming`: once a tick, for each job attached here without a sample still
+  running, arms the next sample (:func:`profd.watch.sampling.due`) on all its ranks here,
+  under the id every node gives it, through :class:`Starter` (quota, reachability, busy
+  ranks: a refusal skips that sample, logged at debug);
+* :class:`SampleStragglers`: when a sample session ends, the report's straggler rule over
+  each role of it, from the per-rank statistics in the index; a straggler opens an incident;
+* :class:`SampleAging`: sample trace files older than ``keep_samples`` are deleted unless an
+  incident refers to their session (the manifest and the index rows, with the statistics,
+  stay), a bounded batch at a time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.sessions.starts import Starter, StartRequest, target_state
+from profd.daemon.sessions.state import Session, Sessions
+from profd.report.model import Report, build_report
+from profd.scheduling.refusal import Refused
+from profd.store.index import Index
+from profd.watch import incident as inc
+from profd.watch import sampling
+from profd.watch.incident import Incident, Suspect
+from profd.watch.sampling import LABEL, SampleRules
+
+log = logging.getLogger("profd.samples")
+
+#: ``(kind, job, role, suspects, step, evidence) -> the incident opened, or None`` (one is
+#: already open for it): ``Incidents.open``.
+OpenIncident = Callable[
+    [str, str, str | None, list[Suspect], int | None, dict[str, Any]], Incident | None
+]
+#: Which of these session ids an incident refers to (their files are kept).
+Referenced = Callable[[Sequence[str]], set[str]]
+
+
+def logged_incident(
+    kind: str,
+    job: str,
+    role: str | None,
+    suspects: list[Suspect],
+    step: int | None,
+    evidence: dict[str, Any],
+) -> Incident:
+    """An incident only logged: what a daemon without the incidents store does with one."""
+    i = Incident(
+        id=inc.new_id(kind),
+        kind=kind,
+        job=job,
+        role=role,
+        host=suspects[0].host if suspects else "",
+        suspects=suspects,
+        detected_at=time.time(),
+        step=step,
+        evidence=evidence,
+    )
+    log.warning(
+        "incident %s: %s in job %s, suspects %s, session %s: %s",
+        i.id,
+        kind,
+        job,
+        " ".join(f"{s.role}:r{s.rank}@{s.host}" for s in suspects),
+        evidence.get("session"),
+        evidence.get("why", ""),
+    )
+    return i
+
+
+def nothing_referenced(ids: Sequence[str]) -> set[str]:
+    return set()
+
+
+class SampleArming:
+    def __init__(
+        self, rules: SampleRules, registry: Registry, sessions: Sessions, starter: Starter
+    ) -> None:
+        self.rules = rules
+        self.registry = registry
+        self.sessions = sessions
+        self.starter = starter
+        #: Per job, the first step of the sample it skips: refused (the quota) or its id
+        #: taken (a restarted job at steps it sampled before). Not tried again each tick
+        #: until its steps pass: a quota check reads the whole files table.
+        self._skip: dict[str, int] = {}
+
+    def tick(self, now: float) -> list[Session]:
+        """Arm the samples due now; the sessions started."""
+        if not self.rules.on:
+            return []
+        running = {s.job for s in self.sessions.live() if s.label == LABEL}
+        jobs: dict[str, list[Client]] = {}
+        for c in self.registry:
+            if c.allowed and c.job not in running:
+                jobs.setdefault(c.job, []).append(c)
+        self._skip = {j: v for j, v in self._skip.items() if j in jobs}
+        started = []
+        for job, clients in jobs.items():
+            s = self._arm(job, clients, now)
+            if s is not None:
+                started.append(s)
+        return started
+
+    def _arm(self, job: str, clients: list[Client], now: float) -> Session | None:
+        busy = self.sessions.busy_until
+        cycle = sampling.due(self.rules, [target_state(c, busy(c.key)) for c in clients], now)
+        if cycle is None:
+            return None
+        if self._skip.get(job) == cycle[1]:
+            return None
+        sid = sampling.sample_id(job, cycle[1])
+        if self.sessions.taken(sid):
+            self._skip[job] = cycle[1]
+            return None
+        spec = {"job": job, "session": sid, "cycles": [list(cycle)], "label": LABEL}
+        try:
+            return self.starter.start(StartRequest.parse(spec))
+        except Refused as exc:
+            # The quota, or a rank that passed the steps meanwhile: this sample is skipped.
+            self._skip[job] = cycle[1]
+            log.debug("sample %s of job %s not armed: %s", sid, job, exc)
+            return None
+
+
+def role_reports(session: Mapping[str, Any]) -> list[Report]:
+    """The report of each role of a session: ranks of different roles do different work, so
+    only ranks of one role are compared with each other."""
+    roles: dict[str, list[Any]] = {}
+    for t in session.get("targets") or []:
+        roles.setdefault(str(t["role"]), []).append(t)
+    return [build_report({**session, "targets": ts}) for _, ts in sorted(roles.items())]
+
+
+def straggler_findings(
+    session: Mapping[str, Any],
+) -> list[tuple[str, list[Suspect], int | None, dict[str, Any]]]:
+    """``(role, suspects, step, evidence)`` for each role of a processed session whose
+    per-rank statistics name stragglers (the report's rule)."""
+    out = []
+    for rep in role_reports(session):
+        if not rep.stragglers:
+            continue
+        role = rep.ranks[0].role
+        suspects = [
+            Suspect(rep.ranks[s.index].host, rep.ranks[s.index].role, rep.ranks[s.index].rank)
+            for s in rep.stragglers
+        ]
+        steps = rep.steps
+        evidence = {
+            "why": "; ".join(s.why for s in rep.stragglers),
+            "session": rep.session,
+            "steps": [steps[0], steps[-1]] if steps else [],
+            "ranks": len(rep.ranks),
+            "lead_ms": [s.lead_ms for s in rep.stragglers],
+            "wait_ms": [s.wait_ms for s in rep.stragglers],
+            "threshold_ms": round(rep.verdict.threshold_ms, 3),
+            "median_step_ms": round(rep.median_step_ms, 3),
+        }
+        out.append((role, suspects, steps[-1] if steps else None, evidence))
+    return out
+
+
+class SampleStragglers:
+    """The ``straggler`` detector: the report's rule over every processed sample."""
+
+    def __init__(self, index: Index, open_incident: OpenIncident) -> None:
+        self.index = index
+        self.open_incident = open_incident
+
+    def processed(self, session_id: str) -> list[Incident]:
+        """A sample session ended: the incidents its statistics open."""
+        s = self.index.session(session_id)
+        if s is None or s["id"] != session_id:
+            return []
+        opened = []
+        for role, suspects, step, evidence in straggler_findings(s):
+            i = self.open_incident("straggler", s["job"], role, suspects, step, evidence)
+            if i is not None:
+                opened.append(i)
+        return opened
+
+
+class SampleAging:
+    """Deletes sample trace files older than ``keep_samples`` that no incident refers to."""
+
+    #: Seconds between sweeps, and sessions looked at per sweep: a bounded piece of the
+    #: loop's time whatever the backlog (a daemon started after a week off).
+    EVERY = 60.0
+    BATCH = 20
+
+    def __init__(self, index: Index, keep_s: float, referenced: Referenced) -> None:
+        self.index = index
+        self.keep_s = keep_s
+        self.referenced = referenced
+        self._after: tuple[float, str] = (0.0, "")
+        self._due = 0.0
+
+    def tick(self, wall: float) -> int:
+        """One sweep when due; the files deleted."""
+        if wall < self._due:
+            return 0
+        self._due = wall + self.EVERY
+        rows = self.index.labelled_with_files(LABEL, wall - self.keep_s, self._after, self.BATCH)
+        # A short batch reached the end: the next sweep starts over, so the samples skipped
+        # (files still uploading) are looked at again.
+        self._after = rows[-1] if len(rows) == self.BATCH else (0.0, "")
+        kept = self.referenced([sid for _, sid in rows]) if rows else set()
+        removed = 0
+        for _, sid in rows:
+            if sid not in kept:
+                removed += self._age(sid)
+        if removed:
+            log.info("deleted %d sample file(s) older than keep_samples", removed)
+        return removed
+
+    def _age(self, session_id: str) -> int:
+        files = self.index.capture_files(session_id)
+        # A file on its way to S3 is deleted once it is there, at a later sweep.
+        if any(f["upload_state"] in ("pending", "uploading") for f in files):
+            return 0
+        gone = []
+        for f in files:
+            path = Path(f["path"])
+            try:
+                path.unlink(missing_ok=True)
+            except OSError as exc:
+                log.warning("could not delete sample file %s: %s", path, exc)
+                continue
+            gone.append(f["id"])
+            with contextlib.suppress(OSError):
+                path.parent.rmdir()  # the cycle dir, once its last file is gone
+        with self.index.transaction():
+            for fid in gone:
+                self.index.mark_deleted(fid)
+        return len(gone)
+
+
+class Samples:
+    """What the loop calls: :meth:`tick` once a tick, :meth:`finished` for each session
+    that ended."""
+
+    def __init__(
+        self,
+        rules: SampleRules,
+        registry: Registry,
+        sessions: Sessions,
+        starter: Starter,
+        index: Index,
+        open_incident: OpenIncident = logged_incident,
+        referenced: Referenced = nothing_referenced,
+    ) -> None:
+        self.arming = SampleArming(rules, registry, sessions, starter)
+        self.stragglers = SampleStragglers(index, open_incident)
+        self.aging = SampleAging(index, rules.keep_samples, referenced)
+
+    def set_rules(self, rules: SampleRules) -> None:
+        """``[watch]`` read again (SIGHUP): the next tick arms by the new rules."""
+        self.arming.rules = rules
+        self.aging.keep_s = rules.keep_samples
+
+    def tick(self, now: float, wall: float) -> None:
+        self.arming.tick(now)
+        self.aging.tick(wall)
+
+    def finished(self, s: Session) -> None:
+        if s.label == LABEL:
+            self.stragglers.processed(s.id)
+
+
+def rules_of(watch: Any) -> SampleRules:
+    """The sample keys of ``[watch]`` (``config.WatchConfig``)."""
+    return SampleRules(watch.sample_every, watch.sample_steps, watch.keep_samples)

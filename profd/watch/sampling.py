@@ -1,0 +1,116 @@
+"""Samples aligned by the global step (DESIGN "Watch", Samples): which steps, and what id.
+
+Pure arithmetic on step numbers. Every node's daemon computes a job's next sample from its
+own ranks' steps alone: sample ``k`` records steps ``N·k+1 … N·k+sample_steps`` and is called
+``sample-{job}-{N·k+1}``, so the nodes of a multi-node job sample the same steps under one
+session id (one S3 directory, one ``profctl --cluster report``) without talking.
+
+Nodes agree on ``k`` because it is the first sample every rank can still make, a function of
+the step: two nodes whose ranks are at the same step pick the same ``k``. They can only
+disagree when one looks just as the job passes a sample's last armable step, and then that
+node skips the sample (it could not have made it), which is what a node still busy with the
+last sample does anyway. A sample is armed only shortly before its steps
+(:data:`ARM_AHEAD_S`): an armed sample makes its ranks busy up to its steps, and an
+operator's ``--next`` capture, or an incident's, must not queue behind a sample far ahead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from profd.scheduling import planner
+from profd.scheduling.schedule import Cycle
+from profd_client import protocol as P
+
+#: The label every sample session carries.
+LABEL = "watch:sample"
+#: Steps the profiler runs before a sample's first recorded step: torch.profiler's first
+#: active step carries its start-up cost, which would read as a slow step of every rank.
+WARMUP = 1
+#: How long before its first step a sample is armed, in seconds of the job's step rate (and at
+#: least :data:`MIN_AHEAD_STEPS`): longer than the planner's lead plus a few loop ticks, so
+#: every node's daemon looks at least once while the sample can still be made.
+ARM_AHEAD_S = 5.0
+MIN_AHEAD_STEPS = 2 * planner.UNKNOWN_RATE_LEAD + 4
+#: A sample is a glance, not a capture: its files are every rank's, every ``sample_every``.
+MAX_SAMPLE_STEPS = 100
+
+
+@dataclass(frozen=True)
+class SampleRules:
+    """``[watch]``'s sample keys: ``sample_every`` steps (0: off), ``sample_steps`` recorded
+    steps per sample, ``keep_samples`` seconds a sample's trace files are kept."""
+
+    sample_every: int = 0
+    sample_steps: int = 2
+    keep_samples: float = 86400.0
+
+    @property
+    def on(self) -> bool:
+        return self.sample_every > 0
+
+
+def problem(every: int, steps: int) -> str | None:
+    """Why ``sample_every``/``sample_steps`` cannot work together, or None."""
+    if every and not 1 <= steps <= MAX_SAMPLE_STEPS:
+        return f"sample_steps must be 1 to {MAX_SAMPLE_STEPS}, got {steps}"
+    if every and steps + WARMUP > every:
+        return (
+            f"sample_steps ({steps}) plus its warm-up step must fit in sample_every ({every}):"
+            " samples would overlap"
+        )
+    return None
+
+
+def cycle_of(every: int, steps: int, k: int) -> Cycle:
+    """Sample ``k``'s cycle: warm-up at ``N·k``, recording ``N·k+1 … N·k+steps``."""
+    first = every * k + 1
+    return (first - WARMUP, first, first + steps)
+
+
+def first_k(every: int, earliest: int) -> int:
+    """The first ``k >= 1`` whose sample starts (its warm-up step) at or after ``earliest``."""
+    # every * k + 1 - WARMUP >= earliest
+    return max(1, -(-(earliest - 1 + WARMUP) // every))
+
+
+def sample_id(job: str, first: int) -> str:
+    """The sample's session id on every node: ``sample-{job}-{first step}``; a job name too
+    long for an id is replaced by a digest of it (the same on every node)."""
+    sid = f"sample-{job}-{first}"
+    try:
+        P.SESSION_ID.check(sid, "session")
+    except P.ProtocolError:
+        digest = hashlib.sha256(job.encode("utf-8", "surrogatepass")).hexdigest()[:16]
+        sid = f"sample-{digest}-{first}"
+    return sid
+
+
+def _lead(t: planner.TargetState) -> int:
+    """The planner's ``--next`` lead for ``t``, in steps: how far ahead an arm must be."""
+    return math.ceil(max(t.sps * planner.NEXT_LEAD_S, planner.UNKNOWN_RATE_LEAD)) + 2
+
+
+def _ahead(t: planner.TargetState) -> int:
+    return max(math.ceil(t.sps * ARM_AHEAD_S), MIN_AHEAD_STEPS)
+
+
+def due(rules: SampleRules, targets: Sequence[planner.TargetState], now: float) -> Cycle | None:
+    """The sample to arm on ``targets`` (one job's ranks on this node) now, or None: the
+    first sample every rank can still make, once it is less than :data:`ARM_AHEAD_S` of the
+    fastest rank's steps ahead."""
+    if not rules.on or not targets:
+        return None
+    earliest = 1
+    horizon = 0.0
+    for t in targets:
+        est = t.estimated_step(now)
+        earliest = max(earliest, math.ceil(est) + _lead(t), t.busy_until)
+        horizon = max(horizon, est + _ahead(t))
+    cycle = cycle_of(rules.sample_every, rules.sample_steps, first_k(rules.sample_every, earliest))
+    if cycle[2] > P.MAX_STEP or cycle[0] > horizon:
+        return None
+    return cycle

@@ -1,0 +1,172 @@
+"""Samples on real daemons (issue 22 items 1 and 2): ``[watch] sample_every``.
+
+* A 2-rank gloo DDP job (``tests/jobs/paced.py``) sampled every 20 steps: the samples before
+  rank 1 starts sleeping before the all-reduce name nobody; the first sample after names rank
+  1 (a ``straggler`` incident, its evidence the sample). The incident comparison on those real
+  captures: the suspect against its peer, and the slowed job against its last calm sample.
+* Two daemons, a 2-node torchrun job: every sample is one session id on both daemons, with
+  the same steps, and ``profctl --cluster report`` over it covers all four ranks.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clusters import Cluster
+from harness import Daemon, Job, wait_for
+from test_cluster_start import launch_two_nodes, stepping, stop_agents
+
+from profd.report.incident_compare import compare
+from profd.store.index import Index
+from profd.watch.sampling import LABEL
+
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("samples")]
+
+WAIT = 120.0
+EVERY = 20
+#: More than the default 2: the rule is surer of a calm job on more steps (docs/reports.md).
+STEPS = 8
+CALM = "base_ms=40"
+SLOW = "base_ms=40 slow=1 extra_ms=25 extra=sleep"
+#: The daemon's log line for an incident (``samples.logged_incident``): session and suspects.
+
+
+def samples(d: Daemon, job: str) -> list[dict[str, Any]]:
+    """The job's sample sessions on ``d``, by first step."""
+    rows = d.ctl_json("sessions", "--job", job, "--limit", "1000")
+    out = [r for r in rows if r["label"] == LABEL]
+    return sorted(out, key=lambda r: r["cycles"][0][1])
+
+
+def ended(d: Daemon, job: str) -> list[dict[str, Any]]:
+    return [r for r in samples(d, job) if r["state"] in ("done", "partial", "failed")]
+
+
+def straggler_incidents(d: Daemon) -> dict[str, list[str]]:
+    """Sample session -> the suspects its straggler incident named (``profctl incidents``)."""
+    rows = d.ctl_json("incidents", "--kind", "straggler")
+    return {
+        r["evidence"]["session"]: [f"{s['role']}:r{s['rank']}@{s['host']}" for s in r["suspects"]]
+        for r in rows
+    }
+
+
+def reported_after(d: Daemon, job: str, since: float, ranks: int) -> int:
+    """The highest step the job's ranks reported in heartbeats sent after ``since``
+    (monotonic): received later than a client heartbeat interval after it."""
+
+    def fresh() -> int | None:
+        before = time.monotonic()
+        rows = [r for r in d.ps() if r["job"] == job]
+        # A row's step is its last report's, or more (moved on at its rate): either way at
+        # least the step it had when the report was sent.
+        if len(rows) == ranks and all(before - r["age_s"] > since + d.heartbeat for r in rows):
+            return max(int(r["step"]) for r in rows)
+        return None
+
+    step: int = wait_for(fresh, WAIT, f"{job}: reports sent after the mode changed", every=0.2)
+    return step
+
+
+def test_the_first_sample_after_a_rank_slows_names_it_and_none_before(
+    daemon_factory: Callable[..., Daemon],
+    torchrun: Callable[..., Job],
+    tmp_path: Path,
+) -> None:
+    d = daemon_factory(config=f"[watch]\nsample_every = {EVERY}\nsample_steps = {STEPS}\n")
+    mode = tmp_path / "mode"
+    mode.write_text(CALM)
+    torchrun("paced.py", nproc=2, daemon=d, MODE_FILE=str(mode), PROFD_JOB="paced2")
+    d.wait_attached(2, timeout=WAIT, min_step=2)
+
+    calm = wait_for(lambda: (e := ended(d, "paced2")) and len(e) >= 3 and e, WAIT, "3 samples")
+    for s in calm:
+        assert re.fullmatch(r"sample-paced2-\d+", s["id"]), s
+        w, a, b = s["cycles"][0]
+        assert a % EVERY == 1 and (w, b) == (a - 1, a + STEPS), s  # steps N*k+1 .. N*k+STEPS
+    assert all(x["state"] == "done" for x in calm), calm
+    written = time.monotonic()
+    before = max(max(r["step"] for r in d.ps() if r["job"] == "paced2"), 0)
+    mode.write_text(SLOW)
+    # Every step from here on read the new mode: a step that began before the write is
+    # done by the time a report sent after it says where the rank is.
+    slow_from = reported_after(d, "paced2", written, 2) + 2
+
+    def first_after() -> dict[str, Any] | None:
+        later = [s for s in ended(d, "paced2") if s["cycles"][0][0] >= slow_from]
+        return later[0] if later else None
+
+    first = wait_for(first_after, WAIT, f"a sample from step {slow_from}")
+    assert first["state"] == "done", first
+    incidents = straggler_incidents(d)
+    named = incidents.get(first["id"])
+    assert named is not None and [re.sub(r"@.*", "", x) for x in named] == ["main:r1"], (
+        first["id"],
+        incidents,
+    )
+    # Samples that ended before the slowdown began named nobody.
+    calm_ids = [s["id"] for s in ended(d, "paced2") if s["cycles"][0][2] <= before]
+    assert len(calm_ids) >= 3 and not set(calm_ids) & set(incidents), (calm_ids, incidents)
+
+    # What differs, from the index alone: rank 1 against rank 0 in the slowed sample (its
+    # sleep is time outside any operator), and the slowed job against its last calm sample.
+    idx = Index(d.state_dir / "index.db", readonly=True)
+    try:
+        cap = idx.session(first["id"])
+        base = idx.session(calm_ids[-1])
+    finally:
+        idx.close()
+    assert cap is not None and base is not None
+    host = cap["targets"][0]["host"]
+    role = cap["targets"][0]["role"]
+    incident = {
+        "id": "x",
+        "kind": "straggler",
+        "job": "paced2",
+        "suspects": [{"host": host, "role": role, "rank": 1}],
+    }
+    c = compare(incident, cap)
+    vs = c["suspect_vs_peer"]
+    assert c["peers"] == [[host, role, 0]] and vs["summary"]["idle"]["delta_ms"] > 0, vs
+    assert vs["summary"]["collective"]["delta_ms"] < 0, vs  # the peer waits for it
+    regression = {**incident, "kind": "regression", "suspects": []}
+    c = compare(regression, cap, base)
+    assert c["sample"] == base["id"] and c["capture_vs_sample"]["summary"]["step"]["delta_ms"] > 0
+
+
+def test_a_sample_is_one_session_with_the_same_steps_on_every_node(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    every = 100
+    agents = launch_two_nodes(cluster, tmp_path, config=f"[watch]\nsample_every = {every}\n")
+    try:
+        stepping(cluster)
+        a, b = (cluster.nodes[k][0] for k in (0, 1))
+
+        def common() -> set[str] | None:
+            ids = [{s["id"] for s in ended(x, "twonode")} for x in (a, b)]
+            both = ids[0] & ids[1]
+            return both if len(both) >= 2 else None
+
+        ids = wait_for(common, WAIT * 2, "two samples ended on both nodes", every=0.5)
+    finally:
+        stop_agents(agents)
+    for x in (a, b):
+        for s in samples(x, "twonode"):
+            first = s["cycles"][0][1]
+            assert s["id"] == f"sample-twonode-{first}" and first % every == 1, s
+    for sid in sorted(ids):
+        shown = cluster.json("show", sid)
+        assert {n["host"] for n in shown["nodes"]} == {"node-a", "node-b"}, shown
+        first = int(sid.rsplit("-", 1)[1])
+        for x in (a, b):
+            [mine] = [s for s in samples(x, "twonode") if s["id"] == sid]
+            assert mine["cycles"] == [[first - 1, first, first + 2]], mine
+        doc = cluster.json("report", sid, "-o", str(tmp_path / f"{sid}.html"))
+        assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1, 2, 3], doc["ranks"]
+        assert doc["steps"] == [first, first + 1], doc["steps"]
