@@ -78,6 +78,7 @@ class Agent(threading.Thread):
         self._welcomed = False
         self._last_step = 0
         self._last_step_t = time.monotonic()
+        self._sent_tid: int | None = None
         self._sps = 0.0
         self._ledger = Reader(stepper)
         #: The protocol version spoken now: ours, or lower once a daemon refused it.
@@ -212,7 +213,14 @@ class Agent(threading.Thread):
             nsys_session=os.environ.get(P.NSYS_SESSION_ENV) or None,
             waiting=self.attaching,
             identity_source=dict(i.sources),
+            training_tid=self._told_tid(),
         )
+
+    def _told_tid(self) -> int:
+        """The training thread's id, remembered as told (heartbeats repeat it only when
+        it changes)."""
+        tid = self._sent_tid = self.stepper.training_tid
+        return tid
 
     def _identity_changed(self) -> bool:
         """Detect again when the process group appeared, went or changed; True if this
@@ -264,6 +272,8 @@ class Agent(threading.Thread):
             "sps": round(self._sps, 3),
             "state": self.stepper.state(),
         }
+        if self.stepper.training_tid != self._sent_tid:
+            hb["training_tid"] = self._told_tid()
         if self.proto >= 3:  # a version-2 daemon never sees a ledger
             try:
                 ledger = self._ledger.take()

@@ -506,6 +506,8 @@ STEP: Final = Int(0, MAX_STEP)
 _CYCLE_LIST: Final = ListOf(ListOf(STEP, 3, 3), MAX_CYCLES, 1)
 RANK: Final = Int(0, MAX_RANK)
 PID: Final = Int(1, MAX_PID)
+#: A native thread id (Linux: at most pid_max, like a pid).
+TID: Final = Int(0, MAX_PID)
 MSG_ID: Final = Int(0, MAX_ID)
 REVISION: Final = Int(0, MAX_REVISION)
 NAME: Final = Str(MAX_NAME, name=True)
@@ -683,6 +685,7 @@ C_TRACES: Final = "traces"
 C_RETRY: Final = "retry"
 C_TOP: Final = "top"  # every rank's recent step times (the step ledger)
 C_HISTORY: Final = "history"  # a job's per-minute step times, from the index
+C_STACKS: Final = "stacks"  # every thread's stack of every attached rank, grouped
 
 
 def _msg(open_: bool = True, **fields: tuple[Field, bool]) -> Struct:
@@ -718,6 +721,10 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # Where each identity field came from, for ``profctl ps --sources``. A ``hello`` from
         # a registered process with another job, role, rank or world size re-registers it.
         identity_source=(IDENTITY_SOURCE, _O),
+        # The native id (``threading.get_native_id()``) of the thread that counts steps,
+        # so ``stacks`` marks it; a heartbeat sends it again when the first step shows
+        # another thread counts.
+        training_tid=(Nullable(TID), _O),
     ),
     HEARTBEAT: _msg(
         step=(STEP, _O),
@@ -726,6 +733,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # v3: the steps since the last heartbeat (``LEDGER``); a client sends it only to a
         # daemon that speaks version 3, and a version-2 daemon would ignore it anyway.
         ledger=(LEDGER, _O),
+        training_tid=(Nullable(TID), _O),  # as in ``hello``, when it changed
     ),
     # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).
     ARMED: _msg(session=(SESSION_ID, _R), cycles=(Cycles(), _R), plan=(REVISION, _O)),
@@ -798,6 +806,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
         since=(Nullable(SECONDS), _O),  # unix seconds; default: an hour ago
         until=(Nullable(SECONDS), _O),
     ),
+    C_STACKS: _msg(job=(Nullable(Str(MAX_TEXT)), _O), rank=(Nullable(RANK), _O)),
 }
 
 #: Which types each socket accepts from its peers: agent peers can only report about
@@ -817,6 +826,7 @@ CONTROL_INBOUND: Final = frozenset(
         C_RETRY,
         C_TOP,
         C_HISTORY,
+        C_STACKS,
     }
 )
 REPLY_INBOUND: Final = frozenset({OK, ERROR})
@@ -1074,6 +1084,39 @@ HISTORY_DOC: Final = _row(
     minutes=(ListOf(HISTORY_ROW, 1 << 22), _R),
 )
 
+#: ``stacks`` (``profd.watch.stackgroups``): per job, every rank's threads and the groups of
+#: ranks whose training threads have the same stack (largest first, the majority). A rank
+#: whose stacks could not be read has ``source`` null and ``error``.
+MAX_FRAMES: Final = 4096
+MAX_THREADS: Final = 4096
+STACK_FRAME: Final = _row(
+    function=(Str(MAX_TEXT), _R), file=(Str(MAX_PATH), _R), line=(Int(0, 1 << 31), _R)
+)
+STACK_FRAMES: Final = ListOf(STACK_FRAME, MAX_FRAMES)
+STACK_WHO: Final = _row(host=(HOST, _R), role=(Str(MAX_NAME, 1), _R), rank=(RANK, _R))
+STACK_THREAD: Final = _row(
+    name=(Str(MAX_TEXT), _R), tid=(WIRE_INT, _R), training=(Bool(), _R), frames=(STACK_FRAMES, _R)
+)
+STACK_RANK: Final = _row(
+    host=(HOST, _R),
+    role=(Str(MAX_NAME, 1), _R),
+    rank=(RANK, _R),
+    pid=(PID, _R),
+    source=(Nullable(Str(16, choices=frozenset({"py-spy", "agent"}))), _R),
+    threads=(ListOf(STACK_THREAD, MAX_THREADS), _R),
+    error=(TEXT, _O),
+    read_ms=(FINITE, _O),  # how long the read took, py-spy's start included
+)
+STACK_GROUP: Final = _row(
+    ranks=(ListOf(STACK_WHO, 1 << 22), _R), majority=(Bool(), _R), frames=(STACK_FRAMES, _R)
+)
+STACKS_DOC: Final = _row(
+    job=(Str(MAX_TEXT, 1), _R),
+    node=(NODE, _O),
+    groups=(ListOf(STACK_GROUP, 1 << 22), _R),
+    ranks=(ListOf(STACK_RANK, 1 << 22), _R),
+)
+
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,
 #: ``cancel``, ``retry``: small maps) are not described here.
 REPLIES: Final[dict[str, Field]] = {
@@ -1084,6 +1127,7 @@ REPLIES: Final[dict[str, Field]] = {
     C_TRACES: ListOf(TRACE_ROW, 1_000_000),
     C_TOP: ListOf(TOP_ROW, 1 << 22),
     C_HISTORY: HISTORY_DOC,
+    C_STACKS: ListOf(STACKS_DOC, 1 << 16),
 }
 
 

@@ -30,6 +30,7 @@ from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.sampler import Sampler
+from profd.daemon.clients.stacks import StackReader
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
 from profd.daemon.control.tcp import TcpControl
 from profd.daemon.metrics import INCIDENT_KINDS, MetricsServer
@@ -180,6 +181,7 @@ class Daemon:
             self._send_control,
             self._live_status,
             self.results.retry,
+            stacks=StackReader(self.reactor.call_soon),
         )
 
     # --- wiring -----------------------------------------------------------------------------
@@ -309,6 +311,8 @@ class Daemon:
         # the inbox row makes the next daemon redo anything cut off.
         self.captures.shutdown()
         self.nsys.shutdown()
+        if self.control.stacks is not None:
+            self.control.stacks.close()
         while self.reactor.run_pending():
             pass
         self.flush()

@@ -14,6 +14,7 @@ COMMANDS: dict[str, str] = {
     "show": "sessions:show",
     "traces": "traces:traces",
     "history": "history:history",
+    "stacks": "stacks:stacks",
     "pull": "pull:pull",
     "retry": "retry:retry",
     "run": "run:run",

@@ -89,6 +89,8 @@ class AgentHandler:
     def heartbeat(self, c: Client, m: dict[str, Any], now: float) -> None:
         self.registry.heartbeat(c, now, m.get("step"), m.get("sps"), m.get("state"))
         self.ledgers.heartbeat(c, m.get("step"), m.get("ledger"), now)
+        if "training_tid" in m:
+            self.registry.training_thread(c, m["training_tid"])
         self.send(c.ident, self._heartbeat(c.version))
 
     def _armed(self, c: Client, m: dict[str, Any], now: float) -> None:

@@ -18,6 +18,7 @@ from typing import Any
 from profd import __version__, claims
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry, step_now
+from profd.daemon.clients.stacks import StackReader, StackTarget, job_doc
 from profd.daemon.control import servable
 from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.selector import Selector
@@ -57,6 +58,15 @@ class DaemonFacts:
     heartbeat_interval: float = 1.0
 
 
+class Later:
+    """A handler's answer that is not ready yet (stacks read by worker threads). ``start``
+    is given the function that sends the reply; the work must call it exactly once, on the
+    loop (through the Reactor), so the REQ peer gets its one reply."""
+
+    def __init__(self, start: Callable[[Callable[[Any], None]], None]) -> None:
+        self.start = start
+
+
 class ControlHandler:
     def __init__(
         self,
@@ -70,6 +80,7 @@ class ControlHandler:
         send: SendFrames,
         live_status: Callable[[], dict[str, Any]],
         retry: Callable[[str | None], int],
+        stacks: StackReader | None = None,
     ) -> None:
         self.facts = facts
         self.registry = registry
@@ -82,6 +93,7 @@ class ControlHandler:
         #: Counters owned elsewhere (pipeline, uploads, rejected agent frames).
         self.live_status = live_status
         self.retry = retry
+        self.stacks = stacks
         self.own_uid = os.geteuid()
         self.rejected = 0
 
@@ -102,10 +114,18 @@ class ControlHandler:
         except P.ProtocolError:
             self.rejected += 1
             return  # no REQ peer sends this: nobody waits for an answer
-        send(P.join_envelope(envelope, self.answer(frame, who)))
+        reply = self.answer(frame, who, lambda late: send(P.join_envelope(envelope, late)))
+        if reply is not None:
+            send(P.join_envelope(envelope, reply))
 
-    def answer(self, frame: bytes, who: Callable[[], Requester]) -> bytes:
-        """The one reply to a request, in the request's protocol version."""
+    def answer(
+        self,
+        frame: bytes,
+        who: Callable[[], Requester],
+        later: Callable[[bytes], None] | None = None,
+    ) -> bytes | None:
+        """The one reply to a request, in the request's protocol version; None when a
+        handler answers :class:`Later` (its reply goes to ``later`` when ready)."""
         try:
             msg = P.decode(frame, P.CONTROL_INBOUND)
         except P.ProtocolError as exc:
@@ -115,9 +135,25 @@ class ControlHandler:
             return exc.reply()
         v = msg["v"]
         try:
-            return bounded_reply(self._reply(msg, self.dispatch(msg, who())), v)
+            data = self.dispatch(msg, who())
+            if isinstance(data, Later):
+                if later is None:
+                    raise RuntimeError(f"{msg['t']} answers later, and nobody waits")
+                send_late = later
+                data.start(lambda result: send_late(self._late_reply(msg, result)))
+                return None
+            return bounded_reply(self._reply(msg, data), v)
         except Refused as exc:
             return P.error(exc.code, str(exc), v=v)
+        except Exception as exc:
+            log.exception("control request failed")
+            return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
+
+    def _late_reply(self, msg: dict[str, Any], data: Any) -> bytes:
+        """A :class:`Later` result as the reply, on the loop, errors answered as at once."""
+        v = msg["v"]
+        try:
+            return bounded_reply(self._reply(msg, data), v)
         except Exception as exc:
             log.exception("control request failed")
             return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
@@ -233,6 +269,43 @@ class ControlHandler:
         if not by.privileged:
             self._check_owner(m.get("session"), by)
         return {"requeued": self.retry(m.get("session"))}
+
+    def _stacks(self, m: dict[str, Any], by: Requester) -> Any:
+        clients = self.stack_clients(m.get("job"), m.get("rank"), by)
+        reader = self.stacks
+        if reader is None:
+            raise Refused("unsupported", "this daemon reads no stacks")
+        node = self.facts.host
+        targets = [
+            StackTarget(c.host, c.role, c.rank, c.pid, c.node_pid or c.pid, c.training_tid)
+            for c in clients
+        ]
+        jobs = [c.job for c in clients]
+
+        def start(reply: Callable[[Any], None]) -> None:
+            def read(rows: list[dict[str, Any]]) -> None:
+                per_job: dict[str, list[dict[str, Any]]] = {}
+                for job, row in zip(jobs, rows, strict=True):
+                    per_job.setdefault(job, []).append(row)
+                docs = [job_doc(j, per_job[j]) for j in sorted(per_job)]
+                for d in docs:
+                    d["node"] = node
+                reply(docs)
+
+            reader.read(targets, read)
+
+        return Later(start)
+
+    def stack_clients(self, job: str | None, rank: int | None, by: Requester) -> list[Client]:
+        """The served ranks ``stacks`` reads: of ``job`` and ``rank`` when given, and only
+        the requester's own processes unless it may act on everyone's."""
+        return [
+            c
+            for c in by_identity(self.registry)
+            if (job is None or c.job == job)
+            and (rank is None or c.rank == rank)
+            and by.may_act_on(c.uid)
+        ]
 
     def status(self) -> dict[str, Any]:
         f = self.facts
@@ -386,6 +459,7 @@ HANDLERS: dict[str, Callable[[ControlHandler, dict[str, Any], Requester], Any]] 
     P.C_RETRY: ControlHandler._retry,
     P.C_TOP: ControlHandler._top,
     P.C_HISTORY: ControlHandler._history,
+    P.C_STACKS: ControlHandler._stacks,
 }
 
 
