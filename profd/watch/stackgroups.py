@@ -146,9 +146,9 @@ def is_user_frame(f: Frame) -> bool:
 
 
 def where(frames: Sequence[Frame]) -> str:
-    """Where a stack is, for a human: the innermost frame in user code, named after the
-    function it calls when that is library code ("in backward (train.py:41)": train.py
-    line 41 calls backward), else after itself ("in load_batch (data.py:88)")."""
+    """Where a stack is, for a human: the innermost frame in user code, and the library
+    function it called when there is one ("in train_step (train.py:41) -> backward"; "in
+    load_batch (data.py:88)" when it is the innermost frame)."""
     if not frames:
         return "no Python frames"
     i = next((j for j, f in enumerate(frames) if is_user_frame(f)), None)
@@ -156,13 +156,10 @@ def where(frames: Sequence[Frame]) -> str:
         f = frames[0]
         return f"in {f['function']} ({os.path.basename(f['file'])}:{f['line']})"
     user = frames[i]
-    name = user["function"]
-    if i > 0:
-        callees = [f for f in reversed(frames[:i]) if f["file"].endswith(".py")]
-        named = next((f for f in callees if f["function"] not in _WRAPPERS), None)
-        if named is not None:
-            name = named["function"]
-    return f"in {name} ({os.path.basename(user['file'])}:{user['line']})"
+    text = f"in {user['function']} ({os.path.basename(user['file'])}:{user['line']})"
+    callees = [f for f in reversed(frames[:i]) if f["file"].endswith(".py")]
+    called = next((f for f in callees if f["function"] not in _WRAPPERS), None)
+    return text if called is None else f"{text} -> {called['function']}"
 
 
 def _spans(numbers: list[int]) -> str:
