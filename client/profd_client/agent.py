@@ -23,6 +23,7 @@ from .capture import torch_info
 from .identity import DistInfo, Identity, RayInfo, detect, probe_dist
 from .ledger import Reader
 from .locations import locate_socket, warn_untrusted
+from .stacks import own_stacks
 from .steps import ArmedSession, Stepper
 
 log = logging.getLogger("profd_client")
@@ -327,6 +328,8 @@ class Agent(threading.Thread):
             self.stepper.post("disarm", (msg["session"], msg["keep"]))
         elif t == P.ACK:
             self._unacked.pop(msg["id"], None)
+        elif t == P.STACKS_REQUEST:
+            self._send_stacks(msg["id"])
         elif t == P.ERROR and msg["code"] == "unknown_client":
             self._welcomed = False
             self._send(self._hello())
@@ -356,6 +359,15 @@ class Agent(threading.Thread):
             # the next reconnect) in case the daemon is upgraded.
             log.warning("profd_client: the profd daemon refused this client: %s", why)
             self._warned_version = True
+
+    def _send_stacks(self, request: int) -> None:
+        try:
+            frame = P.encode(P.STACKS_RESULT, v=self.proto, id=request, threads=own_stacks())
+        except Exception as exc:  # never let the answer cost the agent thread
+            log.debug("profd_client: stacks not sent: %r", exc)
+            return
+        if len(frame) <= P.MAX_FRAME_BYTES:
+            self._send(frame)
 
     def _refuse(self, exc: P.ProtocolError) -> None:
         """A frame we cannot use. An ``arm`` we cannot follow is said so, never dropped

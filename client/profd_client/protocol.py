@@ -664,11 +664,14 @@ ARMED: Final = "armed"
 PROGRESS: Final = "progress"
 CAPTURED: Final = "captured"
 BYE: Final = "bye"
+STACKS_RESULT: Final = "stacks_result"  # the answer to ``stacks``: this process's threads
 # Daemon -> client, on agent.sock.
 WELCOME: Final = "welcome"
 ARM: Final = "arm"
 DISARM: Final = "disarm"
 ACK: Final = "ack"
+#: Daemon -> client: send every thread's stack (when the daemon may not trace the process).
+STACKS_REQUEST: Final = "stacks"
 # Both directions / control.
 ERROR: Final = "error"
 OK: Final = "ok"
@@ -811,8 +814,8 @@ SCHEMAS: Final[dict[str, Struct]] = {
 
 #: Which types each socket accepts from its peers: agent peers can only report about
 #: themselves; only control peers can start or stop sessions.
-AGENT_INBOUND: Final = frozenset({HELLO, HEARTBEAT, ARMED, PROGRESS, CAPTURED, BYE})
-CLIENT_INBOUND: Final = frozenset({WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR})
+AGENT_INBOUND: Final = frozenset({HELLO, HEARTBEAT, ARMED, PROGRESS, CAPTURED, BYE, STACKS_RESULT})
+CLIENT_INBOUND: Final = frozenset({WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR, STACKS_REQUEST})
 CONTROL_INBOUND: Final = frozenset(
     {
         C_STATUS,
@@ -1089,6 +1092,10 @@ HISTORY_DOC: Final = _row(
 #: whose stacks could not be read has ``source`` null and ``error``.
 MAX_FRAMES: Final = 4096
 MAX_THREADS: Final = 4096
+#: What a client sends of its own stacks: innermost frames first, so what is cut is the
+#: outermost (an agent frame is at most ``MAX_FRAME_BYTES``).
+AGENT_MAX_FRAMES: Final = 128
+AGENT_MAX_THREADS: Final = 64
 STACK_FRAME: Final = _row(
     function=(Str(MAX_TEXT), _R), file=(Str(MAX_PATH), _R), line=(Int(0, 1 << 31), _R)
 )
@@ -1115,6 +1122,17 @@ STACKS_DOC: Final = _row(
     node=(NODE, _O),
     groups=(ListOf(STACK_GROUP, 1 << 22), _R),
     ranks=(ListOf(STACK_RANK, 1 << 22), _R),
+)
+
+#: A process's own threads (``stacks_result``), bounded to fit one agent frame.
+AGENT_STACK_THREAD: Final = _row(
+    name=(Str(MAX_NAME), _R),
+    tid=(TID, _R),
+    frames=(ListOf(STACK_FRAME, AGENT_MAX_FRAMES), _R),
+)
+SCHEMAS[STACKS_REQUEST] = _msg(id=(MSG_ID, _R))
+SCHEMAS[STACKS_RESULT] = _msg(
+    id=(MSG_ID, _R), threads=(ListOf(AGENT_STACK_THREAD, AGENT_MAX_THREADS), _R)
 )
 
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,

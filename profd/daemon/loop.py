@@ -26,6 +26,7 @@ from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
 from profd.daemon.captures.record import CaptureReport
+from profd.daemon.clients.agentstacks import AgentStacks
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Registry
@@ -159,6 +160,8 @@ class Daemon:
             self._send_agent,
             self.ledgers,
         )
+        self.agent_stacks = AgentStacks(self._send_agent)
+        self.agents.stacks_result = self.agent_stacks.result
         facts = DaemonFacts(
             host,
             time.time(),
@@ -182,6 +185,7 @@ class Daemon:
             self._live_status,
             self.results.retry,
             stacks=StackReader(self.reactor.call_soon),
+            agent_stacks=self.agent_stacks,
         )
 
     # --- wiring -----------------------------------------------------------------------------
@@ -390,6 +394,7 @@ class Daemon:
             self.sd.watchdog(now)  # from this thread: a wedged loop stops pinging
             if now >= next_tick:
                 _guarded("housekeeping", self.liveness.tick, now)
+                _guarded("expiring stack requests", self.agent_stacks.expire, now)
                 _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
                 _guarded("writing step-ledger minutes", self._write_minutes)
                 _guarded("polling nsys", self.nsys.poll, now)
