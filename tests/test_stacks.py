@@ -7,14 +7,18 @@ py-spy attaches with ptrace: these tests run as root (or where ptrace is allowed
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
-from harness import Daemon, Job, wait_for
+from clusters import Cluster
+from daemonproc import BIN, free_port
+from harness import JOBS, Daemon, Job, wait_for
 
 from profd.daemon.clients.stacks import StackTarget, find_pyspy, read_one
 from profd.watch import stackgroups
@@ -176,3 +180,50 @@ def test_several_jobs_need_a_job_and_the_daemon_serves_while_reading(
     for t in readers:
         t.join()
     assert statuses == [0] * 5 and answers == [0] * 4
+
+
+@slow
+def test_cluster_stacks_group_ranks_of_two_nodes_and_name_the_stuck_ones_host(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    port = free_port()
+    agents = []
+    try:
+        for k, name in enumerate(("node-a", "node-b")):
+            d, _ = cluster.add(name, heartbeat=0.5)
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("PROFD_")},
+                "PROFD_RUNTIME_DIR": str(d.runtime_dir),
+                "PROFD_HEARTBEAT": "0.5",
+                "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1",
+                "STUCK_RANK": "3",
+                "STUCK_AT": "30",
+            }
+            cmd = [
+                str(BIN / "torchrun"), "--nnodes=2", f"--node-rank={k}", "--nproc-per-node=2",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=twonode",
+                str(JOBS / "stuck.py"),
+            ]  # fmt: skip
+            agents.append(Job.spawn(cmd, env, tmp_path / f"agent{k}.log"))
+
+        def grouped() -> dict[str, Any] | None:
+            r = cluster.ctl("stacks", "--json")
+            if r.returncode != 0:
+                return None
+            doc: dict[str, Any] = json.loads(r.stdout)
+            return doc if len(doc["ranks"]) == 4 and len(doc["groups"]) == 2 else None
+
+        doc = wait_for(grouped, WAIT, "rank 3 stuck on node-b, the others waiting", every=0.5)
+        majority, suspect = doc["groups"]
+        assert suspect["ranks"] == [
+            {"host": "node-b", "role": suspect["ranks"][0]["role"], "rank": 3}
+        ]
+        assert "stuck_in_data_loading" in _functions(suspect["frames"])
+        assert sorted(m["rank"] for m in majority["ranks"]) == [0, 1, 2]
+        assert {m["rank"]: m["host"] for m in majority["ranks"]}[2] == "node-b"
+        text = cluster.ctl("stacks")
+        assert "rank 3 on node-b: in stuck_in_data_loading" in text.stdout, text.stdout
+    finally:
+        for a in agents:
+            a.kill()

@@ -28,6 +28,11 @@ _LIBRARY_DIRS = tuple(
 _LIBRARY_PARTS = ("site-packages", "dist-packages")
 #: Packages whose frames are not the user's, from a checkout or an install alike.
 _LIBRARY_PACKAGES = frozenset({"torch", "profd", "profd_client", "importlib", "threading"})
+#: What one reply may hold (``protocol.STACK_RANK``): longer names (C++ templates from
+#: ``--native``) are cut, and the outermost frames of a deeper stack dropped.
+MAX_NAME_CHARS = 4096
+MAX_FRAMES = 4096
+MAX_THREADS = 4096
 #: Decorator frames that stand between a call site and what it calls: skipped when a
 #: group is named after the function user code called.
 _WRAPPERS = frozenset({"wrapper", "inner", "_fn", "decorate_context", "wrapped", "<lambda>"})
@@ -41,27 +46,31 @@ def parse_pyspy(doc: object) -> list[dict[str, Any]]:
     if not isinstance(doc, list):
         raise ValueError(f"py-spy dump: expected a list of threads, got {type(doc).__name__}")
     threads = []
-    for t in doc:
+    for t in doc[:MAX_THREADS]:
         if not isinstance(t, dict):
             raise ValueError("py-spy dump: a thread is not a map")
         tid = t.get("os_thread_id")
         if not isinstance(tid, int):
             tid = t.get("thread_id") if isinstance(t.get("thread_id"), int) else 0
         frames = []
-        for f in t.get("frames") or ():
+        for f in (t.get("frames") or ())[:MAX_FRAMES]:
             if not isinstance(f, dict):
                 continue
             line = f.get("line")
             frames.append(
                 {
-                    "function": str(f.get("name") or "?"),
-                    "file": str(f.get("filename") or "?"),
+                    "function": str(f.get("name") or "?")[:MAX_NAME_CHARS],
+                    "file": str(f.get("filename") or "?")[:MAX_NAME_CHARS],
                     "line": line if isinstance(line, int) and line >= 0 else 0,
                 }
             )
         name = t.get("thread_name")
         threads.append(
-            {"name": name if isinstance(name, str) else "", "tid": tid, "frames": frames}
+            {
+                "name": name[:MAX_NAME_CHARS] if isinstance(name, str) else "",
+                "tid": tid,
+                "frames": frames,
+            }
         )
     return threads
 
