@@ -670,8 +670,9 @@ WELCOME: Final = "welcome"
 ARM: Final = "arm"
 DISARM: Final = "disarm"
 ACK: Final = "ack"
-#: Daemon -> client: send every thread's stack (when the daemon may not trace the process).
-STACKS_REQUEST: Final = "stacks"
+#: Daemon -> client: send every thread's stack (when the daemon may not trace the process);
+#: not named ``stacks``, which is the control request.
+STACKS_REQUEST: Final = "dump_stacks"
 # Both directions / control.
 ERROR: Final = "error"
 OK: Final = "ok"
