@@ -227,3 +227,29 @@ def test_cluster_stacks_group_ranks_of_two_nodes_and_name_the_stuck_ones_host(
     finally:
         for a in agents:
             a.kill()
+
+
+@slow
+def test_without_pyspy_the_agent_threads_answer(
+    daemon_factory: Callable[..., Daemon], torchrun: Callable[..., Job]
+) -> None:
+    d = daemon_factory(PROFD_PYSPY="")  # nothing may ptrace here: the clients answer
+    torchrun("stuck.py", 3, d, PROFD_JOB="stuck", STUCK_RANK="1", STUCK_AT="30", THREAD="1")
+    d.wait_attached(3, WAIT, min_step=5)
+
+    def grouped() -> dict[str, Any] | None:
+        doc = _stacks(d, "--job", "stuck")
+        return doc if len(doc["groups"]) == 2 else None
+
+    doc = wait_for(grouped, WAIT, "rank 1 stuck, read by the agent threads")
+    majority, suspect = doc["groups"]
+    assert [m["rank"] for m in suspect["ranks"]] == [1]
+    assert [m["rank"] for m in majority["ranks"]] == [0, 2]
+    assert "stuck_in_data_loading" in _functions(suspect["frames"])
+    for r in doc["ranks"]:
+        assert r["source"] == "agent", r
+        assert "py-spy not found" in r["error"]
+        (t,) = _training(r)
+        assert t["name"] == "trainer"
+        # The agent thread that answered is not among the threads it sent.
+        assert "profd-agent" not in [x["name"] for x in r["threads"]]

@@ -58,9 +58,16 @@ class StackTarget:
         return {"host": self.host, "role": self.role, "rank": self.rank, "pid": self.pid}
 
 
+#: The py-spy the daemon runs, when set; set and empty: none, so stacks come only from the
+#: clients' agent threads (a host where nothing may ptrace the jobs).
+PYSPY_ENV = "PROFD_PYSPY"
+
+
 def find_pyspy() -> str | None:
-    """py-spy beside this interpreter (its wheel puts the binary in the venv's bin), else on
-    PATH."""
+    """``$PROFD_PYSPY``, else py-spy beside this interpreter (its wheel puts the binary in
+    the venv's bin), else on PATH."""
+    if PYSPY_ENV in os.environ:
+        return os.environ[PYSPY_ENV] or None
     beside = Path(sys.executable).parent / "py-spy"
     if beside.is_file() and os.access(beside, os.X_OK):
         return str(beside)
@@ -75,7 +82,7 @@ def read_one(
     row = t.row()
     row["source"], row["threads"] = None, []
     if pyspy is None:
-        row["error"] = "py-spy not found"
+        row["error"] = "py-spy not found (or turned off: PROFD_PYSPY empty)"
         return row
     argv = [pyspy, "dump", "--pid", str(t.node_pid), "--json"]
     if native:
