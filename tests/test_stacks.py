@@ -66,7 +66,8 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
         assert set(by_name) == {"MainThread", "helper"}
         main = by_name["MainThread"]["frames"]
         assert [f["function"] for f in main] == ["waiting_here", "<module>"]
-        assert main[0]["file"] == "<string>" and main[0]["line"] == 8
+        line = _SLEEPER.splitlines().index("    time.sleep(600)") + 1
+        assert main[0]["file"] == "<string>" and main[0]["line"] == line
         assert by_name["helper"]["tid"] == helper_tid
         assert by_name["helper"]["frames"][0]["function"] == "helper_loop"
         # The thread the client names is the training thread, whatever the order.

@@ -75,17 +75,25 @@ def parse_pyspy(doc: object) -> list[dict[str, Any]]:
     return threads
 
 
-def mark_training(threads: list[dict[str, Any]], training_tid: int | None) -> None:
+def mark_training(
+    threads: list[dict[str, Any]], training_tid: int | None, pid: int | None = None
+) -> None:
     """Mark exactly one thread as the training thread (the one the client said counts
-    steps; else the main thread; else the first), so grouping never depends on the order
-    threads were listed in."""
+    steps; else the main thread: its native id is the pid on Linux, and it is named
+    ``MainThread`` where py-spy finds names; else the first), so grouping never depends on
+    the order threads were listed in."""
     if not threads:
         return
-    chosen = next(
-        (t for t in threads if training_tid is not None and t["tid"] == training_tid), None
+
+    def first(pred: Any) -> dict[str, Any] | None:
+        return next((t for t in threads if pred(t)), None)
+
+    chosen = (
+        (first(lambda t: t["tid"] == training_tid) if training_tid is not None else None)
+        or (first(lambda t: t["tid"] == pid) if pid is not None else None)
+        or first(lambda t: t.get("name") == "MainThread")
+        or threads[0]
     )
-    if chosen is None:
-        chosen = next((t for t in threads if t.get("name") == "MainThread"), threads[0])
     for t in threads:
         t["training"] = t is chosen
 

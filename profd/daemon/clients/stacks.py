@@ -105,7 +105,7 @@ def read_one(
     except ValueError as exc:  # json.JSONDecodeError is one
         row["error"] = f"py-spy's output unreadable: {exc}"[:ERROR_CHARS]
         return row
-    stackgroups.mark_training(threads, t.training_tid)
+    stackgroups.mark_training(threads, t.training_tid, t.node_pid)
     row["source"], row["threads"] = "py-spy", threads
     return row
 
