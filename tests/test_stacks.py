@@ -95,6 +95,36 @@ def _stacks(daemon: Daemon, *args: str) -> dict[str, Any]:
     return doc
 
 
+def stopped_after(daemon: Daemon, n: int, step: int) -> None:
+    """Wait until ``n`` ranks have ended ``step`` and stepped no more since (their rate is
+    down to nothing): a stuck rank is then where it stays, the others wait for it."""
+
+    def stopped() -> bool:
+        rows = daemon.ps()
+        return len(rows) == n and all(
+            r["step"] >= step and not r["step_extrapolated"] and r["steps_per_s"] == 0
+            for r in rows
+        )
+
+    wait_for(stopped, WAIT, f"{n} ranks stopped after step {step}")
+
+
+def settled(read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The stacks once two reads in a row group the ranks the same (a rank may still be
+    on its way into the frame it stays in)."""
+    last: list[Any] = [None]
+
+    def same() -> dict[str, Any] | None:
+        doc = read()
+        key = [[(m["host"], m["rank"]) for m in g["ranks"]] for g in doc["groups"]]
+        hit = doc if key == last[0] else None
+        last[0] = key
+        return hit
+
+    found: dict[str, Any] = wait_for(same, WAIT, "the same groups twice in a row")
+    return found
+
+
 def _training(r: dict[str, Any]) -> list[dict[str, Any]]:
     return [t for t in r["threads"] if t["training"]]
 
@@ -108,14 +138,8 @@ def test_the_stuck_rank_is_named_alone_and_the_others_wait_in_the_all_reduce(
     daemon: Daemon, torchrun: Callable[..., Job]
 ) -> None:
     torchrun("stuck.py", 3, daemon, PROFD_JOB="stuck", STUCK_RANK="1", STUCK_AT="30")
-    daemon.wait_attached(3, WAIT, min_step=5)
-
-    def grouped() -> dict[str, Any] | None:
-        doc = _stacks(daemon, "--job", "stuck")
-        return doc if len(doc["groups"]) == 2 else None
-
-    # Until rank 1 reaches step 30, the ranks are anywhere in their steps.
-    doc = wait_for(grouped, WAIT, "rank 1 stuck and the others waiting for it")
+    stopped_after(daemon, 3, 29)
+    doc = settled(lambda: _stacks(daemon, "--job", "stuck"))
     majority, suspect = doc["groups"]
     assert majority["majority"] and not suspect["majority"]
     assert [m["rank"] for m in suspect["ranks"]] == [1]
@@ -236,13 +260,8 @@ def test_without_pyspy_the_agent_threads_answer(
 ) -> None:
     d = daemon_factory(PROFD_PYSPY="")  # nothing may ptrace here: the clients answer
     torchrun("stuck.py", 3, d, PROFD_JOB="stuck", STUCK_RANK="1", STUCK_AT="30", THREAD="1")
-    d.wait_attached(3, WAIT, min_step=5)
-
-    def grouped() -> dict[str, Any] | None:
-        doc = _stacks(d, "--job", "stuck")
-        return doc if len(doc["groups"]) == 2 else None
-
-    doc = wait_for(grouped, WAIT, "rank 1 stuck, read by the agent threads")
+    stopped_after(d, 3, 29)
+    doc = settled(lambda: _stacks(d, "--job", "stuck"))
     majority, suspect = doc["groups"]
     assert [m["rank"] for m in suspect["ranks"]] == [1]
     assert [m["rank"] for m in majority["ranks"]] == [0, 2]
