@@ -95,15 +95,18 @@ def _stacks(daemon: Daemon, *args: str) -> dict[str, Any]:
     return doc
 
 
-def stopped_after(daemon: Daemon, n: int, step: int) -> None:
+def stopped_after(daemon: Daemon | Cluster, n: int, step: int) -> None:
     """Wait until ``n`` ranks have ended ``step`` and stepped no more since (their rate is
     down to nothing): a stuck rank is then where it stays, the others wait for it."""
 
     def stopped() -> bool:
-        rows = daemon.ps()
+        if isinstance(daemon, Cluster):
+            r = daemon.ctl("ps", "--json")
+            rows = json.loads(r.stdout) if r.returncode == 0 else []
+        else:
+            rows = daemon.ps()
         return len(rows) == n and all(
-            r["step"] >= step and not r["step_extrapolated"] and r["steps_per_s"] == 0
-            for r in rows
+            r["step"] >= step and not r["step_extrapolated"] and r["steps_per_s"] == 0 for r in rows
         )
 
     wait_for(stopped, WAIT, f"{n} ranks stopped after step {step}")
@@ -232,14 +235,16 @@ def test_cluster_stacks_group_ranks_of_two_nodes_and_name_the_stuck_ones_host(
             ]  # fmt: skip
             agents.append(Job.spawn(cmd, env, tmp_path / f"agent{k}.log"))
 
-        def grouped() -> dict[str, Any] | None:
-            r = cluster.ctl("stacks", "--json")
-            if r.returncode != 0:
-                return None
-            doc: dict[str, Any] = json.loads(r.stdout)
-            return doc if len(doc["ranks"]) == 4 and len(doc["groups"]) == 2 else None
+        stopped_after(cluster, 4, 29)
 
-        doc = wait_for(grouped, WAIT, "rank 3 stuck on node-b, the others waiting", every=0.5)
+        def read() -> dict[str, Any]:
+            r = cluster.ctl("stacks", "--json")
+            assert r.returncode == 0, r.stderr
+            doc: dict[str, Any] = json.loads(r.stdout)
+            return doc
+
+        doc = settled(read)
+        assert len(doc["ranks"]) == 4
         majority, suspect = doc["groups"]
         assert suspect["ranks"] == [
             {"host": "node-b", "role": suspect["ranks"][0]["role"], "rank": 3}
