@@ -23,6 +23,7 @@ from .capture import torch_info
 from .identity import DistInfo, Identity, RayInfo, detect, probe_dist
 from .ledger import Reader
 from .locations import locate_socket, warn_untrusted
+from .stacks import own_stacks
 from .steps import ArmedSession, Stepper
 
 log = logging.getLogger("profd_client")
@@ -78,6 +79,7 @@ class Agent(threading.Thread):
         self._welcomed = False
         self._last_step = 0
         self._last_step_t = time.monotonic()
+        self._sent_tid: int | None = None
         self._sps = 0.0
         self._ledger = Reader(stepper)
         #: The protocol version spoken now: ours, or lower once a daemon refused it.
@@ -212,7 +214,14 @@ class Agent(threading.Thread):
             nsys_session=os.environ.get(P.NSYS_SESSION_ENV) or None,
             waiting=self.attaching,
             identity_source=dict(i.sources),
+            training_tid=self._told_tid(),
         )
+
+    def _told_tid(self) -> int:
+        """The training thread's id, remembered as told (heartbeats repeat it only when
+        it changes)."""
+        tid = self._sent_tid = self.stepper.training_tid
+        return tid
 
     def _identity_changed(self) -> bool:
         """Detect again when the process group appeared, went or changed; True if this
@@ -264,6 +273,8 @@ class Agent(threading.Thread):
             "sps": round(self._sps, 3),
             "state": self.stepper.state(),
         }
+        if self.stepper.training_tid != self._sent_tid:
+            hb["training_tid"] = self._told_tid()
         if self.proto >= 3:  # a version-2 daemon never sees a ledger
             try:
                 ledger = self._ledger.take()
@@ -317,6 +328,8 @@ class Agent(threading.Thread):
             self.stepper.post("disarm", (msg["session"], msg["keep"]))
         elif t == P.ACK:
             self._unacked.pop(msg["id"], None)
+        elif t == P.STACKS_REQUEST:
+            self._send_stacks(msg["id"])
         elif t == P.ERROR and msg["code"] == "unknown_client":
             self._welcomed = False
             self._send(self._hello())
@@ -346,6 +359,15 @@ class Agent(threading.Thread):
             # the next reconnect) in case the daemon is upgraded.
             log.warning("profd_client: the profd daemon refused this client: %s", why)
             self._warned_version = True
+
+    def _send_stacks(self, request: int) -> None:
+        try:
+            frame = P.encode(P.STACKS_RESULT, v=self.proto, id=request, threads=own_stacks())
+        except Exception as exc:  # never let the answer cost the agent thread
+            log.debug("profd_client: stacks not sent: %r", exc)
+            return
+        if len(frame) <= P.MAX_FRAME_BYTES:
+            self._send(frame)
 
     def _refuse(self, exc: P.ProtocolError) -> None:
         """A frame we cannot use. An ``arm`` we cannot follow is said so, never dropped

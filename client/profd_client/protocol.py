@@ -506,6 +506,8 @@ STEP: Final = Int(0, MAX_STEP)
 _CYCLE_LIST: Final = ListOf(ListOf(STEP, 3, 3), MAX_CYCLES, 1)
 RANK: Final = Int(0, MAX_RANK)
 PID: Final = Int(1, MAX_PID)
+#: A native thread id (Linux: at most pid_max, like a pid).
+TID: Final = Int(0, MAX_PID)
 MSG_ID: Final = Int(0, MAX_ID)
 REVISION: Final = Int(0, MAX_REVISION)
 NAME: Final = Str(MAX_NAME, name=True)
@@ -662,11 +664,15 @@ ARMED: Final = "armed"
 PROGRESS: Final = "progress"
 CAPTURED: Final = "captured"
 BYE: Final = "bye"
+STACKS_RESULT: Final = "stacks_result"  # the answer to ``stacks``: this process's threads
 # Daemon -> client, on agent.sock.
 WELCOME: Final = "welcome"
 ARM: Final = "arm"
 DISARM: Final = "disarm"
 ACK: Final = "ack"
+#: Daemon -> client: send every thread's stack (when the daemon may not trace the process);
+#: not named ``stacks``, which is the control request.
+STACKS_REQUEST: Final = "dump_stacks"
 # Both directions / control.
 ERROR: Final = "error"
 OK: Final = "ok"
@@ -685,6 +691,7 @@ C_TOP: Final = "top"  # every rank's recent step times (the step ledger)
 C_HISTORY: Final = "history"  # a job's per-minute step times, from the index
 C_INCIDENTS: Final = "incidents"  # what the detectors noticed, from the index
 C_INCIDENT: Final = "incident"  # one incident, with its capture's state
+C_STACKS: Final = "stacks"  # every thread's stack of every attached rank, grouped
 
 
 def _msg(open_: bool = True, **fields: tuple[Field, bool]) -> Struct:
@@ -720,6 +727,10 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # Where each identity field came from, for ``profctl ps --sources``. A ``hello`` from
         # a registered process with another job, role, rank or world size re-registers it.
         identity_source=(IDENTITY_SOURCE, _O),
+        # The native id (``threading.get_native_id()``) of the thread that counts steps,
+        # so ``stacks`` marks it; a heartbeat sends it again when the first step shows
+        # another thread counts.
+        training_tid=(Nullable(TID), _O),
     ),
     HEARTBEAT: _msg(
         step=(STEP, _O),
@@ -728,6 +739,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # v3: the steps since the last heartbeat (``LEDGER``); a client sends it only to a
         # daemon that speaks version 3, and a version-2 daemon would ignore it anyway.
         ledger=(LEDGER, _O),
+        training_tid=(Nullable(TID), _O),  # as in ``hello``, when it changed
     ),
     # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).
     ARMED: _msg(session=(SESSION_ID, _R), cycles=(Cycles(), _R), plan=(REVISION, _O)),
@@ -807,12 +819,13 @@ SCHEMAS: Final[dict[str, Struct]] = {
         limit=(Nullable(Int(1, 100_000)), _O),
     ),
     C_INCIDENT: _msg(id=(Str(MAX_NAME, 1), _R)),  # the id or any unique part of it
+    C_STACKS: _msg(job=(Nullable(Str(MAX_TEXT)), _O), rank=(Nullable(RANK), _O)),
 }
 
 #: Which types each socket accepts from its peers: agent peers can only report about
 #: themselves; only control peers can start or stop sessions.
-AGENT_INBOUND: Final = frozenset({HELLO, HEARTBEAT, ARMED, PROGRESS, CAPTURED, BYE})
-CLIENT_INBOUND: Final = frozenset({WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR})
+AGENT_INBOUND: Final = frozenset({HELLO, HEARTBEAT, ARMED, PROGRESS, CAPTURED, BYE, STACKS_RESULT})
+CLIENT_INBOUND: Final = frozenset({WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR, STACKS_REQUEST})
 CONTROL_INBOUND: Final = frozenset(
     {
         C_STATUS,
@@ -828,6 +841,7 @@ CONTROL_INBOUND: Final = frozenset(
         C_HISTORY,
         C_INCIDENTS,
         C_INCIDENT,
+        C_STACKS,
     }
 )
 REPLY_INBOUND: Final = frozenset({OK, ERROR})
@@ -1114,6 +1128,54 @@ INCIDENT_DOC: Final = Struct(
     {**INCIDENT_ROW.fields, "session_state": (Nullable(SHORT), _R)}, open=True
 )
 
+#: ``stacks`` (``profd.watch.stackgroups``): per job, every rank's threads and the groups of
+#: ranks whose training threads have the same stack (largest first, the majority). A rank
+#: whose stacks could not be read has ``source`` null and ``error``.
+MAX_FRAMES: Final = 4096
+MAX_THREADS: Final = 4096
+#: What a client sends of its own stacks: innermost frames first, so what is cut is the
+#: outermost (an agent frame is at most ``MAX_FRAME_BYTES``).
+AGENT_MAX_FRAMES: Final = 128
+AGENT_MAX_THREADS: Final = 64
+STACK_FRAME: Final = _row(
+    function=(Str(MAX_TEXT), _R), file=(Str(MAX_PATH), _R), line=(Int(0, 1 << 31), _R)
+)
+STACK_FRAMES: Final = ListOf(STACK_FRAME, MAX_FRAMES)
+STACK_WHO: Final = _row(host=(HOST, _R), role=(Str(MAX_NAME, 1), _R), rank=(RANK, _R))
+STACK_THREAD: Final = _row(
+    name=(Str(MAX_TEXT), _R), tid=(WIRE_INT, _R), training=(Bool(), _R), frames=(STACK_FRAMES, _R)
+)
+STACK_RANK: Final = _row(
+    host=(HOST, _R),
+    role=(Str(MAX_NAME, 1), _R),
+    rank=(RANK, _R),
+    pid=(PID, _R),
+    source=(Nullable(Str(16, choices=frozenset({"py-spy", "agent"}))), _R),
+    threads=(ListOf(STACK_THREAD, MAX_THREADS), _R),
+    error=(TEXT, _O),
+    read_ms=(FINITE, _O),  # how long the read took, py-spy's start included
+)
+STACK_GROUP: Final = _row(
+    ranks=(ListOf(STACK_WHO, 1 << 22), _R), majority=(Bool(), _R), frames=(STACK_FRAMES, _R)
+)
+STACKS_DOC: Final = _row(
+    job=(Str(MAX_TEXT, 1), _R),
+    node=(NODE, _O),
+    groups=(ListOf(STACK_GROUP, 1 << 22), _R),
+    ranks=(ListOf(STACK_RANK, 1 << 22), _R),
+)
+
+#: A process's own threads (``stacks_result``), bounded to fit one agent frame.
+AGENT_STACK_THREAD: Final = _row(
+    name=(Str(MAX_NAME), _R),
+    tid=(TID, _R),
+    frames=(ListOf(STACK_FRAME, AGENT_MAX_FRAMES), _R),
+)
+SCHEMAS[STACKS_REQUEST] = _msg(id=(MSG_ID, _R))
+SCHEMAS[STACKS_RESULT] = _msg(
+    id=(MSG_ID, _R), threads=(ListOf(AGENT_STACK_THREAD, AGENT_MAX_THREADS), _R)
+)
+
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,
 #: ``cancel``, ``retry``: small maps) are not described here.
 REPLIES: Final[dict[str, Field]] = {
@@ -1126,6 +1188,7 @@ REPLIES: Final[dict[str, Field]] = {
     C_HISTORY: HISTORY_DOC,
     C_INCIDENTS: ListOf(INCIDENT_ROW, 100_000),
     C_INCIDENT: INCIDENT_DOC,
+    C_STACKS: ListOf(STACKS_DOC, 1 << 16),
 }
 
 

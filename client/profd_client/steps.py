@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -158,6 +159,7 @@ class Stepper:
         "outbox",
         "regions",
         "stem",
+        "training_tid",
     )
 
     def __init__(
@@ -188,6 +190,10 @@ class Stepper:
         self.regions: dict[str, RegionTimer] = {}
         #: Until the first step ends: then the ledger starts from its end (see the docstring).
         self._untimed_first = True
+        #: The native id of the thread that counts steps, for ``profctl stacks``: the one
+        #: that attached until the first step's end says which thread steps (once, off the
+        #: hot path). The agent thread reads it.
+        self.training_tid: int = threading.get_native_id()
 
     # --- hot path ----------------------------------------------------------------------------
     def tick(self) -> None:
@@ -248,6 +254,7 @@ class Stepper:
     # --- boundary (training thread) -----------------------------------------------------------
     def _boundary(self) -> None:
         if self._untimed_first and self.count >= 1:
+            self.training_tid = threading.get_native_id()
             self._rebase(self._ring[self.count & _MASK])
         try:
             self._drain_inbox()

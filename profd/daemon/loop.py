@@ -27,10 +27,12 @@ from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
 from profd.daemon.captures.record import CaptureReport
+from profd.daemon.clients.agentstacks import AgentStacks
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.sampler import Sampler
+from profd.daemon.clients.stacks import StackReader
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
 from profd.daemon.control.tcp import TcpControl
 from profd.daemon.metrics import INCIDENT_KINDS, MetricsServer
@@ -180,6 +182,8 @@ class Daemon:
             self._send_agent,
             self.ledgers,
         )
+        self.agent_stacks = AgentStacks(self._send_agent)
+        self.agents.stacks_result = self.agent_stacks.result
         facts = DaemonFacts(
             host,
             time.time(),
@@ -203,6 +207,8 @@ class Daemon:
             self._live_status,
             self.results.retry,
             self.incidents,
+            stacks=StackReader(self.reactor.call_soon),
+            agent_stacks=self.agent_stacks,
         )
 
     # --- wiring -----------------------------------------------------------------------------
@@ -351,6 +357,8 @@ class Daemon:
         # the inbox row makes the next daemon redo anything cut off.
         self.captures.shutdown()
         self.nsys.shutdown()
+        if self.control.stacks is not None:
+            self.control.stacks.close()
         while self.reactor.run_pending():
             pass
         self.flush()
@@ -431,6 +439,7 @@ class Daemon:
             self.sd.watchdog(now)  # from this thread: a wedged loop stops pinging
             if now >= next_tick:
                 _guarded("housekeeping", self.liveness.tick, now)
+                _guarded("expiring stack requests", self.agent_stacks.expire, now)
                 _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
                 _guarded("writing step-ledger minutes", self._write_minutes)
                 _guarded("running the detectors", self.detectors.tick, now)

@@ -320,6 +320,7 @@ def test_replies_without_a_schema_are_any_map() -> None:
         P.C_HISTORY,
         P.C_INCIDENTS,
         P.C_INCIDENT,
+        P.C_STACKS,
     }
     frame = P.reply({"v": P.VERSION, "t": P.C_RETRY}, {"requeued": 3})
     assert P.decode(frame, P.REPLY_INBOUND)["data"] == {"requeued": 3}

@@ -16,6 +16,7 @@ COMMANDS: dict[str, str] = {
     "history": "history:history",
     "incidents": "incidents:incidents",
     "incident": "incidents:incident",
+    "stacks": "stacks:stacks",
     "pull": "pull:pull",
     "retry": "retry:retry",
     "run": "run:run",

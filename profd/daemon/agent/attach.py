@@ -82,6 +82,7 @@ class Attach:
             uid=peer.uid,
             gid=peer.gid,
             identity_source=_sources(m.get("identity_source")),
+            training_tid=m.get("training_tid"),
         )
         old = self.registry.add(c)
         moved = old is not None and old.identity != c.identity

@@ -50,6 +50,8 @@ class AgentHandler:
         self.send = send
         self.ledgers = ledgers
         self.rejected = 0  # malformed frames seen, for status
+        #: Where a client's own stacks go (``stacks_result``); set by the loop.
+        self.stacks_result: Callable[[Client, dict[str, Any]], None] | None = None
         self._heartbeats: dict[int, bytes] = {}  # the same reply bytes for every client
 
     def handle(self, frames: list[bytes], peer: PeerCred | None) -> None:
@@ -89,6 +91,8 @@ class AgentHandler:
     def heartbeat(self, c: Client, m: dict[str, Any], now: float) -> None:
         self.registry.heartbeat(c, now, m.get("step"), m.get("sps"), m.get("state"))
         self.ledgers.heartbeat(c, m.get("step"), m.get("ledger"), now)
+        if "training_tid" in m:
+            self.registry.training_thread(c, m["training_tid"])
         self.send(c.ident, self._heartbeat(c.version))
 
     def _armed(self, c: Client, m: dict[str, Any], now: float) -> None:
@@ -146,6 +150,11 @@ class AgentHandler:
             return None  # unknown, or about steps the session has since moved away from
         return s, t
 
+    def _stacks_result(self, c: Client, m: dict[str, Any], now: float) -> None:
+        self.registry.seen(c, now)
+        if self.stacks_result is not None:
+            self.stacks_result(c, m)
+
     def armed(self, c: Client, m: dict[str, Any]) -> None:
         hit = self._target(c, m)
         if hit is not None:
@@ -170,4 +179,5 @@ HANDLERS: dict[str, Callable[[AgentHandler, Client, dict[str, Any], float], None
     P.PROGRESS: AgentHandler._progress,
     P.CAPTURED: AgentHandler._captured,
     P.BYE: AgentHandler.bye,
+    P.STACKS_RESULT: AgentHandler._stacks_result,
 }

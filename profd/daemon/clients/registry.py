@@ -56,6 +56,8 @@ class Client:
     version: int = 1
     #: Where the client says each identity field came from (hello ``identity_source``).
     identity_source: dict[str, str] = field(default_factory=dict)
+    #: The native id of its thread that counts steps (hello/heartbeat ``training_tid``).
+    training_tid: int | None = None
 
     @property
     def key(self) -> tuple[str, int]:
@@ -185,6 +187,11 @@ class Registry:
             c.sps = c.observed_sps if claimed is None else min(claimed, c.observed_sps)
         if state is not None:
             c.state = state
+
+    def training_thread(self, c: Client, tid: int | None) -> None:
+        """The client says which of its threads counts steps (``stacks`` marks it)."""
+        if tid is not None:
+            c.training_tid = tid
 
     def _observe(self, c: Client, step: int, now: float) -> None:
         base_step, base_at = c.rate_from or (c.step, c.step_at)

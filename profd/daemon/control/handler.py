@@ -16,8 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from profd import __version__, claims
+from profd.daemon.clients.agentstacks import AgentStacks
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry, step_now
+from profd.daemon.clients.stacks import StackReader, StackTarget, job_doc
 from profd.daemon.control import servable
 from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.selector import Selector
@@ -27,6 +29,7 @@ from profd.daemon.watch.incidents import Incidents
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
 from profd.store.index import Index, TraceFilter
+from profd.watch import stackgroups
 from profd.watch.stats import mark_vs_role, slowest_first
 from profd_client import protocol as P
 
@@ -58,6 +61,15 @@ class DaemonFacts:
     heartbeat_interval: float = 1.0
 
 
+class Later:
+    """A handler's answer that is not ready yet (stacks read by worker threads). ``start``
+    is given the function that sends the reply; the work must call it exactly once, on the
+    loop (through the Reactor), so the REQ peer gets its one reply."""
+
+    def __init__(self, start: Callable[[Callable[[Any], None]], None]) -> None:
+        self.start = start
+
+
 class ControlHandler:
     def __init__(
         self,
@@ -72,6 +84,8 @@ class ControlHandler:
         live_status: Callable[[], dict[str, Any]],
         retry: Callable[[str | None], int],
         incidents: Incidents,
+        stacks: StackReader | None = None,
+        agent_stacks: AgentStacks | None = None,
     ) -> None:
         self.facts = facts
         self.registry = registry
@@ -85,6 +99,8 @@ class ControlHandler:
         self.live_status = live_status
         self.retry = retry
         self.incidents = incidents
+        self.stacks = stacks
+        self.agent_stacks = agent_stacks
         self.own_uid = os.geteuid()
         self.rejected = 0
 
@@ -105,10 +121,18 @@ class ControlHandler:
         except P.ProtocolError:
             self.rejected += 1
             return  # no REQ peer sends this: nobody waits for an answer
-        send(P.join_envelope(envelope, self.answer(frame, who)))
+        reply = self.answer(frame, who, lambda late: send(P.join_envelope(envelope, late)))
+        if reply is not None:
+            send(P.join_envelope(envelope, reply))
 
-    def answer(self, frame: bytes, who: Callable[[], Requester]) -> bytes:
-        """The one reply to a request, in the request's protocol version."""
+    def answer(
+        self,
+        frame: bytes,
+        who: Callable[[], Requester],
+        later: Callable[[bytes], None] | None = None,
+    ) -> bytes | None:
+        """The one reply to a request, in the request's protocol version; None when a
+        handler answers :class:`Later` (its reply goes to ``later`` when ready)."""
         try:
             msg = P.decode(frame, P.CONTROL_INBOUND)
         except P.ProtocolError as exc:
@@ -118,9 +142,25 @@ class ControlHandler:
             return exc.reply()
         v = msg["v"]
         try:
-            return bounded_reply(self._reply(msg, self.dispatch(msg, who())), v)
+            data = self.dispatch(msg, who())
+            if isinstance(data, Later):
+                if later is None:
+                    raise RuntimeError(f"{msg['t']} answers later, and nobody waits")
+                send_late = later
+                data.start(lambda result: send_late(self._late_reply(msg, result)))
+                return None
+            return bounded_reply(self._reply(msg, data), v)
         except Refused as exc:
             return P.error(exc.code, str(exc), v=v)
+        except Exception as exc:
+            log.exception("control request failed")
+            return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
+
+    def _late_reply(self, msg: dict[str, Any], data: Any) -> bytes:
+        """A :class:`Later` result as the reply, on the loop, errors answered as at once."""
+        v = msg["v"]
+        try:
+            return bounded_reply(self._reply(msg, data), v)
         except Exception as exc:
             log.exception("control request failed")
             return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
@@ -260,6 +300,82 @@ class ControlHandler:
         if not by.privileged:
             self._check_owner(m.get("session"), by)
         return {"requeued": self.retry(m.get("session"))}
+
+    def _stacks(self, m: dict[str, Any], by: Requester) -> Any:
+        clients = self.stack_clients(m.get("job"), m.get("rank"), by)
+        reader = self.stacks
+        if reader is None:
+            raise Refused("unsupported", "this daemon reads no stacks")
+        node = self.facts.host
+        targets = [
+            StackTarget(c.host, c.role, c.rank, c.pid, c.node_pid or c.pid, c.training_tid)
+            for c in clients
+        ]
+        jobs = [c.job for c in clients]
+
+        def start(reply: Callable[[Any], None]) -> None:
+            def finish(rows: list[dict[str, Any]]) -> None:
+                per_job: dict[str, list[dict[str, Any]]] = {}
+                for job, row in zip(jobs, rows, strict=True):
+                    per_job.setdefault(job, []).append(row)
+                docs = [job_doc(j, per_job[j]) for j in sorted(per_job)]
+                for d in docs:
+                    d["node"] = node
+                reply(docs)
+
+            reader.read(targets, lambda rows: self._agent_fallback(clients, rows, finish))
+
+        return Later(start)
+
+    def _agent_fallback(
+        self,
+        clients: list[Client],
+        rows: list[dict[str, Any]],
+        finish: Callable[[list[dict[str, Any]]], None],
+    ) -> None:
+        """Ranks py-spy could not read are asked for their own stacks (their agent thread),
+        unless they are gone; ``finish(rows)`` once every one answered or timed out."""
+        agent = self.agent_stacks
+        ask = [
+            (row, c)
+            for row, c in zip(rows, clients, strict=True)
+            if row["source"] is None
+            and agent is not None
+            and self.registry.get(c.ident) is c
+            and not str(row.get("error", "")).startswith("the process exited")
+        ]
+        if agent is None or not ask:
+            finish(rows)
+            return
+        left = [len(ask)]
+
+        def answered(row: dict[str, Any], c: Client) -> Callable[..., None]:
+            def got(threads: list[dict[str, Any]] | None, why: str | None) -> None:
+                if threads is not None:
+                    stackgroups.mark_training(threads, c.training_tid)
+                    row["source"], row["threads"] = "agent", threads
+                    row["error"] = f"read by its agent thread ({row['error']})"
+                else:
+                    row["error"] = f"{row['error']}; {why}"
+                left[0] -= 1
+                if left[0] == 0:
+                    finish(rows)
+
+            return got
+
+        for row, c in ask:
+            agent.ask(c, answered(row, c))
+
+    def stack_clients(self, job: str | None, rank: int | None, by: Requester) -> list[Client]:
+        """The served ranks ``stacks`` reads: of ``job`` and ``rank`` when given, and only
+        the requester's own processes unless it may act on everyone's."""
+        return [
+            c
+            for c in by_identity(self.registry)
+            if (job is None or c.job == job)
+            and (rank is None or c.rank == rank)
+            and by.may_act_on(c.uid)
+        ]
 
     def status(self) -> dict[str, Any]:
         f = self.facts
@@ -415,6 +531,7 @@ HANDLERS: dict[str, Callable[[ControlHandler, dict[str, Any], Requester], Any]] 
     P.C_HISTORY: ControlHandler._history,
     P.C_INCIDENTS: ControlHandler._incidents,
     P.C_INCIDENT: ControlHandler._incident,
+    P.C_STACKS: ControlHandler._stacks,
 }
 
 

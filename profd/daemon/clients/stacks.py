@@ -1,0 +1,197 @@
+"""Every thread's stack of attached processes, read from outside with ``py-spy dump``.
+
+A hung process may never run its own threads again, so its stacks are read by another
+process: ``py-spy dump --json`` on worker threads (a bounded pool, a bounded time each),
+never on the event loop. The result of one request goes back through the Reactor as one
+call, so the loop (the registry's owner) is the only one that sees it.
+
+Blocking mode, not ``--nonblocking``: py-spy pauses the process for the few milliseconds it
+takes to copy the stacks, so every frame it reports belongs to one instant; unpaused, a
+running thread's frames can be read half before and half after a call returns. Nothing here
+signals the process: py-spy attaches with ptrace, and a py-spy killed at its time limit is
+detached by the kernel, which lets the process run on.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from profd.watch import stackgroups
+
+log = logging.getLogger("profd.stacks")
+
+#: Seconds one process's read may take before it is given up (py-spy is killed).
+READ_TIMEOUT_S = 4.0
+#: Processes read at once.
+WORKERS = 16
+#: A request's whole budget: processes not started by then are reported as not read, so a
+#: profctl waiting for the reply gets one before its own timeout (10 s).
+REQUEST_BUDGET_S = 4.0
+#: Most of py-spy's error text kept in a rank's ``error``.
+ERROR_CHARS = 300
+
+
+@dataclass(frozen=True)
+class StackTarget:
+    """One process to read: who it is (for the reply) and where it is (for py-spy)."""
+
+    host: str
+    role: str
+    rank: int
+    pid: int  # as the process itself says (the reply's ``pid``)
+    node_pid: int  # in the daemon's pid namespace: what py-spy attaches to
+    training_tid: int | None  # the thread that counts steps (hello ``training_tid``)
+
+    def row(self) -> dict[str, Any]:
+        return {"host": self.host, "role": self.role, "rank": self.rank, "pid": self.pid}
+
+
+#: The py-spy the daemon runs, when set; set and empty: none, so stacks come only from the
+#: clients' agent threads (a host where nothing may ptrace the jobs).
+PYSPY_ENV = "PROFD_PYSPY"
+
+
+def find_pyspy() -> str | None:
+    """``$PROFD_PYSPY``, else py-spy beside this interpreter (its wheel puts the binary in
+    the venv's bin), else on PATH."""
+    if PYSPY_ENV in os.environ:
+        return os.environ[PYSPY_ENV] or None
+    beside = Path(sys.executable).parent / "py-spy"
+    if beside.is_file() and os.access(beside, os.X_OK):
+        return str(beside)
+    return shutil.which("py-spy")
+
+
+def read_one(
+    pyspy: str | None, t: StackTarget, timeout: float = READ_TIMEOUT_S, native: bool = False
+) -> dict[str, Any]:
+    """One process's stacks as a rank row (``stackgroups``), with ``error`` instead of
+    threads when py-spy could not read them."""
+    row = t.row()
+    row["source"], row["threads"] = None, []
+    if pyspy is None:
+        row["error"] = "py-spy not found (or turned off: PROFD_PYSPY empty)"
+        return row
+    argv = [pyspy, "dump", "--pid", str(t.node_pid), "--json"]
+    if native:
+        argv.append("--native")
+    started = time.monotonic()
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        row["error"] = f"py-spy gave no stacks in {timeout:g}s"
+        return row
+    except OSError as exc:
+        row["error"] = f"py-spy did not run: {exc}"
+        return row
+    row["read_ms"] = round((time.monotonic() - started) * 1000, 1)
+    if done.returncode != 0:
+        row["error"] = _why(done, t.node_pid)
+        return row
+    try:
+        threads = stackgroups.parse_pyspy(json.loads(done.stdout))
+    except ValueError as exc:  # json.JSONDecodeError is one
+        row["error"] = f"py-spy's output unreadable: {exc}"[:ERROR_CHARS]
+        return row
+    stackgroups.mark_training(threads, t.training_tid, t.node_pid)
+    row["source"], row["threads"] = "py-spy", threads
+    return row
+
+
+def _why(done: subprocess.CompletedProcess[bytes], pid: int) -> str:
+    if not _alive(pid):
+        return "the process exited while its stacks were read"
+    text = (done.stderr or done.stdout).decode("utf-8", "replace").strip()
+    lines = [ln for ln in text.splitlines() if ln.strip()]
+    # py-spy's last line is its reason ("Permission denied", "No such process", ...).
+    reason = lines[-1] if lines else f"exit status {done.returncode}"
+    return f"py-spy: {reason}"[:ERROR_CHARS]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)  # signal 0: only asks whether the pid exists, delivers nothing
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+Done = Callable[[list[dict[str, Any]]], None]
+CallSoon = Callable[..., None]
+
+
+class StackReader:
+    """Reads processes' stacks on a pool of worker threads; each request's rank rows (in
+    the order of its targets) go to the loop through ``call_soon``."""
+
+    def __init__(
+        self,
+        call_soon: CallSoon,
+        pyspy: str | None = None,
+        workers: int = WORKERS,
+        timeout: float = READ_TIMEOUT_S,
+        budget: float = REQUEST_BUDGET_S,
+        native: bool = False,
+    ) -> None:
+        self.call_soon = call_soon
+        self.pyspy = pyspy if pyspy is not None else find_pyspy()
+        self.timeout = timeout
+        self.budget = budget
+        self.native = native
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="profd-stacks")
+
+    def read(self, targets: list[StackTarget], done: Done) -> None:
+        """Read every target's stacks; ``done(rows)`` runs on the loop once all are read."""
+        if not targets:
+            self.call_soon(done, [])
+            return
+        rows: list[dict[str, Any] | None] = [None] * len(targets)
+        left = [len(targets)]
+        lock = threading.Lock()
+        deadline = time.monotonic() + self.budget
+
+        def one(i: int, t: StackTarget) -> None:
+            try:
+                if time.monotonic() > deadline:
+                    row = t.row()
+                    row.update(
+                        source=None, threads=[], error="not read: the request's time ran out"
+                    )
+                else:
+                    row = read_one(self.pyspy, t, self.timeout, self.native)
+            except Exception as exc:  # one process's failure must not lose the others'
+                log.exception("reading the stacks of pid %s", t.node_pid)
+                row = t.row()
+                row.update(source=None, threads=[], error=f"{type(exc).__name__}: {exc}")
+            with lock:
+                rows[i] = row
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                self.call_soon(done, [r for r in rows if r is not None])
+
+        for i, t in enumerate(targets):
+            self._pool.submit(one, i, t)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+
+def job_doc(job: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """One job's reply (``P.STACKS_DOC``): its ranks in rank order and their groups."""
+    rows = sorted(rows, key=lambda r: (r["role"], r["rank"], r["host"], r["pid"]))
+    return {"job": job, "groups": stackgroups.group(rows), "ranks": rows}

@@ -1,0 +1,235 @@
+"""Every rank's stacks, grouped as LLNL's STAT does: one group per distinct training-thread
+stack, the largest the majority, every other a suspect group named by its ranks and where
+in user code they are. Pure: the daemon (one node) and profctl (``--cluster``, every node's
+ranks together) group with the same functions.
+
+A rank is a map ``{"host", "role", "rank", "pid", "source", "threads", "error"?}``; a thread
+``{"name", "tid", "training", "frames"}``; a frame ``{"function", "file", "line"}``, frames
+innermost first. ``source`` is ``"py-spy"``, ``"agent"`` or None (the rank gave no stacks:
+``error`` says why, and it is in no group).
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+Frame = dict[str, Any]
+
+#: Directories whose frames are library code: never what names a group.
+_LIBRARY_DIRS = tuple(
+    os.path.join(p, "")
+    for p in {sysconfig.get_paths().get(k, "") for k in ("stdlib", "platstdlib")}
+    if p
+)
+#: Path parts of library code wherever it is installed (a venv, a container's /opt/conda).
+_LIBRARY_PARTS = ("site-packages", "dist-packages")
+#: Packages whose frames are not the user's, from a checkout or an install alike.
+_LIBRARY_PACKAGES = frozenset({"torch", "profd", "profd_client", "importlib", "threading"})
+#: What one reply may hold (``protocol.STACK_RANK``): longer names (C++ templates from
+#: ``--native``) are cut, and the outermost frames of a deeper stack dropped.
+MAX_NAME_CHARS = 4096
+MAX_FRAMES = 4096
+MAX_THREADS = 4096
+#: Decorator frames that stand between a call site and what it calls: skipped when a
+#: group is named after the function user code called.
+_WRAPPERS = frozenset({"wrapper", "inner", "_fn", "decorate_context", "wrapped", "<lambda>"})
+
+
+# --- py-spy ---------------------------------------------------------------------------------------
+def parse_pyspy(doc: object) -> list[dict[str, Any]]:
+    """The threads of ``py-spy dump --json``'s output (a list of traces, one per thread):
+    ``{"name", "tid", "frames"}``, ``tid`` the native thread id (what
+    ``threading.get_native_id()`` says), frames innermost first as py-spy gives them."""
+    if not isinstance(doc, list):
+        raise ValueError(f"py-spy dump: expected a list of threads, got {type(doc).__name__}")
+    threads = []
+    for t in doc[:MAX_THREADS]:
+        if not isinstance(t, dict):
+            raise ValueError("py-spy dump: a thread is not a map")
+        tid = t.get("os_thread_id")
+        if not isinstance(tid, int):
+            tid = t.get("thread_id") if isinstance(t.get("thread_id"), int) else 0
+        frames = []
+        for f in (t.get("frames") or ())[:MAX_FRAMES]:
+            if not isinstance(f, dict):
+                continue
+            line = f.get("line")
+            frames.append(
+                {
+                    "function": str(f.get("name") or "?")[:MAX_NAME_CHARS],
+                    "file": str(f.get("filename") or "?")[:MAX_NAME_CHARS],
+                    "line": line if isinstance(line, int) and line >= 0 else 0,
+                }
+            )
+        name = t.get("thread_name")
+        threads.append(
+            {
+                "name": name[:MAX_NAME_CHARS] if isinstance(name, str) else "",
+                "tid": tid,
+                "frames": frames,
+            }
+        )
+    return threads
+
+
+def mark_training(
+    threads: list[dict[str, Any]], training_tid: int | None, pid: int | None = None
+) -> None:
+    """Mark exactly one thread as the training thread (the one the client said counts
+    steps; else the main thread: its native id is the pid on Linux, and it is named
+    ``MainThread`` where py-spy finds names; else the first), so grouping never depends on
+    the order threads were listed in."""
+    if not threads:
+        return
+
+    def first(pred: Any) -> dict[str, Any] | None:
+        return next((t for t in threads if pred(t)), None)
+
+    chosen = (
+        (first(lambda t: t["tid"] == training_tid) if training_tid is not None else None)
+        or (first(lambda t: t["tid"] == pid) if pid is not None else None)
+        or first(lambda t: t.get("name") == "MainThread")
+        or threads[0]
+    )
+    for t in threads:
+        t["training"] = t is chosen
+
+
+# --- grouping -------------------------------------------------------------------------------------
+def training_frames(rank: dict[str, Any]) -> list[Frame] | None:
+    """The rank's training-thread stack, or None when it gave no stacks."""
+    if not rank.get("source"):
+        return None
+    for t in rank.get("threads") or ():
+        if t.get("training"):
+            return list(t["frames"])
+    return None
+
+
+def _key(frames: Sequence[Frame]) -> tuple[tuple[str, str, int], ...]:
+    return tuple((f["function"], f["file"], f["line"]) for f in frames)
+
+
+def _who(r: dict[str, Any]) -> tuple[str, str, int]:
+    return (str(r.get("host") or ""), str(r["role"]), int(r["rank"]))
+
+
+def group(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Ranks with stacks grouped by their training thread's whole stack (function, file and
+    line of every frame): ``[{"ranks": [{"host", "role", "rank"}], "majority", "frames"}]``,
+    the largest group first and marked majority; equal sizes in the order of their lowest
+    (host, role, rank), so the same stacks always give the same answer."""
+    by_key: dict[tuple[tuple[str, str, int], ...], list[tuple[str, str, int]]] = {}
+    frames_of: dict[tuple[tuple[str, str, int], ...], list[Frame]] = {}
+    for r in ranks:
+        frames = training_frames(r)
+        if frames is None:
+            continue
+        k = _key(frames)
+        by_key.setdefault(k, []).append(_who(r))
+        frames_of.setdefault(k, frames)
+    for members in by_key.values():
+        members.sort()
+    ordered = sorted(by_key.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    return [
+        {
+            "ranks": [{"host": h, "role": role, "rank": n} for h, role, n in members],
+            "majority": i == 0,
+            "frames": frames_of[k],
+        }
+        for i, (k, members) in enumerate(ordered)
+    ]
+
+
+def not_answering(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The ranks that gave no stacks (neither source could read them)."""
+    return [r for r in ranks if training_frames(r) is None]
+
+
+# --- naming ---------------------------------------------------------------------------------------
+def is_user_frame(f: Frame) -> bool:
+    """A frame in the job's own code: not the standard library, an installed package, torch,
+    profd or a native frame."""
+    path = str(f["file"])
+    if not path.endswith(".py"):
+        return False  # native frames (py-spy --native), <frozen ...>, <string>
+    if path.startswith(_LIBRARY_DIRS) or any(p in path for p in _LIBRARY_PARTS):
+        return False
+    parts = path.replace("\\", "/").split("/")
+    return not any(p in _LIBRARY_PACKAGES for p in parts[:-1])
+
+
+def where(frames: Sequence[Frame]) -> str:
+    """Where a stack is, for a human: the innermost frame in user code, and the library
+    function it called when there is one ("in train_step (train.py:41) -> backward"; "in
+    load_batch (data.py:88)" when it is the innermost frame)."""
+    if not frames:
+        return "no Python frames"
+    i = next((j for j, f in enumerate(frames) if is_user_frame(f)), None)
+    if i is None:
+        f = frames[0]
+        return f"in {f['function']} ({os.path.basename(f['file'])}:{f['line']})"
+    user = frames[i]
+    text = f"in {user['function']} ({os.path.basename(user['file'])}:{user['line']})"
+    callees = [f for f in reversed(frames[:i]) if f["file"].endswith(".py")]
+    called = next((f for f in callees if f["function"] not in _WRAPPERS), None)
+    return text if called is None else f"{text} -> {called['function']}"
+
+
+def _spans(numbers: list[int]) -> str:
+    out: list[str] = []
+    start = prev = numbers[0]
+    for n in [*numbers[1:], None]:
+        if n is not None and n == prev + 1:
+            prev = n
+            continue
+        out.append(str(start) if start == prev else f"{start}-{prev}")
+        if n is not None:
+            start = prev = n
+    return ", ".join(out)
+
+
+def label(members: Sequence[dict[str, Any]], hosts: bool = False, roles: bool = False) -> str:
+    """ "rank 1", "ranks 0, 2-5"; per role ("trainer ranks 0-3; ref rank 0") and per host
+    ("ranks 0-1 on a; rank 2 on b") when asked."""
+    parts: dict[tuple[str, str], list[int]] = {}
+    for m in members:
+        parts.setdefault((m["host"] if hosts else "", m["role"] if roles else ""), []).append(
+            int(m["rank"])
+        )
+    out = []
+    for (host, role), numbers in sorted(parts.items()):
+        numbers = sorted(set(numbers))
+        text = f"{'rank' if len(numbers) == 1 else 'ranks'} {_spans(numbers)}"
+        if role:
+            text = f"{role} {text}"
+        if host:
+            text += f" on {host}"
+        out.append(text)
+    return "; ".join(out)
+
+
+def summary(doc: dict[str, Any]) -> list[str]:
+    """The compact view of one job's grouped stacks, suspects first: one line per group,
+    then the ranks that did not answer."""
+    ranks = doc.get("ranks") or []
+    hosts = len({r.get("host") for r in ranks}) > 1
+    roles = len({r.get("role") for r in ranks}) > 1
+    groups = doc.get("groups") or []
+    lines = []
+    for g in [*(g for g in groups if not g["majority"]), *(g for g in groups if g["majority"])]:
+        tag = (
+            "majority"
+            if g["majority"] and len(groups) > 1
+            else "suspect"
+            if not g["majority"]
+            else "all"
+        )
+        lines.append(f"{tag:8}  {label(g['ranks'], hosts, roles)}: {where(g['frames'])}")
+    for r in not_answering(ranks):
+        who = label([{"host": r.get("host"), "role": r["role"], "rank": r["rank"]}], hosts, roles)
+        lines.append(f"{'no stack':8}  {who}: {r.get('error') or 'no answer'}")
+    return lines

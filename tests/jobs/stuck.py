@@ -1,0 +1,64 @@
+"""A gloo DDP job in which one rank gets stuck loading data, for ``profctl stacks``.
+
+Every step sleeps STEP_MS, runs a tiny DDP model's backward (its gradients all-reduced)
+and steps the optimizer. From step STUCK_AT on, rank STUCK_RANK calls
+``stuck_in_data_loading()``, which sleeps STUCK_S before it returns, so the other ranks wait
+for it in the all-reduce of that step's backward. The job then runs STEPS steps in all.
+
+``THREAD=1``: the steps run on a thread named ``trainer`` (the main thread only waits for
+it), so the training thread is not the main thread.
+
+Env: STEP_MS (20), STUCK_RANK (-1: nobody), STUCK_AT (20), STUCK_S (600), STEPS (100000),
+THREAD (0).
+"""
+
+import os
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+from ending import end_process_group
+
+import profd_client
+
+profd_client.attach()
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+step_s = float(os.environ.get("STEP_MS", "20")) / 1000.0
+stuck_rank = int(os.environ.get("STUCK_RANK", "-1"))
+stuck_at = int(os.environ.get("STUCK_AT", "20"))
+stuck_s = float(os.environ.get("STUCK_S", "600"))
+torch.manual_seed(0)
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
+opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+x = torch.randn(4, 8)
+
+
+def stuck_in_data_loading() -> None:
+    time.sleep(stuck_s)
+
+
+def load_batch(step: int) -> torch.Tensor:
+    if rank == stuck_rank and step == stuck_at:
+        stuck_in_data_loading()
+    time.sleep(step_s)
+    return x
+
+
+def train(model: torch.nn.Module, opt: torch.optim.Optimizer) -> None:
+    for step in range(1, int(os.environ.get("STEPS", "100000")) + 1):
+        batch = load_batch(step)
+        model(batch).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+if os.environ.get("THREAD") == "1":
+    trainer = threading.Thread(target=train, args=(model, opt), name="trainer")
+    trainer.start()
+    trainer.join()
+else:
+    train(model, opt)
+del model, opt
+end_process_group()

@@ -1,0 +1,280 @@
+"""``profctl stacks`` against a real daemon and real gloo DDP jobs (``tests/jobs/stuck.py``),
+and py-spy's JSON as profd parses it, captured from a real process.
+
+py-spy attaches with ptrace: these tests run as root (or where ptrace is allowed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from clusters import Cluster
+from daemonproc import BIN, free_port
+from harness import JOBS, Daemon, Job, wait_for
+
+from profd.daemon.clients.stacks import StackTarget, find_pyspy, read_one
+from profd.watch import stackgroups
+
+#: The torchrun jobs make these end-to-end; the py-spy parsing ones are quick.
+slow = pytest.mark.slow
+WAIT = 120.0
+
+#: A process whose main thread waits in ``waiting_here`` and a second thread (named
+#: ``helper``) in ``helper_loop``; it prints the helper's native id, then "ready".
+_SLEEPER = """
+import threading, time
+def helper_loop():
+    while True:
+        time.sleep(0.05)
+def waiting_here():
+    time.sleep(600)
+t = threading.Thread(target=helper_loop, name="helper", daemon=True)
+t.start()
+time.sleep(0.1)
+print(t.native_id, flush=True)
+print("ready", flush=True)
+waiting_here()
+"""
+
+
+def _sleeper() -> tuple[subprocess.Popen[str], int]:
+    p = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
+    assert p.stdout is not None
+    helper_tid = int(p.stdout.readline())
+    assert p.stdout.readline().strip() == "ready"
+    return p, helper_tid
+
+
+def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
+    pyspy = find_pyspy()
+    assert pyspy is not None, "py-spy is a dependency: it must be beside the interpreter"
+    p, helper_tid = _sleeper()
+    try:
+        out = subprocess.run(
+            [pyspy, "dump", "--pid", str(p.pid), "--json"], capture_output=True, check=True
+        )
+        threads = stackgroups.parse_pyspy(json.loads(out.stdout))
+        by_name = {t["name"]: t for t in threads}
+        assert set(by_name) == {"MainThread", "helper"}
+        main = by_name["MainThread"]["frames"]
+        assert [f["function"] for f in main] == ["waiting_here", "<module>"]
+        line = _SLEEPER.splitlines().index("    time.sleep(600)") + 1
+        assert main[0]["file"] == "<string>" and main[0]["line"] == line
+        assert by_name["helper"]["tid"] == helper_tid
+        assert by_name["helper"]["frames"][0]["function"] == "helper_loop"
+        # The thread the client names is the training thread, whatever the order.
+        stackgroups.mark_training(threads, helper_tid)
+        assert [t["name"] for t in threads if t["training"]] == ["helper"]
+
+        row = read_one(pyspy, StackTarget("h", "worker", 0, p.pid, p.pid, None))
+        assert row["source"] == "py-spy" and "error" not in row
+        assert [t["name"] for t in row["threads"] if t["training"]] == ["MainThread"]
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_process_that_is_gone_is_reported_not_raised() -> None:
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()
+    row = read_one(find_pyspy(), StackTarget("h", "worker", 3, p.pid, p.pid, None))
+    assert row["source"] is None and row["threads"] == []
+    assert row["error"] == "the process exited while its stacks were read"
+
+
+def _stacks(daemon: Daemon, *args: str) -> dict[str, Any]:
+    doc: dict[str, Any] = daemon.ctl_json("stacks", *args, timeout=30)
+    return doc
+
+
+def stopped_after(daemon: Daemon | Cluster, n: int, step: int) -> None:
+    """Wait until ``n`` ranks have ended ``step`` and stepped no more since (their rate is
+    down to nothing): a stuck rank is then where it stays, the others wait for it."""
+
+    def stopped() -> bool:
+        if isinstance(daemon, Cluster):
+            r = daemon.ctl("ps", "--json")
+            rows = json.loads(r.stdout) if r.returncode == 0 else []
+        else:
+            rows = daemon.ps()
+        return len(rows) == n and all(
+            r["step"] >= step and not r["step_extrapolated"] and r["steps_per_s"] == 0 for r in rows
+        )
+
+    wait_for(stopped, WAIT, f"{n} ranks stopped after step {step}")
+
+
+def settled(read: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """The stacks once two reads in a row group the ranks the same (a rank may still be
+    on its way into the frame it stays in)."""
+    last: list[Any] = [None]
+
+    def same() -> dict[str, Any] | None:
+        doc = read()
+        key = [[(m["host"], m["rank"]) for m in g["ranks"]] for g in doc["groups"]]
+        hit = doc if key == last[0] else None
+        last[0] = key
+        return hit
+
+    found: dict[str, Any] = wait_for(same, WAIT, "the same groups twice in a row")
+    return found
+
+
+def _training(r: dict[str, Any]) -> list[dict[str, Any]]:
+    return [t for t in r["threads"] if t["training"]]
+
+
+def _functions(frames: list[dict[str, Any]]) -> list[str]:
+    return [f["function"] for f in frames]
+
+
+@slow
+def test_the_stuck_rank_is_named_alone_and_the_others_wait_in_the_all_reduce(
+    daemon: Daemon, torchrun: Callable[..., Job]
+) -> None:
+    torchrun("stuck.py", 3, daemon, PROFD_JOB="stuck", STUCK_RANK="1", STUCK_AT="30")
+    stopped_after(daemon, 3, 29)
+    doc = settled(lambda: _stacks(daemon, "--job", "stuck"))
+    majority, suspect = doc["groups"]
+    assert majority["majority"] and not suspect["majority"]
+    assert [m["rank"] for m in suspect["ranks"]] == [1]
+    assert [m["rank"] for m in majority["ranks"]] == [0, 2]
+    assert "stuck_in_data_loading" in _functions(suspect["frames"])
+    assert "backward" in _functions(majority["frames"])
+    assert "stuck_in_data_loading" not in _functions(majority["frames"])
+    for r in doc["ranks"]:
+        assert r["source"] == "py-spy", r
+        assert len(_training(r)) == 1
+
+    text = daemon.ctl("stacks", "--job", "stuck")
+    assert text.returncode == 0, text.stderr
+    first = text.stdout.splitlines()[1]
+    assert first.split()[:3] == ["suspect", "rank", "1:"]
+    assert "in stuck_in_data_loading (stuck.py:" in first
+    full = daemon.ctl("stacks", "--job", "stuck", "-v")
+    assert "[training]" in full.stdout and "load_batch" in full.stdout
+
+    one = _stacks(daemon, "--job", "stuck", "--rank", "1")
+    assert [r["rank"] for r in one["ranks"]] == [1]
+
+
+@slow
+def test_a_healthy_job_every_rank_has_a_source_and_one_training_thread(
+    daemon: Daemon, torchrun: Callable[..., Job]
+) -> None:
+    # The steps run on a thread of their own: only the client's word marks it.
+    torchrun("stuck.py", 3, daemon, PROFD_JOB="stuck", THREAD="1", STEP_MS="50")
+    daemon.wait_attached(3, WAIT, min_step=3)
+    doc = _stacks(daemon)
+    assert doc["job"] == "stuck"
+    assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1, 2]
+    for r in doc["ranks"]:
+        assert r["source"] == "py-spy", r
+        (t,) = _training(r)
+        assert t["name"] == "trainer"
+        assert "train" in _functions(t["frames"])
+    assert sum(len(g["ranks"]) for g in doc["groups"]) == 3
+
+
+@slow
+def test_several_jobs_need_a_job_and_the_daemon_serves_while_reading(
+    daemon: Daemon, torchrun: Callable[..., Job]
+) -> None:
+    torchrun("stuck.py", 2, daemon, PROFD_JOB="stuck")
+    torchrun("stuck.py", 1, daemon, PROFD_JOB="other")
+    daemon.wait_attached(3, WAIT, min_step=1)
+    r = daemon.ctl("stacks")
+    assert r.returncode == 2
+    assert "2 jobs are attached (other, stuck): name one with --job" in r.stderr
+
+    # Requests while stacks are being read are answered: the read runs off the loop.
+    answers: list[int] = []
+
+    def read() -> None:
+        answers.append(daemon.ctl("stacks", "--job", "stuck").returncode)
+
+    readers = [threading.Thread(target=read) for _ in range(4)]
+    for t in readers:
+        t.start()
+    statuses = [daemon.ctl("status").returncode for _ in range(5)]
+    for t in readers:
+        t.join()
+    assert statuses == [0] * 5 and answers == [0] * 4
+
+
+@slow
+def test_cluster_stacks_group_ranks_of_two_nodes_and_name_the_stuck_ones_host(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    port = free_port()
+    agents = []
+    try:
+        for k, name in enumerate(("node-a", "node-b")):
+            d, _ = cluster.add(name, heartbeat=0.5)
+            env = {
+                **{k: v for k, v in os.environ.items() if not k.startswith("PROFD_")},
+                "PROFD_RUNTIME_DIR": str(d.runtime_dir),
+                "PROFD_HEARTBEAT": "0.5",
+                "OMP_NUM_THREADS": "1",
+                "PYTHONUNBUFFERED": "1",
+                "STUCK_RANK": "3",
+                "STUCK_AT": "30",
+            }
+            cmd = [
+                str(BIN / "torchrun"), "--nnodes=2", f"--node-rank={k}", "--nproc-per-node=2",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-id=twonode",
+                str(JOBS / "stuck.py"),
+            ]  # fmt: skip
+            agents.append(Job.spawn(cmd, env, tmp_path / f"agent{k}.log"))
+
+        stopped_after(cluster, 4, 29)
+
+        def read() -> dict[str, Any]:
+            r = cluster.ctl("stacks", "--json")
+            assert r.returncode == 0, r.stderr
+            doc: dict[str, Any] = json.loads(r.stdout)
+            return doc
+
+        doc = settled(read)
+        assert len(doc["ranks"]) == 4
+        majority, suspect = doc["groups"]
+        assert suspect["ranks"] == [
+            {"host": "node-b", "role": suspect["ranks"][0]["role"], "rank": 3}
+        ]
+        assert "stuck_in_data_loading" in _functions(suspect["frames"])
+        assert sorted(m["rank"] for m in majority["ranks"]) == [0, 1, 2]
+        assert {m["rank"]: m["host"] for m in majority["ranks"]}[2] == "node-b"
+        text = cluster.ctl("stacks")
+        assert "rank 3 on node-b: in stuck_in_data_loading" in text.stdout, text.stdout
+    finally:
+        for a in agents:
+            a.kill()
+
+
+@slow
+def test_without_pyspy_the_agent_threads_answer(
+    daemon_factory: Callable[..., Daemon], torchrun: Callable[..., Job]
+) -> None:
+    d = daemon_factory(PROFD_PYSPY="")  # nothing may ptrace here: the clients answer
+    torchrun("stuck.py", 3, d, PROFD_JOB="stuck", STUCK_RANK="1", STUCK_AT="30", THREAD="1")
+    stopped_after(d, 3, 29)
+    doc = settled(lambda: _stacks(d, "--job", "stuck"))
+    majority, suspect = doc["groups"]
+    assert [m["rank"] for m in suspect["ranks"]] == [1]
+    assert [m["rank"] for m in majority["ranks"]] == [0, 2]
+    assert "stuck_in_data_loading" in _functions(suspect["frames"])
+    for r in doc["ranks"]:
+        assert r["source"] == "agent", r
+        assert "py-spy not found" in r["error"]
+        (t,) = _training(r)
+        assert t["name"] == "trainer"
+        # The agent thread that answered is not among the threads it sent.
+        assert "profd-agent" not in [x["name"] for x in r["threads"]]

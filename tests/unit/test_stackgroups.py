@@ -1,0 +1,165 @@
+"""STAT-style grouping of ranks by their training thread's stack (profd.watch.stackgroups),
+on synthetic stacks from 2 to 8,192 ranks."""
+
+from __future__ import annotations
+
+import sysconfig
+from typing import Any
+
+import pytest
+
+from profd.watch import stackgroups as sg
+
+STDLIB = sysconfig.get_paths()["stdlib"]
+TORCH = "/opt/venv/lib/python3.11/site-packages/torch/autograd/graph.py"
+
+
+def fr(function: str, file: str, line: int) -> dict[str, Any]:
+    return {"function": function, "file": file, "line": line}
+
+
+#: Innermost first: the all-reduce wait inside torch, called from train.py line 41.
+IN_ALLREDUCE = [
+    fr("_engine_run_backward", TORCH, 768),
+    fr("backward", "/opt/venv/lib/python3.11/site-packages/torch/autograd/__init__.py", 347),
+    fr("backward", "/opt/venv/lib/python3.11/site-packages/torch/_tensor.py", 581),
+    fr("train_step", "/home/u/job/train.py", 41),
+    fr("<module>", "/home/u/job/train.py", 90),
+]
+IN_LOAD = [
+    fr("read", f"{STDLIB}/socket.py", 700),
+    fr("load_batch", "/home/u/job/data.py", 88),
+    fr("train_step", "/home/u/job/train.py", 35),
+    fr("<module>", "/home/u/job/train.py", 90),
+]
+IN_CHECKPOINT = [
+    fr("save", "/opt/venv/lib/python3.11/site-packages/torch/serialization.py", 650),
+    fr("checkpoint", "/home/u/job/train.py", 60),
+    fr("<module>", "/home/u/job/train.py", 92),
+]
+
+
+def rank(
+    n: int, frames: list[dict[str, Any]] | None, host: str = "a", role: str = "trainer"
+) -> dict[str, Any]:
+    threads = []
+    if frames is not None:
+        # A helper thread listed before the training thread: grouping must not care.
+        threads.append(
+            {"name": "pin_memory", "tid": 9000 + n, "training": False, "frames": IN_LOAD}
+        )
+        threads.append({"name": "MainThread", "tid": 100 + n, "training": True, "frames": frames})
+    r: dict[str, Any] = {
+        "host": host,
+        "role": role,
+        "rank": n,
+        "pid": 1000 + n,
+        "source": "py-spy" if frames is not None else None,
+        "threads": threads,
+    }
+    if frames is None:
+        r["error"] = "py-spy: Permission denied (os error 13)"
+    return r
+
+
+def members(g: dict[str, Any]) -> list[int]:
+    return [m["rank"] for m in g["ranks"]]
+
+
+def test_the_odd_rank_is_the_suspect_and_named_in_user_code() -> None:
+    doc = {"job": "j", "ranks": [rank(0, IN_ALLREDUCE), rank(1, IN_LOAD), rank(2, IN_ALLREDUCE)]}
+    doc["groups"] = groups = sg.group(doc["ranks"])
+    assert [members(g) for g in groups] == [[0, 2], [1]]
+    assert [g["majority"] for g in groups] == [True, False]
+    assert groups[1]["frames"] == IN_LOAD  # the full stack, library frames kept
+    # Named after the innermost user frame, and the library function it called.
+    assert sg.where(IN_LOAD) == "in load_batch (data.py:88) -> read"
+    assert sg.where(IN_ALLREDUCE) == "in train_step (train.py:41) -> backward"
+    assert sg.summary(doc) == [
+        "suspect   rank 1: in load_batch (data.py:88) -> read",
+        "majority  ranks 0, 2: in train_step (train.py:41) -> backward",
+    ]
+
+
+def test_a_user_frame_innermost_names_itself() -> None:
+    stuck = [fr("stuck_in_data_loading", "/w/tests/jobs/stuck.py", 33), *IN_LOAD[1:]]
+    assert sg.where(stuck) == "in stuck_in_data_loading (stuck.py:33)"
+
+
+def test_profd_and_stdlib_frames_are_not_user_code() -> None:
+    assert not sg.is_user_frame(fr("tick", "/src/profd/client/profd_client/steps.py", 1))
+    assert not sg.is_user_frame(fr("wait", f"{STDLIB}/threading.py", 1))
+    assert not sg.is_user_frame(fr("futex_wait", "libc.so.6", 0))
+    assert sg.is_user_frame(fr("main", "/home/u/job/train.py", 1))
+
+
+@pytest.mark.parametrize("n", [2, 3, 64, 1024, 8192])
+def test_one_rank_elsewhere_among_n(n: int) -> None:
+    odd = n // 3
+    ranks = [rank(i, IN_LOAD if i == odd else IN_ALLREDUCE) for i in range(n)]
+    groups = sg.group(ranks)
+    if n == 2:
+        # One against one: a tie, resolved by the lowest rank, the same way every time.
+        assert [members(g) for g in groups] == [[0], [1]]
+    else:
+        assert members(groups[1]) == [odd]
+        assert members(groups[0]) == [i for i in range(n) if i != odd]
+    assert [g["majority"] for g in groups] == [True, False]
+
+
+def test_equal_groups_are_ordered_by_their_lowest_rank_whatever_the_input_order() -> None:
+    ranks = [rank(i, [IN_LOAD, IN_ALLREDUCE, IN_CHECKPOINT][i % 3]) for i in range(9)]
+    a = sg.group(ranks)
+    b = sg.group(list(reversed(ranks)))
+    assert a == b
+    assert [members(g) for g in a] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+
+
+def test_a_whole_node_elsewhere_stands_out_across_nodes() -> None:
+    ranks = [rank(i, IN_ALLREDUCE, host=f"n{i // 8}") for i in range(8 * 64)]
+    ranks += [rank(8 * 64 + i, IN_LOAD, host="n64") for i in range(8)]
+    doc = {"job": "j", "ranks": ranks, "groups": sg.group(ranks)}
+    assert len(doc["groups"]) == 2
+    assert (
+        sg.summary(doc)[0] == "suspect   ranks 512-519 on n64: in load_batch (data.py:88) -> read"
+    )
+
+
+def test_ranks_without_stacks_are_in_no_group_and_listed_with_the_reason() -> None:
+    ranks = [rank(0, IN_ALLREDUCE), rank(1, None), rank(2, IN_ALLREDUCE)]
+    doc = {"job": "j", "ranks": ranks, "groups": sg.group(ranks)}
+    assert [members(g) for g in doc["groups"]] == [[0, 2]]
+    assert sg.summary(doc) == [
+        "all       ranks 0, 2: in train_step (train.py:41) -> backward",
+        "no stack  rank 1: py-spy: Permission denied (os error 13)",
+    ]
+
+
+def test_the_same_function_at_another_line_is_another_group() -> None:
+    other = [*IN_ALLREDUCE[:3], fr("train_step", "/home/u/job/train.py", 42), IN_ALLREDUCE[4]]
+    ranks = [rank(0, IN_ALLREDUCE), rank(1, IN_ALLREDUCE), rank(2, other)]
+    assert [members(g) for g in sg.group(ranks)] == [[0, 1], [2]]
+
+
+def test_roles_are_named_when_a_job_has_several() -> None:
+    ranks = [rank(0, IN_ALLREDUCE), rank(0, IN_LOAD, role="ref"), rank(1, IN_ALLREDUCE)]
+    doc = {"job": "j", "ranks": ranks, "groups": sg.group(ranks)}
+    assert sg.summary(doc)[0] == "suspect   ref rank 0: in load_batch (data.py:88) -> read"
+
+
+def test_mark_training_prefers_the_told_thread_then_the_main_thread() -> None:
+    threads = [
+        {"name": "trainer", "tid": 7, "frames": []},
+        {"name": "MainThread", "tid": 5, "frames": []},
+    ]
+    sg.mark_training(threads, 7)
+    assert [t["training"] for t in threads] == [True, False]
+    sg.mark_training(threads, None)
+    assert [t["training"] for t in threads] == [False, True]
+    sg.mark_training(threads, 12345)  # a tid no thread has: the main thread
+    assert [t["training"] for t in threads] == [False, True]
+
+
+def test_parse_rejects_what_is_not_a_thread_list() -> None:
+    with pytest.raises(ValueError):
+        sg.parse_pyspy({"threads": []})
