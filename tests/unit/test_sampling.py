@@ -180,7 +180,7 @@ def test_watch_sample_keys_are_read_and_checked(
     assert not rules_of(load(env={}).watch).on  # off unless asked
     for text, why in (
         ("sample_every = 2\n", "overlap"),
-        ("sample_every = 100\nsample_steps = 0\n", "sample_steps: must be an integer > 0"),
+        ("sample_every = 100\nsample_steps = 0\n", "sample_steps: must be an integer >= 1"),
         ("sample_every = -1\n", "sample_every: must be an integer >= 0"),
         ("keep_samples = 0\n", "keep_samples: must be a number > 0"),
     ):
