@@ -68,11 +68,11 @@ def test_a_job_slower_on_every_rank_is_one_regression_with_a_capture(
     daemon_factory: Callable[..., Daemon], torchrun: Callable[..., Job], tmp_path: Path
 ) -> None:
     d = daemon_factory(config=WATCH)
-    # Steady for well over a window and half a baseline (the rule's youngest baseline),
+    # Steady for a window and a whole baseline (the rule judges from half a baseline on),
     # then 50 % slower on every rank.
     torchrun(
         "ledgered.py", nproc=3, daemon=d, PROFD_JOB="lock", DDP="1", OUT_DIR=str(tmp_path),
-        SLOWER_AFTER_S=str(2 * (WINDOW + BASELINE)), SLOWER_FACTOR="1.5",
+        SLOWER_AFTER_S=str(WINDOW + BASELINE + 2.0), SLOWER_FACTOR="1.5",
     )  # fmt: skip
     d.wait_attached(3, timeout=WAIT, min_step=10)
     found = wait_for(
@@ -88,8 +88,15 @@ def test_a_job_slower_on_every_rank_is_one_regression_with_a_capture(
     assert sorted(t["rank"] for t in s["targets"]) == [0, 1, 2], s
     # The lockstep ranks never differ from each other: nothing else was noticed.
     assert [i["kind"] for i in incidents(d)] == ["regression"]
-    doc = d.ctl_json("incident", inc["id"][-6:])
+    # Once its capture is processed the incident says what differs (the diff engine).
+    doc = wait_for(
+        lambda: (x := d.ctl_json("incident", inc["id"][-6:]))["comparison"] and x,
+        WAIT,
+        "the incident's comparison",
+        every=1.0,
+    )
     assert doc["id"] == inc["id"] and doc["session_state"] == "done", doc
+    assert doc["comparison"]["session"] == inc["session"], doc["comparison"]
     text = d.ctl("incident", inc["id"]).stdout
     assert "regression" in text and f"{inc['session']} (done)" in text, text
 
@@ -158,7 +165,7 @@ def test_a_slow_worker_is_one_slow_rank_incident_captured_with_one_peer(run: Run
 
 def test_a_steady_jittery_job_over_several_windows_yields_none(run: Run) -> None:
     # Long enough for a baseline and several windows of the steady job.
-    left = run.started + BASELINE + 4 * WINDOW - time.monotonic()
+    left = run.started + BASELINE + 3 * WINDOW - time.monotonic()
     if left > 0:
         time.sleep(left)
     assert incidents(run.daemon, "--job", "steady") == []
