@@ -24,6 +24,10 @@ from harness import BIN, Daemon
 
 from profd_client import locations
 
+# Every test here uses the fixed paths /tmp/profd-<uid> of the same two users (and root's):
+# two xdist workers running them at once recreated each other's squatted dir.
+pytestmark = pytest.mark.xdist_group("runtime_trust")
+
 ATTACKER = "profd-attacker"
 VICTIM = "profd-victim"
 PYTHON = str(BIN / "python")
