@@ -8,6 +8,7 @@ those users, with no ``PROFD_RUNTIME_DIR`` or ``XDG_RUNTIME_DIR``: the victim fa
 
 from __future__ import annotations
 
+import fcntl
 import os
 import pwd
 import shutil
@@ -24,9 +25,19 @@ from harness import BIN, Daemon
 
 from profd_client import locations
 
-# Every test here uses the fixed paths /tmp/profd-<uid> of the same two users (and root's):
-# two xdist workers running them at once recreated each other's squatted dir.
-pytestmark = pytest.mark.xdist_group("runtime_trust")
+
+@pytest.fixture(autouse=True)
+def one_at_a_time() -> Iterator[None]:
+    """Every test here uses the fixed paths /tmp/profd-<uid> of the same two users (and
+    root's): two xdist workers running them at once recreated each other's squatted dir.
+    An exclusive lock makes them take turns, whichever worker runs them."""
+    with open("/tmp/profd-tests-runtime-trust.lock", "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
 
 ATTACKER = "profd-attacker"
 VICTIM = "profd-victim"
