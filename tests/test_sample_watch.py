@@ -10,7 +10,10 @@ from typing import Any
 
 from stats_synth import OPS, synthetic_session
 
+from profd.config import WatchConfig
 from profd.daemon.sessions.samples import SampleAging, SampleStragglers, straggler_findings
+from profd.daemon.spool.spoolperms import SpoolPerms
+from profd.daemon.watch.incidents import Incidents
 from profd.report.incident_compare import compare, comparison_from_index, comparison_text
 from profd.report.model import build_report
 from profd.report.renderers import renderers
@@ -53,41 +56,31 @@ def store(
             )
 
 
-class Recorder:
-    """Stands for ``Incidents.open``: what the detector asked for, in order."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def __call__(
-        self,
-        kind: str,
-        job: str,
-        role: str | None,
-        suspects: list[Suspect],
-        step: int | None,
-        evidence: dict[str, Any],
-    ) -> Incident:
-        self.calls.append((kind, job, role, suspects, step, evidence))
-        return Incident("i", kind, job, role, "h", suspects, 0.0, step, evidence)
-
-
 def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path) -> None:
     idx = Index(tmp_path / "index.db")
     calm = synthetic_session(4, steps=4, session="sample-synthetic-101")
     slow = synthetic_session(4, steps=4, straggler=2, session="sample-synthetic-201")
     store(idx, calm, LABEL, 1.0)
     store(idx, slow, LABEL, 2.0)
-    rec = Recorder()
-    det = SampleStragglers(idx, rec)
-    assert det.processed("sample-synthetic-101") == [] and rec.calls == []
+    # The daemon's own incidents store on the same index (no capture armed: none is wired).
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    incidents = Incidents(idx, spool, SpoolPerms(None), "n1", WatchConfig(), None)
+    det = SampleStragglers(idx, incidents.open)
+    assert det.processed("sample-synthetic-101") == [] and incidents.rows() == []
     [opened] = det.processed("sample-synthetic-201")
-    [(kind, job, role, suspects, step, ev)] = rec.calls
-    assert (kind, job, role, step) == ("straggler", "synthetic", "trainer", 103)
-    assert suspects == [Suspect("node0000", "trainer", 2)]
+    [row] = incidents.rows()
+    assert row["id"] == opened.id and row["state"] == "open"
+    assert (row["kind"], row["job"], row["role"], row["step"]) == (
+        "straggler", "synthetic", "trainer", 103,
+    )  # fmt: skip
+    assert opened.suspects == [Suspect("node0000", "trainer", 2)]
+    ev = row["evidence"]
     assert ev["session"] == "sample-synthetic-201" and ev["steps"] == [100, 103]
     assert ev["why"].startswith("rank 2 ") and ev["lead_ms"][0] > ev["threshold_ms"]
-    assert opened.suspects == suspects
+    assert incidents.referenced_sessions(["sample-synthetic-201", "sample-synthetic-101"]) == {
+        "sample-synthetic-201"
+    }
     assert det.processed("no-such-session") == []
 
 

@@ -33,7 +33,6 @@ EVERY = 20
 STEPS = 8
 CALM = "base_ms=40"
 SLOW = "base_ms=40 slow=1 extra_ms=25 extra=sleep"
-#: The daemon's log line for an incident (``samples.logged_incident``): session and suspects.
 
 
 def samples(d: Daemon, job: str) -> list[dict[str, Any]]:

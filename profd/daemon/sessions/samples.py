@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,6 @@ from profd.daemon.sessions.state import Session, Sessions
 from profd.report.model import Report, build_report
 from profd.scheduling.refusal import Refused
 from profd.store.index import Index
-from profd.watch import incident as inc
 from profd.watch import sampling
 from profd.watch.incident import Incident, Suspect
 from profd.watch.sampling import LABEL, SampleRules
@@ -43,42 +41,6 @@ OpenIncident = Callable[
 ]
 #: Which of these session ids an incident refers to (their files are kept).
 Referenced = Callable[[Sequence[str]], set[str]]
-
-
-def logged_incident(
-    kind: str,
-    job: str,
-    role: str | None,
-    suspects: list[Suspect],
-    step: int | None,
-    evidence: dict[str, Any],
-) -> Incident:
-    """An incident only logged: what a daemon without the incidents store does with one."""
-    i = Incident(
-        id=inc.new_id(kind),
-        kind=kind,
-        job=job,
-        role=role,
-        host=suspects[0].host if suspects else "",
-        suspects=suspects,
-        detected_at=time.time(),
-        step=step,
-        evidence=evidence,
-    )
-    log.warning(
-        "incident %s: %s in job %s, suspects %s, session %s: %s",
-        i.id,
-        kind,
-        job,
-        " ".join(f"{s.role}:r{s.rank}@{s.host}" for s in suspects),
-        evidence.get("session"),
-        evidence.get("why", ""),
-    )
-    return i
-
-
-def nothing_referenced(ids: Sequence[str]) -> set[str]:
-    return set()
 
 
 class SampleArming:
@@ -256,8 +218,8 @@ class Samples:
         sessions: Sessions,
         starter: Starter,
         index: Index,
-        open_incident: OpenIncident = logged_incident,
-        referenced: Referenced = nothing_referenced,
+        open_incident: OpenIncident,
+        referenced: Referenced,
     ) -> None:
         self.arming = SampleArming(rules, registry, sessions, starter)
         self.stragglers = SampleStragglers(index, open_incident)
