@@ -30,6 +30,7 @@ from profd.daemon.captures.record import CaptureReport
 from profd.daemon.clients.agentstacks import AgentStacks
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
+from profd.daemon.clients.rankstacks import RankStacks
 from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.sampler import Sampler
 from profd.daemon.clients.stacks import StackReader
@@ -55,6 +56,7 @@ from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.spool.storage import Storage
 from profd.daemon.watch.capture import IncidentCapture
 from profd.daemon.watch.detectors import Detectors
+from profd.daemon.watch.hangs import Hangs
 from profd.daemon.watch.incidents import Incidents
 from profd.reactor import Reactor
 from profd.scheduling.refusal import Refused
@@ -184,6 +186,16 @@ class Daemon:
         )
         self.agent_stacks = AgentStacks(self._send_agent)
         self.agents.stacks_result = self.agent_stacks.result
+        self.rank_stacks = RankStacks(
+            StackReader(self.reactor.call_soon), self.agent_stacks, self.registry
+        )
+        self.hangs = Hangs(
+            self.registry,
+            self.rank_stacks,
+            self.incidents,
+            cfg.watch.stall_after,
+            cfg.watch.enabled,
+        )
         facts = DaemonFacts(
             host,
             time.time(),
@@ -207,8 +219,7 @@ class Daemon:
             self._live_status,
             self.results.retry,
             self.incidents,
-            stacks=StackReader(self.reactor.call_soon),
-            agent_stacks=self.agent_stacks,
+            stacks=self.rank_stacks,
         )
 
     # --- wiring -----------------------------------------------------------------------------
@@ -333,6 +344,7 @@ class Daemon:
         self.history.keep_s = watch.keep_history
         self.incidents.reconfigure(watch)
         self.detectors.reconfigure(watch.rules(), watch.enabled)
+        self.hangs.reconfigure(watch.stall_after, watch.enabled)
         self.samples.set_rules(rules_of(watch))
         log.info("reload: [watch] now %s", watch)
 
@@ -357,8 +369,7 @@ class Daemon:
         # the inbox row makes the next daemon redo anything cut off.
         self.captures.shutdown()
         self.nsys.shutdown()
-        if self.control.stacks is not None:
-            self.control.stacks.close()
+        self.rank_stacks.reader.close()
         while self.reactor.run_pending():
             pass
         self.flush()
@@ -443,6 +454,7 @@ class Daemon:
                 _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
                 _guarded("writing step-ledger minutes", self._write_minutes)
                 _guarded("running the detectors", self.detectors.tick, now)
+                _guarded("watching for stalls", self.hangs.tick, now)
                 _guarded("keeping incidents", self.incidents.tick)
                 _guarded("polling nsys", self.nsys.poll, now)
                 _guarded("sampling", self.samples.tick, now, time.time())

@@ -117,11 +117,31 @@ def _who(r: dict[str, Any]) -> tuple[str, str, int]:
     return (str(r.get("host") or ""), str(r["role"]), int(r["rank"]))
 
 
+#: Where torch waits for other ranks: a collective, or a DDP backward (its reducer's
+#: all-reduce runs inside autograd, so a Python stack shows only ``backward``).
+_COLLECTIVE_DIRS = ("torch/distributed/", "torch/nn/parallel/")
+_BACKWARD = frozenset({"backward", "_engine_run_backward", "run_backward"})
+
+
+def waits_for_peers(frames: Sequence[Frame]) -> bool:
+    """The stack is inside a collective (or a DDP backward): a rank there waits for the
+    others, so when groups are as large as each other this one is not the odd one."""
+    for f in frames:
+        path = str(f["file"]).replace("\\", "/")
+        if any(d in path for d in _COLLECTIVE_DIRS):
+            return True
+        if f["function"] in _BACKWARD and "torch/" in path:
+            return True
+    return False
+
+
 def group(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Ranks with stacks grouped by their training thread's whole stack (function, file and
     line of every frame): ``[{"ranks": [{"host", "role", "rank"}], "majority", "frames"}]``,
-    the largest group first and marked majority; equal sizes in the order of their lowest
-    (host, role, rank), so the same stacks always give the same answer."""
+    the largest group first and marked majority. Between equal sizes a group waiting for
+    its peers (:func:`waits_for_peers`) comes first: at 2 ranks, or 2 nodes of 8, the rank
+    everyone waits for is the one elsewhere. Then by their lowest (host, role, rank), so the
+    same stacks always give the same answer."""
     by_key: dict[tuple[tuple[str, str, int], ...], list[tuple[str, str, int]]] = {}
     frames_of: dict[tuple[tuple[str, str, int], ...], list[Frame]] = {}
     for r in ranks:
@@ -133,7 +153,10 @@ def group(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         frames_of.setdefault(k, frames)
     for members in by_key.values():
         members.sort()
-    ordered = sorted(by_key.items(), key=lambda kv: (-len(kv[1]), kv[1][0]))
+    ordered = sorted(
+        by_key.items(),
+        key=lambda kv: (-len(kv[1]), not waits_for_peers(frames_of[kv[0]]), kv[1][0]),
+    )
     return [
         {
             "ranks": [{"host": h, "role": role, "rank": n} for h, role, n in members],

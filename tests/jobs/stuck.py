@@ -8,8 +8,11 @@ for it in the all-reduce of that step's backward. The job then runs STEPS steps 
 ``THREAD=1``: the steps run on a thread named ``trainer`` (the main thread only waits for
 it), so the training thread is not the main thread.
 
-Env: STEP_MS (20), STUCK_RANK (-1: nobody), STUCK_AT (20), STUCK_S (600), STEPS (100000),
-THREAD (0).
+``PAUSE_AT``: at that step every rank calls ``save_checkpoint()``, which sleeps STUCK_S (a
+pause on purpose: every rank in the same place, none waiting for another).
+
+Env: STEP_MS (20), STUCK_RANK (-1: nobody; or several, "2,3"), STUCK_AT (20), STUCK_S (600),
+PAUSE_AT (0: never), STEPS (100000), THREAD (0).
 """
 
 import os
@@ -26,7 +29,8 @@ profd_client.attach()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 step_s = float(os.environ.get("STEP_MS", "20")) / 1000.0
-stuck_rank = int(os.environ.get("STUCK_RANK", "-1"))
+stuck_ranks = {int(r) for r in os.environ.get("STUCK_RANK", "-1").split(",")}
+pause_at = int(os.environ.get("PAUSE_AT", "0"))
 stuck_at = int(os.environ.get("STUCK_AT", "20"))
 stuck_s = float(os.environ.get("STUCK_S", "600"))
 torch.manual_seed(0)
@@ -39,9 +43,15 @@ def stuck_in_data_loading() -> None:
     time.sleep(stuck_s)
 
 
+def save_checkpoint() -> None:
+    time.sleep(stuck_s)
+
+
 def load_batch(step: int) -> torch.Tensor:
-    if rank == stuck_rank and step == stuck_at:
+    if rank in stuck_ranks and step == stuck_at:
         stuck_in_data_loading()
+    if step == pause_at:
+        save_checkpoint()
     time.sleep(step_s)
     return x
 

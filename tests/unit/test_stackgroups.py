@@ -99,20 +99,35 @@ def test_one_rank_elsewhere_among_n(n: int) -> None:
     ranks = [rank(i, IN_LOAD if i == odd else IN_ALLREDUCE) for i in range(n)]
     groups = sg.group(ranks)
     if n == 2:
-        # One against one: a tie, resolved by the lowest rank, the same way every time.
-        assert [members(g) for g in groups] == [[0], [1]]
+        # One against one: the rank that waits in the all-reduce is the majority, the one
+        # it waits for the suspect.
+        assert [members(g) for g in groups] == [[1], [0]]
     else:
         assert members(groups[1]) == [odd]
         assert members(groups[0]) == [i for i in range(n) if i != odd]
     assert [g["majority"] for g in groups] == [True, False]
 
 
-def test_equal_groups_are_ordered_by_their_lowest_rank_whatever_the_input_order() -> None:
+def test_equal_groups_waiting_first_then_by_their_lowest_rank_whatever_the_input_order() -> None:
     ranks = [rank(i, [IN_LOAD, IN_ALLREDUCE, IN_CHECKPOINT][i % 3]) for i in range(9)]
     a = sg.group(ranks)
     b = sg.group(list(reversed(ranks)))
     assert a == b
-    assert [members(g) for g in a] == [[0, 3, 6], [1, 4, 7], [2, 5, 8]]
+    assert [members(g) for g in a] == [[1, 4, 7], [0, 3, 6], [2, 5, 8]]
+    assert sg.waits_for_peers(IN_ALLREDUCE)
+    assert not sg.waits_for_peers(IN_LOAD) and not sg.waits_for_peers(IN_CHECKPOINT)
+    in_collective = [
+        fr("all_reduce", "/x/site-packages/torch/distributed/distributed_c10d.py", 2500),
+        *IN_LOAD[1:],
+    ]
+    assert sg.waits_for_peers(in_collective)
+
+
+def test_two_nodes_each_uniform_the_node_elsewhere_is_the_suspect() -> None:
+    ranks = [rank(i, IN_LOAD, host="a") for i in range(8)]
+    ranks += [rank(8 + i, IN_ALLREDUCE, host="b") for i in range(8)]
+    majority, suspect = sg.group(ranks)
+    assert members(majority) == list(range(8, 16)) and members(suspect) == list(range(8))
 
 
 def test_a_whole_node_elsewhere_stands_out_across_nodes() -> None:

@@ -12,6 +12,7 @@ from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, ago, emit_json, opt, table
 from profd.report.incident_compare import comparison_text
+from profd.watch import hang
 from profd_client import protocol as P
 
 
@@ -25,8 +26,14 @@ def _figure(r: dict[str, Any]) -> str:
     return f"{(float(ratio) - 1.0) * 100:+.0f}%" if isinstance(ratio, int | float) else "-"
 
 
+def _host(r: dict[str, Any]) -> str:
+    """A node, or the nodes of a hang merged across them."""
+    hosts = r.get("hosts")
+    return f"{len(hosts)} nodes" if hosts and len(hosts) > 1 else str(r["host"])
+
+
 COLUMNS: list[Column] = [
-    ("HOST", lambda r: r["host"]),
+    ("HOST", _host),
     ("ID", lambda r: r["id"]),
     ("KIND", lambda r: r["kind"]),
     ("JOB", lambda r: r["job"]),
@@ -51,9 +58,15 @@ COLUMNS: list[Column] = [
 def incidents(env: Env, job: str | None, kind: str | None, since: str | None, limit: int) -> None:
     """What the daemons noticed by themselves, newest first: a job that slowed down
     (regression), a rank slower than its role (slow_rank), a straggler; each with the ranks
-    it names, how much slower, and its automatic capture. --json: a list of incidents."""
+    it names, how much slower, and its automatic capture; a job that stopped stepping (hang)
+    with the ranks whose stacks are elsewhere. With --cluster one job's hang seen by
+    several nodes is one row, its ranks grouped across nodes. --json: a list of
+    incidents."""
     t0 = parse_when(since, "--since") if since else None
     rows = env.rows(P.C_INCIDENTS, job=job, kind=kind, since=t0, limit=limit)
+    if env.nodes.remote:
+        # One job's hang seen by several nodes is one hang: its ranks grouped together.
+        rows = hang.merged(rows)
     rows.sort(key=lambda r: (-r["detected_at"], r["id"]))
     if env.json:
         emit_json(rows)
@@ -67,10 +80,20 @@ def incidents(env: Env, job: str | None, kind: str | None, since: str | None, li
 @command
 def incident(env: Env, incident_id: str) -> None:
     """One incident: what was noticed, where, when, at which step, the detector's figures,
-    and its capture with that session's state.
+    and its capture with that session's state; for a hang, the ranks grouped by where
+    their training thread is (with --cluster, every node's ranks of that hang together).
 
     ID: the id or any unique part of it."""
     doc = fetch_incident(env, incident_id)
+    if doc["kind"] == "hang" and env.nodes.remote:
+        peers = env.rows(
+            P.C_INCIDENTS,
+            job=doc["job"],
+            kind="hang",
+            since=doc["detected_at"] - 2 * hang.MERGE_S,
+            limit=10000,
+        )
+        doc = hang.merged_with(doc, peers)
     if env.json:
         emit_json(doc)
         return
@@ -100,8 +123,13 @@ def text(d: dict[str, Any]) -> str:
             ", ".join(f"{s['role']} rank {s['rank']} on {s['host']}" for s in d["suspects"])
             or "the job (every rank)"
         ),
-        "evidence  " + ", ".join(f"{k} {_num(v)}" for k, v in sorted(d["evidence"].items())),
     ]
+    if d["kind"] == "hang":
+        lines += _hang_lines(d)
+    else:
+        lines.append(
+            "evidence  " + ", ".join(f"{k} {_num(v)}" for k, v in sorted(d["evidence"].items()))
+        )
     if d.get("resolved_at") is not None:
         lines.append(f"resolved  {ago(d['resolved_at'])}")
     if d.get("session"):
@@ -112,6 +140,20 @@ def text(d: dict[str, Any]) -> str:
     if d.get("comparison"):
         lines += ["", comparison_text(d["comparison"])]
     return "\n".join(lines)
+
+
+def _hang_lines(d: dict[str, Any]) -> list[str]:
+    ev = d["evidence"]
+    hosts = d.get("hosts") or [d["host"]]
+    lines = [
+        f"stalled   no step for {_num(ev.get('stalled_s'))}s"
+        f" (stall_after {_num(ev.get('stall_after_s'))}s)"
+        + (f" on {len(hosts)} nodes: {', '.join(hosts)}" if len(hosts) > 1 else ""),
+        f"verdict   {ev.get('verdict', '')}",
+        "stacks",
+    ]
+    lines += [f"  {line}" for line in ev.get("summary") or ()]
+    return lines
 
 
 def _num(v: object) -> str:

@@ -16,9 +16,9 @@ from profd.daemon.sessions.state import Sessions
 log = logging.getLogger("profd")
 
 MISSED_HEARTBEATS = 3
-#: How long a local process that is alive and capturing may stay silent: stopping the
-#: profiler and writing a large trace holds the GIL for many seconds (14-16 s were seen for a
-#: 444 MB trace), and that is a stall, not a death.
+#: How long a local process that is alive may stay silent: stopping the profiler and
+#: writing a large trace holds the GIL for many seconds (14-16 s were seen for a 444 MB
+#: trace), and so does a training thread stuck in a C call; that is a stall, not a death.
 STALL_GRACE_S = 600.0
 #: Targets restored from a previous daemon must re-register within this many seconds.
 RESTORE_GRACE_S = 10.0
@@ -68,24 +68,27 @@ class Liveness:
         self.rearm_pending()
 
     def _stalled(self, c: Client, now: float) -> bool:
-        """Silent but alive and capturing (on this node, where the pid can be checked)."""
-        if now - c.last_seen > STALL_GRACE_S:
+        """Silent but alive (on this node, where the pid can be checked): a capture writing
+        its trace, or a training thread holding the GIL in a C call (a hang), stops the
+        agent thread's heartbeats; the rank stays attached, so ``stacks`` and the hang rule
+        still see it and py-spy reads it from outside."""
+        if now - c.last_seen > STALL_GRACE_S or not psutil.pid_exists(c.node_pid):
             return False
-        capturing = any(
-            (t := s.targets.get(c.key)) is not None and t.reportable for s in self.sessions.live()
-        )
-        if capturing and psutil.pid_exists(c.node_pid):
-            if c.key not in self._stall_logged:
-                self._stall_logged.add(c.key)
-                log.warning(
-                    "pid %s (%s rank %s) silent for %.0fs while capturing; alive, so waiting",
-                    c.pid,
-                    c.role,
-                    c.rank,
-                    now - c.last_seen,
-                )
-            return True
-        return False
+        if c.key not in self._stall_logged:
+            self._stall_logged.add(c.key)
+            capturing = any(
+                (t := s.targets.get(c.key)) is not None and t.reportable
+                for s in self.sessions.live()
+            )
+            log.warning(
+                "pid %s (%s rank %s) silent for %.0fs%s; alive, so waiting",
+                c.pid,
+                c.role,
+                c.rank,
+                now - c.last_seen,
+                " while capturing" if capturing else "",
+            )
+        return True
 
     def rearm_pending(self) -> None:
         """Send ``arm`` again to targets that have not acked it after a heartbeat interval.

@@ -16,10 +16,10 @@ from pathlib import Path
 from typing import Any
 
 from profd import __version__, claims
-from profd.daemon.clients.agentstacks import AgentStacks
 from profd.daemon.clients.ledger import Ledgers
+from profd.daemon.clients.rankstacks import RankStacks
 from profd.daemon.clients.registry import Client, Registry, step_now
-from profd.daemon.clients.stacks import StackReader, StackTarget, job_doc
+from profd.daemon.clients.stacks import job_doc
 from profd.daemon.control import servable
 from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.selector import Selector
@@ -29,7 +29,6 @@ from profd.daemon.watch.incidents import Incidents
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
 from profd.store.index import Index, TraceFilter
-from profd.watch import stackgroups
 from profd.watch.stats import mark_vs_role, slowest_first
 from profd_client import protocol as P
 
@@ -84,8 +83,7 @@ class ControlHandler:
         live_status: Callable[[], dict[str, Any]],
         retry: Callable[[str | None], int],
         incidents: Incidents,
-        stacks: StackReader | None = None,
-        agent_stacks: AgentStacks | None = None,
+        stacks: RankStacks | None = None,
     ) -> None:
         self.facts = facts
         self.registry = registry
@@ -100,7 +98,6 @@ class ControlHandler:
         self.retry = retry
         self.incidents = incidents
         self.stacks = stacks
-        self.agent_stacks = agent_stacks
         self.own_uid = os.geteuid()
         self.rejected = 0
 
@@ -307,10 +304,6 @@ class ControlHandler:
         if reader is None:
             raise Refused("unsupported", "this daemon reads no stacks")
         node = self.facts.host
-        targets = [
-            StackTarget(c.host, c.role, c.rank, c.pid, c.node_pid or c.pid, c.training_tid)
-            for c in clients
-        ]
         jobs = [c.job for c in clients]
 
         def start(reply: Callable[[Any], None]) -> None:
@@ -323,48 +316,9 @@ class ControlHandler:
                     d["node"] = node
                 reply(docs)
 
-            reader.read(targets, lambda rows: self._agent_fallback(clients, rows, finish))
+            reader.read(clients, finish)
 
         return Later(start)
-
-    def _agent_fallback(
-        self,
-        clients: list[Client],
-        rows: list[dict[str, Any]],
-        finish: Callable[[list[dict[str, Any]]], None],
-    ) -> None:
-        """Ranks py-spy could not read are asked for their own stacks (their agent thread),
-        unless they are gone; ``finish(rows)`` once every one answered or timed out."""
-        agent = self.agent_stacks
-        ask = [
-            (row, c)
-            for row, c in zip(rows, clients, strict=True)
-            if row["source"] is None
-            and agent is not None
-            and self.registry.get(c.ident) is c
-            and not str(row.get("error", "")).startswith("the process exited")
-        ]
-        if agent is None or not ask:
-            finish(rows)
-            return
-        left = [len(ask)]
-
-        def answered(row: dict[str, Any], c: Client) -> Callable[..., None]:
-            def got(threads: list[dict[str, Any]] | None, why: str | None) -> None:
-                if threads is not None:
-                    stackgroups.mark_training(threads, c.training_tid)
-                    row["source"], row["threads"] = "agent", threads
-                    row["error"] = f"read by its agent thread ({row['error']})"
-                else:
-                    row["error"] = f"{row['error']}; {why}"
-                left[0] -= 1
-                if left[0] == 0:
-                    finish(rows)
-
-            return got
-
-        for row, c in ask:
-            agent.ask(c, answered(row, c))
 
     def stack_clients(self, job: str | None, rank: int | None, by: Requester) -> list[Client]:
         """The served ranks ``stacks`` reads: of ``job`` and ``rank`` when given, and only

@@ -37,7 +37,10 @@ from profd.watch.incident import KINDS, OPEN, Incident, Suspect, new_id
 log = logging.getLogger("profd.watch")
 
 #: Kinds that name a whole job: one open incident per job, whatever ranks it lists.
-JOB_WIDE = frozenset({"regression"})
+JOB_WIDE = frozenset({"regression", "hang"})
+#: Kinds with no automatic capture: a stalled job makes no step a capture could start at;
+#: its stacks are the evidence.
+NO_CAPTURE = frozenset({"hang"})
 #: The label of an incident's automatic capture: this, then the incident's id.
 LABEL = "incident:"
 
@@ -155,8 +158,24 @@ class Incidents:
         log.warning("incident %s: %s", inc.id, describe(inc))
         return inc
 
+    def still(self, kind: str, job: str) -> bool:
+        """Whether the job-wide ``kind`` of ``job`` has an open incident; if so it holds a
+        while longer (a rule that reported it once and keeps seeing it says so, cheaply)."""
+        inc = self.held.get(self._by_key.get((kind, job, None, None), ""))
+        if inc is None or inc.state != OPEN:
+            return False
+        self._seen[inc.id] = self._clock()
+        return True
+
+    def clear(self, kind: str, job: str) -> None:
+        """The job-wide ``kind`` of ``job`` is over (a stalled job stepped again): its open
+        incident is resolved now, not after its hold."""
+        inc = self.held.get(self._by_key.get((kind, job, None, None), ""))
+        if inc is not None and inc.state == OPEN:
+            self._resolve(inc, self._clock())
+
     def _arm_capture(self, inc: Incident, now: float) -> None:
-        if self.capture is None or not self.cfg.capture:
+        if self.capture is None or not self.cfg.capture or inc.kind in NO_CAPTURE:
             return
         last = self._captured.get(inc.job)
         if last is not None and now - last < self.cfg.cooldown:
@@ -181,7 +200,10 @@ class Incidents:
         self, inc: Incident, now: float, evidence: dict[str, Any], keep_for: float | None
     ) -> None:
         """A resolved incident's condition came back inside its job's cooldown."""
-        inc.reopen(f"open again at {_clock(now)} (inside the cooldown): {evidence}")
+        # A rule's figures, or its one-line verdict where its evidence is larger (a hang's
+        # stacks).
+        said = evidence.get("verdict", evidence)
+        inc.reopen(f"open again at {_clock(now)} (inside the cooldown): {said}")
         self._seen[inc.id] = now
         self._keep[inc.id] = self.cfg.hold if keep_for is None else keep_for
         self._save(inc)
@@ -378,6 +400,11 @@ def describe(inc: Incident) -> str:
         what = (
             f"job {inc.job}: {who} steps in {ev.get('step_ms', 0):.1f} ms against"
             f" {ev.get('peers_ms', 0):.1f} ms of its role ({_pct(ev.get('ratio'))})"
+        )
+    elif inc.kind == "hang":
+        what = (
+            f"job {inc.job} stalled for {ev.get('stalled_s', 0):.0f}s:"
+            f" {ev.get('verdict', 'no stacks')}"
         )
     else:
         what = f"{inc.kind} in job {inc.job}" + (f": {who}" if who else "")

@@ -1,0 +1,138 @@
+"""The stall rule on the loop (DESIGN "Hangs"): a job is stalled on this node when none of
+its ranks here finished a step for ``stall_after`` while their processes live; the daemon
+then reads every rank's stacks once (off the loop, :class:`RankStacks`) and records a
+``hang`` incident whose suspects are the ranks outside the majority group. A job that steps
+again resolves it at once.
+
+What it ignores: a job none of whose ranks this daemon saw finish a step (loading, compiling,
+or already stuck when the daemon started: nothing says how long its steps take); a rank that
+attached since its job's last step (it has not had the time to step). A rank whose agent
+thread is silent (a C call holding the GIL) is still attached while its process lives
+(``Liveness``) and counts as not stepping; py-spy reads it from outside.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from profd.daemon.clients.rankstacks import RankStacks
+from profd.daemon.clients.registry import Client
+from profd.daemon.watch.incidents import Incidents
+from profd.watch import hang
+from profd.watch.incident import Suspect
+
+log = logging.getLogger("profd.watch")
+
+
+class Hangs:
+    def __init__(
+        self,
+        registry: Iterable[Client],
+        stacks: RankStacks,
+        incidents: Incidents,
+        stall_after: float | None,
+        enabled: bool = True,
+    ) -> None:
+        self.registry = registry
+        self.stacks = stacks
+        self.incidents = incidents
+        self.stall_after = stall_after
+        self.enabled = enabled
+        self.clocks: dict[str, hang.StallClock] = {}
+        #: Jobs whose stacks are being read, and jobs whose hang incident is open.
+        self.reading: set[str] = set()
+        self.stalled: set[str] = set()
+
+    def reconfigure(self, stall_after: float | None, enabled: bool) -> None:
+        self.stall_after, self.enabled = stall_after, enabled
+
+    def tick(self, now: float) -> None:
+        """Once a tick (monotonic ``now``): whose step moved, which jobs stalled, which
+        stalled ones stepped again."""
+        by_job: dict[str, list[Client]] = {}
+        for c in self.registry:
+            if not c.attaching:
+                by_job.setdefault(c.job, []).append(c)
+        for job in [j for j in self.clocks if j not in by_job]:
+            del self.clocks[job]
+        for job in [j for j in self.stalled if j not in by_job]:
+            # Its processes are gone (the watchdog killed them): the incident stays open
+            # until its hold passes without the rule seeing it, as any other.
+            self.stalled.discard(job)
+        if not self.enabled:
+            self.clocks.clear()
+            return
+        for job, clients in by_job.items():
+            self._job(job, clients, now)
+
+    def _job(self, job: str, clients: list[Client], now: float) -> None:
+        clock = self.clocks.get(job)
+        if clock is None:
+            clock = self.clocks[job] = hang.StallClock()
+        quiet = clock.observe(now, ((c.key, c.step, c.observed_sps) for c in clients))
+        if quiet is None:
+            return
+        limit = hang.stall_limit(self.stall_after, clock.step_s)
+        if quiet < limit:
+            if job in self.stalled:
+                self.stalled.discard(job)
+                self.incidents.clear("hang", job)
+                log.info("job %s steps again", job)
+            return
+        if job in self.stalled:
+            self.incidents.still("hang", job)
+            return
+        if job in self.reading:
+            return
+        self.reading.add(job)
+        steps = {c.key: c.step for c in clients}
+        self.stacks.read(
+            list(clients), lambda rows: self._read(job, clients, steps, quiet, limit, rows)
+        )
+
+    def _read(
+        self,
+        job: str,
+        clients: list[Client],
+        steps: dict[tuple[str, int], int],
+        quiet: float,
+        limit: float,
+        rows: list[dict[str, Any]],
+    ) -> None:
+        """The stalled job's stacks, read: the incident (unless it stepped meanwhile)."""
+        self.reading.discard(job)
+        if not self.enabled:
+            return
+        clock = self.clocks.get(job)
+        if clock is None or any(
+            (r := clock.ranks.get(k)) is not None and r.step != s for k, s in steps.items()
+        ):
+            return  # it left, or stepped while its stacks were read: not stalled after all
+        node = self.incidents.host
+        for row in rows:
+            # Named by this node, as profctl --cluster names rows, so every node's ranks
+            # of one job group together (a pod's own hostname stays as client_host).
+            if row["host"] != node:
+                row["client_host"], row["host"] = row["host"], node
+        found = hang.diagnose(rows)
+        roles = {c.role for c in clients}
+        suspects = [Suspect(node, m["role"], int(m["rank"])) for m in found.pop("suspects")]
+        step_s = clock.step_s
+        evidence: dict[str, Any] = {
+            "stalled_s": round(quiet, 1),
+            "stall_after_s": round(limit, 1),
+            "step_ms": None if step_s is None else round(step_s * 1000, 3),
+            "ranks_here": len(clients),
+            **found,
+        }
+        self.incidents.open(
+            "hang",
+            job,
+            next(iter(roles)) if len(roles) == 1 else None,
+            suspects,
+            max(steps.values()),
+            evidence,
+        )
+        self.stalled.add(job)
