@@ -4,6 +4,8 @@ short, real gloo DDP jobs of ``tests/jobs/stuck.py``, stacks read by real py-spy
 * rank 1 stuck in ``stuck_in_data_loading`` while ranks 0 and 2 wait in the all-reduce: one
   ``hang`` incident naming rank 1 alone, with the grouped stacks, in the index and the spool;
   when rank 1 comes back and the job steps again, the incident is resolved;
+* at 2 ranks, rank 1 holding the GIL in one C call (its agent thread starved): still
+  attached, read by py-spy, named;
 * every rank in ``save_checkpoint`` at once (a pause on purpose): an incident with no
   suspect that says so;
 * two daemons, a 2-node job whose node-b ranks are both stuck (each node looks uniform
@@ -87,6 +89,25 @@ def test_a_stuck_rank_is_a_hang_incident_naming_it_alone_resolved_when_the_job_s
 
     done = wait_for(resolved, WAIT, "the hang to resolve")
     assert done["id"] == inc["id"] and len(hangs(d.ctl_json)) == 1
+
+
+def test_a_rank_holding_the_gil_is_read_from_outside_and_named_at_2_ranks(
+    daemon_factory: Callable[..., Daemon], torchrun: Callable[..., Job]
+) -> None:
+    d = daemon_factory(config=WATCH)
+    torchrun("stuck.py", 2, d, PROFD_JOB="gil", STUCK_RANK="1", STUCK_AT="30", STUCK_HOW="gil")
+    d.wait_attached(2, WAIT, min_step=5)
+    (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident")
+    # One against one: the rank waiting in the all-reduce is the majority.
+    assert [s["rank"] for s in inc["suspects"]] == [1], inc
+    majority, suspect = inc["evidence"]["groups"]
+    assert "stuck_in_data_loading" in _functions(suspect["frames"])
+    assert "backward" in _functions(majority["frames"])
+    by_rank = {r["rank"]: r for r in inc["evidence"]["ranks"]}
+    assert by_rank[1]["source"] == "py-spy"
+    # Its agent thread is starved, yet the rank is still attached (its process lives).
+    wait_for(lambda: "rank 1) silent for" in d.log.read_text(), WAIT, "rank 1's silence")
+    assert sorted(r["rank"] for r in d.ps()) == [0, 1]
 
 
 def test_every_rank_paused_in_the_same_place_is_a_hang_with_no_suspect_that_says_so(

@@ -8,14 +8,20 @@ for it in the all-reduce of that step's backward. The job then runs STEPS steps 
 ``THREAD=1``: the steps run on a thread named ``trainer`` (the main thread only waits for
 it), so the training thread is not the main thread.
 
+``STUCK_HOW=gil``: ``stuck_in_data_loading()`` spins in one regular-expression match
+instead (catastrophic backtracking: minutes in one C call that never releases the GIL), so
+the process's own threads (its agent thread too) cannot run; only a reader from outside
+sees where it is.
+
 ``PAUSE_AT``: at that step every rank calls ``save_checkpoint()``, which sleeps STUCK_S (a
 pause on purpose: every rank in the same place, none waiting for another).
 
-Env: STEP_MS (20), STUCK_RANK (-1: nobody; or several, "2,3"), STUCK_AT (20), STUCK_S (600),
-PAUSE_AT (0: never), STEPS (100000), THREAD (0).
+Env: STUCK_HOW (sleep), STEP_MS (20), STUCK_RANK (-1: nobody; or several, "2,3"),
+STUCK_AT (20), STUCK_S (600), PAUSE_AT (0: never), STEPS (100000), THREAD (0).
 """
 
 import os
+import re
 import threading
 import time
 
@@ -40,7 +46,10 @@ x = torch.randn(4, 8)
 
 
 def stuck_in_data_loading() -> None:
-    time.sleep(stuck_s)
+    if os.environ.get("STUCK_HOW") == "gil":
+        re.match(r"(a*)*b", "a" * 40)  # ~2^40 steps inside the regex engine, GIL held
+    else:
+        time.sleep(stuck_s)
 
 
 def save_checkpoint() -> None:
