@@ -105,6 +105,9 @@ def test_a_rank_holding_the_gil_is_read_from_outside_and_named_at_2_ranks(
     assert "backward" in _functions(majority["frames"])
     by_rank = {r["rank"]: r for r in inc["evidence"]["ranks"]}
     assert by_rank[1]["source"] == "py-spy"
+    # A stalled job is read with native frames: the regex engine's C functions show.
+    (training,) = by_rank[1]["threads"]
+    assert any(f.get("native") and "sre" in f["function"] for f in training["frames"]), training
     # Its agent thread is starved, yet the rank is still attached (its process lives).
     wait_for(lambda: "rank 1) silent for" in d.log.read_text(), WAIT, "rank 1's silence")
     assert sorted(r["rank"] for r in d.ps()) == [0, 1]

@@ -77,6 +77,15 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
         row = read_one(pyspy, StackTarget("h", "worker", 0, p.pid, p.pid, None))
         assert row["source"] == "py-spy" and "error" not in row
         assert [t["name"] for t in row["threads"] if t["training"]] == ["MainThread"]
+
+        # With native frames: C frames marked as such, the Python frames unchanged, so the
+        # two reads group together.
+        target = StackTarget("h", "worker", 0, p.pid, p.pid, None)
+        nat = read_one(pyspy, target, native=True)
+        (t,) = [t for t in nat["threads"] if t["training"]]
+        assert any(f.get("native") for f in t["frames"]), t["frames"]
+        assert [f for f in t["frames"] if not f.get("native")] == main
+        assert len(stackgroups.group([row, {**nat, "rank": 1}])) == 1
     finally:
         p.kill()
         p.wait()

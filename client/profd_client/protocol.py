@@ -819,7 +819,9 @@ SCHEMAS: Final[dict[str, Struct]] = {
         limit=(Nullable(Int(1, 100_000)), _O),
     ),
     C_INCIDENT: _msg(id=(Str(MAX_NAME, 1), _R)),  # the id or any unique part of it
-    C_STACKS: _msg(job=(Nullable(Str(MAX_TEXT)), _O), rank=(Nullable(RANK), _O)),
+    C_STACKS: _msg(
+        job=(Nullable(Str(MAX_TEXT)), _O), rank=(Nullable(RANK), _O), native=(Bool(), _O)
+    ),
 }
 
 #: Which types each socket accepts from its peers: agent peers can only report about
@@ -1138,12 +1140,19 @@ MAX_THREADS: Final = 4096
 AGENT_MAX_FRAMES: Final = 128
 AGENT_MAX_THREADS: Final = 64
 STACK_FRAME: Final = _row(
-    function=(Str(MAX_TEXT), _R), file=(Str(MAX_PATH), _R), line=(Int(0, 1 << 31), _R)
+    function=(Str(MAX_TEXT), _R),
+    file=(Str(MAX_PATH), _R),
+    line=(Int(0, 1 << 31), _R),
+    native=(Bool(), _O),  # a C/C++ frame (py-spy --native): not part of a group's key
 )
 STACK_FRAMES: Final = ListOf(STACK_FRAME, MAX_FRAMES)
 STACK_WHO: Final = _row(host=(HOST, _R), role=(Str(MAX_NAME, 1), _R), rank=(RANK, _R))
 STACK_THREAD: Final = _row(
-    name=(Str(MAX_TEXT), _R), tid=(WIRE_INT, _R), training=(Bool(), _R), frames=(STACK_FRAMES, _R)
+    name=(Str(MAX_TEXT), _R),
+    tid=(WIRE_INT, _R),
+    training=(Bool(), _R),
+    frames=(STACK_FRAMES, _R),
+    owns_gil=(Bool(), _O),  # py-spy: the thread held the GIL when read
 )
 STACK_RANK: Final = _row(
     host=(HOST, _R),

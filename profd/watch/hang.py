@@ -20,8 +20,10 @@ from profd.watch import stackgroups as sg
 #: waits (DESIGN: "the larger of 60 s and 20 x the job's median step time").
 MIN_STALL_S = 60.0
 STALL_STEPS = 20
-#: Frames kept of each rank's training thread in an incident.
+#: Frames kept of each rank's training thread in an incident: Python frames, and native
+#: ones (py-spy --native) beside them.
 KEEP_FRAMES = 48
+KEEP_NATIVE = 16
 #: Hang incidents of one job detected within this many seconds of each other (on any
 #: nodes) are one hang: each node notices its own ranks' stall a few seconds apart.
 MERGE_S = 300.0
@@ -96,10 +98,25 @@ def kept(rank: dict[str, Any]) -> dict[str, Any]:
                 "name": training.get("name", ""),
                 "tid": training.get("tid", 0),
                 "training": True,
-                "frames": frames[:KEEP_FRAMES],
+                "frames": _innermost(frames),
             }
         ]
     )
+    return out
+
+
+def _innermost(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    out, py, native = [], 0, 0
+    for f in frames:
+        if f.get("native"):
+            native += 1
+            if native > KEEP_NATIVE:
+                continue
+        else:
+            py += 1
+            if py > KEEP_FRAMES:
+                break
+        out.append(f)
     return out
 
 

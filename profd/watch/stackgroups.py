@@ -57,21 +57,23 @@ def parse_pyspy(doc: object) -> list[dict[str, Any]]:
             if not isinstance(f, dict):
                 continue
             line = f.get("line")
-            frames.append(
-                {
-                    "function": str(f.get("name") or "?")[:MAX_NAME_CHARS],
-                    "file": str(f.get("filename") or "?")[:MAX_NAME_CHARS],
-                    "line": line if isinstance(line, int) and line >= 0 else 0,
-                }
-            )
-        name = t.get("thread_name")
-        threads.append(
-            {
-                "name": name[:MAX_NAME_CHARS] if isinstance(name, str) else "",
-                "tid": tid,
-                "frames": frames,
+            frame: Frame = {
+                "function": str(f.get("name") or "?")[:MAX_NAME_CHARS],
+                "file": str(f.get("filename") or "?")[:MAX_NAME_CHARS],
+                "line": line if isinstance(line, int) and line >= 0 else 0,
             }
-        )
+            if f.get("module"):  # --native: a frame of a shared object, not Python
+                frame["native"] = True
+            frames.append(frame)
+        name = t.get("thread_name")
+        thread: dict[str, Any] = {
+            "name": name[:MAX_NAME_CHARS] if isinstance(name, str) else "",
+            "tid": tid,
+            "frames": frames,
+        }
+        if isinstance(t.get("owns_gil"), bool):
+            thread["owns_gil"] = t["owns_gil"]
+        threads.append(thread)
     return threads
 
 
@@ -110,7 +112,9 @@ def training_frames(rank: dict[str, Any]) -> list[Frame] | None:
 
 
 def _key(frames: Sequence[Frame]) -> tuple[tuple[str, str, int], ...]:
-    return tuple((f["function"], f["file"], f["line"]) for f in frames)
+    # Python frames only: a native frame's function moves while C code runs (a regex
+    # engine's recursion, a spin), and the agent thread's stacks have none.
+    return tuple((f["function"], f["file"], f["line"]) for f in frames if not f.get("native"))
 
 
 def _who(r: dict[str, Any]) -> tuple[str, str, int]:
@@ -136,8 +140,9 @@ def waits_for_peers(frames: Sequence[Frame]) -> bool:
 
 
 def group(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Ranks with stacks grouped by their training thread's whole stack (function, file and
-    line of every frame): ``[{"ranks": [{"host", "role", "rank"}], "majority", "frames"}]``,
+    """Ranks with stacks grouped by their training thread's whole Python stack (function,
+    file and line of every frame but native ones): ``[{"ranks": [{"host", "role",
+    "rank"}], "majority", "frames"}]``,
     the largest group first and marked majority. Between equal sizes a group waiting for
     its peers (:func:`waits_for_peers`) comes first: at 2 ranks, or 2 nodes of 8, the rank
     everyone waits for is the one elsewhere. Then by their lowest (host, role, rank), so the

@@ -121,6 +121,18 @@ def test_diagnose_keeps_only_the_innermost_frames() -> None:
     ]
 
 
+def test_native_frames_are_kept_beside_the_python_ones_and_do_not_split_groups() -> None:
+    native = [
+        {"function": f"sre_{i}", "file": "/lib/libpython3.11.so", "line": 0, "native": True}
+        for i in range(40)
+    ]
+    a = hang.diagnose([rank(0, [*native, *IN_LOAD]), rank(1, [*native[1:], *IN_LOAD])])
+    assert len(a["groups"]) == 1  # the native frames differ, the Python ones do not
+    kept = a["ranks"][0]["threads"][0]["frames"]
+    assert sum(1 for f in kept if f.get("native")) == hang.KEEP_NATIVE
+    assert [f["function"] for f in kept if not f.get("native")] == [f["function"] for f in IN_LOAD]
+
+
 def test_diagnose_uniform_ranks_say_why_there_is_no_suspect() -> None:
     paused = hang.diagnose([rank(i, IN_CHECKPOINT) for i in range(8)])
     assert paused["suspects"] == [] and "paused on purpose" in paused["verdict"]

@@ -17,11 +17,13 @@ from profd_client import protocol as P
 NODE_TIMEOUT_S = 12.0
 
 
-def gather(env: Env, job: str | None, rank: int | None) -> list[dict[str, Any]]:
+def gather(
+    env: Env, job: str | None, rank: int | None, native: bool = False
+) -> list[dict[str, Any]]:
     """Every node's ranks merged per job and grouped again across nodes (a node's own
     groups saw only its ranks); one document per job, in job order."""
     env.node_timeout = max(env.node_timeout, NODE_TIMEOUT_S)
-    g = env.gather(P.C_STACKS, job=job, rank=rank)
+    g = env.gather(P.C_STACKS, job=job, rank=rank, native=native)
     ranks: dict[str, list[dict[str, Any]]] = {}
     for a in g.answered():
         for doc in a.data:
@@ -68,9 +70,11 @@ def render(doc: dict[str, Any], full: bool) -> str:
             threads = sorted(r["threads"], key=lambda t: not t.get("training"))
             for t in threads:
                 mark = "  [training]" if t.get("training") else ""
+                mark += "  [holds the GIL]" if t.get("owns_gil") else ""
                 lines.append(f"  thread {t['tid']} {t['name']}{mark}")
                 for f in t["frames"]:
-                    lines.append(f"    {f['function']} ({f['file']}:{f['line']})")
+                    where = f"{f['file']}" if f.get("native") else f"{f['file']}:{f['line']}"
+                    lines.append(f"    {f['function']} ({where})")
     return "\n".join(lines)
 
 
@@ -78,9 +82,14 @@ def render(doc: dict[str, Any], full: bool) -> str:
 @click.option("--job", help="Only this job (needed when several are attached).")
 @click.option("--rank", type=click.IntRange(0, P.MAX_RANK), help="Only this rank.")
 @click.option("-v", "--full", is_flag=True, help="Every rank's threads and frames too.")
+@click.option(
+    "--native",
+    is_flag=True,
+    help="C/C++ frames too (py-spy --native): pauses each process ~0.5 s instead of ms.",
+)
 @click.pass_obj
 @command
-def stacks(env: Env, job: str | None, rank: int | None, full: bool) -> None:
+def stacks(env: Env, job: str | None, rank: int | None, full: bool, native: bool) -> None:
     """Where every rank is now: every thread's stack, read from outside the process
     (py-spy), grouped by the training thread's stack as LLNL's STAT does.
 
@@ -88,13 +97,16 @@ def stacks(env: Env, job: str | None, rank: int | None, full: bool) -> None:
     its innermost frame in user code ("suspect  rank 1: in stuck_in_data_loading
     (train.py:40)"); the largest group is the majority. Ranks whose stacks could not be read
     are listed with the reason. -v adds every rank's threads, frames innermost first.
+    Reading pauses each process for a few milliseconds; --native adds C/C++ frames (where
+    in a collective or a C call it is) at about half a second of pause each. Groups are by
+    Python frames either way.
 
     One job at a time: with several attached, --job names it. --json prints that job's
     document: {"job", "groups": [{"ranks", "majority", "frames"}], "ranks": [{"host",
     "role", "rank", "pid", "source", "threads": [{"name", "tid", "training", "frames"}]}]}.
     With --cluster, ranks of every node are grouped together and rows carry their node.
     """
-    doc = one_job(gather(env, job, rank), job)
+    doc = one_job(gather(env, job, rank, native), job)
     if env.json:
         emit_json(doc)
     else:

@@ -29,10 +29,15 @@ class RankStacks:
         self.agent = agent
         self.registry = registry
 
-    def read(self, clients: list[Client], done: Callable[[Rows], None]) -> None:
-        """Every client's rank row (``stackgroups``), in the order of ``clients``."""
+    def read(
+        self, clients: list[Client], done: Callable[[Rows], None], native: bool = False
+    ) -> None:
+        """Every client's rank row (``stackgroups``), in the order of ``clients``; py-spy
+        adds native frames when ``native``."""
         self.reader.read(
-            [target(c) for c in clients], lambda rows: self._fallback(clients, rows, done)
+            [target(c) for c in clients],
+            lambda rows: self._fallback(clients, rows, done),
+            native,
         )
 
     def _fallback(self, clients: list[Client], rows: Rows, done: Callable[[Rows], None]) -> None:

@@ -5,6 +5,11 @@ process: ``py-spy dump --json`` on worker threads (a bounded pool, a bounded tim
 never on the event loop. The result of one request goes back through the Reactor as one
 call, so the loop (the registry's owner) is the only one that sees it.
 
+Native frames (``--native``) only when asked: unwinding C/C++ stacks and resolving their
+symbols keeps a process paused for about half a second with torch loaded (4-8 ms without),
+too long for a look at a healthy job; the hang rule asks for them, its job is stalled
+anyway. A native read that fails is tried again without.
+
 Blocking mode, not ``--nonblocking``: py-spy pauses the process for the few milliseconds it
 takes to copy the stacks, so every frame it reports belongs to one instant; unpaused, a
 running thread's frames can be read half before and half after a call returns. Nothing here
@@ -98,6 +103,8 @@ def read_one(
         return row
     row["read_ms"] = round((time.monotonic() - started) * 1000, 1)
     if done.returncode != 0:
+        if native and _alive(t.node_pid):
+            return read_one(pyspy, t, timeout, native=False)
         row["error"] = _why(done, t.node_pid)
         return row
     try:
@@ -145,17 +152,16 @@ class StackReader:
         workers: int = WORKERS,
         timeout: float = READ_TIMEOUT_S,
         budget: float = REQUEST_BUDGET_S,
-        native: bool = False,
     ) -> None:
         self.call_soon = call_soon
         self.pyspy = pyspy if pyspy is not None else find_pyspy()
         self.timeout = timeout
         self.budget = budget
-        self.native = native
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="profd-stacks")
 
-    def read(self, targets: list[StackTarget], done: Done) -> None:
-        """Read every target's stacks; ``done(rows)`` runs on the loop once all are read."""
+    def read(self, targets: list[StackTarget], done: Done, native: bool = False) -> None:
+        """Read every target's stacks (with native frames when ``native``); ``done(rows)``
+        runs on the loop once all are read."""
         if not targets:
             self.call_soon(done, [])
             return
@@ -172,7 +178,7 @@ class StackReader:
                         source=None, threads=[], error="not read: the request's time ran out"
                     )
                 else:
-                    row = read_one(self.pyspy, t, self.timeout, self.native)
+                    row = read_one(self.pyspy, t, self.timeout, native)
             except Exception as exc:  # one process's failure must not lose the others'
                 log.exception("reading the stacks of pid %s", t.node_pid)
                 row = t.row()

@@ -316,7 +316,7 @@ class ControlHandler:
                     d["node"] = node
                 reply(docs)
 
-            reader.read(clients, finish)
+            reader.read(clients, finish, native=bool(m.get("native")))
 
         return Later(start)
 

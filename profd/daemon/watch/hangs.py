@@ -88,8 +88,12 @@ class Hangs:
             return
         self.reading.add(job)
         steps = {c.key: c.step for c in clients}
+        # Native frames: where in C++ a wedged rank is (a collective's wait, a lock); the
+        # half second of pause they cost does not matter to a job that is not stepping.
         self.stacks.read(
-            list(clients), lambda rows: self._read(job, clients, steps, quiet, limit, rows)
+            list(clients),
+            lambda rows: self._read(job, clients, steps, quiet, limit, rows),
+            native=True,
         )
 
     def _read(
