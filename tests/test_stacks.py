@@ -170,6 +170,12 @@ def test_the_stuck_rank_is_named_alone_and_the_others_wait_in_the_all_reduce(
     assert "in stuck_in_data_loading (stuck.py:" in first
     full = daemon.ctl("stacks", "--job", "stuck", "-v")
     assert "[training]" in full.stdout and "load_batch" in full.stdout
+    tree = daemon.ctl("stacks", "--job", "stuck", "--tree").stdout.splitlines()
+    # The stacks part in train(): rank 1's branch goes on into load_batch.
+    branch = next(i for i, ln in enumerate(tree) if ln.endswith("[rank 1]"))
+    assert tree[branch].strip().startswith("train (stuck.py:"), tree
+    assert tree[branch + 1].strip().startswith("load_batch (stuck.py:"), tree
+    assert tree[branch + 2].strip().startswith("stuck_in_data_loading (stuck.py:"), tree
 
     one = _stacks(daemon, "--job", "stuck", "--rank", "1")
     assert [r["rank"] for r in one["ranks"]] == [1]

@@ -172,6 +172,67 @@ def group(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     ]
 
 
+def tree(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The training threads' Python stacks merged into one call tree, outermost frame at
+    the root, as STAT draws it: ``[{"frame", "ranks": [{"host", "role", "rank"}],
+    "children": [...]}]``; where the ranks' stacks part, the tree branches, and each
+    branch says which ranks took it. Children in the order of their lowest rank."""
+    roots: list[dict[str, Any]] = []
+    for r in sorted(ranks, key=_who):
+        frames = training_frames(r)
+        if frames is None:
+            continue
+        who = {"host": r.get("host"), "role": r["role"], "rank": r["rank"]}
+        level = roots
+        for f in reversed([f for f in frames if not f.get("native")]):
+            node = next((n for n in level if _key([n["frame"]]) == _key([f])), None)
+            if node is None:
+                node = {"frame": f, "ranks": [], "children": []}
+                level.append(node)
+            node["ranks"].append(who)
+            level = node["children"]
+    return roots
+
+
+#: Runs of library frames longer than this are folded in a tree: the first, the count, the
+#: last (what the library was doing).
+FOLD_FRAMES = 4
+
+
+def _at(f: Frame) -> str:
+    where = "" if f.get("native") else f":{f['line']}"
+    return f"{f['function']} ({os.path.basename(f['file'])}{where})"
+
+
+def render_tree(roots: Sequence[dict[str, Any]], hosts: bool = False) -> list[str]:
+    """The call tree as indented lines, a branch's ranks beside its first frame; a run of
+    library frames that every rank of a branch shares is folded into one line."""
+    lines: list[str] = []
+
+    def walk(nodes: Sequence[dict[str, Any]], depth: int, shown: str) -> None:
+        for n in nodes:
+            who = label(n["ranks"], hosts)
+            chain = [n]
+            while (
+                len(chain[-1]["children"]) == 1
+                and not is_user_frame(chain[-1]["frame"])
+                and not is_user_frame(chain[-1]["children"][0]["frame"])
+            ):
+                chain.append(chain[-1]["children"][0])
+            pad = "  " * depth
+            tag = f"  [{who}]" if who != shown else ""
+            lines.append(f"{pad}{_at(n['frame'])}{tag}")
+            last = n
+            if len(chain) > FOLD_FRAMES:
+                lines.append(f"{pad}  ... {len(chain) - 2} library frames")
+                lines.append(f"{pad}  {_at(chain[-1]['frame'])}")
+                last = chain[-1]
+            walk(last["children"], depth + 1, who)
+
+    walk(roots, 0, "")
+    return lines
+
+
 def not_answering(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ranks that gave no stacks (neither source could read them)."""
     return [r for r in ranks if training_frames(r) is None]

@@ -178,3 +178,25 @@ def test_mark_training_prefers_the_told_thread_then_the_main_thread() -> None:
 def test_parse_rejects_what_is_not_a_thread_list() -> None:
     with pytest.raises(ValueError):
         sg.parse_pyspy({"threads": []})
+
+
+@pytest.mark.parametrize("n", [2, 64, 8192])
+def test_the_call_tree_branches_where_the_stacks_part(n: int) -> None:
+    odd = n - 1
+    roots = sg.tree([rank(i, IN_LOAD if i == odd else IN_ALLREDUCE) for i in range(n)])
+    (root,) = roots
+    assert root["frame"]["function"] == "<module>" and len(root["ranks"]) == n
+    waiting, loading = root["children"]  # two train_step lines: the stacks part there
+    assert members(waiting) == [i for i in range(n) if i != odd]
+    assert members(loading) == [odd]
+    assert loading["children"][0]["frame"]["function"] == "load_batch"
+    lines = sg.render_tree(roots)
+    assert lines[0] == f"<module> (train.py:90)  [ranks 0-{n - 1}]"
+    assert f"  train_step (train.py:35)  [rank {odd}]" in lines
+    assert "    load_batch (data.py:88)" in lines  # same ranks as its parent: no label
+
+
+def test_the_call_tree_folds_long_runs_of_library_frames() -> None:
+    deep = [fr(f"lib{i}", TORCH, i) for i in range(6)] + IN_ALLREDUCE
+    lines = sg.render_tree(sg.tree([rank(0, deep)]))
+    assert "      ... 7 library frames" in lines and "      lib0 (graph.py:0)" in lines

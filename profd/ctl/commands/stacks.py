@@ -48,7 +48,7 @@ def one_job(docs: list[dict[str, Any]], job: str | None) -> dict[str, Any]:
     return docs[0]
 
 
-def render(doc: dict[str, Any], full: bool) -> str:
+def render(doc: dict[str, Any], full: bool, tree: bool = False) -> str:
     """The grouped view (suspect groups first, a line each), then with ``full`` every
     rank's threads, training thread first, frames innermost first."""
     ranks = doc["ranks"]
@@ -60,6 +60,10 @@ def render(doc: dict[str, Any], full: bool) -> str:
     if read < len(ranks):
         head += f", {len(ranks) - read} without stacks"
     lines = [head, *("  " + s for s in stackgroups.summary(doc))]
+    if tree:
+        hosts = len({r.get("host") for r in ranks}) > 1
+        lines += ["", "call tree of the training threads (outermost first):"]
+        lines += ["  " + s for s in stackgroups.render_tree(stackgroups.tree(ranks), hosts)]
     if full:
         for r in ranks:
             lines.append("")
@@ -83,20 +87,29 @@ def render(doc: dict[str, Any], full: bool) -> str:
 @click.option("--rank", type=click.IntRange(0, P.MAX_RANK), help="Only this rank.")
 @click.option("-v", "--full", is_flag=True, help="Every rank's threads and frames too.")
 @click.option(
+    "--tree",
+    is_flag=True,
+    help="The training threads' stacks merged into one call tree, ranks on each branch.",
+)
+@click.option(
     "--native",
     is_flag=True,
     help="C/C++ frames too (py-spy --native): pauses each process ~0.5 s instead of ms.",
 )
 @click.pass_obj
 @command
-def stacks(env: Env, job: str | None, rank: int | None, full: bool, native: bool) -> None:
+def stacks(
+    env: Env, job: str | None, rank: int | None, full: bool, tree: bool, native: bool
+) -> None:
     """Where every rank is now: every thread's stack, read from outside the process
     (py-spy), grouped by the training thread's stack as LLNL's STAT does.
 
     One line per group, suspects first: the ranks whose training thread has that stack and
     its innermost frame in user code ("suspect  rank 1: in stuck_in_data_loading
     (train.py:40)"); the largest group is the majority. Ranks whose stacks could not be read
-    are listed with the reason. -v adds every rank's threads, frames innermost first.
+    are listed with the reason. -v adds every rank's threads, frames innermost first;
+    --tree merges the training threads' stacks into one call tree (STAT's view) whose
+    branches say which ranks took them.
     Reading pauses each process for a few milliseconds; --native adds C/C++ frames (where
     in a collective or a C call it is) at about half a second of pause each. Groups are by
     Python frames either way.
@@ -110,4 +123,4 @@ def stacks(env: Env, job: str | None, rank: int | None, full: bool, native: bool
     if env.json:
         emit_json(doc)
     else:
-        click.echo(render(doc, full))
+        click.echo(render(doc, full, tree))
