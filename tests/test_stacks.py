@@ -80,12 +80,20 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
 
         # With native frames: C frames marked as such, the Python frames unchanged, so the
         # two reads group together.
-        target = StackTarget("h", "worker", 0, p.pid, p.pid, None)
-        nat = read_one(pyspy, target, native=True)
+        # (py-spy run here without the daemon's time limit: a loaded host may take seconds to
+        # unwind, and the daemon then falls back to the Python stacks alone.)
+        out = subprocess.run(
+            [pyspy, "dump", "--pid", str(p.pid), "--json", "--native"],
+            capture_output=True,
+            check=True,
+            timeout=120,
+        )
+        nat = {**row, "rank": 1, "threads": stackgroups.parse_pyspy(json.loads(out.stdout))}
+        stackgroups.mark_training(nat["threads"], None, p.pid)
         (t,) = [t for t in nat["threads"] if t["training"]]
         assert any(f.get("native") for f in t["frames"]), t["frames"]
         assert [f for f in t["frames"] if not f.get("native")] == main
-        assert len(stackgroups.group([row, {**nat, "rank": 1}])) == 1
+        assert len(stackgroups.group([row, nat])) == 1
     finally:
         p.kill()
         p.wait()

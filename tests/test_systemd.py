@@ -151,6 +151,7 @@ def test_unit_is_notify_and_hardened() -> None:
         "CAP_CHOWN",
         "CAP_DAC_OVERRIDE",
         "CAP_FOWNER",
+        "CAP_SYS_PTRACE",
     }
     for key in (
         "NoNewPrivileges",

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from . import flight
 from . import protocol as P
 from .capture import torch_info
 from .identity import DistInfo, Identity, RayInfo, detect, probe_dist
@@ -215,6 +216,7 @@ class Agent(threading.Thread):
             waiting=self.attaching,
             identity_source=dict(i.sources),
             training_tid=self._told_tid(),
+            **({"flight": True} if flight.enabled() else {}),
         )
 
     def _told_tid(self) -> int:
@@ -329,7 +331,7 @@ class Agent(threading.Thread):
         elif t == P.ACK:
             self._unacked.pop(msg["id"], None)
         elif t == P.STACKS_REQUEST:
-            self._send_stacks(msg["id"])
+            self._send_stacks(msg["id"], msg.get("stacks", True), msg.get("flight", False))
         elif t == P.ERROR and msg["code"] == "unknown_client":
             self._welcomed = False
             self._send(self._hello())
@@ -360,9 +362,21 @@ class Agent(threading.Thread):
             log.warning("profd_client: the profd daemon refused this client: %s", why)
             self._warned_version = True
 
-    def _send_stacks(self, request: int) -> None:
+    def _send_stacks(self, request: int, stacks: bool, recorder: bool) -> None:
+        extra: dict[str, Any] = {}
+        if recorder:
+            try:
+                extra["flight"] = flight.summary()
+            except Exception as exc:  # its one line goes back instead; training goes on
+                extra["flight_error"] = f"{type(exc).__name__}: {exc}"[: P.MAX_TEXT]
         try:
-            frame = P.encode(P.STACKS_RESULT, v=self.proto, id=request, threads=own_stacks())
+            threads = own_stacks() if stacks else []
+            frame = P.encode(P.STACKS_RESULT, v=self.proto, id=request, threads=threads, **extra)
+            if len(frame) > P.MAX_FRAME_BYTES and "flight" in extra:
+                extra = {"flight_error": "its flight recorder's summary is too large to send"}
+                frame = P.encode(
+                    P.STACKS_RESULT, v=self.proto, id=request, threads=threads, **extra
+                )
         except Exception as exc:  # never let the answer cost the agent thread
             log.debug("profd_client: stacks not sent: %r", exc)
             return

@@ -731,6 +731,8 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # so ``stacks`` marks it; a heartbeat sends it again when the first step shows
         # another thread counts.
         training_tid=(Nullable(TID), _O),
+        # Its flight recorder is on (``TORCH_FR_BUFFER_SIZE``): ``dump_stacks`` may ask for it.
+        flight=(Bool(), _O),
     ),
     HEARTBEAT: _msg(
         step=(STEP, _O),
@@ -1154,6 +1156,30 @@ STACK_THREAD: Final = _row(
     frames=(STACK_FRAMES, _R),
     owns_gil=(Bool(), _O),  # py-spy: the thread held the GIL when read
 )
+#: A flight recorder's summary (``profd_client.flight``): what a rank's last collectives were.
+FLIGHT_MAX_PGS: Final = 64
+FLIGHT_MAX_ENTRIES: Final = 256
+FLIGHT_SEQ: Final = Int(-1, MAX_STEP)  # -1: none yet
+FLIGHT_PG: Final = _row(
+    pg=(Str(MAX_NAME), _R),
+    desc=(Str(MAX_NAME), _R),
+    enqueued=(FLIGHT_SEQ, _R),
+    started=(FLIGHT_SEQ, _R),
+    completed=(FLIGHT_SEQ, _R),
+)
+FLIGHT_ENTRY: Final = _row(
+    pg=(Str(MAX_NAME), _R),
+    seq=(FLIGHT_SEQ, _R),
+    p2p=(Bool(), _R),
+    op=(Str(MAX_NAME), _R),
+    state=(Str(16), _R),
+    sizes=(ListOf(ListOf(FLIGHT_SEQ, 8), 4), _R),
+)
+FLIGHT: Final = _row(
+    version=(Str(32), _R),
+    pgs=(ListOf(FLIGHT_PG, FLIGHT_MAX_PGS), _R),
+    entries=(ListOf(FLIGHT_ENTRY, FLIGHT_MAX_ENTRIES), _R),
+)
 STACK_RANK: Final = _row(
     host=(HOST, _R),
     role=(Str(MAX_NAME, 1), _R),
@@ -1163,6 +1189,8 @@ STACK_RANK: Final = _row(
     threads=(ListOf(STACK_THREAD, MAX_THREADS), _R),
     error=(TEXT, _O),
     read_ms=(FINITE, _O),  # how long the read took, py-spy's start included
+    flight=(FLIGHT, _O),  # its flight recorder's summary, where it is on
+    flight_error=(TEXT, _O),  # why there is none although it is on
 )
 STACK_GROUP: Final = _row(
     ranks=(ListOf(STACK_WHO, 1 << 22), _R), majority=(Bool(), _R), frames=(STACK_FRAMES, _R)
@@ -1180,9 +1208,14 @@ AGENT_STACK_THREAD: Final = _row(
     tid=(TID, _R),
     frames=(ListOf(STACK_FRAME, AGENT_MAX_FRAMES), _R),
 )
-SCHEMAS[STACKS_REQUEST] = _msg(id=(MSG_ID, _R))
+#: ``stacks`` (default true): the threads' stacks; ``flight``: the flight recorder's summary
+#: (asked only of a client whose ``hello`` said ``flight``).
+SCHEMAS[STACKS_REQUEST] = _msg(id=(MSG_ID, _R), stacks=(Bool(), _O), flight=(Bool(), _O))
 SCHEMAS[STACKS_RESULT] = _msg(
-    id=(MSG_ID, _R), threads=(ListOf(AGENT_STACK_THREAD, AGENT_MAX_THREADS), _R)
+    id=(MSG_ID, _R),
+    threads=(ListOf(AGENT_STACK_THREAD, AGENT_MAX_THREADS), _R),
+    flight=(FLIGHT, _O),
+    flight_error=(Str(MAX_TEXT), _O),
 )
 
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,

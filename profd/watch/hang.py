@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+from profd.watch import flightrec
 from profd.watch import stackgroups as sg
 
 #: The least ``stall_after`` may be by default, and how many of the job's typical steps it
@@ -88,6 +89,10 @@ def kept(rank: dict[str, Any]) -> dict[str, Any]:
     }
     if rank.get("error"):
         out["error"] = rank["error"]
+    if rank.get("flight") is not None:
+        out["flight"] = flightrec.kept(rank["flight"])
+    if rank.get("flight_error"):
+        out["flight_error"] = rank["flight_error"]
     training = next((t for t in rank.get("threads") or () if t.get("training")), None)
     frames = sg.training_frames(rank)
     out["threads"] = (
@@ -122,35 +127,45 @@ def _innermost(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def diagnose(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
     """What a stalled job's ranks (rank rows, ``stackgroups``) say: ``{"suspects": [{"host",
-    "role", "rank"}], "groups", "ranks", "summary": [lines], "verdict": str}``; suspects
-    are the ranks outside the majority group."""
+    "role", "rank"}], "groups", "ranks", "summary": [lines], "verdict": str, "flight"}``;
+    suspects are the ranks outside the majority group; ``flight``: where their flight
+    recorders part (``flightrec.divergence``; None where none is on)."""
     rows = [kept(r) for r in ranks]
     groups = sg.group(rows)
     doc = {"ranks": rows, "groups": groups}
     suspects = [m for g in groups if not g["majority"] for m in g["ranks"]]
+    flight = flightrec.divergence(rows)
     return {
         "suspects": suspects,
         "groups": [{**g, "where": sg.where(g["frames"])} for g in groups],
         "ranks": rows,
-        "summary": sg.summary(doc),
+        "summary": sg.summary(doc) + flightrec.text(flight),
         "verdict": verdict(groups, rows),
+        "flight": flight,
     }
 
 
 def verdict(groups: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> str:
     """One sentence a human reads first."""
     hosts = len({r.get("host") for r in rows}) > 1
+    silent = sg.not_answering(rows)
     if not groups:
         return "no rank's stacks could be read: " + (
             "; ".join(sorted({str(r.get("error") or "no answer") for r in rows})) or "no ranks"
         )
+    who = [{"host": r.get("host"), "role": r["role"], "rank": r["rank"]} for r in silent]
+    unread = f"; {sg.label(who, hosts)} gave no stacks" if silent else ""
     if len(groups) > 1:
         odd = [g for g in groups if not g["majority"]]
         names = "; ".join(f"{sg.label(g['ranks'], hosts)} {sg.where(g['frames'])}" for g in odd)
         major = groups[0]
-        return f"{names}, while {sg.label(major['ranks'], hosts)} {sg.where(major['frames'])}"
+        return (
+            f"{names}, while {sg.label(major['ranks'], hosts)} {sg.where(major['frames'])}" + unread
+        )
     only = groups[0]
     where = sg.where(only["frames"])
+    if silent:
+        return f"{sg.label(only['ranks'], hosts)} {where}{unread}: no majority to compare with"
     if sg.waits_for_peers(only["frames"]):
         return (
             f"every rank here waits for its peers ({where}): the rank they wait for is not"

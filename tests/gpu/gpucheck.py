@@ -21,7 +21,8 @@ each as one ``PASS``/``FAIL``/``SKIP`` line with what was seen:
 5. ``nsys``: with a real nsys, ``profctl run --nsys`` and ``start --backend nsys``: the
    ``.nsys-rep`` in the spool, ``nsys stats`` run by the pipeline, the steps as NVTX ranges.
 6. ``nccl``: the job's collectives as NCCL kernels, counted as collective time;
-   ``flight-recorder``: skipped until profd has a reader for NCCL's flight recorder.
+   ``flight-recorder``: the job's NCCL flight recorder, dumped by its agent thread for
+   ``profctl stacks``, lists its NCCL collectives.
 7. ``idle-cost`` and ``stall``: step time attached versus ``PROFD_DISABLE=1`` (alternating
    runs), and the training stall the client reported at capture end, with CUDA work.
 
@@ -825,16 +826,31 @@ def check_nccl(b: Bench) -> Result:
 
 
 def check_flight_recorder(b: Bench) -> Result:
-    readers = [
-        str(p.relative_to(ROOT))
-        for p in sorted((ROOT / "profd").rglob("*.py"))
-        if "TORCH_NCCL_TRACE_BUFFER_SIZE" in p.read_text(errors="replace")
-    ]
-    if not readers:
-        return Result("flight-recorder", SKIP, "hangs issue not landed: profd has no reader "
-                      "for NCCL's flight recorder dump yet")  # fmt: skip
-    return Result("flight-recorder", FAIL, f"profd reads the flight recorder ({readers}) but "
-                  "gpucheck has no check for it yet: add one", {"readers": readers})  # fmt: skip
+    """A single-rank NCCL job with ``TORCH_NCCL_TRACE_BUFFER_SIZE`` set: ``profctl stacks``
+    asks its agent thread for the flight recorder's summary, which must list NCCL
+    collectives. (Where ranks part needs 2 GPUs and a stuck rank: on this one-GPU check
+    the summary's content is what is checked; the divergence rule is tested on gloo dumps
+    and constructed NCCL ones.)"""
+    if b.cpu:
+        return Result("flight-recorder", SKIP, "no GPU: NCCL's flight recorder needs one")
+    j = b.job("flight", {"TORCH_NCCL_TRACE_BUFFER_SIZE": "200", "STEP_SLEEP": "0.05"})
+    try:
+        b.attached("flight", 60, min_step=5)
+        r = b.d.ctl("stacks", "--job", "flight", "--json")
+        if r.returncode != 0:
+            return Result("flight-recorder", FAIL, f"profctl stacks: {r.stderr.strip()}")
+        (row,) = json.loads(r.stdout)["ranks"]
+        summary = row.get("flight")
+        seen = {"flight": summary, "flight_error": row.get("flight_error")}
+        if summary is None:
+            why = row.get("flight_error") or "no flight field (did the hello say flight?)"
+            return Result("flight-recorder", FAIL, f"no summary: {why}", seen)
+        ops = sorted({e["op"] for e in summary["entries"]})
+        evidence = f"{len(summary['entries'])} entries, ops {ops}, groups {summary['pgs']}"
+        ok = any(op.startswith("nccl:") for op in ops)
+        return Result("flight-recorder", PASS if ok else FAIL, evidence, seen)
+    finally:
+        j.kill()
 
 
 def check_idle_and_stall(b: Bench, rounds: int = 2, steps: int = 300) -> Result:

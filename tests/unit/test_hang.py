@@ -97,6 +97,20 @@ def test_a_job_never_seen_stepping_is_not_judged_and_a_late_rank_counts_from_its
     assert list(clock.ranks) == ["a"]
 
 
+def test_ranks_that_gave_no_stacks_are_said_and_never_make_the_others_look_uniform() -> None:
+    lone = hang.diagnose([rank(0, None), rank(1, IN_LOAD), rank(2, None)])
+    assert lone["suspects"] == []
+    assert lone["verdict"] == (
+        "rank 1 in load_batch (data.py:88) -> read; ranks 0, 2 gave no stacks:"
+        " no majority to compare with"
+    )
+    two = hang.diagnose(
+        [rank(0, IN_ALLREDUCE), rank(1, IN_LOAD), rank(2, None), rank(3, IN_ALLREDUCE)]
+    )
+    assert [m["rank"] for m in two["suspects"]] == [1]
+    assert two["verdict"].endswith("; rank 2 gave no stacks")
+
+
 def _ids(members: list[dict[str, Any]]) -> list[int]:
     return [int(m["rank"]) for m in members]
 

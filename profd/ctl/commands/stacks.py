@@ -9,7 +9,7 @@ import click
 from profd.ctl.errors import BadUsage
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json
-from profd.watch import stackgroups
+from profd.watch import flightrec, stackgroups
 from profd_client import protocol as P
 
 #: Seconds a node has to answer: its daemon reads stacks for up to 8 s (``REQUEST_BUDGET_S``
@@ -34,7 +34,11 @@ def gather(
     out = []
     for j in sorted(ranks):
         rows = sorted(ranks[j], key=lambda r: (r["role"], r["rank"], r["host"], r["pid"]))
-        out.append({"job": j, "groups": stackgroups.group(rows), "ranks": rows})
+        doc = {"job": j, "groups": stackgroups.group(rows), "ranks": rows}
+        flight = flightrec.divergence(rows)  # across every node's ranks
+        if flight is not None:
+            doc["flight"] = flight
+        out.append(doc)
     return out
 
 
@@ -60,6 +64,7 @@ def render(doc: dict[str, Any], full: bool, tree: bool = False) -> str:
     if read < len(ranks):
         head += f", {len(ranks) - read} without stacks"
     lines = [head, *("  " + s for s in stackgroups.summary(doc))]
+    lines += ["  " + s for s in flightrec.text(doc.get("flight"))]
     if tree:
         hosts = len({r.get("host") for r in ranks}) > 1
         lines += ["", "call tree of the training threads (outermost first):"]

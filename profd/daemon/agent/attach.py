@@ -83,6 +83,7 @@ class Attach:
             gid=peer.gid,
             identity_source=_sources(m.get("identity_source")),
             training_tid=m.get("training_tid"),
+            flight=bool(m.get("flight")),
         )
         old = self.registry.add(c)
         moved = old is not None and old.identity != c.identity

@@ -15,8 +15,9 @@ from profd_client import protocol as P
 #: Seconds a client's agent thread has to answer.
 ANSWER_S = 2.0
 
-#: ``(threads, None)`` on an answer, ``(None, why)`` without one.
-Answered = Callable[[list[dict[str, Any]] | None, str | None], None]
+#: ``(answer, None)`` on an answer (``threads``, and ``flight`` or ``flight_error`` when
+#: asked), ``(None, why)`` without one.
+Answered = Callable[[dict[str, Any] | None, str | None], None]
 
 
 class AgentStacks:
@@ -24,12 +25,26 @@ class AgentStacks:
         self.send = send
         self.timeout = timeout
         self._ids = itertools.count(1)
-        self._pending: dict[int, tuple[bytes, float, Answered]] = {}
+        #: id -> (who was asked, deadline, seconds it had, whom to tell)
+        self._pending: dict[int, tuple[bytes, float, float, Answered]] = {}
 
-    def ask(self, c: Client, done: Answered) -> None:
+    def ask(
+        self,
+        c: Client,
+        done: Answered,
+        stacks: bool = True,
+        flight: bool = False,
+        timeout: float | None = None,
+    ) -> None:
+        """Ask ``c``'s agent thread for its threads' stacks and, when ``flight``, its flight
+        recorder's summary; ``timeout`` seconds to answer (default: the reader's)."""
         rid = next(self._ids)
-        self._pending[rid] = (c.ident, time.monotonic() + self.timeout, done)
-        self.send(c.ident, P.encode(P.STACKS_REQUEST, v=c.version, id=rid))
+        wait = self.timeout if timeout is None else timeout
+        self._pending[rid] = (c.ident, time.monotonic() + wait, wait, done)
+        extra: dict[str, Any] = {} if stacks else {"stacks": False}
+        if flight:
+            extra["flight"] = True
+        self.send(c.ident, P.encode(P.STACKS_REQUEST, v=c.version, id=rid, **extra))
 
     def result(self, c: Client, m: dict[str, Any]) -> None:
         """A client's ``stacks_result``: only the client asked may answer its request."""
@@ -37,13 +52,18 @@ class AgentStacks:
         if entry is None or entry[0] != c.ident:
             return
         del self._pending[m["id"]]
-        threads = [
-            {"name": t["name"], "tid": t["tid"], "frames": t["frames"]} for t in m["threads"]
-        ]
-        entry[2](threads, None)
+        answer: dict[str, Any] = {
+            "threads": [
+                {"name": t["name"], "tid": t["tid"], "frames": t["frames"]} for t in m["threads"]
+            ]
+        }
+        for k in ("flight", "flight_error"):
+            if k in m:
+                answer[k] = m[k]
+        entry[3](answer, None)
 
     def expire(self, now: float) -> None:
-        late = [rid for rid, (_, deadline, _) in self._pending.items() if deadline <= now]
+        late = [rid for rid, entry in self._pending.items() if entry[1] <= now]
         for rid in late:
-            _, _, done = self._pending.pop(rid)
-            done(None, f"its agent thread did not answer in {self.timeout:g}s")
+            _, _, wait, done = self._pending.pop(rid)
+            done(None, f"its agent thread did not answer in {wait:g}s")

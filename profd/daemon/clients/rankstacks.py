@@ -3,6 +3,9 @@ outside first (a wedged process still answers), then the rank's own agent thread
 ranks py-spy may not trace (another user, Yama's ptrace scope). ``profctl stacks`` and the
 hang rule both read through here, so both say the same about the same ranks.
 
+Where a rank's flight recorder is on (its hello said ``flight``), its agent thread is asked
+for its summary as well, whatever py-spy read: only the process itself can dump it.
+
 Owned by the event loop: ``done`` runs on the loop, once every rank answered or timed out.
 """
 
@@ -30,45 +33,69 @@ class RankStacks:
         self.registry = registry
 
     def read(
-        self, clients: list[Client], done: Callable[[Rows], None], native: bool = False
+        self,
+        clients: list[Client],
+        done: Callable[[Rows], None],
+        native: bool = False,
+        answer_s: float | None = None,
     ) -> None:
         """Every client's rank row (``stackgroups``), in the order of ``clients``; py-spy
-        adds native frames when ``native``."""
+        adds native frames when ``native``; agent threads have ``answer_s`` seconds to
+        answer (default: ``AgentStacks``')."""
         self.reader.read(
             [target(c) for c in clients],
-            lambda rows: self._fallback(clients, rows, done),
+            lambda rows: self._fallback(clients, rows, done, answer_s),
             native,
         )
 
-    def _fallback(self, clients: list[Client], rows: Rows, done: Callable[[Rows], None]) -> None:
+    def _fallback(
+        self,
+        clients: list[Client],
+        rows: Rows,
+        done: Callable[[Rows], None],
+        answer_s: float | None,
+    ) -> None:
         """Ranks py-spy could not read are asked for their own stacks (their agent thread),
-        unless they are gone."""
+        unless they are gone; ranks whose flight recorder is on, for its summary."""
         agent = self.agent
-        ask = [
-            (row, c)
-            for row, c in zip(rows, clients, strict=True)
-            if row["source"] is None
-            and self.registry.get(c.ident) is c
-            and not str(row.get("error", "")).startswith("the process exited")
-        ]
+        ask = []
+        for row, was in zip(rows, clients, strict=True):
+            # The same process, re-registered or not (a long read pauses it past three
+            # heartbeats, and its agent then reconnects under a new routing id).
+            c = self.registry.lookup(was.key)
+            if c is None:
+                continue
+            stacks = row["source"] is None and not str(row.get("error", "")).startswith(
+                "the process exited"
+            )
+            if stacks or c.flight:
+                ask.append((row, c, stacks))
         if agent is None or not ask:
             done(rows)
             return
         left = [len(ask)]
 
-        def answered(row: dict[str, Any], c: Client) -> Callable[..., None]:
-            def got(threads: Rows | None, why: str | None) -> None:
-                if threads is not None:
-                    stackgroups.mark_training(threads, c.training_tid)
-                    row["source"], row["threads"] = "agent", threads
-                    row["error"] = f"read by its agent thread ({row['error']})"
+        def answered(row: dict[str, Any], c: Client, stacks: bool) -> Callable[..., None]:
+            def got(answer: dict[str, Any] | None, why: str | None) -> None:
+                if answer is None:
+                    if stacks:
+                        row["error"] = f"{row['error']}; {why}"
+                    if c.flight:
+                        row["flight_error"] = f"no flight recorder: {why}"
                 else:
-                    row["error"] = f"{row['error']}; {why}"
+                    if stacks:
+                        threads = answer["threads"]
+                        stackgroups.mark_training(threads, c.training_tid)
+                        row["source"], row["threads"] = "agent", threads
+                        row["error"] = f"read by its agent thread ({row['error']})"
+                    for k in ("flight", "flight_error"):
+                        if k in answer:
+                            row[k] = answer[k]
                 left[0] -= 1
                 if left[0] == 0:
                     done(rows)
 
             return got
 
-        for row, c in ask:
-            agent.ask(c, answered(row, c))
+        for row, c, stacks in ask:
+            agent.ask(c, answered(row, c, stacks), stacks=stacks, flight=c.flight, timeout=answer_s)

@@ -58,6 +58,8 @@ class Client:
     identity_source: dict[str, str] = field(default_factory=dict)
     #: The native id of its thread that counts steps (hello/heartbeat ``training_tid``).
     training_tid: int | None = None
+    #: Its flight recorder is on (hello ``flight``): ``stacks`` asks it for a summary.
+    flight: bool = False
 
     @property
     def key(self) -> tuple[str, int]:

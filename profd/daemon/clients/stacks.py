@@ -33,12 +33,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from profd.watch import stackgroups
+from profd.watch import flightrec, stackgroups
 
 log = logging.getLogger("profd.stacks")
 
 #: Seconds one process's read may take before it is given up (py-spy is killed).
 READ_TIMEOUT_S = 4.0
+#: Seconds a native read (``--native``) may take before the Python stacks are read alone:
+#: it pauses the process all along, and a process paused past three heartbeats reconnects.
+NATIVE_TIMEOUT_S = 2.0
 #: Processes read at once.
 WORKERS = 16
 #: A request's whole budget: processes not started by then are reported as not read, so a
@@ -94,8 +97,17 @@ def read_one(
         argv.append("--native")
     started = time.monotonic()
     try:
-        done = subprocess.run(argv, capture_output=True, timeout=timeout, check=False)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            timeout=min(timeout, NATIVE_TIMEOUT_S) if native else timeout,
+            check=False,
+        )
     except subprocess.TimeoutExpired:
+        if native:
+            # Unwinding native stacks is what took long (a loaded host, many threads):
+            # the Python stacks alone still say where it is.
+            return read_one(pyspy, t, timeout, native=False)
         row["error"] = f"py-spy gave no stacks in {timeout:g}s"
         return row
     except OSError as exc:
@@ -198,6 +210,11 @@ class StackReader:
 
 
 def job_doc(job: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One job's reply (``P.STACKS_DOC``): its ranks in rank order and their groups."""
+    """One job's reply (``P.STACKS_DOC``): its ranks in rank order and their groups, and
+    where their flight recorders part when they sent any."""
     rows = sorted(rows, key=lambda r: (r["role"], r["rank"], r["host"], r["pid"]))
-    return {"job": job, "groups": stackgroups.group(rows), "ranks": rows}
+    doc: dict[str, Any] = {"job": job, "groups": stackgroups.group(rows), "ranks": rows}
+    flight = flightrec.divergence(rows)
+    if flight is not None:
+        doc["flight"] = flight
+    return doc

@@ -25,6 +25,9 @@ from profd.watch.incident import Suspect
 
 log = logging.getLogger("profd.watch")
 
+#: Seconds a stalled job's agent threads have to send their stacks or flight recorder.
+AGENT_ANSWER_S = 4.0
+
 
 class Hangs:
     def __init__(
@@ -89,11 +92,13 @@ class Hangs:
         self.reading.add(job)
         steps = {c.key: c.step for c in clients}
         # Native frames: where in C++ a wedged rank is (a collective's wait, a lock); the
-        # half second of pause they cost does not matter to a job that is not stepping.
+        # half second of pause they cost does not matter to a job that is not stepping. Nobody
+        # waits for this read: agent threads get longer to answer than a profctl's.
         self.stacks.read(
             list(clients),
             lambda rows: self._read(job, clients, steps, quiet, limit, rows),
             native=True,
+            answer_s=AGENT_ANSWER_S,
         )
 
     def _read(
