@@ -17,8 +17,9 @@ from typing import Any
 
 import pytest
 from clusters import Cluster
-from daemonproc import BIN, free_port
-from harness import JOBS, Daemon, Job, wait_for
+from daemonproc import free_port
+from harness import BIN, JOBS, Daemon, Job, wait_for
+from users import group_daemon
 
 from profd.daemon.clients.stacks import StackTarget, find_pyspy, read_one
 from profd.watch import stackgroups
@@ -293,3 +294,52 @@ def test_without_pyspy_the_agent_threads_answer(
         assert t["name"] == "trainer"
         # The agent thread that answered is not among the threads it sent.
         assert "profd-agent" not in [x["name"] for x in r["threads"]]
+
+
+#: A rank without torch whose steps run on a thread named ``trainer``.
+_THREADED = """
+import threading, time, profd_client
+profd_client.attach(job="theirs", step="manual", heartbeat=0.2)
+def train():
+    while True:
+        profd_client.step()
+        time.sleep(0.05)
+t = threading.Thread(target=train, name="trainer", daemon=True)
+t.start()
+t.join()
+"""
+_CAP_SYS_PTRACE = 19
+
+
+@slow
+def test_a_daemon_that_may_not_trace_another_users_ranks_lists_their_agent_threads() -> None:
+    # The systemd unit's daemon: root without CAP_SYS_PTRACE (its bounding set), serving a
+    # job of another user, whom py-spy then may not trace (EPERM): the agents answer.
+    drop = ("setpriv", "--bounding-set", "-sys_ptrace")
+    with group_daemon(("profd-victim",), prefix=drop) as (d, (victim,)):
+        assert d.proc is not None
+        caps = Path(f"/proc/{d.proc.pid}/status").read_text().split("CapEff:")[1].split()[0]
+        assert not int(caps, 16) >> _CAP_SYS_PTRACE & 1
+        ranks = [
+            victim.popen(
+                [str(BIN / "python"), "-c", _THREADED],
+                env={**victim.env, "RANK": str(r), "WORLD_SIZE": "2"},
+            )
+            for r in (0, 1)
+        ]
+        try:
+            d.wait_attached(2, WAIT, min_step=2)
+            doc = _stacks(d, "--job", "theirs")
+        finally:
+            for p in ranks:
+                p.kill()
+                p.wait()
+    assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1]
+    for r in doc["ranks"]:
+        assert r["source"] == "agent", r
+        (t,) = _training(r)
+        assert t["name"] == "trainer" and "train" in _functions(t["frames"]), t
+        assert r["error"].startswith("read by its agent thread (py-spy: Permission denied"), r
+        why = f"it runs as uid {victim.uid}, the daemon as uid 0 without CAP_SYS_PTRACE"
+        assert why in r["error"], r["error"]
+    assert sum(len(g["ranks"]) for g in doc["groups"]) == 2
