@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -343,3 +344,76 @@ def test_a_daemon_that_may_not_trace_another_users_ranks_lists_their_agent_threa
         why = f"it runs as uid {victim.uid}, the daemon as uid 0 without CAP_SYS_PTRACE"
         assert why in r["error"], r["error"]
     assert sum(len(g["ranks"]) for g in doc["groups"]) == 2
+
+
+def _rank(doc: dict[str, Any], rank: int) -> dict[str, Any]:
+    (r,) = [r for r in doc["ranks"] if r["rank"] == rank]
+    return r
+
+
+@slow
+def test_a_rank_holding_the_gil_is_read_by_pyspy_alone_and_without_it_does_not_answer(
+    daemon_factory: Callable[..., Daemon], torchrun: Callable[..., Job]
+) -> None:
+    # Rank 1 spins in one regex match (stuck.py STUCK_HOW=gil), rank 0 waits for it in the
+    # all-reduce; a daemon that reads with py-spy. Beside it a 1-rank job stuck the same way
+    # on a daemon without py-spy.
+    spy, blind = daemon_factory(), daemon_factory(PROFD_PYSPY="")
+    env = {"STUCK_AT": "3", "STUCK_HOW": "gil"}
+    torchrun("stuck.py", 2, spy, PROFD_JOB="gil", STUCK_RANK="1", **env)
+    torchrun("stuck.py", 1, blind, PROFD_JOB="gil", STUCK_RANK="0", **env)
+    spy.wait_attached(2, WAIT)
+    blind.wait_attached(1, WAIT)
+
+    def in_the_regex() -> dict[str, Any] | None:
+        doc = _stacks(spy, "--job", "gil")
+        ts = _training(_rank(doc, 1)) if len(doc["ranks"]) == 2 else []
+        return doc if ts and "stuck_in_data_loading" in _functions(ts[0]["frames"]) else None
+
+    doc = wait_for(in_the_regex, WAIT, "rank 1 in the regex, read by py-spy")
+    one = _rank(doc, 1)
+    assert one["source"] == "py-spy" and "error" not in one, one
+    (t,) = _training(one)
+    # Innermost Python frame: re.match, called by the function that is stuck.
+    assert _functions(t["frames"])[:2] == ["match", "stuck_in_data_loading"], t["frames"]
+    assert t["frames"][0]["file"].endswith("re/__init__.py"), t["frames"][0]
+    assert t.get("owns_gil") is True, t
+    assert "backward" in _functions(_training(_rank(doc, 0))[0]["frames"])
+
+    # Without py-spy only the agent thread can answer, and the regex starves it: the rank is
+    # listed as not answering, in bounded time, while the daemon goes on serving ps.
+    listed: list[list[int]] = []
+
+    def starved() -> dict[str, Any] | None:
+        got: list[dict[str, Any]] = []
+        reading = threading.Thread(target=lambda: got.append(_stacks(blind, "--job", "gil")))
+        reading.start()
+        while reading.is_alive():
+            listed.append([r["rank"] for r in blind.ps()])
+        reading.join()
+        return got[0] if got and got[0]["ranks"][0]["source"] is None else None
+
+    doc = wait_for(starved, WAIT, "the rank's agent thread starved")
+    (stuck,) = doc["ranks"]
+    assert stuck["threads"] == [], stuck
+    assert stuck["error"] == (
+        "py-spy not found (or turned off: PROFD_PYSPY empty); its agent thread did not answer in 2s"
+    ), stuck
+    assert listed and all(x == [0] for x in listed), listed
+
+    # A rank that dies while its stacks are being read is reported, never a traceback.
+    answer: list[subprocess.CompletedProcess[str]] = []
+    reading = threading.Thread(
+        target=lambda: answer.append(blind.ctl("stacks", "--job", "gil", "--json", timeout=30))
+    )
+    reading.start()
+    os.kill(stuck["pid"], signal.SIGKILL)
+    reading.join()
+    (r,) = answer
+    if r.returncode == 0:  # read before its departure was noticed: listed, with the reason
+        (gone,) = json.loads(r.stdout)["ranks"]
+        assert gone["source"] is None and "did not answer" in gone["error"], gone
+    else:  # its departure noticed first
+        assert "no attached ranks of job gil" in r.stderr, r.stderr
+    assert "Traceback" not in blind.log.read_text()
+    assert blind.ctl("status").returncode == 0
