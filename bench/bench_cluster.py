@@ -18,12 +18,9 @@ without a process per host, one request per host in turn from one process for ev
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import benchlib as B
@@ -60,42 +57,9 @@ def main() -> int:
     if args.quick:
         args.nodes, args.procs, args.trials, args.serial_sample = 16, 2, 2, 4
     started = time.monotonic()
-    tmp = Path(tempfile.mkdtemp(prefix="profd-bench-cluster-"))
-    keys = tmp / "keys"
-    for name in ("daemon", "operator"):
-        subprocess.run(
-            [str(B.BIN / "profctl"), "keys", "new", name, "--dir", str(keys)],
-            check=True,
-            capture_output=True,
-        )
-    per = -(-args.nodes // args.procs)
-    workers = [
-        B.spawn_worker(
-            B.BENCH / "simnodes.py",
-            [
-                "--first",
-                str(first),
-                "--count",
-                str(min(per, args.nodes - first)),
-                "--ranks",
-                str(args.ranks),
-                "--secret",
-                str(keys / "daemon.key_secret"),
-            ],
-        )
-        for first in range(0, args.nodes, per)
-    ]
+    sim = B.SimNodes(args.nodes, args.ranks, args.procs)
+    workers, ports, env = sim.workers, sim.ports, sim.env
     try:
-        ports = [p for w in workers for p in B.ask(w, {"cmd": "ready"})["ports"]]
-        nodes_file = tmp / "nodes.txt"
-        nodes_file.write_text("".join(f"127.0.0.1:{p}\n" for p in ports))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PROFD_")}
-        env.update(
-            PROFD_CLUSTER=f"@{nodes_file}",
-            PROFD_SERVER_KEY=str(keys / "daemon.key"),
-            PROFD_CLIENT_KEY=str(keys / "operator.key_secret"),
-            PROFD_RUNTIME_DIR=str(tmp / "no-local-daemon"),
-        )
         timeout = ["--node-timeout", "30"]
 
         ps_s: list[float] = []
@@ -139,7 +103,7 @@ def main() -> int:
         serial = [a[2] - t0w for a in arms(workers) if a[0] == "serial-baseline"]
         serial_inproc_s = max(serial)
     finally:
-        B.finish_workers(workers)
+        sim.close()
 
     p99 = B.pct(armed_p99, 50)
     rows_out = [

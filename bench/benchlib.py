@@ -439,3 +439,57 @@ class SimFleet:
     def close(self) -> None:
         finish_workers(self.workers)
         self.workers = []
+
+
+class SimNodes:
+    """``nodes`` simulated nodes (bench/simnodes.py, ``extra`` its further arguments) of
+    ``ranks`` ranks each, over ``procs`` worker processes; ``env`` is where ``profctl`` reaches
+    them all (``PROFD_CLUSTER``, CURVE keys, no local daemon)."""
+
+    def __init__(self, nodes: int, ranks: int, procs: int, extra: Sequence[str] = ()) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="profd-bench-cluster-"))
+        keys = self.tmp / "keys"
+        for name in ("daemon", "operator"):
+            subprocess.run(
+                [str(BIN / "profctl"), "keys", "new", name, "--dir", str(keys)],
+                check=True,
+                capture_output=True,
+            )
+        per = -(-nodes // procs)
+        self.workers = [
+            spawn_worker(
+                BENCH / "simnodes.py",
+                [
+                    "--first",
+                    str(first),
+                    "--count",
+                    str(min(per, nodes - first)),
+                    "--ranks",
+                    str(ranks),
+                    "--secret",
+                    str(keys / "daemon.key_secret"),
+                    *extra,
+                ],
+            )
+            for first in range(0, nodes, per)
+        ]
+        try:
+            self.ports: list[int] = [
+                p for w in self.workers for p in ask(w, {"cmd": "ready"})["ports"]
+            ]
+        except BaseException:
+            self.close()
+            raise
+        nodes_file = self.tmp / "nodes.txt"
+        nodes_file.write_text("".join(f"127.0.0.1:{p}\n" for p in self.ports))
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("PROFD_")}
+        self.env.update(
+            PROFD_CLUSTER=f"@{nodes_file}",
+            PROFD_SERVER_KEY=str(keys / "daemon.key"),
+            PROFD_CLIENT_KEY=str(keys / "operator.key_secret"),
+            PROFD_RUNTIME_DIR=str(self.tmp / "no-local-daemon"),
+        )
+
+    def close(self) -> None:
+        finish_workers(self.workers)
+        shutil.rmtree(self.tmp, ignore_errors=True)

@@ -3,10 +3,11 @@
 Each node is a ZeroMQ ROUTER on its own TCP port on 127.0.0.1 with the daemon's CURVE server
 key (every client key is let in: no ZAP handler, so the handshake's cryptography runs but
 the authorization lookup of a real daemon does not), answering ``status``, ``ps`` and
-``start`` (a ``probe``, then a start with the coordinator's session id and cycles) for
-``--ranks`` simulated ranks. The time a node gets its start is when its ranks would be
-armed (a real daemon sends the arms inside that handler). Rows come from the daemon's own
-``Client.row()``.
+``start`` (a ``probe``, then a start with the coordinator's session id and cycles) and
+``stacks`` (a DDP job's stacks as py-spy reads them, grouped by the daemon's own code; on
+node ``--stuck-node`` its rank 1 is stuck loading data) for ``--ranks`` simulated ranks.
+The time a node gets its start is when its ranks would be armed (a real daemon sends the
+arms inside that handler). Rows come from the daemon's own ``Client.row()``.
 
 Commands on stdin, one JSON line each, one JSON reply line on stdout:
 ``{"cmd": "ready"}`` -> ``{"ports": [...]}``; ``{"cmd": "arms"}`` -> ``{"arms": [[session,
@@ -26,7 +27,9 @@ from typing import Any
 import zmq
 import zmq.auth
 
+from profd.daemon.clients.rankstacks import target
 from profd.daemon.clients.registry import Client
+from profd.daemon.clients.stacks import job_doc
 from profd_client import protocol as P
 
 
@@ -55,8 +58,71 @@ def make_clients(node: int, ranks: int) -> list[Client]:
     ]
 
 
+def _frames(*where: tuple[str, str, int]) -> list[dict[str, Any]]:
+    return [{"function": f, "file": file, "line": line} for f, file, line in where]
+
+
+TORCH = "/opt/conda/lib/python3.11/site-packages/torch"
+#: The training thread's frames, innermost first: most ranks wait in backward's all-reduce,
+#: a stuck one reads its next batch.
+WAITING = _frames(
+    ("wait", f"{TORCH}/distributed/distributed_c10d.py", 2510),
+    ("all_reduce", f"{TORCH}/distributed/distributed_c10d.py", 2501),
+    ("wrapper", f"{TORCH}/distributed/c10d_logger.py", 83),
+    ("_run_backward", f"{TORCH}/autograd/graph.py", 768),
+    ("backward", f"{TORCH}/autograd/__init__.py", 289),
+    ("backward", f"{TORCH}/_tensor.py", 626),
+    ("train_step", "/home/user/job/train.py", 88),
+    ("train", "/home/user/job/train.py", 120),
+    ("main", "/home/user/job/train.py", 141),
+    ("<module>", "/home/user/job/train.py", 150),
+)
+STUCK = _frames(
+    ("readinto", "/opt/conda/lib/python3.11/socket.py", 706),
+    ("read_shard", "/home/user/job/data.py", 61),
+    ("load_batch", "/home/user/job/data.py", 88),
+    ("train_step", "/home/user/job/train.py", 80),
+    ("train", "/home/user/job/train.py", 120),
+    ("main", "/home/user/job/train.py", 141),
+    ("<module>", "/home/user/job/train.py", 150),
+)
+OTHER_THREADS = [
+    ("pin_memory", _frames(
+        ("get", "/opt/conda/lib/python3.11/queue.py", 180),
+        ("_pin_memory_loop", f"{TORCH}/utils/data/_utils/pin_memory.py", 54),
+        ("run", "/opt/conda/lib/python3.11/threading.py", 982),
+        ("_bootstrap", "/opt/conda/lib/python3.11/threading.py", 1002),
+    )),
+    ("profd-agent", _frames(
+        ("poll", "/opt/conda/lib/python3.11/site-packages/zmq/sugar/poll.py", 106),
+        ("_run", "/opt/conda/lib/python3.11/site-packages/profd_client/agent.py", 180),
+        ("run", "/opt/conda/lib/python3.11/threading.py", 982),
+        ("_bootstrap", "/opt/conda/lib/python3.11/threading.py", 1002),
+    )),
+]  # fmt: skip
+
+
+def stacks_doc(node: str, clients: list[Client], stuck: bool) -> dict[str, Any]:
+    """What a daemon answers ``stacks`` with for these ranks: every one read by py-spy,
+    three threads each; rank 1 of a ``stuck`` node in ``load_batch``."""
+    rows = []
+    for k, c in enumerate(clients):
+        main = STUCK if stuck and k == 1 else WAITING
+        threads = [{"name": "MainThread", "tid": c.pid, "training": True, "frames": main}]
+        threads += [
+            {"name": name, "tid": c.pid + 1 + i, "training": False, "frames": frames}
+            for i, (name, frames) in enumerate(OTHER_THREADS)
+        ]
+        rows.append({**target(c).row(), "source": "py-spy", "threads": threads, "read_ms": 6.0})
+    doc = job_doc(clients[0].job, rows)
+    doc["node"] = node
+    return doc
+
+
 class Nodes:
-    def __init__(self, first: int, count: int, ranks: int, secret: str) -> None:
+    def __init__(
+        self, first: int, count: int, ranks: int, secret: str, stuck_node: int = -1
+    ) -> None:
         public, secret_key = zmq.auth.load_certificate(secret)
         self.ctx = zmq.Context()
         self.socks: dict[Any, int] = {}
@@ -72,6 +138,7 @@ class Nodes:
             self.socks[s] = node
             self.ports.append(port)
             self.clients[node] = make_clients(node, ranks)
+        self.stuck_node = stuck_node
         self.arms: list[tuple[str, int, float]] = []
         self.lock = threading.Lock()
         self.stopping = False
@@ -137,6 +204,8 @@ class Nodes:
                     for c in clients
                 ],
             }
+        if t == P.C_STACKS:
+            return [stacks_doc(name, clients, node == self.stuck_node)]
         raise ValueError(f"simulated node does not answer {t!r}")
 
 
@@ -146,8 +215,9 @@ def main() -> None:
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--secret", required=True)
+    ap.add_argument("--stuck-node", type=int, default=-1)
     a = ap.parse_args()
-    nodes = Nodes(a.first, a.count, a.ranks, a.secret)
+    nodes = Nodes(a.first, a.count, a.ranks, a.secret, a.stuck_node)
     t = threading.Thread(target=nodes.serve, daemon=True)
     t.start()
     for line in sys.stdin:

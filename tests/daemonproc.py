@@ -45,6 +45,7 @@ class DaemonProcess:
     root: Path
     config: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
+    prefix: list[str] = field(default_factory=list)  # argv run before profd's (setpriv ...)
     heartbeat: float = 0.5  # the clients' (PROFD_HEARTBEAT); the daemon's comes from config
     ctl_timeout: float = 60.0
     proc: subprocess.Popen[bytes] | None = None
@@ -81,7 +82,10 @@ class DaemonProcess:
     def launch(self, *args: str) -> None:
         with self.log.open("ab") as logf:
             self.proc = subprocess.Popen(
-                [str(BIN / "profd"), "run", *args], env=self.env(), stdout=logf, stderr=logf
+                [*self.prefix, str(BIN / "profd"), "run", *args],
+                env=self.env(),
+                stdout=logf,
+                stderr=logf,
             )
 
     def terminate(self, sig: int = signal.SIGTERM) -> int:

@@ -25,10 +25,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
-NAMES = ("idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "metrics")
+NAMES = (
+    "idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "metrics", "stacks",
+)  # fmt: skip
 # Two lanes side by side, of about equal length: bench_trigger (its torchrun job and sessions
 # mostly wait) is the longest by far, so the two shortest run after it.
-LANES = (("trigger", "index", "s3", "report"), ("idle", "daemon", "stall", "cluster", "metrics"))
+LANES = (
+    ("trigger", "index", "s3", "report"),
+    ("idle", "daemon", "stall", "cluster", "metrics", "stacks"),
+)
 RESULT_KEYS = {"name", "quick", "date", "machine", "params", "rows", "details", "wall_s"}
 ROW_KEYS = {
     "metric",
@@ -236,7 +241,19 @@ def check_metrics(res: dict[str, Any]) -> None:
     assert d["samples"] == p["ranks"] * (19 + 2 + 1 + p["regions"]) + 11
 
 
+def check_stacks(res: dict[str, Any]) -> None:
+    d, p = res["details"], res["params"]
+    assert len(res["rows"]) == 5, metrics(res)
+    # Every trial read every local rank by py-spy and grouped every simulated node's ranks
+    # with the stuck one alone (both checked inside the benchmark too).
+    assert len(d["wall_s"]) == len(d["cluster_wall_s"]) == len(d["group_s"]) == p["trials"]
+    assert d["read_ms"]["n"] == d["gap_during_ms"]["n"] == p["trials"] * p["ranks"]
+    assert d["gap_quiet_ms"]["n"] == p["trials"] * p["ranks"]
+    assert 0 <= d["stuck_node"] < p["nodes"]
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "stacks": check_stacks,
     "cluster": check_cluster,
     "report": check_report,
     "idle": check_idle,

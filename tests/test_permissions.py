@@ -9,26 +9,20 @@ users (``useradd``) in that group run real training processes and their own ``pr
 
 from __future__ import annotations
 
-import grp
 import json
-import os
-import pwd
-import shutil
 import stat
 import subprocess
-import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 from daemonproc import wait_for
 from harness import BIN, Daemon
+from users import User, group_daemon
 
 from profd_client import protocol as P
 
-GROUP = "profd-test"
 USERS = ("profd-attacker", "profd-victim")
 PYTHON = str(BIN / "python")
 
@@ -41,59 +35,10 @@ for _ in range(1200):
 """
 
 
-@dataclass(frozen=True)
-class User:
-    name: str
-    uid: int
-    gid: int
-    group: int
-    env: dict[str, str]
-
-    def popen(self, args: list[str], **kw: Any) -> subprocess.Popen[str]:
-        return subprocess.Popen(args, env=self.env, user=self.uid, group=self.gid,
-                                extra_groups=[self.group], cwd="/tmp", text=True, **kw)  # fmt: skip
-
-    def run(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(list(args), env=self.env, user=self.uid, group=self.gid,
-                              extra_groups=[self.group], cwd="/tmp", text=True,
-                              capture_output=True, timeout=60)  # fmt: skip
-
-    def ctl(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return self.run(str(BIN / "profctl"), *args)
-
-
 @pytest.fixture
 def setup() -> Iterator[tuple[Daemon, User, User]]:
-    if os.geteuid() != 0:
-        pytest.skip("needs root to create users and run processes as them")
-    try:
-        gid = grp.getgrnam(GROUP).gr_gid
-    except KeyError:
-        subprocess.run(["groupadd", GROUP], check=True)
-        gid = grp.getgrnam(GROUP).gr_gid
-    # Under /tmp, not pytest's 0700 dirs: the users must reach the runtime dir and spool.
-    base = Path(tempfile.mkdtemp(prefix="profd-perm-", dir="/tmp"))
-    base.chmod(0o755)
-    d = Daemon(base / "profd")
-    d.root.mkdir(mode=0o755)
-    d.config = d.root / "profd.toml"
-    d.config.write_text(f'[daemon]\ngroup = "{GROUP}"\n')
-    d.start()
-    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
-           "PROFD_RUNTIME_DIR": str(d.runtime_dir)}  # fmt: skip
-    users = []
-    for name in USERS:
-        try:
-            pw = pwd.getpwnam(name)
-        except KeyError:
-            subprocess.run(["useradd", "-M", "-s", "/usr/sbin/nologin", name], check=True)
-            pw = pwd.getpwnam(name)
-        users.append(User(name, pw.pw_uid, pw.pw_gid, gid, env))
-    try:
-        yield d, users[0], users[1]
-    finally:
-        d.stop()
-        shutil.rmtree(base, ignore_errors=True)
+    with group_daemon(USERS) as (d, (attacker, victim)):
+        yield d, attacker, victim
 
 
 def _ok(r: subprocess.CompletedProcess[str]) -> Any:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -17,8 +18,9 @@ from typing import Any
 
 import pytest
 from clusters import Cluster
-from daemonproc import BIN, free_port
-from harness import JOBS, Daemon, Job, wait_for
+from daemonproc import free_port
+from harness import BIN, JOBS, Daemon, Job, wait_for
+from users import group_daemon
 
 from profd.daemon.clients.stacks import StackTarget, find_pyspy, read_one
 from profd.watch import stackgroups
@@ -301,3 +303,126 @@ def test_without_pyspy_the_agent_threads_answer(
         assert t["name"] == "trainer"
         # The agent thread that answered is not among the threads it sent.
         assert "profd-agent" not in [x["name"] for x in r["threads"]]
+
+
+#: A rank without torch whose steps run on a thread named ``trainer``.
+_THREADED = """
+import threading, time, profd_client
+profd_client.attach(job="theirs", step="manual", heartbeat=0.2)
+def train():
+    while True:
+        profd_client.step()
+        time.sleep(0.05)
+t = threading.Thread(target=train, name="trainer", daemon=True)
+t.start()
+t.join()
+"""
+_CAP_SYS_PTRACE = 19
+
+
+@slow
+def test_a_daemon_that_may_not_trace_another_users_ranks_lists_their_agent_threads() -> None:
+    # A root daemon without CAP_SYS_PTRACE (a site that drops it from the unit's bounding
+    # set), serving a job of another user, whom py-spy then may not trace (EPERM): the
+    # agents answer.
+    drop = ("setpriv", "--bounding-set", "-sys_ptrace")
+    with group_daemon(("profd-victim",), prefix=drop) as (d, (victim,)):
+        assert d.proc is not None
+        caps = Path(f"/proc/{d.proc.pid}/status").read_text().split("CapEff:")[1].split()[0]
+        assert not int(caps, 16) >> _CAP_SYS_PTRACE & 1
+        ranks = [
+            victim.popen(
+                [str(BIN / "python"), "-c", _THREADED],
+                env={**victim.env, "RANK": str(r), "WORLD_SIZE": "2"},
+            )
+            for r in (0, 1)
+        ]
+        try:
+            d.wait_attached(2, WAIT, min_step=2)
+            doc = _stacks(d, "--job", "theirs")
+        finally:
+            for p in ranks:
+                p.kill()
+                p.wait()
+    assert sorted(r["rank"] for r in doc["ranks"]) == [0, 1]
+    for r in doc["ranks"]:
+        assert r["source"] == "agent", r
+        (t,) = _training(r)
+        assert t["name"] == "trainer" and "train" in _functions(t["frames"]), t
+        assert r["error"].startswith("read by its agent thread (py-spy: Permission denied"), r
+        why = f"it runs as uid {victim.uid}, the daemon as uid 0 without CAP_SYS_PTRACE"
+        assert why in r["error"], r["error"]
+    assert sum(len(g["ranks"]) for g in doc["groups"]) == 2
+
+
+def _rank(doc: dict[str, Any], rank: int) -> dict[str, Any]:
+    (r,) = [r for r in doc["ranks"] if r["rank"] == rank]
+    return r
+
+
+@slow
+def test_a_rank_holding_the_gil_is_read_by_pyspy_alone_and_without_it_does_not_answer(
+    daemon_factory: Callable[..., Daemon], torchrun: Callable[..., Job]
+) -> None:
+    # Rank 1 spins in one regex match (stuck.py STUCK_HOW=gil), rank 0 waits for it in the
+    # all-reduce; a daemon that reads with py-spy. Beside it a 1-rank job stuck the same way
+    # on a daemon without py-spy.
+    spy, blind = daemon_factory(), daemon_factory(PROFD_PYSPY="")
+    env = {"STUCK_AT": "3", "STUCK_HOW": "gil"}
+    torchrun("stuck.py", 2, spy, PROFD_JOB="gil", STUCK_RANK="1", **env)
+    torchrun("stuck.py", 1, blind, PROFD_JOB="gil", STUCK_RANK="0", **env)
+    spy.wait_attached(2, WAIT)
+    blind.wait_attached(1, WAIT)
+
+    def in_the_regex() -> dict[str, Any] | None:
+        doc = _stacks(spy, "--job", "gil")
+        ts = _training(_rank(doc, 1)) if len(doc["ranks"]) == 2 else []
+        return doc if ts and "stuck_in_data_loading" in _functions(ts[0]["frames"]) else None
+
+    doc = wait_for(in_the_regex, WAIT, "rank 1 in the regex, read by py-spy")
+    one = _rank(doc, 1)
+    assert one["source"] == "py-spy" and "error" not in one, one
+    (t,) = _training(one)
+    # Innermost Python frame: re.match, called by the function that is stuck.
+    assert _functions(t["frames"])[:2] == ["match", "stuck_in_data_loading"], t["frames"]
+    assert t["frames"][0]["file"].endswith("re/__init__.py"), t["frames"][0]
+    assert t.get("owns_gil") is True, t
+    assert "backward" in _functions(_training(_rank(doc, 0))[0]["frames"])
+
+    # Without py-spy only the agent thread can answer, and the regex starves it: the rank is
+    # listed as not answering, in bounded time, while the daemon goes on serving ps.
+    listed: list[list[int]] = []
+
+    def starved() -> dict[str, Any] | None:
+        got: list[dict[str, Any]] = []
+        reading = threading.Thread(target=lambda: got.append(_stacks(blind, "--job", "gil")))
+        reading.start()
+        while reading.is_alive():
+            listed.append([r["rank"] for r in blind.ps()])
+        reading.join()
+        return got[0] if got and got[0]["ranks"][0]["source"] is None else None
+
+    doc = wait_for(starved, WAIT, "the rank's agent thread starved")
+    (stuck,) = doc["ranks"]
+    assert stuck["threads"] == [], stuck
+    assert stuck["error"] == (
+        "py-spy not found (or turned off: PROFD_PYSPY empty); its agent thread did not answer in 2s"
+    ), stuck
+    assert listed and all(x == [0] for x in listed), listed
+
+    # A rank that dies while its stacks are being read is reported, never a traceback.
+    answer: list[subprocess.CompletedProcess[str]] = []
+    reading = threading.Thread(
+        target=lambda: answer.append(blind.ctl("stacks", "--job", "gil", "--json", timeout=30))
+    )
+    reading.start()
+    os.kill(stuck["pid"], signal.SIGKILL)
+    reading.join()
+    (r,) = answer
+    if r.returncode == 0:  # read before its departure was noticed: listed, with the reason
+        (gone,) = json.loads(r.stdout)["ranks"]
+        assert gone["source"] is None and "did not answer" in gone["error"], gone
+    else:  # its departure noticed first
+        assert "no attached ranks of job gil" in r.stderr, r.stderr
+    assert "Traceback" not in blind.log.read_text()
+    assert blind.ctl("status").returncode == 0

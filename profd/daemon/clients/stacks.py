@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -102,6 +103,7 @@ def read_one(
             capture_output=True,
             timeout=min(timeout, NATIVE_TIMEOUT_S) if native else timeout,
             check=False,
+            env=_PYSPY_ENV,
         )
     except subprocess.TimeoutExpired:
         if native:
@@ -129,14 +131,59 @@ def read_one(
     return row
 
 
+#: py-spy's environment: RUST_BACKTRACE set in the daemon's would append py-spy's own Rust
+#: backtrace to its error, whose last line ("10: main") then hid the reason.
+_PYSPY_ENV = {**os.environ, "RUST_BACKTRACE": "0"}
+#: Bit of CAP_SYS_PTRACE in /proc/PID/status's CapEff.
+_CAP_SYS_PTRACE = 19
+_YAMA = Path("/proc/sys/kernel/yama/ptrace_scope")
+
+
 def _why(done: subprocess.CompletedProcess[bytes], pid: int) -> str:
     if not _alive(pid):
         return "the process exited while its stacks were read"
     text = (done.stderr or done.stdout).decode("utf-8", "replace").strip()
-    lines = [ln for ln in text.splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # py-spy's last line is its reason ("Permission denied", "No such process", ...).
     reason = lines[-1] if lines else f"exit status {done.returncode}"
+    reason = re.sub(r"^\d+: ", "", reason)  # the innermost of its numbered causes
+    if "os error 13" in reason or "os error 1)" in reason:
+        reason += f" ({ptrace_denied(pid)})"
     return f"py-spy: {reason}"[:ERROR_CHARS]
+
+
+def ptrace_denied(pid: int) -> str:
+    """Why this daemon may not trace ``pid``, as far as /proc says: the operator's fix is
+    one of these (or the agent thread's answer is what there is)."""
+    why = []
+    try:
+        scope = int(_YAMA.read_text())
+    except (OSError, ValueError):
+        scope = 0
+    if scope > 0:
+        why.append(f"Yama's ptrace_scope is {scope}")
+    me, caps = _status("self")
+    uid, _ = _status(str(pid))
+    if not caps >> _CAP_SYS_PTRACE & 1:
+        if uid is not None and uid != me:
+            why.append(f"it runs as uid {uid}, the daemon as uid {me} without CAP_SYS_PTRACE")
+        elif not why:
+            why.append("the daemon lacks CAP_SYS_PTRACE")
+    return "the daemon may not trace it: " + ("; ".join(why) or "denied by the kernel")
+
+
+def _status(pid: str) -> tuple[int | None, int]:
+    """(effective uid, effective capabilities) of /proc/PID/status; (None, 0) unreadable."""
+    uid, caps = None, 0
+    try:
+        for ln in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if ln.startswith("Uid:"):
+                uid = int(ln.split()[2])
+            elif ln.startswith("CapEff:"):
+                caps = int(ln.split()[1], 16)
+    except (OSError, ValueError, IndexError):
+        pass
+    return uid, caps
 
 
 def _alive(pid: int) -> bool:
