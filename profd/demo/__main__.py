@@ -2,9 +2,11 @@
 
 Starts ``profd run`` with temporary dirs, launches a 2-rank ``torchrun`` job that uses the
 two-line integration, shows ``profctl ps`` and ``profctl top`` while it trains, captures
-three steps on both ranks, and prints the session, the indexed traces, a summary, and ends
-with the cross-rank report of the capture (``profctl report``: text here, the HTML page
-beside the spool).
+three steps on both ranks, and prints the session, the indexed traces, a summary and the
+cross-rank report of the capture (``profctl report``: text here, the HTML page beside the
+spool). Then it turns sampling on (``[watch] sample_every``, re-read on SIGHUP), slows rank 1
+on purpose, and ends with the ``straggler`` incident profd records by itself from the next
+sample, and the comparison of its automatic capture (``profctl incident``).
 """
 
 from __future__ import annotations
@@ -12,11 +14,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 BIN = Path(sys.executable).parent
 JOB = Path(__file__).with_name("train_job.py")
@@ -53,6 +57,35 @@ def wait_for_ranks(env: dict[str, str], n: int, timeout: float = 120) -> None:
     raise SystemExit("demo: the training job did not attach in time")
 
 
+#: The daemon's [watch] once the demo turns sampling on: a sample of 4 steps every 50 steps
+#: (the straggler rule reads every sample), a short cooldown.
+WATCH_ON = """
+[watch]
+sample_every = 50
+sample_steps = 4
+"""
+
+
+def wait_json(
+    env: dict[str, str], what: str, args: list[str], done: Any, timeout: float = 120
+) -> Any:
+    """Poll ``profctl ARGS --json`` until ``done(doc)`` gives something, with dots."""
+    print(f"waiting for {what} ", end="", flush=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = subprocess.run(
+            [str(BIN / "profctl"), *args, "--json"], env=env, text=True, capture_output=True
+        )
+        found = done(json.loads(r.stdout)) if r.returncode == 0 else None
+        if found:
+            print(" ok", flush=True)
+            return found
+        print(".", end="", flush=True)
+        time.sleep(1.0)
+    print(flush=True)
+    raise SystemExit(f"demo: no {what} in {timeout:.0f}s")
+
+
 def main() -> None:
     root = Path(os.environ.get("PROFD_DEMO_DIR") or tempfile.mkdtemp(prefix="profd-demo-"))
     env = dict(
@@ -62,12 +95,20 @@ def main() -> None:
         OMP_NUM_THREADS="1",
     )
     env.pop("PROFD_CONFIG", None)
+    config = root / "profd.toml"
+    slow = root / "slow-rank-1"
+    env["DEMO_SLOW_FILE"] = str(slow)
+    env["DEMO_STEPS"] = "1000000"  # ended by the demo
+    env["PROFD_JOB"] = "demo"
     say(f"starting profd (dirs under {root})")
     log = (root / "profd.log").open("w") if root.exists() else None
     if log is None:
         root.mkdir(parents=True)
         log = (root / "profd.log").open("w")
-    daemon = subprocess.Popen([str(BIN / "profd"), "run"], env=env, stdout=log, stderr=log)
+    config.write_text("[watch]\n")  # sampling off until the last part
+    daemon = subprocess.Popen(
+        [str(BIN / "profd"), "run", "--config", str(config)], env=env, stdout=log, stderr=log
+    )
     job = None
     try:
         for _ in range(100):
@@ -122,6 +163,7 @@ def main() -> None:
         say("the cross-rank report of the capture: who waits for whom, where the time goes")
         page = root / f"report-{session}.html"
         ctl(env, "report", session, "-o", str(page))
+        watch(env, daemon, config, slow)
         say("done")
         spool = root / "state" / "spool"
         print(f"Traces: {spool} (open a cycle dir with HTA, TensorBoard or Perfetto)")
@@ -135,6 +177,30 @@ def main() -> None:
         daemon.wait(30)
         if os.environ.get("PROFD_DEMO_CLEAN"):
             shutil.rmtree(root, ignore_errors=True)
+
+
+def watch(env: dict[str, str], daemon: subprocess.Popen[bytes], config: Path, slow: Path) -> None:
+    """Sampling on, rank 1 slowed: the straggler incident profd records by itself."""
+    say("profd notices by itself: sampling on (every 50 steps, re-read on SIGHUP)")
+    config.write_text(WATCH_ON)
+    daemon.send_signal(signal.SIGHUP)
+    print(WATCH_ON.strip())
+    say("rank 1 is now slowed on purpose: 60 ms more in its forward pass every step")
+    slow.touch()
+
+    def straggler(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return next((r for r in rows if r["kind"] == "straggler"), None)
+
+    inc = wait_json(env, "a straggler incident from the next sample", ["incidents"], straggler)
+    ctl(env, "incidents")
+
+    def compared(doc: dict[str, Any]) -> dict[str, Any] | None:
+        ended = doc.get("session_state") in ("done", "partial", "failed", "cancelled")
+        return doc if doc.get("comparison") or (ended and doc.get("session")) else None
+
+    wait_json(env, "its automatic capture, processed", ["incident", inc["id"]], compared)
+    say("the incident: who, from which sample, and what its capture shows")
+    ctl(env, "incident", inc["id"])
 
 
 if __name__ == "__main__":
