@@ -66,7 +66,7 @@ def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path
     spool = tmp_path / "spool"
     spool.mkdir()
     incidents = Incidents(idx, spool, SpoolPerms(None), "n1", WatchConfig(), None)
-    det = SampleStragglers(idx, incidents.open)
+    det = SampleStragglers(idx, incidents.open, incidents.clear_ranks)
     assert det.processed("sample-synthetic-101") == [] and incidents.rows() == []
     [opened] = det.processed("sample-synthetic-201")
     [row] = incidents.rows()
@@ -83,6 +83,18 @@ def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path
     }
     assert det.processed("no-such-session") == []
 
+    # A later sample that names rank 2 again keeps its incident open; a clean one resolves
+    # it at once (the condition cleared), and a later straggler opens a new incident.
+    again = synthetic_session(4, steps=4, straggler=2, session="sample-synthetic-301")
+    clean = synthetic_session(4, steps=4, session="sample-synthetic-401", seed=7)
+    store(idx, again, LABEL, 3.0)
+    store(idx, clean, LABEL, 4.0)
+    assert det.processed("sample-synthetic-301") == []
+    assert [r["state"] for r in incidents.rows()] == ["open"]
+    assert det.processed("sample-synthetic-401") == []
+    [row] = incidents.rows()
+    assert row["state"] == "resolved" and row["resolved_at"] is not None
+
 
 def test_ranks_are_compared_within_their_role() -> None:
     s = synthetic_session(6, steps=6, straggler=4)
@@ -91,7 +103,12 @@ def test_ranks_are_compared_within_their_role() -> None:
     for t in s["targets"][:3]:
         t["role"] = "rollout"
     found = straggler_findings(s)
-    assert [(role, [x.rank for x in sus]) for role, sus, _, _ in found] == [("trainer", [4])]
+    # Every role is judged: one that names nobody is reported clean (its open stragglers
+    # resolve).
+    assert [(role, [x.rank for x in sus]) for role, sus, _, _ in found] == [
+        ("rollout", []),
+        ("trainer", [4]),
+    ]
 
 
 def test_the_comparison_names_what_the_suspect_spends_more_than_its_peer(tmp_path: Path) -> None:

@@ -155,6 +155,7 @@ class Daemon:
             self.index,
             open_incident=self._sample_incident,
             referenced=self.incidents.referenced_sessions,
+            clear_incident=self.incidents.clear_ranks,
         )
         self.intake = Intake(
             self.sessions,
@@ -498,8 +499,8 @@ class Daemon:
         step: int | None,
         evidence: dict[str, Any],
     ) -> Incident | None:
-        # A straggler is named only when a sample ends: it stays open for the cooldown
-        # unless a later sample names it again.
+        # A straggler is named only when a sample ends: it stays open until a later sample
+        # of its role names it no more (Incidents.clear_ranks), or for the cooldown.
         return self.incidents.open(
             kind, job, role, suspects, step, evidence, keep_for=self.cfg.watch.cooldown
         )

@@ -41,6 +41,9 @@ OpenIncident = Callable[
 ]
 #: Which of these session ids an incident refers to (their files are kept).
 Referenced = Callable[[Sequence[str]], set[str]]
+#: (kind, job, role, ranks still named): resolves the role's open incidents of that kind
+#: none of whose suspects is still named.
+ClearIncident = Callable[[str, str, str, set[int]], list[Incident]]
 
 
 class SampleArming:
@@ -106,13 +109,17 @@ def role_reports(session: Mapping[str, Any]) -> list[Report]:
 def straggler_findings(
     session: Mapping[str, Any],
 ) -> list[tuple[str, list[Suspect], int | None, dict[str, Any]]]:
-    """``(role, suspects, step, evidence)`` for each role of a processed session whose
-    per-rank statistics name stragglers (the report's rule)."""
-    out = []
+    """``(role, suspects, step, evidence)`` for each role of a processed session, suspects
+    the stragglers its per-rank statistics name (the report's rule), none for a clean role
+    (evidence then empty)."""
+    out: list[tuple[str, list[Suspect], int | None, dict[str, Any]]] = []
     for rep in role_reports(session):
-        if not rep.stragglers:
+        if not rep.ranks:
             continue
         role = rep.ranks[0].role
+        if not rep.stragglers:
+            out.append((role, [], None, {}))
+            continue
         suspects = [
             Suspect(rep.ranks[s.index].host, rep.ranks[s.index].role, rep.ranks[s.index].rank)
             for s in rep.stragglers
@@ -135,17 +142,25 @@ def straggler_findings(
 class SampleStragglers:
     """The ``straggler`` detector: the report's rule over every processed sample."""
 
-    def __init__(self, index: Index, open_incident: OpenIncident) -> None:
+    def __init__(
+        self, index: Index, open_incident: OpenIncident, clear_incident: ClearIncident
+    ) -> None:
         self.index = index
         self.open_incident = open_incident
+        self.clear_incident = clear_incident
 
     def processed(self, session_id: str) -> list[Incident]:
-        """A sample session ended: the incidents its statistics open."""
+        """A sample session ended: the incidents its statistics open; the open straggler
+        incidents of each of its roles whose ranks it no longer names are resolved (a clean
+        sample is the condition clearing)."""
         s = self.index.session(session_id)
         if s is None or s["id"] != session_id:
             return []
         opened = []
         for role, suspects, step, evidence in straggler_findings(s):
+            self.clear_incident("straggler", s["job"], role, {x.rank for x in suspects})
+            if not suspects:
+                continue
             i = self.open_incident("straggler", s["job"], role, suspects, step, evidence)
             if i is not None:
                 opened.append(i)
@@ -220,9 +235,10 @@ class Samples:
         index: Index,
         open_incident: OpenIncident,
         referenced: Referenced,
+        clear_incident: ClearIncident,
     ) -> None:
         self.arming = SampleArming(rules, registry, sessions, starter)
-        self.stragglers = SampleStragglers(index, open_incident)
+        self.stragglers = SampleStragglers(index, open_incident, clear_incident)
         self.aging = SampleAging(index, rules.keep_samples, referenced)
 
     def set_rules(self, rules: SampleRules) -> None:

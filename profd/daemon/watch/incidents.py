@@ -174,6 +174,24 @@ class Incidents:
         if inc is not None and inc.state == OPEN:
             self._resolve(inc, self._clock())
 
+    def clear_ranks(self, kind: str, job: str, role: str, named: set[int]) -> list[Incident]:
+        """A rule that judges now and then (a sample) judged ``role`` of ``job`` again and
+        named only ``named``: its open incidents of ``kind`` there none of whose suspects is
+        named any more are resolved now, not after their hold."""
+        now = self._clock()
+        cleared = []
+        for inc in list(self.held.values()):
+            if (
+                inc.state == OPEN
+                and inc.kind == kind
+                and inc.job == job
+                and inc.role == role
+                and not any(s.rank in named for s in inc.suspects)
+            ):
+                self._resolve(inc, now)
+                cleared.append(inc)
+        return cleared
+
     def _arm_capture(self, inc: Incident, now: float) -> None:
         if self.capture is None or not self.cfg.capture or inc.kind in NO_CAPTURE:
             return
