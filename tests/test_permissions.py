@@ -29,7 +29,7 @@ PYTHON = str(BIN / "python")
 JOB = r"""
 import sys, time, profd_client
 profd_client.attach(job=sys.argv[1], step="manual", heartbeat=0.2)
-for _ in range(1200):
+for _ in range(100000):  # killed by the test: never ends before its capture
     profd_client.step()
     time.sleep(0.05)
 """

@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from profd.states import TERMINAL
+
 BIN = Path(sys.executable).parent
 JOB = Path(__file__).with_name("train_job.py")
 
@@ -195,7 +197,7 @@ def watch(env: dict[str, str], daemon: subprocess.Popen[bytes], config: Path, sl
     ctl(env, "incidents")
 
     def compared(doc: dict[str, Any]) -> dict[str, Any] | None:
-        ended = doc.get("session_state") in ("done", "partial", "failed", "cancelled")
+        ended = doc.get("session_state") in TERMINAL
         return doc if doc.get("comparison") or (ended and doc.get("session")) else None
 
     wait_json(env, "its automatic capture, processed", ["incident", inc["id"]], compared)

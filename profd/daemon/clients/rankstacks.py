@@ -41,10 +41,47 @@ class RankStacks:
     ) -> None:
         """Every client's rank row (``stackgroups``), in the order of ``clients``; py-spy
         adds native frames when ``native``; agent threads have ``answer_s`` seconds to
-        answer (default: ``AgentStacks``')."""
+        answer (default: ``AgentStacks``').
+
+        Flight recorders are asked for first, beside py-spy's reads, not after them: a read
+        that pauses a process past three heartbeats makes its agent reconnect, and a
+        question sent meanwhile to its old routing id is lost."""
+        flights: dict[int, dict[str, Any]] = {}
+        read: list[Rows] = []
+        left = [1]
+
+        def one_done() -> None:
+            left[0] -= 1
+            if left[0] == 0:
+                rows = read[0]
+                for i, got in flights.items():
+                    rows[i].update(got)
+                done(rows)
+
+        def flight_of(i: int) -> Callable[..., None]:
+            def got(answer: dict[str, Any] | None, why: str | None) -> None:
+                if answer is None:
+                    flights[i] = {"flight_error": f"no flight recorder: {why}"}
+                else:
+                    flights[i] = {k: answer[k] for k in ("flight", "flight_error") if k in answer}
+                one_done()
+
+            return got
+
+        agent = self.agent
+        if agent is not None:
+            for i, c in enumerate(clients):
+                if c.flight:
+                    left[0] += 1
+                    agent.ask(c, flight_of(i), stacks=False, flight=True, timeout=answer_s)
+
+        def stacks_read(rows: Rows) -> None:
+            read.append(rows)
+            one_done()
+
         self.reader.read(
             [target(c) for c in clients],
-            lambda rows: self._fallback(clients, rows, done, answer_s),
+            lambda rows: self._fallback(clients, rows, stacks_read, answer_s),
             native,
         )
 
@@ -56,7 +93,7 @@ class RankStacks:
         answer_s: float | None,
     ) -> None:
         """Ranks py-spy could not read are asked for their own stacks (their agent thread),
-        unless they are gone; ranks whose flight recorder is on, for its summary."""
+        unless they are gone."""
         agent = self.agent
         ask = []
         for row, was in zip(rows, clients, strict=True):
@@ -65,37 +102,29 @@ class RankStacks:
             c = self.registry.lookup(was.key)
             if c is None:
                 continue
-            stacks = row["source"] is None and not str(row.get("error", "")).startswith(
+            if row["source"] is None and not str(row.get("error", "")).startswith(
                 "the process exited"
-            )
-            if stacks or c.flight:
-                ask.append((row, c, stacks))
+            ):
+                ask.append((row, c))
         if agent is None or not ask:
             done(rows)
             return
         left = [len(ask)]
 
-        def answered(row: dict[str, Any], c: Client, stacks: bool) -> Callable[..., None]:
+        def answered(row: dict[str, Any], c: Client) -> Callable[..., None]:
             def got(answer: dict[str, Any] | None, why: str | None) -> None:
                 if answer is None:
-                    if stacks:
-                        row["error"] = f"{row['error']}; {why}"
-                    if c.flight:
-                        row["flight_error"] = f"no flight recorder: {why}"
+                    row["error"] = f"{row['error']}; {why}"
                 else:
-                    if stacks:
-                        threads = answer["threads"]
-                        stackgroups.mark_training(threads, c.training_tid)
-                        row["source"], row["threads"] = "agent", threads
-                        row["error"] = f"read by its agent thread ({row['error']})"
-                    for k in ("flight", "flight_error"):
-                        if k in answer:
-                            row[k] = answer[k]
+                    threads = answer["threads"]
+                    stackgroups.mark_training(threads, c.training_tid)
+                    row["source"], row["threads"] = "agent", threads
+                    row["error"] = f"read by its agent thread ({row['error']})"
                 left[0] -= 1
                 if left[0] == 0:
                     done(rows)
 
             return got
 
-        for row, c, stacks in ask:
-            agent.ask(c, answered(row, c, stacks), stacks=stacks, flight=c.flight, timeout=answer_s)
+        for row, c in ask:
+            agent.ask(c, answered(row, c), timeout=answer_s)

@@ -42,7 +42,7 @@ log = logging.getLogger("profd.stacks")
 READ_TIMEOUT_S = 4.0
 #: Seconds a native read (``--native``) may take before the Python stacks are read alone:
 #: it pauses the process all along, and a process paused past three heartbeats reconnects.
-NATIVE_TIMEOUT_S = 2.0
+NATIVE_TIMEOUT_S = 1.0
 #: Processes read at once.
 WORKERS = 16
 #: A request's whole budget: processes not started by then are reported as not read, so a
