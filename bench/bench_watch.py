@@ -7,6 +7,15 @@ all of them: the most work), and 128 jobs of 8 ranks. Reported per tick: the det
 alone, and what feeding the heartbeats cost in the same ticks (the ledger's own side, for
 scale), both as CPU time of the thread. Nothing fires (steady steps), so no incident is
 written.
+
+Then detection, in simulated time through the same real objects (``Ledgers``, ``Detectors``,
+``Incidents`` on a temporary index, default ``[watch]``): 1,024 ranks sending 1 Hz
+heartbeats of 10 steps of 100 ms ± 10 % (uniform jitter per step):
+- false alarms: 10,000 steady steps of 1,024 independent workers and of a 1,024-rank
+  lockstep job (target: 0 incidents);
+- latency: a lockstep job 20 % slower on every rank after 11 minutes (its baseline full),
+  and one worker of 1,024 25 % slower after 2 minutes: seconds from the change to the
+  incident (target <= 60 s), and which ranks it names.
 """
 
 from __future__ import annotations
@@ -95,6 +104,88 @@ def run(n: int, per_job: int, ticks: int, tmp: Path) -> dict[str, list[float]]:
     return {"feed_s": feed, "tick_s": tick}
 
 
+STEP_S = 0.1
+STEPS_PER_HB = 10
+
+
+def _steps(base: float, rng: random.Random) -> list[float]:
+    return [base * rng.uniform(0.9, 1.1) for _ in range(STEPS_PER_HB)]
+
+
+def _ledger(at: int, times: list[float]) -> dict[str, Any]:
+    """A heartbeat's ledger for these step times, as the client summarises them."""
+    ts = sorted(times)
+    b = [0] * (len(STEP_BUCKETS) + 1)
+    for t in ts:
+        b[next((i for i, edge in enumerate(STEP_BUCKETS) if t <= edge), len(STEP_BUCKETS))] += 1
+    q = [ts[len(ts) // 2], ts[int(len(ts) * 0.9)], ts[-1], ts[-1]]
+    return {"at": at, "n": len(ts), "sum": sum(ts), "q": q, "b": b, "r": [], "epoch": 1}
+
+
+def detect(
+    n: int, lockstep: bool, ticks: int, change_at: int | None, slower: float, who: int | None,
+    tmp: Path,
+) -> dict[str, Any]:  # fmt: skip
+    """One simulated run: ``ticks`` heartbeats of every rank; from tick ``change_at`` the
+    rank ``who`` (every rank when None) steps ``slower`` times longer. The incidents it
+    gave and when."""
+    per_job = n
+    cs = clients(n, per_job)
+    clock = [1_800_000_000.0]
+    ledgers = Ledgers(clock=lambda: clock[0])
+    cfg = WatchConfig()
+    run_dir = Path(tempfile.mkdtemp(dir=tmp))
+    spool = run_dir / "spool"
+    spool.mkdir()
+    index = Index(run_dir / "index.db")
+    incidents = Incidents(index, spool, SpoolPerms(None), "n", cfg, None, clock=lambda: clock[0])
+    det = Detectors(ledgers, cs, incidents, cfg.rules())
+    rng = random.Random(n * 7 + (change_at or 0))
+    mono = 1000.0
+    step = 0
+    first: dict[str, float] = {}
+    for i in range(ticks):
+        mono += 1.0
+        clock[0] += 1.0
+        step += STEPS_PER_HB
+        changed = change_at is not None and i >= change_at
+        shared = _steps(STEP_S, rng) if lockstep else None
+        for c in cs:
+            times = shared if shared is not None else _steps(STEP_S, rng)
+            if changed and (who is None or c.rank == who):
+                times = [t * slower for t in times]
+            c.step = step
+            ledgers.heartbeat(c, step, _ledger(step, times), mono)
+        det.tick(mono)
+        incidents.tick()
+        for row in incidents.rows():
+            first.setdefault(row["id"], float(i))
+    rows = incidents.rows()
+    index.close()
+    return {
+        "incidents": [
+            {
+                "kind": r["kind"],
+                "ranks": [s["rank"] for s in r["suspects"]],
+                "after_change_s": None if change_at is None else first[r["id"]] - change_at,
+            }
+            for r in rows
+        ],
+        "steps": ticks * STEPS_PER_HB,
+    }
+
+
+def detection(n: int, quick: bool, tmp: Path) -> dict[str, Any]:
+    steady_ticks = 50 if quick else 10_000 // STEPS_PER_HB
+    baseline_ticks = 80 if quick else 660  # a full 10-minute baseline and a window
+    return {
+        "steady_workers": detect(n, False, steady_ticks, None, 1.0, None, tmp),
+        "steady_lockstep": detect(n, True, steady_ticks, None, 1.0, None, tmp),
+        "regression_20pct": detect(n, True, baseline_ticks + 120, baseline_ticks, 1.2, None, tmp),
+        "slow_rank_25pct": detect(n, False, 120 + 120, 120, 1.25, 7 % n, tmp),
+    }
+
+
 def main() -> int:
     args = B.parser(__doc__).parse_args()
     started = time.monotonic()
@@ -103,6 +194,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as d:
         one = run(n, n, ticks, Path(d))
         many = run(n, 8, ticks, Path(d))
+        found = detection(n, args.quick, Path(d))
     rows = []
     for what, r in ((f"1 job of {n} workers", one), (f"{n // 8} jobs of 8 ranks", many)):
         rows.append(
@@ -116,6 +208,30 @@ def main() -> int:
                 spread=f"p99 {B.pct(r['tick_s'], 99) * 1e3:.2f}",
             )
         )
+    for name, what in (("steady_workers", "independent workers"), ("steady_lockstep", "lockstep")):
+        r = found[name]
+        rows.append(
+            B.row(
+                f"incidents over {r['steps']:,} steady steps, {n} {what} (±10 % jitter)",
+                "0",
+                float(len(r["incidents"])),
+                "incidents",
+            )
+        )
+    for name, what in (
+        ("regression_20pct", "a 20 % regression"),
+        ("slow_rank_25pct", "one rank 25 % slower"),
+    ):
+        hits = [x for x in found[name]["incidents"] if x["after_change_s"] is not None]
+        rows.append(
+            B.row(
+                f"{what} at {n} ranks: seconds to its incident",
+                "<= 60 s",
+                min(x["after_change_s"] for x in hits) if hits else None,
+                "s",
+                spread=f"incidents {found[name]['incidents']}",
+            )
+        )
     B.write_result(
         "watch",
         args.out,
@@ -127,6 +243,7 @@ def main() -> int:
             "one_job_feed_s": B.summary(one["feed_s"], 5),
             "jobs_of_8_tick_s": B.summary(many["tick_s"], 5),
             "jobs_of_8_feed_s": B.summary(many["feed_s"], 5),
+            "detection": found,
         },
         started,
     )

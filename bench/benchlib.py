@@ -240,11 +240,13 @@ class Daemon(DaemonProcess):
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="profd-bench-")))
     heartbeat: float = 1.0
     ctl_timeout: float = 120.0
+    #: More TOML tables for its config (``[watch]``).
+    tables: str = ""
     _conn: Any = None
 
     def start(self) -> Daemon:
         self.config = self.root / "profd.toml"
-        self.config.write_text(f"[daemon]\nheartbeat_interval = {self.heartbeat}\n")
+        self.config.write_text(f"[daemon]\nheartbeat_interval = {self.heartbeat}\n{self.tables}")
         self.launch()
         try:
             wait_for(

@@ -27,11 +27,12 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 NAMES = (
     "idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "metrics", "stacks",
+    "watch", "sampling",
 )  # fmt: skip
 # Two lanes side by side, of about equal length: bench_trigger (its torchrun job and sessions
 # mostly wait) is the longest by far, so the two shortest run after it.
 LANES = (
-    ("trigger", "index", "s3", "report"),
+    ("trigger", "index", "s3", "report", "watch", "sampling"),
     ("idle", "daemon", "stall", "cluster", "metrics", "stacks"),
 )
 RESULT_KEYS = {"name", "quick", "date", "machine", "params", "rows", "details", "wall_s"}
@@ -252,7 +253,27 @@ def check_stacks(res: dict[str, Any]) -> None:
     assert 0 <= d["stuck_node"] < p["nodes"]
 
 
+def check_watch(res: dict[str, Any]) -> None:
+    d, p = res["details"], res["params"]
+    assert len(res["rows"]) == 6, metrics(res)
+    assert d["one_job_tick_s"]["n"] == d["jobs_of_8_tick_s"]["n"] == p["ticks"]
+    found = d["detection"]
+    # Steady jittery ranks fire nothing; the slowed worker is named alone (even at the
+    # smoke's sizes: its hold and window are the defaults').
+    assert found["steady_workers"]["incidents"] == found["steady_lockstep"]["incidents"] == []
+    assert [x["ranks"] for x in found["slow_rank_25pct"]["incidents"]] == [[7]]
+
+
+def check_sampling(res: dict[str, Any]) -> None:
+    d, p = res["details"], res["params"]
+    assert len(res["rows"]) == 2, metrics(res)
+    assert len(d["sps_on"]) == len(d["sps_off"]) == len(d["samples_per_run"]) == p["runs_each"]
+    assert all(x > 0 for x in d["sps_on"] + d["sps_off"])
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "sampling": check_sampling,
+    "watch": check_watch,
     "stacks": check_stacks,
     "cluster": check_cluster,
     "report": check_report,
