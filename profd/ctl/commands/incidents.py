@@ -127,8 +127,11 @@ def text(d: dict[str, Any]) -> str:
     if d["kind"] == "hang":
         lines += _hang_lines(d)
     else:
+        ev = d["evidence"]
+        if ev.get("why"):  # the rule's own sentence (a straggler's), on a line of its own
+            lines.append(f"why       {ev['why']}")
         lines.append(
-            "evidence  " + ", ".join(f"{k} {_num(v)}" for k, v in sorted(d["evidence"].items()))
+            "evidence  " + ", ".join(f"{k} {_num(v)}" for k, v in sorted(ev.items()) if k != "why")
         )
     if d.get("resolved_at") is not None:
         lines.append(f"resolved  {ago(d['resolved_at'])}")
