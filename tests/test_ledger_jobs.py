@@ -98,7 +98,11 @@ def check_against_the_job(run: Run, job: str, rows: list[dict[str, Any]]) -> Non
     for r in rows:
         want = own[r["rank"]]
         assert abs(r["step_ms_p50"] - want) <= 0.2 * want, (job, r, own)
-        assert r["step_ms_p99"] >= r["step_ms_p50"], r
+        if r["source"] == "index":
+            # The index keeps a minute's p50 and p90, not its p99: top leaves it empty.
+            assert r["step_ms_p99"] is None, r
+        else:
+            assert r["step_ms_p99"] >= r["step_ms_p50"], r
         assert r["host"] and r["role"] == ("worker" if job == "workers" else "main"), r
 
 

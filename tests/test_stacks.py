@@ -376,10 +376,15 @@ def test_a_rank_holding_the_gil_is_read_by_pyspy_alone_and_without_it_does_not_a
 
     def in_the_regex() -> dict[str, Any] | None:
         doc = _stacks(spy, "--job", "gil")
-        ts = _training(_rank(doc, 1)) if len(doc["ranks"]) == 2 else []
-        return doc if ts and "stuck_in_data_loading" in _functions(ts[0]["frames"]) else None
+        if len(doc["ranks"]) != 2:
+            return None
+        one, zero = _training(_rank(doc, 1)), _training(_rank(doc, 0))
+        # Rank 0 may still be in its own step's load_batch when rank 1 enters the regex.
+        there = one and "stuck_in_data_loading" in _functions(one[0]["frames"])
+        waits = zero and "backward" in _functions(zero[0]["frames"])
+        return doc if there and waits else None
 
-    doc = wait_for(in_the_regex, WAIT, "rank 1 in the regex, read by py-spy")
+    doc = wait_for(in_the_regex, WAIT, "rank 1 in the regex and rank 0 waiting for it")
     one = _rank(doc, 1)
     assert one["source"] == "py-spy" and "error" not in one, one
     (t,) = _training(one)

@@ -8,7 +8,8 @@ its case comes; then the test switches what it does through its mode file, captu
 * one rank computes (``aten::mm``) 25 % of the step the same job takes without it more than
   the others, every rank's work jittering ±10 %: the report names exactly that rank;
 * the same jitter and nobody slower: the report names nobody;
-* the issue's job, 2 ranks, rank 1 asleep 8 ms of a ~20 ms step after ``backward()``: named.
+* the issue's job, 2 ranks, rank 1 asleep 8 ms of a ~20 ms step after ``backward()``: named
+  (over 40 steps: its lead is fixed while load doubles the step and its noise).
 
 Every case repeats ``ROUNDS`` times (env ``STRAGGLER_JOB_ROUNDS``, default 1) on fresh
 captures, as the rule must hold on each one, not on the average. On a loaded 2-core machine
@@ -44,6 +45,7 @@ class Case:
     mode: str  # the job's mode file; ``{extra_ms}``: 25 % of the even job's step
     expect: tuple[int, ...]  # the stragglers the report must name
     why: str = ""  # in the straggler's reason: what its extra time is
+    active: int = ACTIVE  # steps captured
 
 
 def slowed(ranks: int, slow: int) -> Case:
@@ -56,7 +58,15 @@ CASES = [
     Case("2-ranks-even", 2, EVEN, ()),
     slowed(2, 1),
     Case(
-        "2-ranks-issue-sleep-8-of-20ms", 2, "base_ms=12 slow=1 extra_ms=8 extra=sleep", (1,), "idle"
+        "2-ranks-issue-sleep-8-of-20ms",
+        2,
+        "base_ms=12 slow=1 extra_ms=8 extra=sleep",
+        (1,),
+        "idle",
+        # Its lead is a fixed 8 ms, not a share of the step: on a loaded machine the step
+        # doubles and its noise with it, and 20 steps once left the lead just under the
+        # noise floor (8.4 against 8.8 ms). The floor falls with the square root of the steps.
+        active=40,
     ),
     Case("3-ranks-even", 3, EVEN, ()),
     slowed(3, 0),
@@ -101,7 +111,7 @@ def capture_and_report(run: Run, case: Case, k: int) -> dict[str, Any]:
     mode.write_text(case.mode.format(extra_ms=f"{0.25 * even:.1f}"))
     steps_on(d, case.ranks, 3)  # every rank has read the new mode
     res = d.ctl_json(
-        "start", "--job", job_name(case.ranks), "--next", "--active", str(ACTIVE),
+        "start", "--job", job_name(case.ranks), "--next", "--active", str(case.active),
         "--wait", "--timeout", str(WAIT), timeout=WAIT + 30,
     )  # fmt: skip
     mode.write_text(REST)
@@ -154,7 +164,7 @@ def table(doc: dict[str, Any]) -> str:
 def test_the_report_names_exactly_the_slowed_rank(run: Run, case: Case) -> None:
     for doc in run.docs[case.name]:
         assert sorted(x["rank"] for x in doc["ranks"]) == list(range(case.ranks))
-        assert len(doc["steps"]) >= ACTIVE - 2, table(doc)
+        assert len(doc["steps"]) >= case.active - 2, table(doc)
         named = tuple(s["rank"] for s in doc["stragglers"])
         assert named == case.expect, table(doc)
         if case.expect:
