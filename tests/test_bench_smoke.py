@@ -273,8 +273,9 @@ def check_watch(res: dict[str, Any]) -> None:
 
 def check_sampling(res: dict[str, Any]) -> None:
     d, p = res["details"], res["params"]
-    assert len(res["rows"]) == 2, metrics(res)
+    assert len(res["rows"]) == 3, metrics(res)
     assert len(d["sps_on"]) == len(d["sps_off"]) == len(d["samples_per_run"]) == p["runs_each"]
+    assert len(d["steps_per_cpu_s_on"]) == len(d["steps_per_cpu_s_off"]) == p["runs_each"]
     assert all(x > 0 for x in d["sps_on"] + d["sps_off"])
     # A/B/B/A: as many runs of each condition, each paired with its neighbour.
     assert sorted(d["order"]) == ["off"] * p["runs_each"] + ["on"] * p["runs_each"]
