@@ -10,6 +10,8 @@ from __future__ import annotations
 import random
 from typing import Any
 
+from profd.store.index import Index
+
 OPS = [f"aten::op{i:02d}" for i in range(30)]
 
 
@@ -127,3 +129,39 @@ def sync_steps(
     out = [([last[k] - w[k] + comm_ms for k in range(steps)], w) for w in work]
     step = sorted(last)[steps // 2] + comm_ms
     return out, step
+
+
+def store_session(
+    idx: Index, s: dict[str, Any], label: str | None, created_at: float, state: str = "done"
+) -> None:
+    """Keep a synthetic session (with its targets' statistics) in a real index, as the
+    daemon does once a session is processed."""
+    with idx.transaction():
+        idx.save_session(
+            {
+                "id": s["id"],
+                "job": s["job"],
+                "state": state,
+                "backend": "torch",
+                "label": label,
+                "region": None,
+                "request": {"job": s["job"], "label": label},
+                "cycles": [[99, 100, 100 + len(s["targets"][0]["results"][0]["steps"])]],
+                "plan": 0,
+                "error": None,
+                "created_at": created_at,
+                "updated_at": created_at,
+            }
+        )
+        for t in s["targets"]:
+            idx.save_target(
+                {
+                    **t,
+                    "session": s["id"],
+                    "job": s["job"],
+                    "error": None,
+                    "traces": 1,
+                    "final": "done",
+                    "updated_at": created_at,
+                }
+            )

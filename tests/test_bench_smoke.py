@@ -255,20 +255,32 @@ def check_stacks(res: dict[str, Any]) -> None:
 
 def check_watch(res: dict[str, Any]) -> None:
     d, p = res["details"], res["params"]
-    assert len(res["rows"]) == 6, metrics(res)
-    assert d["one_job_tick_s"]["n"] == d["jobs_of_8_tick_s"]["n"] == p["ticks"]
+    assert len(res["rows"]) == 10, metrics(res)
+    for shape in ("one_job", "jobs_of_8"):
+        for k in ("tick_s", "loop_with_s", "loop_without_s"):
+            assert d[f"{shape}_{k}"]["n"] == p["ticks"], (shape, k)
     found = d["detection"]
     # Steady jittery ranks fire nothing; the slowed worker is named alone (even at the
     # smoke's sizes: its hold and window are the defaults').
     assert found["steady_workers"]["incidents"] == found["steady_lockstep"]["incidents"] == []
     assert [x["ranks"] for x in found["slow_rank_25pct"]["incidents"]] == [[7]]
+    assert [x["kind"] for x in found["regression_20pct"]["incidents"]] == ["regression"]
+    # The straggler rule over samples, at 2 ranks and at the bench's size.
+    assert [x["ranks"] for x in d["straggler_samples"]] == [2, p["ranks"]]
+    for x in d["straggler_samples"]:
+        assert x["named_on_sample"] is not None and x["named"] == [x["straggler"]], x
 
 
 def check_sampling(res: dict[str, Any]) -> None:
     d, p = res["details"], res["params"]
-    assert len(res["rows"]) == 2, metrics(res)
+    assert len(res["rows"]) == 3, metrics(res)
     assert len(d["sps_on"]) == len(d["sps_off"]) == len(d["samples_per_run"]) == p["runs_each"]
+    assert len(d["steps_per_cpu_s_on"]) == len(d["steps_per_cpu_s_off"]) == p["runs_each"]
     assert all(x > 0 for x in d["sps_on"] + d["sps_off"])
+    # A/B/B/A: as many runs of each condition, each paired with its neighbour.
+    assert sorted(d["order"]) == ["off"] * p["runs_each"] + ["on"] * p["runs_each"]
+    assert d["order"][:4] == ["off", "on", "on", "off"]
+    assert len(d["paired_ratios"]) == p["runs_each"]
 
 
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from stats_synth import OPS, synthetic_session
+from stats_synth import store_session as store
 
 from profd.config import WatchConfig
 from profd.daemon.sessions.samples import SampleAging, SampleStragglers, straggler_findings
@@ -20,40 +21,6 @@ from profd.report.renderers import renderers
 from profd.store.index import Index
 from profd.watch.incident import Incident, Suspect
 from profd.watch.sampling import LABEL
-
-
-def store(
-    idx: Index, s: dict[str, Any], label: str | None, created_at: float, state: str = "done"
-) -> None:
-    with idx.transaction():
-        idx.save_session(
-            {
-                "id": s["id"],
-                "job": s["job"],
-                "state": state,
-                "backend": "torch",
-                "label": label,
-                "region": None,
-                "request": {"job": s["job"], "label": label},
-                "cycles": [[99, 100, 100 + len(s["targets"][0]["results"][0]["steps"])]],
-                "plan": 0,
-                "error": None,
-                "created_at": created_at,
-                "updated_at": created_at,
-            }
-        )
-        for t in s["targets"]:
-            idx.save_target(
-                {
-                    **t,
-                    "session": s["id"],
-                    "job": s["job"],
-                    "error": None,
-                    "traces": 1,
-                    "final": "done",
-                    "updated_at": created_at,
-                }
-            )
 
 
 def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path) -> None:
