@@ -46,7 +46,10 @@ def test_two_processes_claiming_one_rank_keep_both_traces(daemon: Daemon, tmp_pa
             f"2 processes claim main rank 0 (pids {a}, {b}):"
             f" their files are main-r0-p{a}, main-r0-p{b}"
         )
-        r = daemon.ctl("start", "--job", "dup", "--next", "--json")
+        # Two independent processes: --next cannot move one once the other began, so a late
+        # arm on a loaded machine would fail it. A step 5 s ahead of both (50 ms steps).
+        at = max(r["step"] for r in daemon.ps() if r["job"] == "dup") + 100
+        r = daemon.ctl("start", "--job", "dup", "--at-step", str(at), "--json")
         assert r.returncode == 0, r.stderr
         assert r.stderr == f"profctl: warning: job dup: {note}\n"
         res = json.loads(r.stdout)

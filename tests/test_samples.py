@@ -102,12 +102,19 @@ def test_the_first_sample_after_a_rank_slows_names_it_and_none_before(
 
     first = wait_for(first_after, WAIT, f"a sample from step {slow_from}")
     assert first["state"] == "done", first
+    # The slowdown begins somewhere between ``before`` and ``slow_from``: a sample that
+    # overlaps that span may name rank 1 already, and then the first sample wholly after it
+    # adds no second incident (one open incident per kind, job and rank). Either way one
+    # incident, named by the first sample whose steps reach past ``before``, or by ``first``.
     incidents = straggler_incidents(d)
-    named = incidents.get(first["id"])
-    assert named is not None and [re.sub(r"@.*", "", x) for x in named] == ["main:r1"], (
-        first["id"],
-        incidents,
-    )
+    overlapping = [
+        s["id"]
+        for s in ended(d, "paced2")
+        if s["cycles"][0][2] > before and s["cycles"][0][0] <= first["cycles"][0][0]
+    ]
+    assert len(incidents) == 1 and next(iter(incidents)) in overlapping, (overlapping, incidents)
+    (named,) = incidents.values()
+    assert [re.sub(r"@.*", "", x) for x in named] == ["main:r1"], incidents
     # Samples that ended before the slowdown began named nobody.
     calm_ids = [s["id"] for s in ended(d, "paced2") if s["cycles"][0][2] <= before]
     assert len(calm_ids) >= 3 and not set(calm_ids) & set(incidents), (calm_ids, incidents)
