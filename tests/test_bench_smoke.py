@@ -35,6 +35,9 @@ LANES = (
     ("trigger", "index", "s3", "report", "watch", "sampling"),
     ("idle", "daemon", "stall", "cluster", "metrics", "stacks"),
 )
+#: One worker runs the lanes (``--dist loadgroup``): each worker given a test of this file
+#: would otherwise start every benchmark again.
+pytestmark = pytest.mark.xdist_group("bench_smoke")
 RESULT_KEYS = {"name", "quick", "date", "machine", "params", "rows", "details", "wall_s"}
 ROW_KEYS = {
     "metric",

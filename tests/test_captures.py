@@ -137,6 +137,11 @@ def open_gate_when_armed(d: Daemon, gate: Path, *sids: str) -> None:
 
 
 # --- a running job shared by the tests that only need "some job taking steps" ----------------
+#: The tests on :func:`shared` run on one xdist worker (``--dist loadgroup``): otherwise each
+#: worker would start its own daemon and DDP job for them.
+ON_SHARED = pytest.mark.xdist_group("captures_shared")
+
+
 @pytest.fixture(scope="module")
 def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, str]]:
     root = tmp_path_factory.mktemp("captures-shared")
@@ -214,6 +219,7 @@ def test_ranks_and_steps_make_one_hta_readable_trace(
     assert list(analyzer.t.traces) == [1]
 
 
+@ON_SHARED
 def test_next_on_both_ranks_captures_the_same_steps(shared: tuple[Daemon, str]) -> None:
     d, _ = shared
     res = start_and_wait(d, "--next", "--active", "2")
@@ -225,6 +231,7 @@ def test_next_on_both_ranks_captures_the_same_steps(shared: tuple[Daemon, str]) 
     assert m0 == m1 == res["steps"]
 
 
+@ON_SHARED
 def test_repeat_makes_one_cycle_dir_per_cycle(shared: tuple[Daemon, str]) -> None:
     d, job = shared
     res = start_and_wait(d, "--next", "--repeat", "2", "--ranks", "0")
@@ -237,6 +244,7 @@ def test_repeat_makes_one_cycle_dir_per_cycle(shared: tuple[Daemon, str]) -> Non
     assert sorted(r["cycle"] for r in rows) == [0, 1]
 
 
+@ON_SHARED
 def test_region_scoped_session_traces_each_region_entry(shared: tuple[Daemon, str]) -> None:
     d, job = shared
     res = start_and_wait(d, "--next", "--active", "2", "--region", "forward", "--ranks", "0")
@@ -251,6 +259,7 @@ def test_region_scoped_session_traces_each_region_entry(shared: tuple[Daemon, st
         assert step_markers(trace) == [res["steps"][cycle]]
 
 
+@ON_SHARED
 def test_queued_session_runs_after_the_busy_one(shared: tuple[Daemon, str]) -> None:
     d, _ = shared
     first = start(d, "--next", "--active", "20")
@@ -266,6 +275,7 @@ def test_queued_session_runs_after_the_busy_one(shared: tuple[Daemon, str]) -> N
             assert step_markers(Path(r["path"])) == s["steps"]
 
 
+@ON_SHARED
 def test_stop_keeps_a_shorter_trace_and_cancel_discards(shared: tuple[Daemon, str]) -> None:
     d, _ = shared
     long = start(d, "--next", "--active", "2000", "--ranks", "0")
@@ -289,6 +299,7 @@ def test_stop_keeps_a_shorter_trace_and_cancel_discards(shared: tuple[Daemon, st
     assert r.returncode != 0 and "already ended" in r.stderr
 
 
+@ON_SHARED
 def test_profile_memory_gets_an_html_memory_report(shared: tuple[Daemon, str]) -> None:
     """Modalities' profiler_memory_*.html, made by the daemon from the trace."""
     d, _ = shared
@@ -303,6 +314,7 @@ def test_profile_memory_gets_an_html_memory_report(shared: tuple[Daemon, str]) -
     assert steps == res["steps"]
 
 
+@ON_SHARED
 def test_traces_filters(shared: tuple[Daemon, str]) -> None:
     d, job = shared
     res = start_and_wait(d, "--next")
@@ -345,6 +357,7 @@ INVALID = [
 ]
 
 
+@ON_SHARED
 def test_invalid_requests_are_refused_and_start_nothing(shared: tuple[Daemon, str]) -> None:
     d, job = shared
     before = session_ids(d)
