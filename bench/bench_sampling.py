@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
@@ -71,6 +72,26 @@ def samples(d: B.Daemon) -> int:
     return sum(1 for s in json.loads(out.stdout) if s.get("label") == "watch:sample")
 
 
+def paired(runs: dict[str, list[float]]) -> list[float]:
+    """Each sampled run over its neighbouring unsampled one (A/B/B/A order)."""
+    return [a / b for a, b in zip(runs["on"], runs["off"], strict=True)]
+
+
+def ratio_row(
+    metric: str, target: str, runs: dict[str, list[float]], baseline_what: str, more: str = ""
+) -> dict[str, Any]:
+    """Sampled over unsampled, by the medians of the runs, with the paired ratios' spread."""
+    ratio = statistics.median(runs["on"]) / statistics.median(runs["off"])
+    pairs = paired(runs)
+    return B.row(
+        metric, target, ratio, "ratio",
+        baseline=statistics.median(runs["off"]), baseline_what=baseline_what,
+        ratio=ratio, met=ratio >= 0.995,
+        spread=f"pairs median {statistics.median(pairs):.3f}, {min(pairs):.3f}-"
+        f"{max(pairs):.3f}{more}",
+    )  # fmt: skip
+
+
 def main() -> int:
     args = B.parser(__doc__).parse_args()
     started = time.monotonic()
@@ -93,10 +114,6 @@ def main() -> int:
                 spc[which].append(cpu)
                 if which == "on":
                     taken.append(samples(d) - before)
-    ratios = [a / b for a, b in zip(sps["on"], sps["off"], strict=True)]
-    ratio = statistics.median(sps["on"]) / statistics.median(sps["off"])
-    cpu_ratios = [a / b for a, b in zip(spc["on"], spc["off"], strict=True)]
-    cpu_ratio = statistics.median(spc["on"]) / statistics.median(spc["off"])
     per_sample = (
         (steps / statistics.median(sps["on"]) - steps / statistics.median(sps["off"]))
         / statistics.median(taken)
@@ -104,29 +121,18 @@ def main() -> int:
         else None
     )
     rows = [
-        B.row(
+        ratio_row(
             f"steps/s with sample_every = {every} (2 steps) / without",
             ">= 0.995",
-            ratio,
-            "ratio",
-            baseline=statistics.median(sps["off"]),
-            baseline_what="steps/s with sampling off",
-            ratio=ratio,
-            met=ratio >= 0.995,
-            spread=f"pairs median {statistics.median(ratios):.3f}, {min(ratios):.3f}-"
-            f"{max(ratios):.3f}; samples per run {taken}",
+            sps,
+            "steps/s with sampling off",
+            f"; samples per run {taken}",
         ),
-        B.row(
+        ratio_row(
             f"steps per CPU second of the training process, sample_every = {every} / without",
             ">= 0.995 (the same target, on CPU time: robust to a loaded machine)",
-            cpu_ratio,
-            "ratio",
-            baseline=statistics.median(spc["off"]),
-            baseline_what="steps per CPU second with sampling off",
-            ratio=cpu_ratio,
-            met=cpu_ratio >= 0.995,
-            spread=f"pairs median {statistics.median(cpu_ratios):.3f}, {min(cpu_ratios):.3f}-"
-            f"{max(cpu_ratios):.3f}",
+            spc,
+            "steps per CPU second with sampling off",
         ),
         B.row(
             "one sample's cost to the training loop (warm-up step, 2 steps, trace written)",
@@ -146,9 +152,9 @@ def main() -> int:
             "sps_off": sps["off"],
             "steps_per_cpu_s_on": spc["on"],
             "steps_per_cpu_s_off": spc["off"],
-            "paired_cpu_ratios": cpu_ratios,
+            "paired_cpu_ratios": paired(spc),
             "order": order_run,
-            "paired_ratios": ratios,
+            "paired_ratios": paired(sps),
             "samples_per_run": taken,
             "pid": os.getpid(),
         },
