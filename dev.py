@@ -250,7 +250,8 @@ def main() -> None:
     if cmd == "demo":
         args = [str(PY), "-m", "profd.demo", *rest]
     else:
-        # loadgroup: a file whose tests share one module-scoped job stays on one worker.
+        # loadgroup: tests marked with one xdist_group (those sharing a module-scoped job)
+        # stay on one worker. pytest 9.2 silently breaks it: pyproject.toml pins it below.
         args = [str(PY), "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", *rest]
     os.execv(args[0], args)
 
