@@ -416,6 +416,7 @@ def render(machine: Mapping[str, str], results: Sequence[Result], when: str, cmd
         if r.seen:
             lines += ["```json", json.dumps(r.seen, indent=1, sort_keys=True, default=str)]
             lines += ["```", ""]
+    lines += TWO_GPUS.splitlines() + [""]
     lines += HOW_TO_RUN.splitlines()
     return "\n".join(lines) + "\n"
 
@@ -423,6 +424,29 @@ def render(machine: Mapping[str, str], results: Sequence[Result], when: str, cmd
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
+
+TWO_GPUS = """## Two GPUs (manual)
+
+The checks run on one GPU, where NCCL runs no collective kernel: at world size 1 (torch 2.11,
+NCCL 2.28.9) the job's all-reduce and all-to-all launched one `Memcpy DtoD (Device -> Device)`
+a step between them, from inside their `nccl:` ranges, and no `ncclDevKernel_*`. The `nccl`
+check accepts that at world size 1 (`distributedInfo.world_size`), and requires the pipeline's
+statistics to count the memcpy as collective time: they tie a GPU activity to the collective
+CPU range whose CUDA call launched it, by kineto's correlation id. It therefore relies on
+kineto writing `args.correlation` on both the CUDA runtime call and the activity, and on torch
+recording the collectives as `nccl:*` / `c10d::*` ranges on the calling thread.
+
+NCCL's kernels, and where ranks part, need 2 GPUs; run by hand on such a machine:
+
+1. `profctl run --job two -- torchrun --standalone --nproc-per-node 2 TRAIN.py` (any DDP job
+   on NCCL), then `profctl start --job two --activities cpu,cuda --steps 20:23 --wait`:
+   `profctl traces --session ID --json` must list `ncclDevKernel_AllReduce_*` among each
+   rank's `stats.collectives`, and `collective_ms` above 0 in every step.
+2. With `TORCH_NCCL_TRACE_BUFFER_SIZE=200`, hold one rank before an all-reduce (a `sleep` on
+   rank 1): `profctl stacks --job two` must say rank 1 never reached the collective that
+   rank 0 entered (tested without a GPU on gloo dumps and on NCCL dumps built from the
+   documented format).
+"""
 
 HOW_TO_RUN = """## How to run
 

@@ -317,6 +317,8 @@ def test_render_lists_the_machine_every_result_and_how_to_run() -> None:
 def test_the_committed_docs_gpu_md_says_how_to_run_it() -> None:
     text = (ROOT / "docs" / "gpu.md").read_text()
     assert G.HOW_TO_RUN.strip() in text
+    assert G.TWO_GPUS.strip() in text
+    assert "## Two GPUs (manual)" in G.render({}, [], "now", "x")
 
 
 # --- no GPU ---------------------------------------------------------------------------------------
