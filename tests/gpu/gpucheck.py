@@ -416,7 +416,7 @@ def render(machine: Mapping[str, str], results: Sequence[Result], when: str, cmd
         if r.seen:
             lines += ["```json", json.dumps(r.seen, indent=1, sort_keys=True, default=str)]
             lines += ["```", ""]
-    lines += TWO_GPUS.splitlines() + [""]
+    lines += [*TWO_GPUS.splitlines(), ""]
     lines += HOW_TO_RUN.splitlines()
     return "\n".join(lines) + "\n"
 
