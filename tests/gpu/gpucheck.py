@@ -1040,10 +1040,13 @@ def run_checks(b: Bench, checks: Sequence[Check]) -> list[Result]:
         try:
             r = fn()
         except OutOfTime as exc:
-            r = out_of_time(name, exc, time.monotonic() - t0)
+            r = out_of_time(name, time.monotonic() - t0, None if exc.box else str(exc))
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             r = Result(name, FAIL, _clip(detail, 800), {"traceback": traceback.format_exc()})
+            if boxed_out(time.monotonic(), b.box_end):
+                # A wait cut to the box (a job's, a subprocess's) ran out, not the check.
+                r.evidence = f"{out_of_time(name, time.monotonic() - t0).evidence}: {r.evidence}"
         finally:
             b.box_end = None
         took = time.monotonic() - t0
@@ -1063,13 +1066,18 @@ def run_checks(b: Bench, checks: Sequence[Check]) -> list[Result]:
     return results
 
 
-def out_of_time(name: str, exc: OutOfTime, took: float) -> Result:
+def out_of_time(name: str, took: float, budget: str | None = None) -> Result:
     """A check stopped by its time box fails (it hung or is too slow to re-run in one GPU
-    window); one the run's budget never let finish is skipped, saying so."""
-    if exc.box:
+    window); one the run's ``budget`` never let finish is skipped, saying so."""
+    if budget is None:
         return Result(name, FAIL, f"did not finish within its {LIMITS[name]:.0f} s time box"
                       f" (stopped after {took:.0f} s)")  # fmt: skip
-    return Result(name, SKIP, f"not run: {exc}")
+    return Result(name, SKIP, f"not run: {budget}")
+
+
+def boxed_out(now: float, box_end: float | None) -> bool:
+    """Whether a check's time box is (all but) spent at ``now``: a wait cut to it ended."""
+    return box_end is not None and now >= box_end - SPENT_S - 1
 
 
 def _job_logs(b: Bench) -> dict[str, str]:

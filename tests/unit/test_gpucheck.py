@@ -191,18 +191,34 @@ def test_run_checks_prints_each_line_as_it_ends_and_fails_a_check_past_its_box(
         b.left(300)  # what every wait of a check asks first
         raise AssertionError("not reached")
 
+    def job_timed_out() -> G.Result:
+        # A job's wait cut to the box raises its own timeout, not OutOfTime.
+        raise G.subprocess.TimeoutExpired(["cudajob.py"], b.left(300))
+
+    monkeypatch.setitem(G.LIMITS, "slow-job", G.SPENT_S + 1)
     results = G.run_checks(
         b,  # type: ignore[arg-type]
-        [("quick", quick), ("between", lambda: None), ("hung", hung)],
+        [("quick", quick), ("between", lambda: None), ("hung", hung), ("slow-job", job_timed_out)],
     )
-    assert [(r.name, r.status) for r in results] == [("quick", G.PASS), ("hung", G.FAIL)]
+    assert [(r.name, r.status) for r in results] == [
+        ("quick", G.PASS),
+        ("hung", G.FAIL),
+        ("slow-job", G.FAIL),
+    ]
     assert results[1].evidence.startswith("did not finish within its 0 s time box")
+    assert results[2].evidence.startswith("did not finish within its 3 s time box")
+    assert "TimeoutExpired" in results[2].evidence
     assert boxes[0] is not None and b.box_end is None
-    assert b.cancelled == 1  # the failed check's sessions were cancelled
+    assert b.cancelled == 2  # each failed check's sessions were cancelled
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("PASS quick: fine [") and lines[0].endswith(" s]")
     assert lines[1].startswith("  between: done in ")
     assert lines[2].startswith("FAIL hung: did not finish within its 0 s time box")
+    assert lines[3].startswith("FAIL slow-job: did not finish within its 3 s time box")
+    # A budget that ran out skips, saying so; an error long before the box ends is no timeout.
+    assert G.out_of_time("nsys", 5.0, "the time budget is spent").status == G.SKIP
+    assert not G.boxed_out(100.0, 190.0) and G.boxed_out(187.5, 190.0)
+    assert not G.boxed_out(100.0, None)
 
 
 def test_annotations_by_step_on_a_kineto_like_trace() -> None:
