@@ -10,6 +10,10 @@ profd uses nsys's interactive sessions:
 * nsys writes one report per capture range. The daemon picks the reports up from the path it
   chose (never from a node-local temp dir it has to guess), and if a report does not appear
   in time it runs ``nsys stop``, which makes nsys finalise what it collected.
+* nsys records into a raw ``.qdstrm`` stream and converts it into the ``.nsys-rep`` with its
+  importer (``QdstrmImporter``, in the ``host-*`` folder of an Nsight Systems install). An nsys
+  without it (the copy inside Nsight Compute) prints "Unable to retrieve the importer version:
+  skipping importation of the QDSTRM file" and leaves only the ``.qdstrm``.
 
 Nothing here imports torch; the calls are plain subprocesses with timeouts.
 """
@@ -28,6 +32,11 @@ REPORT_SUFFIX = ".nsys-rep"
 PARTIAL_SUFFIX = ".qdstrm"  # nsys's raw stream, converted into the report at the end
 DEFAULT_TRACE = "cuda,nvtx,osrt"
 STATS_REPORTS = ("nvtx_sum", "cuda_gpu_kern_sum")
+IMPORTER = "QdstrmImporter"
+INSTALL = (
+    "install Nsight Systems (the nsight-systems package, or NVIDIA's installer) and point"
+    " PROFD_NSYS or [nsys] path at its nsys"
+)
 
 
 class NsysError(Exception):
@@ -112,13 +121,11 @@ def run(argv: Sequence[str], timeout: float) -> Result:
     return res
 
 
-def reports(base: Path) -> list[Path]:
-    """Finished reports nsys wrote for output ``base``, in capture-range order.
+def _outputs(base: Path, suffix: str) -> list[Path]:
+    """Files nsys wrote for output ``base`` with ``suffix``, in capture-range order.
 
-    With several ranges nsys numbers the reports; the first may carry no number. A report
-    whose raw ``.qdstrm`` stream is still beside it is being converted and is not listed.
-    """
-    pat = re.compile(re.escape(base.name) + r"(?:[._-](\d+))?" + re.escape(REPORT_SUFFIX) + "$")
+    With several ranges nsys numbers its outputs; the first may carry no number."""
+    pat = re.compile(re.escape(base.name) + r"(?:[._-](\d+))?" + re.escape(suffix) + "$")
     found: list[tuple[int, Path]] = []
     try:
         entries = list(base.parent.iterdir())
@@ -126,9 +133,72 @@ def reports(base: Path) -> list[Path]:
         return []
     for p in entries:
         m = pat.match(p.name)
-        if m is None:
-            continue
-        if p.with_name(p.name[: -len(REPORT_SUFFIX)] + PARTIAL_SUFFIX).exists():
-            continue
-        found.append((int(m.group(1) or 0), p))
+        if m is not None:
+            found.append((int(m.group(1) or 0), p))
     return [p for _, p in sorted(found)]
+
+
+def _twin(path: Path, suffix: str, other: str) -> Path:
+    return path.with_name(path.name[: -len(suffix)] + other)
+
+
+def reports(base: Path) -> list[Path]:
+    """Finished reports nsys wrote for output ``base``, in capture-range order. A report
+    whose raw ``.qdstrm`` stream is still beside it is being converted and is not listed."""
+    return [
+        p
+        for p in _outputs(base, REPORT_SUFFIX)
+        if not _twin(p, REPORT_SUFFIX, PARTIAL_SUFFIX).exists()
+    ]
+
+
+def lone_streams(base: Path) -> list[Path]:
+    """Raw ``.qdstrm`` streams for output ``base`` with no report beside them: captures nsys
+    has not converted (yet, or ever: see :func:`import_problem`)."""
+    return [
+        p
+        for p in _outputs(base, PARTIAL_SUFFIX)
+        if not _twin(p, PARTIAL_SUFFIX, REPORT_SUFFIX).exists()
+    ]
+
+
+def importer(binary: str) -> Path | None:
+    """nsys's ``QdstrmImporter``, looked for where NVIDIA's installs put it relative to the
+    real nsys binary: beside it, or in a folder next to its folder or to its parent
+    (``<install>/target-linux-x64/nsys`` and ``<install>/bin/nsys`` both have
+    ``<install>/host-linux-x64/QdstrmImporter``). None when none is there."""
+    real = Path(os.path.realpath(binary))
+    here = real.parent
+    candidates = [here / IMPORTER]
+    for up in (here.parent, here.parent.parent):
+        try:
+            candidates += sorted(up.glob(f"*/{IMPORTER}"))
+        except OSError:
+            continue
+    for c in candidates:
+        if os.access(c, os.X_OK) and c.is_file():
+            return c
+    return None
+
+
+def import_problem(binary: str) -> str | None:
+    """Why ``binary`` cannot turn a capture into a report, in words, or None when its
+    importer is where an Nsight Systems install keeps it."""
+    if importer(binary) is not None:
+        return None
+    real = os.path.realpath(binary)
+    shown = binary if real == binary else f"{binary} ({real})"
+    return (
+        f"{shown} has no {IMPORTER} near it, so it cannot convert a capture into a report"
+        " (the nsys inside Nsight Compute is such a copy)"
+    )
+
+
+def left_only(stream: Path, why: str | None) -> str:
+    """One line for a cycle that ended with nsys's raw stream and no report."""
+    report = stream.name[: -len(PARTIAL_SUFFIX)] + REPORT_SUFFIX
+    cause = why or (
+        "nsys did not import it; the usual cause is an nsys without its importer, such as"
+        " the copy inside Nsight Compute"
+    )
+    return f"nsys left only {stream} (its raw capture) and no {report}: {cause}; {INSTALL}"

@@ -424,6 +424,44 @@ def sync_job_events(
     return out
 
 
+def single_rank_nccl_events(steps: int = 3, t0_us: float = 1_000_000.0) -> list[dict[str, object]]:
+    """Chrome-trace events of a one-rank NCCL job, as torch 2.11 with NCCL 2.28 records it.
+
+    Each 1 ms step: an ``aten::mm`` launching a 200 µs kernel, an ``aten::copy_`` launching a
+    50 µs host-to-device memcpy, then ``c10d::allreduce_`` holding ``record_param_comms`` and
+    ``nccl:all_reduce``, whose only GPU work is a 100 µs ``Memcpy DtoD (Device -> Device)``
+    launched by ``cudaMemcpyAsync`` inside it (at world size 1 NCCL copies, no kernel). Each
+    launch and its activity share a correlation id, as kineto writes them.
+    """
+    main = {"pid": 77, "tid": 77}
+    out: list[dict[str, object]] = []
+    corr = 0
+
+    def x(cat: str, name: str, ts: float, dur: float, **kw: object) -> None:
+        out.append({"ph": "X", "cat": cat, "name": name, "ts": ts, "dur": dur, **kw})
+
+    def launch(call: str, at: float, cat: str, name: str, gpu_at: float, dur: float) -> None:
+        nonlocal corr
+        corr += 1
+        x("cuda_runtime", call, at, 5.0, args={"correlation": corr}, **main)
+        x(cat, name, gpu_at, dur, pid=0, tid=7, args={"correlation": corr, "stream": 7})
+
+    for k in range(steps):
+        t = t0_us + k * 1000.0
+        x("user_annotation", f"ProfilerStep#{k + 1}", t, 1000.0, **main)
+        x("cpu_op", "aten::mm", t + 10, 20.0, **main)
+        launch("cudaLaunchKernel", t + 15, "kernel", "ampere_sgemm_128x64_nn", t + 40, 200.0)
+        x("cpu_op", "aten::copy_", t + 40, 20.0, **main)
+        launch("cudaMemcpyAsync", t + 45, "gpu_memcpy", "Memcpy HtoD (Pageable -> Device)",
+               t + 250, 50.0)  # fmt: skip
+        x("cpu_op", "c10d::allreduce_", t + 100, 40.0, **main)
+        x("cpu_op", "record_param_comms", t + 102, 36.0, **main)
+        x("user_annotation", "nccl:all_reduce", t + 104, 30.0, **main)
+        launch("cudaMemcpyAsync", t + 110, "gpu_memcpy", "Memcpy DtoD (Device -> Device)",
+               t + 400, 100.0)  # fmt: skip
+    return out
+
+
 #: Python frames of profd's client as torch names them (``--with-stack``), and zmq's below them.
 PROFD_FRAMES = (
     "profd_client/api.py(150): _post_step",

@@ -10,6 +10,7 @@ Everything else is real: the daemon, profctl, torchrun with gloo, the spool, the
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -157,6 +158,49 @@ def test_report_that_nsys_never_finalised_is_recovered_with_nsys_stop(
     (row,) = traces(bench.d, "--session", res["session"])
     assert step_ranges(report(Path(row["path"]))) == ["ProfilerStep#3", "ProfilerStep#4"]
     assert job.wait(WAIT) == 0, job.output()
+
+
+def test_an_nsys_without_its_importer_fails_the_cycle_at_once_saying_what_to_install(
+    daemon_factory: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    # The double copied the way Nsight Compute carries nsys: no QdstrmImporter anywhere near
+    # it, so (like nsys 2025.3 there) it leaves only the range's .qdstrm and prints its error.
+    where = tmp_path / "nsight-compute-2025.3.1" / "host" / "target-linux-x64"
+    where.mkdir(parents=True)
+    shutil.copy2(NSYS_DOUBLE, where / "nsys")
+    shutil.copytree(NSYS_DOUBLE.parent / "inject", where / "inject")
+    state = tmp_path / "fake-nsys"
+    state.mkdir()
+    # A finalize timeout far beyond the test's wait: only the importer rule can end the cycle.
+    d = daemon_factory(
+        PROFD_NSYS=str(where / "nsys"),
+        FAKE_NSYS_STATE=str(state),
+        PROFD_NSYS_FINALIZE_TIMEOUT="3600",
+    )
+    b = NsysBench(d, state, tmp_path)
+    try:
+        gate = tmp_path / "gate"
+        job = b.run("noimport", "--nsys", nproc=1, GATE=str(gate), STEPS="12")
+        d.wait_attached(1)
+        res = start(d, "--backend", "nsys", "--job", "noimport", "--steps", "3:5")
+        open_gate_when_armed(d, gate, res["session"])
+        s = wait_session(d, res["session"], timeout=60)
+        assert job.wait(WAIT) == 0, job.output()
+    finally:
+        for j in b.jobs:
+            j.kill()
+    (t,) = s["targets"]
+    assert s["state"] == "failed" and t["state"] == "failed", s
+    err = t["error"]
+    assert "\n" not in err
+    assert "nsys left only" in err and err.split()[3].endswith(".qdstrm"), err
+    assert "Nsight Compute" in err and "nsight-systems" in err, err
+    assert b.calls("stop") == [], "the cycle waited for nsys stop instead of failing at once"
+    assert Path(err.split()[3]).exists()
+    # profctl run said it at launch, and the double printed nsys's own words.
+    out = job.output()
+    assert "profctl: warning:" in out and "has no QdstrmImporter near it" in out, out
+    assert "skipping importation of the QDSTRM file" in out, out
 
 
 def test_nsys_refusals_say_why_and_start_nothing(bench: NsysBench, tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kineto_synth import sync_job_events, trace_bytes
+from kineto_synth import single_rank_nccl_events, sync_job_events, trace_bytes
 from pipeline_paths import process_trace
 
 from profd.pipeline.parsed import ParsedTrace
@@ -58,6 +58,24 @@ def test_gpu_traces_split_device_time() -> None:
     assert fast["steps"]["collective_ms"][0] > slow["steps"]["collective_ms"][0] + 1.5
     assert slow["steps"]["compute_ms"][0] == pytest.approx(2.98, abs=0.001)
     assert slow["gpu_ops"][0][0] == "ampere_sgemm_128x64_nn"
+
+
+def test_a_memcpy_launched_by_a_collective_is_collective_time_not_compute() -> None:
+    # One rank on NCCL: the all-reduce's only GPU work is a device-to-device memcpy.
+    st = stats_of(single_rank_nccl_events(steps=3))
+    assert st["mode"] == "gpu"
+    s = st["steps"]
+    # The kernel (200 µs) and the job's own host-to-device copy (50 µs) are compute; the
+    # collective's memcpy (100 µs on the device) is collective (its CPU range runs while the
+    # kernel does, and compute wins the overlap).
+    assert s["compute_ms"] == [0.25, 0.25, 0.25]
+    assert s["collective_ms"] == [0.1, 0.1, 0.1]
+    names = {row[0]: row[1] for row in st["collectives"]}
+    assert names["Memcpy DtoD (Device -> Device)"] == 3 and names["nccl:all_reduce"] == 3
+    assert "Memcpy HtoD (Pageable -> Device)" not in names
+    # Without correlation ids nothing ties the memcpy to the collective: it stays compute.
+    bare = [{k: v for k, v in ev.items() if k != "args"} for ev in single_rank_nccl_events(steps=1)]
+    assert stats_of(bare)["steps"]["compute_ms"] == [0.35]
 
 
 def test_statistics_stay_bounded_and_record_memory() -> None:

@@ -28,6 +28,7 @@ import itertools
 import operator
 import re
 from array import array
+from bisect import bisect_right
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -37,6 +38,8 @@ from profd.pipeline.spans import STEP_PREFIX
 
 CPU_OP_CATS = frozenset({"cpu_op", "user_annotation", "python_function"})
 GPU_OP_CATS = frozenset({"kernel", "gpu_memcpy", "gpu_memset"})
+#: CUDA calls on a CPU thread: the launches GPU activities name by correlation id.
+LAUNCH_CATS = frozenset({"cuda_runtime", "cuda_driver"})
 #: The category of a Python frame (``with_stack``): a call site, not an operator.
 FRAME_CAT = "python_function"
 ANNOTATION_CAT = "user_annotation"
@@ -371,10 +374,24 @@ def _overlapping_union_us(starts: array[float], ends: array[float]) -> float | N
     return wall_us(zip(starts, ends, strict=True))
 
 
+#: The correlation id of an activity or launch that has none (or one that is no integer).
+NO_CORRELATION = -1
+
+
+def correlation(args: Any) -> int:
+    """An event's ``args.correlation`` (what ties a GPU activity to the CUDA call that
+    launched it), or :data:`NO_CORRELATION`."""
+    c = args.get("correlation") if isinstance(args, dict) else None
+    return (
+        c if isinstance(c, int) and not isinstance(c, bool) and 0 <= c < 2**63 else NO_CORRELATION
+    )
+
+
 class GpuOps:
     """Per-name GPU kernel/memcpy/memset totals (``EventGroups.gpu``), summed as they come,
-    and each activity's interval as compact columns (the rank statistics need the device's
-    busy time per step: 20 bytes an activity)."""
+    and each activity's interval and correlation id as compact columns (the rank statistics
+    need the device's busy time per step, and which activities a collective launched: 28
+    bytes an activity)."""
 
     def __init__(self) -> None:
         self.calls: dict[str, int] = {}
@@ -384,8 +401,11 @@ class GpuOps:
         self.ts = array("d")
         self.dur = array("d")
         self.name = array("I")
+        self.corr = array("q")
 
-    def add(self, name: str, dur: float, ts: float | None = None) -> None:
+    def add(
+        self, name: str, dur: float, ts: float | None = None, corr: int = NO_CORRELATION
+    ) -> None:
         self.calls[name] = self.calls.get(name, 0) + 1
         self.dur_us[name] = self.dur_us.get(name, 0.0) + dur
         if ts is None:
@@ -397,6 +417,7 @@ class GpuOps:
         self.ts.append(ts)
         self.dur.append(dur)
         self.name.append(nid)
+        self.corr.append(corr)
 
     def stats(self) -> list[OpStat]:
         """Device activities do not nest, so self time is total time; names that differ only
@@ -408,6 +429,46 @@ class GpuOps:
             calls[norm] = calls.get(norm, 0) + c
             dur[norm] = dur.get(norm, 0.0) + self.dur_us[n]
         return _sort([OpStat(n, c, dur[n], dur[n]) for n, c in calls.items()])
+
+
+class Launches:
+    """CUDA runtime and driver calls (``EventGroups.launches``) per thread: when each was
+    made and its correlation id, so a GPU activity can be traced to the CPU range that
+    launched it (16 bytes a call)."""
+
+    def __init__(self) -> None:
+        self.threads: dict[Hashable, tuple[array[float], array[int]]] = {}
+
+    def add(self, pid: Any, tid: Any, ts: float, corr: int) -> None:
+        if corr == NO_CORRELATION:
+            return
+        try:
+            cols = self.threads.get((pid, tid))
+        except TypeError:  # an unhashable pid or tid: no thread to match it with
+            return
+        if cols is None:
+            cols = self.threads[(pid, tid)] = (array("d"), array("q"))
+        cols[0].append(ts)
+        cols[1].append(corr)
+
+    def within(self, thread: Hashable, spans: Sequence[tuple[float, float]]) -> set[int]:
+        """Correlation ids of the calls ``thread`` made inside any of ``spans``."""
+        cols = self.threads.get(thread)
+        if cols is None or not spans:
+            return set()
+        ordered = sorted(spans)
+        starts = [lo for lo, _ in ordered]
+        # The furthest end of the spans starting at or before each one: nested and
+        # overlapping ranges (c10d::allreduce_ holding nccl:all_reduce) count once.
+        reach: list[float] = []
+        for _, hi in ordered:
+            reach.append(max(hi, reach[-1]) if reach else hi)
+        out: set[int] = set()
+        for ts, corr in zip(*cols, strict=True):
+            i = bisect_right(starts, ts) - 1
+            if i >= 0 and ts <= reach[i]:
+                out.add(corr)
+        return out
 
 
 def _sort(stats: list[OpStat]) -> list[OpStat]:

@@ -17,7 +17,17 @@ from functools import cached_property
 from typing import Any
 
 from profd.pipeline.memory import MEMORY_EVENT, MemoryEvents, SampleSeries
-from profd.pipeline.ops import CPU_OP_CATS, GPU_OP_CATS, CpuOps, CpuTables, GpuOps, OpStat
+from profd.pipeline.ops import (
+    CPU_OP_CATS,
+    GPU_OP_CATS,
+    LAUNCH_CATS,
+    CpuOps,
+    CpuTables,
+    GpuOps,
+    Launches,
+    OpStat,
+    correlation,
+)
 from profd.pipeline.spans import (
     MAX_US,
     STEP_PREFIX,
@@ -42,6 +52,7 @@ class EventGroups:
         self.steps: list[tuple[str, float, float]] = []
         self.cpu = CpuOps()  # complete CPU_OP_CATS events, ProfilerSteps included for nesting
         self.gpu = GpuOps()  # complete GPU_OP_CATS events
+        self.launches = Launches()  # complete LAUNCH_CATS events: thread, time, correlation
         self.memory = MemoryEvents()  # [memory] events
         # (pid, tid) -> ProfilerStep spans on it: which thread is the training thread, found
         # without a scan of every thread's events.
@@ -76,7 +87,10 @@ class EventGroups:
                 op = name if isinstance(name, str) else str(get("name", ""))
                 self.cpu.add(get("pid"), get("tid"), op, ts, dur, cat)
             elif cat in GPU_OP_CATS:
-                self.gpu.add(name if isinstance(name, str) else str(get("name", "")), dur, ts)
+                op = name if isinstance(name, str) else str(get("name", ""))
+                self.gpu.add(op, dur, ts, correlation(get("args")))
+            elif cat in LAUNCH_CATS:
+                self.launches.add(get("pid"), get("tid"), ts, correlation(get("args")))
         if isinstance(name, str) and name.startswith(STEP_PREFIX):
             if parse_step(name) is None:
                 self.no_steps += 1

@@ -11,7 +11,9 @@ Each step (a ``ProfilerStep#N`` span) is split into three parts that add up to i
   Annotations and Python frames do not count: a collective waited for inside a
   ``record_function`` block would otherwise pass for compute.
 * **collective**: a collective in flight (``c10d::``, ``record_param_comms``, ``gloo:``/``nccl:``
-  ranges on any thread, NCCL kernels) while nothing counted as compute runs. Compute wins the
+  ranges on any thread, NCCL kernels, and any other GPU activity a collective range launched:
+  at world size 1 NCCL copies an all-reduce's buffer with a device-to-device memcpy and runs
+  no kernel) while nothing counted as compute runs. Compute wins the
   overlap: DDP's allreduce runs beside the backward pass, and only the wait it adds is a cost.
   gloo runs its collectives on threads of its own while the training thread blocks, which is
   why every thread's ranges are taken.
@@ -71,10 +73,13 @@ def _parts(parsed: ParsedTrace) -> tuple[str, Intervals, Intervals, dict[str, li
     calls: dict[str, list[tuple[float, float]]] = {}
     coll_pairs: list[tuple[float, float]] = []
     cpu_compute = Intervals()
+    cpu_coll: dict[Hashable, list[tuple[float, float]]] = {}  # per thread, for launches
 
-    def note(name: str, start: float, end: float) -> None:
+    def note(name: str, start: float, end: float, thread: Hashable = None) -> None:
         calls.setdefault(name, []).append((start, end))
         coll_pairs.append((start, end))
+        if thread is not None:
+            cpu_coll.setdefault(thread, []).append((start, end))
 
     for key, thread in cpu.threads.items():
         ts, dur, nid = thread.ts, thread.dur, thread.name
@@ -84,22 +89,25 @@ def _parts(parsed: ParsedTrace) -> tuple[str, Intervals, Intervals, dict[str, li
                 if n in compute_ids:
                     cpu_compute.extend_sorted(ts[i], ts[i] + dur[i])
                 elif n in coll_ids:
-                    note(cpu.names[n], ts[i], ts[i] + dur[i])
+                    note(cpu.names[n], ts[i], ts[i] + dur[i], key)
         elif coll_ids and any(thread.name.count(c) for c in coll_ids):
             # Only threads that hold a collective are walked in Python: gloo's own threads.
             for i, n in enumerate(nid):
                 if n in coll_ids:
-                    note(cpu.names[n], ts[i], ts[i] + dur[i])
+                    note(cpu.names[n], ts[i], ts[i] + dur[i], key)
 
     gpu = parsed.groups.gpu
     if not gpu.ts:
         return "cpu", cpu_compute, Intervals.of(coll_pairs), _by_name(calls)
     gpu_coll = [is_gpu_collective(n) for n in gpu.names]
+    launched: set[int] = set()
+    for key, spans in cpu_coll.items():
+        launched |= parsed.groups.launches.within(key, spans)
     gpu_compute = Intervals()
     for i in sorted_order(gpu.ts):
         n = gpu.name[i]
         start, end = gpu.ts[i], gpu.ts[i] + gpu.dur[i]
-        if gpu_coll[n]:
+        if gpu_coll[n] or (launched and gpu.corr[i] in launched):
             note(gpu.names[n], start, end)
         else:
             gpu_compute.extend_sorted(start, end)

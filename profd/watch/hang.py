@@ -166,6 +166,12 @@ def verdict(groups: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) ->
     where = sg.where(only["frames"])
     if silent:
         return f"{sg.label(only['ranks'], hosts)} {where}{unread}: no majority to compare with"
+    if sg.in_nsys_stop(only["frames"]):
+        return (
+            f"every rank is inside cudaProfilerStop while nsys flushes ({where}): nsys holds"
+            " the call that ends an nsys capture range until it has written or given up on"
+            " its capture, which can take minutes; not a hang of the job. No suspect"
+        )
     if sg.waits_for_peers(only["frames"]):
         return (
             f"every rank here waits for its peers ({where}): the rank they wait for is not"

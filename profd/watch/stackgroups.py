@@ -139,6 +139,34 @@ def waits_for_peers(frames: Sequence[Frame]) -> bool:
     return False
 
 
+#: Where profd's client ends an nsys capture range (``NsysRange.finish``/``abandon``), and the
+#: call nsys holds until it has flushed its collection.
+_NSYS_RANGE_FILE = "profd_client/nsysrange.py"
+_PROFILER_STOP_FILE = "torch/cuda/profiler.py"
+
+
+def _leaf(function: str) -> str:
+    # py-spy and the agent name a method by its qualified name ("NsysRange.finish").
+    return function.rsplit(".", 1)[-1]
+
+
+def in_nsys_stop(frames: Sequence[Frame]) -> bool:
+    """The stack is inside the ``cudaProfilerStop`` that ends profd's nsys capture range:
+    nsys returns from it only once it has flushed what it collected."""
+    for i, f in enumerate(frames):
+        path = str(f["file"]).replace("\\", "/")
+        if path.endswith(_NSYS_RANGE_FILE) and _leaf(str(f["function"])) in ("finish", "abandon"):
+            for inner in frames[:i]:
+                name = str(inner["function"])
+                if "cudaProfilerStop" in name:  # a native frame (py-spy --native)
+                    return True
+                where = str(inner["file"]).replace("\\", "/")
+                if where.endswith(_PROFILER_STOP_FILE) and _leaf(name) == "stop":
+                    return True
+            return False
+    return False
+
+
 def group(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Ranks with stacks grouped by their training thread's whole Python stack (function,
     file and line of every frame but native ones): ``[{"ranks": [{"host", "role",

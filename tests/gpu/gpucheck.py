@@ -3,7 +3,7 @@
 Run it as ``python3 dev.py test-gpu`` (which sets up the environment offline; see dev.py),
 or directly with a python that has torch with CUDA and profd installed::
 
-    python tests/gpu/gpucheck.py [--out docs/gpu.md] [--budget 420]
+    python tests/gpu/gpucheck.py [--out docs/gpu.md] [--budget 250]
 
 It starts a real ``profd run`` in a temporary directory and a small CUDA training job
 (``cudajob.py``, one process, a single-rank NCCL process group) attached to it, then checks,
@@ -20,13 +20,18 @@ each as one ``PASS``/``FAIL``/``SKIP`` line with what was seen:
 4. ``nvml-ps``: ``profctl ps --json`` shows GPU utilisation and memory for the job's pid.
 5. ``nsys``: with a real nsys, ``profctl run --nsys`` and ``start --backend nsys``: the
    ``.nsys-rep`` in the spool, ``nsys stats`` run by the pipeline, the steps as NVTX ranges.
-6. ``nccl``: the job's collectives as NCCL kernels, counted as collective time;
+   With an nsys that cannot write reports (no ``QdstrmImporter``, as the copy inside Nsight
+   Compute): that the session fails within seconds saying so.
+6. ``nccl``: the job's collectives as NCCL kernels (at world size 1, the device-to-device
+   memcpy NCCL does instead), counted as collective time;
    ``flight-recorder``: the job's NCCL flight recorder, dumped by its agent thread for
    ``profctl stacks``, lists its NCCL collectives.
 7. ``idle-cost`` and ``stall``: step time attached versus ``PROFD_DISABLE=1`` (alternating
    runs), and the training stall the client reported at capture end, with CUDA work.
 
-Exit status: 0 nothing failed (skips say why), 1 a check failed, 3 no GPU (one line).
+Each check has a time box (:data:`LIMITS`; a check past it fails) and prints its line as it
+ends; the whole run has :data:`BUDGET_S`. Exit status: 0 nothing failed (skips say why), 1 a
+check failed, 3 no GPU (one line).
 ``--allow-cpu`` runs the same plumbing on a machine without a GPU (the job on the CPU with
 gloo), for working on this script; its CUDA checks fail there, as they should.
 """
@@ -63,10 +68,30 @@ if str(TESTS) not in sys.path:
 from daemonproc import BIN, DaemonProcess, free_port, wait_for  # noqa: E402
 from harness import Job  # noqa: E402
 
+from profd import nsys as nsys_cli  # noqa: E402
 from profd.pipeline.rankstats import is_cpu_collective, is_gpu_collective  # noqa: E402
 from profd.pipeline.spans import step_spans  # noqa: E402
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+#: Seconds each check may take (its time box), and the whole run's budget: on an H100 the
+#: checks took 11 s (capture), 1, 3, 9 (flight recorder) and 53 s (idle cost); nsys gets 90
+#: s; the run, set-up included, stays under 5 minutes so it can be re-run in one GPU window.
+LIMITS: dict[str, float] = {
+    "capture": 60,
+    "nvml-ps": 30,
+    "memory-snapshot": 45,
+    "job-exit": 30,
+    "nccl": 10,
+    "flight-recorder": 45,
+    "idle-cost+stall": 120,
+    "nsys": 90,
+    "regions": 10,
+}
+BUDGET_S = 250.0
+#: A check box or budget with this little left is spent: no wait worth starting fits.
+SPENT_S = 2.0
+#: What NCCL launches for a collective at world size 1: a copy on the device, no kernel.
+DTOD_MEMCPY = "Memcpy DtoD"
 TERMINAL = {"done", "partial", "failed", "cancelled"}
 EXIT_FAILED, EXIT_NO_GPU = 1, 3
 JOB = HERE / "cudajob.py"
@@ -228,6 +253,51 @@ def collectives(events: Sequence[Mapping[str, Any]]) -> Collectives:
     return Collectives(ops, launched, nccl)
 
 
+def nccl_problems(
+    c: Collectives, counted: Sequence[Sequence[Any]], coll_ms: Sequence[float] | None, world: int
+) -> tuple[list[str], str]:
+    """What is wrong with the collectives the trace and the pipeline's statistics show, and
+    what NCCL was seen doing. NCCL runs its collectives as kernels named ``ncclDevKernel_*``,
+    except at world size 1, where it copies the buffer with a device-to-device memcpy
+    (``cudaMemcpyAsync``, seen as ``Memcpy DtoD``) and launches no kernel; the statistics must
+    count whichever it was as collective time."""
+    problems = []
+    counted_names = {str(x[0]) for x in counted}
+    copies = {n: k for n, k in c.launched.items() if n.startswith(DTOD_MEMCPY)}
+    if not c.cpu_ops:
+        problems.append("no collective ranges in the trace")
+    if c.nccl_kernels:
+        did = f"NCCL kernels {c.nccl_kernels}"
+        if not any(n in counted_names for n in c.nccl_kernels):
+            problems.append("NCCL kernels not among the pipeline's collectives")
+    elif world == 1 and copies:
+        did = f"world size 1: NCCL copied on the device, no kernel ({copies})"
+        if not any(n in counted_names for n in copies):
+            problems.append("the collectives' DtoD memcpy not among the pipeline's collectives")
+    else:
+        did = "no NCCL kernel"
+        problems.append(
+            "no GPU activity named NCCL"
+            + (", and no DtoD memcpy launched by a collective" if world == 1 else "")
+            + f" (world size {world})"
+        )
+    if not coll_ms or not any(x > 0 for x in coll_ms):
+        problems.append("no collective time in any step")
+    return problems, did
+
+
+def time_left(now: float, budget_end: float, box_end: float | None, want: float) -> float:
+    """Seconds a wait may take: ``want``, cut to what is left of the check's time box and of
+    the run's budget. Raises :class:`OutOfTime` (saying which ran out) when nothing is."""
+    box = float("inf") if box_end is None else box_end - now
+    budget = budget_end - now
+    if box <= SPENT_S and box <= budget:
+        raise OutOfTime("its time box is spent", box=True)
+    if budget <= SPENT_S:
+        raise OutOfTime("the time budget is spent", box=False)
+    return max(0.0, min(want, box, budget))
+
+
 def annotations_by_step(events: Sequence[Mapping[str, Any]], name: str) -> dict[int, int]:
     """How many CPU ``record_function`` ranges named ``name`` start in each step span."""
     spans = cpu_step_spans(events)
@@ -277,10 +347,12 @@ def nsys_section(text: str, report: str) -> list[str]:
 
 
 # --- finding nsys (pure: unit-tested on a fake tree) -------------------------------------------
-def _version_key(path: Path) -> tuple[int, tuple[int, ...], str]:
-    # bin/nsys (the launcher NVIDIA documents) before target-*/nsys, newer versions first.
+def _version_key(path: Path) -> tuple[int, int, tuple[int, ...], str]:
+    # One that can write reports (its importer is there) first, then bin/nsys (the launcher
+    # NVIDIA documents) before target-*/nsys, newer versions first.
     nums = tuple(int(n) for n in re.findall(r"\d+", str(path)))
-    return (0 if path.parent.name == "bin" else 1, tuple(-n for n in nums), str(path))
+    importer = 0 if nsys_cli.importer(str(path)) else 1
+    return (importer, 0 if path.parent.name == "bin" else 1, tuple(-n for n in nums), str(path))
 
 
 def find_nsys(env: Mapping[str, str], root: Path = Path("/")) -> tuple[str | None, str]:
@@ -344,6 +416,7 @@ def render(machine: Mapping[str, str], results: Sequence[Result], when: str, cmd
         if r.seen:
             lines += ["```json", json.dumps(r.seen, indent=1, sort_keys=True, default=str)]
             lines += ["```", ""]
+    lines += [*TWO_GPUS.splitlines(), ""]
     lines += HOW_TO_RUN.splitlines()
     return "\n".join(lines) + "\n"
 
@@ -351,6 +424,29 @@ def render(machine: Mapping[str, str], results: Sequence[Result], when: str, cmd
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
 
+
+TWO_GPUS = """## Two GPUs (manual)
+
+The checks run on one GPU, where NCCL runs no collective kernel: at world size 1 (torch 2.11,
+NCCL 2.28.9) the job's all-reduce and all-to-all launched one `Memcpy DtoD (Device -> Device)`
+a step between them, from inside their `nccl:` ranges, and no `ncclDevKernel_*`. The `nccl`
+check accepts that at world size 1 (`distributedInfo.world_size`), and requires the pipeline's
+statistics to count the memcpy as collective time: they tie a GPU activity to the collective
+CPU range whose CUDA call launched it, by kineto's correlation id. It therefore relies on
+kineto writing `args.correlation` on both the CUDA runtime call and the activity, and on torch
+recording the collectives as `nccl:*` / `c10d::*` ranges on the calling thread.
+
+NCCL's kernels, and where ranks part, need 2 GPUs; run by hand on such a machine:
+
+1. `profctl run --job two -- torchrun --standalone --nproc-per-node 2 TRAIN.py` (any DDP job
+   on NCCL), then `profctl start --job two --activities cpu,cuda --steps 20:23 --wait`:
+   `profctl traces --session ID --json` must list `ncclDevKernel_AllReduce_*` among each
+   rank's `stats.collectives`, and `collective_ms` above 0 in every step.
+2. With `TORCH_NCCL_TRACE_BUFFER_SIZE=200`, hold one rank before an all-reduce (a `sleep` on
+   rank 1): `profctl stacks --job two` must say rank 1 never reached the collective that
+   rank 0 entered (tested without a GPU on gloo dumps and on NCCL dumps built from the
+   documented format).
+"""
 
 HOW_TO_RUN = """## How to run
 
@@ -421,6 +517,8 @@ def machine_info(nsys: str | None, nsys_where: str) -> dict[str, str]:
         info["GPU"] = f"(NVML: {exc})"
     info["nsys"] = f"{nsys} ({_run_text([nsys, '--version'])})" if nsys else "none"
     info["nsys search"] = nsys_where
+    if nsys and nsys_cli.import_problem(nsys):
+        info["nsys importer"] = f"none ({nsys_cli.IMPORTER} missing): it cannot write reports"
     from profd_client.protocol import RELEASE
 
     rev = _run_text(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
@@ -438,6 +536,7 @@ class Bench:
         self.nsys = nsys
         self.cpu = cpu
         self.deadline = time.monotonic() + budget_s
+        self.box_end: float | None = None  # the running check's time box
         env = {"PROFD_NSYS": nsys} if nsys else {}
         self.d = DaemonProcess(tmp / "profd", extra_env=env, ctl_timeout=120)
         self.jobs: list[Job] = []
@@ -450,10 +549,7 @@ class Bench:
         self.stalls: dict[str, float | None] = {}
 
     def left(self, want: float) -> float:
-        left = self.deadline - time.monotonic()
-        if left <= 5:
-            raise OutOfTime("the time budget is spent")
-        return min(want, left)
+        return time_left(time.monotonic(), self.deadline, self.box_end, want)
 
     def start(self) -> None:
         self.d.root.mkdir(parents=True)
@@ -505,16 +601,25 @@ class Bench:
             if gate is not None:
                 wait_for(self._armed, t, "the session to be armed", every=0.2)
                 gate.touch()
-            out, err = p.communicate(timeout=t + 30)
+            out, err = p.communicate(timeout=self.left(t) + 10)
         finally:
             if p.poll() is None:
                 p.kill()
                 p.wait()
         if p.returncode != 0:
             raise CheckFailed(f"profctl start {' '.join(args)} exited {p.returncode}: "
-                              f"{_clip(err + out)}")  # fmt: skip
+                              f"{_clip(err + out, 800)}")  # fmt: skip
         doc: dict[str, Any] = json.loads(out)
         return doc
+
+    def cancel_live(self) -> None:
+        """Cancel every session still running (a timed-out check's)."""
+        try:
+            for sess in self.d.ctl_json("sessions"):
+                if sess["state"] not in TERMINAL:
+                    self.d.ctl("cancel", sess["id"])
+        except Exception as exc:  # the daemon itself may be what failed
+            print(f"  could not cancel live sessions: {exc}", flush=True)
 
     def _armed(self) -> bool:
         """Some live session has every target armed (the one just started: one at a time)."""
@@ -543,7 +648,9 @@ class CheckFailed(Exception):
 
 
 class OutOfTime(Exception):
-    pass
+    def __init__(self, why: str, box: bool) -> None:
+        super().__init__(why)
+        self.box = box  # the check's own time box ran out, not the run's budget
 
 
 def _clip(text: str, n: int = 300) -> str:
@@ -724,8 +831,29 @@ def check_nsys(b: Bench, where: str) -> Result:
     gate, stop = b.tmp / "nsys-gate", b.tmp / "nsys-stop"
     env = {"GATE": str(gate), "STOP": str(stop), "STEP_SLEEP": "0.02"}
     job = b.job("gpunsys", env, under_nsys=True)
-    ps = b.attached("gpunsys", 180)
-    res = b.session(gate, "--backend", "nsys", "--job", "gpunsys", "--steps", "3:5", timeout=300)
+    ps = b.attached("gpunsys", 60)
+    cannot = nsys_cli.import_problem(b.nsys)
+    if cannot is not None:
+        # No report can come: what is checked is that profd says so within seconds.
+        t0 = time.monotonic()
+        try:
+            b.session(gate, "--backend", "nsys", "--job", "gpunsys", "--steps", "3:5")
+        except CheckFailed as exc:
+            said = str(exc)
+        else:
+            return Result("nsys", FAIL, f"{cannot}, yet the session succeeded")
+        finally:
+            job.kill()
+        took = time.monotonic() - t0
+        found = {"import_problem": cannot, "failure": said, "seconds_to_fail": round(took, 1)}
+        ok = "nsys left only" in said and ".qdstrm" in said
+        evidence = (
+            f"{b.nsys} cannot write reports (no {nsys_cli.IMPORTER}): the session failed in"
+            f" {took:.0f} s {'saying so' if ok else 'without saying so'}; no .nsys-rep to read"
+            " on this machine: install Nsight Systems to check reports"
+        )
+        return Result("nsys", PASS if ok else FAIL, evidence, found)
+    res = b.session(gate, "--backend", "nsys", "--job", "gpunsys", "--steps", "3:5")
     rows = b.rows(res["session"])
     result = b.end_job(job, stop, timeout=120)
     seen: dict[str, Any] = {"session": res["session"], "nsys_session": ps.get("nsys_session")}
@@ -810,16 +938,9 @@ def check_nccl(b: Bench) -> Result:
         f"collective ops {c.cpu_ops}; they launched {c.launched}; NCCL kernels {c.nccl_kernels};"
         f" pipeline collectives {counted}, collective_ms per step {coll_ms}"
     )
-    problems = []
-    if not c.cpu_ops:
-        problems.append("no collective ranges in the trace")
-    if not c.nccl_kernels:
-        problems.append("no GPU activity named NCCL (a single rank may skip NCCL's kernels)")
-    counted_names = {str(x[0]) for x in counted}
-    if c.nccl_kernels and not any(n in counted_names for n in c.nccl_kernels):
-        problems.append("NCCL kernels not among the pipeline's collectives")
-    if not coll_ms or not any(x > 0 for x in coll_ms):
-        problems.append("no collective time in any step")
+    world = int((b.trace.get("distributedInfo") or {}).get("world_size") or 0)
+    problems, did = nccl_problems(c, counted, coll_ms, world)
+    evidence = f"{did}; {evidence}"
     if problems:
         return Result("nccl", FAIL, "; ".join(problems) + " | " + evidence, seen)
     return Result("nccl", PASS, evidence, seen)
@@ -890,9 +1011,12 @@ def check_idle_and_stall(b: Bench, rounds: int = 2, steps: int = 300) -> Result:
 
 
 # --- running them ------------------------------------------------------------------------------
-def run_checks(b: Bench, nsys_where: str) -> list[Result]:
-    results: list[Result] = []
-    plan: list[tuple[str, Callable[[], Result | None]]] = [
+Check = tuple[str, Callable[[], Result | None]]
+
+
+def plan(b: Bench, nsys_where: str) -> list[Check]:
+    """The checks in the order they run (each name has its box in :data:`LIMITS`)."""
+    return [
         ("capture", lambda: check_capture(b)),
         ("nvml-ps", lambda: check_nvml_ps(b)),
         ("memory-snapshot", lambda: check_memory_snapshot(b)),
@@ -904,23 +1028,56 @@ def run_checks(b: Bench, nsys_where: str) -> list[Result]:
         ("nsys", lambda: check_nsys(b, nsys_where)),
         ("regions", lambda: check_regions(b)),
     ]
-    for name, fn in plan:
+
+
+def run_checks(b: Bench, checks: Sequence[Check]) -> list[Result]:
+    """Run ``checks`` each in its time box, printing its line as it ends."""
+    results: list[Result] = []
+    for name, fn in checks:
         t0 = time.monotonic()
+        b.box_end = t0 + LIMITS[name]
+        jobs_before = len(b.jobs)
         try:
             r = fn()
         except OutOfTime as exc:
-            r = Result(name, SKIP, f"not run: {exc}")
+            r = out_of_time(name, time.monotonic() - t0, None if exc.box else str(exc))
         except Exception as exc:
             detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             r = Result(name, FAIL, _clip(detail, 800), {"traceback": traceback.format_exc()})
+            if boxed_out(time.monotonic(), b.box_end):
+                # A wait cut to the box (a job's, a subprocess's) ran out, not the check.
+                r.evidence = f"{out_of_time(name, time.monotonic() - t0).evidence}: {r.evidence}"
+        finally:
+            b.box_end = None
+        took = time.monotonic() - t0
         if r is None:
+            print(f"  {name}: done in {took:.0f} s", flush=True)
             continue
-        r.seen.setdefault("seconds", round(time.monotonic() - t0, 1))
+        r.seen.setdefault("seconds", round(took, 1))
         if r.status == FAIL:
             r.seen.setdefault("job_logs", _job_logs(b))
-        print(r.line(), flush=True)
+            # What a failed check left running must not eat the next one's time.
+            for j in b.jobs[jobs_before:]:
+                if j is not b.main_job:
+                    j.kill()
+            b.cancel_live()
+        print(f"{r.line()} [{took:.0f} s]", flush=True)
         results.append(r)
     return results
+
+
+def out_of_time(name: str, took: float, budget: str | None = None) -> Result:
+    """A check stopped by its time box fails (it hung or is too slow to re-run in one GPU
+    window); one the run's ``budget`` never let finish is skipped, saying so."""
+    if budget is None:
+        return Result(name, FAIL, f"did not finish within its {LIMITS[name]:.0f} s time box"
+                      f" (stopped after {took:.0f} s)")  # fmt: skip
+    return Result(name, SKIP, f"not run: {budget}")
+
+
+def boxed_out(now: float, box_end: float | None) -> bool:
+    """Whether a check's time box is (all but) spent at ``now``: a wait cut to it ended."""
+    return box_end is not None and now >= box_end - SPENT_S - 1
 
 
 def _job_logs(b: Bench) -> dict[str, str]:
@@ -944,7 +1101,7 @@ def cuda_ok() -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="report file (default docs/gpu.md)")
-    ap.add_argument("--budget", type=float, default=420.0, help="seconds for all checks")
+    ap.add_argument("--budget", type=float, default=BUDGET_S, help="seconds for all checks")
     ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
     ap.add_argument("--allow-cpu", action="store_true", help="run the plumbing without a GPU")
     args = ap.parse_args(argv)
@@ -967,7 +1124,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     b = Bench(tmp, nsys, cpu=why is not None, budget_s=args.budget)
     try:
         b.start()
-        results = run_checks(b, where)
+        results = run_checks(b, plan(b, where))
     finally:
         b.stop()
         if args.keep:

@@ -18,7 +18,10 @@ sys.path.insert(0, str(TESTS / "gpu"))
 sys.path.insert(0, str(TESTS))
 
 import gpucheck as G  # noqa: E402
-from kineto_synth import trace_bytes  # noqa: E402
+from kineto_synth import single_rank_nccl_events, sync_job_events, trace_bytes  # noqa: E402
+
+from profd.pipeline.parsed import ParsedTrace  # noqa: E402
+from profd.pipeline.rankstats import rank_stats  # noqa: E402
 
 
 def synth(first_step: int = 100) -> dict[str, Any]:
@@ -89,6 +92,133 @@ def test_collectives_name_what_they_launched() -> None:
     assert G.annotations_by_step(events, "nccl:all_reduce") == {}  # a cpu_op, not a region
     events.append(complete("user_annotation", "forward", 5, 80))
     assert G.annotations_by_step(events, "forward") == {7: 1}
+
+
+def _nccl(events: list[dict[str, Any]], world: int) -> tuple[list[str], str]:
+    """The nccl check's verdict on a trace, with the pipeline's own statistics of it."""
+    st = rank_stats(ParsedTrace.from_events(events, "t", {}, 30))
+    return G.nccl_problems(
+        G.collectives(events), st["collectives"], st["steps"]["collective_ms"], world
+    )
+
+
+def test_nccl_at_world_size_1_is_a_dtod_memcpy_the_statistics_count_as_collective() -> None:
+    events = single_rank_nccl_events(steps=3)
+    problems, did = _nccl(events, world=1)
+    assert problems == [], problems
+    assert did.startswith("world size 1: NCCL copied on the device, no kernel")
+    assert "Memcpy DtoD (Device -> Device)': 3" in did
+    # With 2 ranks NCCL must run kernels: a memcpy alone is no collective there.
+    problems, _ = _nccl(events, world=2)
+    assert problems == ["no GPU activity named NCCL (world size 2)"]
+    # Ids the pipeline cannot read (negative): the check still ties the memcpy to the
+    # collective, the statistics do not, and the check says so.
+    for ev in events:
+        if ev["cat"] in ("cuda_runtime", "gpu_memcpy", "kernel"):
+            ev["args"] = {"correlation": -ev["args"]["correlation"]}  # type: ignore[index]
+    problems, _ = _nccl(events, world=1)
+    assert problems == [
+        "the collectives' DtoD memcpy not among the pipeline's collectives",
+        "no collective time in any step",  # its CPU ranges ran under the kernel
+    ]
+
+
+def test_nccl_kernels_pass_when_the_statistics_count_them() -> None:
+    (events, _) = sync_job_events([[1000.0] * 3, [2000.0] * 3], gpu=True)
+    events = [*events, {"ph": "X", "cat": "cpu_op", "name": "nccl:all_reduce", "ts": 1e6,
+                        "dur": 1.0, "pid": 100, "tid": 100}]  # fmt: skip
+    problems, did = _nccl(events, world=2)
+    assert problems == [] and did.startswith("NCCL kernels {'ncclDevKernel_AllReduce"), did
+
+
+# --- time boxes -----------------------------------------------------------------------------------
+def test_time_left_is_cut_to_the_check_box_and_the_budget_and_says_which_ran_out() -> None:
+    assert G.time_left(100.0, 1000.0, 190.0, 300.0) == 90.0  # the nsys box
+    assert G.time_left(100.0, 150.0, 190.0, 300.0) == 50.0  # the budget ends first
+    assert G.time_left(100.0, 1000.0, None, 30.0) == 30.0
+    with pytest.raises(G.OutOfTime) as box:
+        G.time_left(189.0, 1000.0, 190.0, 30.0)
+    assert box.value.box
+    with pytest.raises(G.OutOfTime) as budget:
+        G.time_left(149.0, 150.0, 190.0, 30.0)
+    assert not budget.value.box
+
+
+def test_every_check_has_a_box_nsys_at_most_90_s_and_the_run_fits_in_5_minutes() -> None:
+    names = [name for name, _ in G.plan(None, "")]  # type: ignore[arg-type]
+    assert set(names) == set(G.LIMITS)
+    assert G.LIMITS["nsys"] <= 90
+    # The budget bounds the whole run whatever the boxes add up to; set-up takes the rest.
+    assert G.BUDGET_S <= 260
+
+
+class _Daemon:
+    log = Path("/nonexistent/profd.log")
+
+
+class _Bench:
+    """What run_checks reads of a Bench: the time box, and what to clean up after a failure."""
+
+    def __init__(self) -> None:
+        self.box_end: float | None = None
+        self.deadline = G.time.monotonic() + 600
+        self.jobs: list[Any] = []
+        self.main_job = None
+        self.d = _Daemon()
+        self.cancelled = 0
+
+    def left(self, want: float) -> float:
+        return G.time_left(G.time.monotonic(), self.deadline, self.box_end, want)
+
+    def cancel_live(self) -> None:
+        self.cancelled += 1
+
+
+def test_run_checks_prints_each_line_as_it_ends_and_fails_a_check_past_its_box(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    b = _Bench()
+    monkeypatch.setitem(G.LIMITS, "quick", 60.0)
+    monkeypatch.setitem(G.LIMITS, "hung", 0.0)  # spent before its first wait
+    monkeypatch.setitem(G.LIMITS, "between", 60.0)
+    boxes: list[float | None] = []
+
+    def quick() -> G.Result:
+        boxes.append(b.box_end)
+        return G.Result("quick", G.PASS, "fine")
+
+    def hung() -> G.Result:
+        b.left(300)  # what every wait of a check asks first
+        raise AssertionError("not reached")
+
+    def job_timed_out() -> G.Result:
+        # A job's wait cut to the box raises its own timeout, not OutOfTime.
+        raise G.subprocess.TimeoutExpired(["cudajob.py"], b.left(300))
+
+    monkeypatch.setitem(G.LIMITS, "slow-job", G.SPENT_S + 1)
+    results = G.run_checks(
+        b,  # type: ignore[arg-type]
+        [("quick", quick), ("between", lambda: None), ("hung", hung), ("slow-job", job_timed_out)],
+    )
+    assert [(r.name, r.status) for r in results] == [
+        ("quick", G.PASS),
+        ("hung", G.FAIL),
+        ("slow-job", G.FAIL),
+    ]
+    assert results[1].evidence.startswith("did not finish within its 0 s time box")
+    assert results[2].evidence.startswith("did not finish within its 3 s time box")
+    assert "TimeoutExpired" in results[2].evidence
+    assert boxes[0] is not None and b.box_end is None
+    assert b.cancelled == 2  # each failed check's sessions were cancelled
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("PASS quick: fine [") and lines[0].endswith(" s]")
+    assert lines[1].startswith("  between: done in ")
+    assert lines[2].startswith("FAIL hung: did not finish within its 0 s time box")
+    assert lines[3].startswith("FAIL slow-job: did not finish within its 3 s time box")
+    # A budget that ran out skips, saying so; an error long before the box ends is no timeout.
+    assert G.out_of_time("nsys", 5.0, "the time budget is spent").status == G.SKIP
+    assert not G.boxed_out(100.0, 190.0) and G.boxed_out(187.5, 190.0)
+    assert not G.boxed_out(100.0, None)
 
 
 def test_annotations_by_step_on_a_kineto_like_trace() -> None:
@@ -175,6 +305,10 @@ def test_find_nsys_looks_in_nsight_compute_and_the_cuda_toolkit(tmp_path: Path) 
     assert G.find_nsys({"PATH": ""}, root)[0] == str(inside)
     toolkit = touch_exe(root / "usr/local/cuda-12.8/bin/nsys")
     assert G.find_nsys({"PATH": ""}, root)[0] == str(toolkit)  # bin/nsys first
+    # An Nsight Systems whose importer is there wins over copies that cannot write reports.
+    systems = touch_exe(root / "opt/nvidia/nsight-systems/2024.1.1/target-linux-x64/nsys")
+    touch_exe(root / "opt/nvidia/nsight-systems/2024.1.1/host-linux-x64/QdstrmImporter")
+    assert G.find_nsys({"PATH": ""}, root)[0] == str(systems)
 
 
 # --- docs/gpu.md ----------------------------------------------------------------------------------
@@ -199,6 +333,8 @@ def test_render_lists_the_machine_every_result_and_how_to_run() -> None:
 def test_the_committed_docs_gpu_md_says_how_to_run_it() -> None:
     text = (ROOT / "docs" / "gpu.md").read_text()
     assert G.HOW_TO_RUN.strip() in text
+    assert G.TWO_GPUS.strip() in text
+    assert "## Two GPUs (manual)" in G.render({}, [], "now", "x")
 
 
 # --- no GPU ---------------------------------------------------------------------------------------

@@ -8,7 +8,7 @@ import random
 from typing import Any
 
 import pytest
-from test_stackgroups import IN_ALLREDUCE, IN_CHECKPOINT, IN_LOAD, rank
+from test_stackgroups import IN_ALLREDUCE, IN_CHECKPOINT, IN_LOAD, TORCH, fr, rank
 
 from profd.watch import hang
 
@@ -155,6 +155,41 @@ def test_diagnose_uniform_ranks_say_why_there_is_no_suspect() -> None:
     unread = hang.diagnose([rank(i, None) for i in range(2)])
     assert unread["suspects"] == [] and unread["groups"] == []
     assert unread["verdict"].startswith("no rank's stacks could be read: ")
+
+
+#: The training thread ending an nsys capture range: the step hook, the client's
+#: NsysRange.finish, torch's profiler stop (cudaProfilerStop, native below it).
+IN_NSYS_STOP = [
+    {"function": "cudaProfilerStop", "file": "/usr/lib/libcudart.so.13", "line": 0, "native": True},
+    fr("stop", "/opt/venv/lib/python3.12/site-packages/torch/cuda/profiler.py", 67),
+    fr("NsysRange.finish", "/opt/venv/lib/python3.12/site-packages/profd_client/nsysrange.py", 57),
+    fr("StepCounter._advance", "/opt/venv/lib/python3.12/site-packages/profd_client/steps.py", 385),
+    fr("Optimizer.profile_hook_step.<locals>.wrapper", TORCH, 487),
+    fr("<module>", "/home/u/job/cudajob.py", 84),
+]
+
+
+def test_uniform_ranks_inside_cudaprofilerstop_are_named_nsys_flushing_not_a_pause() -> None:
+    for frames in (IN_NSYS_STOP, [f for f in IN_NSYS_STOP if not f.get("native")]):
+        found = hang.diagnose([rank(i, frames) for i in range(2)])
+        assert found["suspects"] == []
+        v = found["verdict"]
+        assert "inside cudaProfilerStop while nsys flushes" in v, v
+        assert "paused on purpose" not in v and "cudajob.py:84" in v
+    # Waiting in the CUDA sync before the stop is the GPU's work, not nsys's flush.
+    syncing = [
+        fr("synchronize", "/opt/venv/lib/python3.12/site-packages/torch/cuda/__init__.py", 985),
+        fr(
+            "NsysRange._sync",
+            "/opt/venv/lib/python3.12/site-packages/profd_client/nsysrange.py",
+            87,
+        ),
+        *IN_NSYS_STOP[2:],
+    ]
+    assert "cudaProfilerStop" not in hang.diagnose([rank(0, syncing)])["verdict"]
+    # The same torch call outside profd's nsys range (the job's own) is not named so.
+    own = [IN_NSYS_STOP[1], fr("profile_window", "/home/u/job/cudajob.py", 70)]
+    assert "paused on purpose" in hang.diagnose([rank(0, own)])["verdict"]
 
 
 def _incident(host: str, ranks: list[dict[str, Any]], at: float, **kw: Any) -> dict[str, Any]:

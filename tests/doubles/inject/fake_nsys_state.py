@@ -10,6 +10,11 @@ fake ``nsys launch`` injects into the profiled processes. A session is a directo
 - ``lock``: ``fcntl.flock`` target guarding every read-modify-write of ``collection.json``.
 
 The reports are JSON, not real ``.nsys-rep`` files; only this double can read them.
+
+Like nsys, the double converts a range's ``.qdstrm`` into the report only when a
+``QdstrmImporter`` sits beside it (``tests/doubles/QdstrmImporter``, a stand-in). A copy of
+the double without one behaves like the nsys inside Nsight Compute: it prints nsys's importer
+error and leaves only the ``.qdstrm``.
 """
 
 from __future__ import annotations
@@ -18,10 +23,19 @@ import contextlib
 import fcntl
 import json
 import os
+import sys
 from collections.abc import Iterator
 from typing import Any
 
 COLLECTION = "collection.json"
+#: The folder of the ``nsys`` double (this file is in its ``inject/``).
+DOUBLE_DIR = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+IMPORTER = "QdstrmImporter"
+#: What nsys 2025.3 (the copy inside Nsight Compute) prints when it cannot import.
+IMPORTER_ERROR = (
+    "Importer error status: An unknown error occurred.\n"
+    "Unable to retrieve the importer version: skipping importation of the QDSTRM file."
+)
 LOCK = "lock"
 REPORT_SUFFIX = ".nsys-rep"
 
@@ -82,17 +96,25 @@ def write_report(session_dir: str, coll: Collection) -> str:
     path = report_path(coll["base"], rng["index"])
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     qdstrm = path[: -len(REPORT_SUFFIX)] + ".qdstrm"
-    open(qdstrm, "w").close()
     report = {
         "fake_nsys_report": True,
         "session": os.path.basename(os.path.normpath(session_dir)),
         "range": rng["index"],
         "events": rng["events"],
     }
+    if not can_import():
+        write_json_atomic(qdstrm, report)
+        print(IMPORTER_ERROR, file=sys.stderr, flush=True)
+        return qdstrm
+    open(qdstrm, "w").close()
     write_json_atomic(path, report)
     with contextlib.suppress(FileNotFoundError):
         os.unlink(qdstrm)
     return path
+
+
+def can_import() -> bool:
+    return os.access(os.path.join(DOUBLE_DIR, IMPORTER), os.X_OK)
 
 
 def close_range(session_dir: str, coll: Collection) -> None:
