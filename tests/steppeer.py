@@ -42,7 +42,7 @@ s = zmq.Context().socket(zmq.DEALER)
 s.setsockopt(zmq.LINGER, 0)
 s.connect("ipc://" + cfg["socket"])
 ids = iter(range(1, 1 << 30))
-step, last, stalled, pending = 0, time.monotonic(), False, []
+step, last, stalled, pending, seen = 0, time.monotonic(), False, [], set()
 
 def send(t, **f):
     s.send(msgpack.packb({"v": v, "t": t, **f}))
@@ -69,7 +69,11 @@ while True:
         if m["t"] == "error" and m.get("code") == "unknown_client":
             say_hello()
         elif m["t"] == "arm" and on_arm == "capture":
-            pending.append(m)
+            # Acked, and taken once: the daemon sends an arm again until it is acked.
+            send("armed", session=m["session"], cycles=m["cycles"])
+            if m["session"] not in seen:
+                seen.add(m["session"])
+                pending.append(m)
         elif m["t"] == "arm" and on_arm == "stall":
             send("armed", session=m["session"], cycles=m["cycles"])
             stalled = True
