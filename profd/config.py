@@ -199,6 +199,8 @@ class WatchConfig:
     sample_every: int = 0
     sample_steps: int = 2
     keep_samples: float = 86400.0
+    #: The least seconds a sample is given before it ends with what it got.
+    sample_timeout: float = sampling.MIN_TIMEOUT_S
     #: Arm a capture on each incident.
     capture: bool = True
     #: Ranks a regression's capture takes at most.
@@ -228,6 +230,7 @@ _WATCH_NUMBERS: tuple[tuple[str, type[float] | type[int], float, bool], ...] = (
     ("sample_every", int, 0, True),
     ("sample_steps", int, 1, True),
     ("keep_samples", float, 0, False),
+    ("sample_timeout", float, 0, False),
     ("capture_ranks", int, 1, True),
 )
 _MAX_SAMPLE_STEPS = MAX_CYCLE_STEPS  # a sample is one capture cycle

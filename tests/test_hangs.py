@@ -6,6 +6,8 @@ short, real gloo DDP jobs of ``tests/jobs/stuck.py``, stacks read by real py-spy
   when rank 1 comes back and the job steps again, the incident is resolved;
 * at 2 ranks, rank 1 holding the GIL in one C call (its agent thread starved): still
   attached, read by py-spy, named;
+* a daemon restarted while a job is stalled holds its open hang incident again, and resolves
+  it as soon as the job steps again (raw stepping peers: ``steppeer.py``);
 * every rank in ``save_checkpoint`` at once (a pause on purpose): an incident with no
   suspect that says so;
 * two daemons, a 2-node job whose node-b ranks are both stuck (each node looks uniform
@@ -25,6 +27,7 @@ import pytest
 from clusters import Cluster
 from daemonproc import BIN, free_port
 from harness import JOBS, Daemon, Job, wait_for
+from steppeer import step_peers
 
 pytestmark = [pytest.mark.slow]
 
@@ -119,6 +122,36 @@ def test_a_rank_holding_the_gil_is_read_from_outside_and_named_at_2_ranks(
     # Its agent thread is starved, yet the rank is still attached (its process lives).
     wait_for(lambda: "rank 1) silent for" in d.log.read_text(), WAIT, "rank 1's silence")
     assert sorted(r["rank"] for r in d.ps()) == [0, 1]
+
+
+def test_a_hang_restored_after_a_restart_is_resolved_when_the_job_steps_again(
+    daemon_factory: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    d = daemon_factory(config=WATCH)
+    with step_peers(tmp_path) as spawn:
+        peers = [spawn(d, "restored", rank) for rank in (0, 1)]
+        # Two seconds of steps: the stall rule judges a job it saw step.
+        d.wait_attached(2, WAIT, min_step=100)
+        for p in peers:
+            p.stop()
+        (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident")
+        assert inc["state"] == "open", inc
+        d.stop()
+        d.start()
+        # Back, still stalled: the incident is held again, still open (the default window
+        # and baseline keep a restored one open for minutes without a report).
+        d.wait_attached(2, WAIT)
+        (held,) = hangs(d.ctl_json)
+        assert (held["id"], held["state"]) == (inc["id"], "open"), held
+        for p in peers:
+            p.go()
+        done = wait_for(
+            lambda: [i for i in hangs(d.ctl_json) if i["state"] == "resolved"],
+            WAIT / 2,
+            "the restored incident resolved once the job steps again",
+        )
+    assert [i["id"] for i in done] == [inc["id"]], done
+    assert "job restored steps again" in d.log.read_text()
 
 
 def test_every_rank_paused_in_the_same_place_is_a_hang_with_no_suspect_that_says_so(

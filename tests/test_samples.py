@@ -4,6 +4,9 @@
   rank 1 starts sleeping before the all-reduce name nobody; the first sample after names rank
   1 (a ``straggler`` incident, its evidence the sample). The incident comparison on those real
   captures: the suspect against its peer, and the slowed job against its last calm sample.
+* A rank that stops stepping just before a sample's steps (a raw stepping peer,
+  ``steppeer.py``): the sample ends with what it got once its time is up (the rank that
+  captured processed and indexed, the other failed as not reached), and later samples go on.
 * Two daemons, a 2-node torchrun job: every sample is one session id on both daemons, with
   the same steps, and ``profctl --cluster report`` over it covers all four ranks.
 """
@@ -19,6 +22,7 @@ from typing import Any
 import pytest
 from clusters import Cluster
 from harness import Daemon, Job, wait_for
+from steppeer import step_peers
 from test_cluster_start import launch_two_nodes, stepping, stop_agents
 
 from profd.report.incident_compare import compare
@@ -143,6 +147,39 @@ def test_the_first_sample_after_a_rank_slows_names_it_and_none_before(
     regression = {**incident, "kind": "regression", "suspects": []}
     c = compare(regression, cap, base)
     assert c["sample"] == base["id"] and c["capture_vs_sample"]["summary"]["step"]["delta_ms"] > 0
+
+
+def test_a_sample_a_stuck_rank_cannot_complete_ends_with_what_it_got_and_sampling_goes_on(
+    daemon_factory: Callable[..., Daemon], tmp_path: Path
+) -> None:
+    # A short sample_timeout: the rate-based part (50 steps of 20 ms per recorded step) is
+    # shorter still, so each sample is given its warm-up lead and 3 s.
+    d = daemon_factory(
+        config="[daemon]\nheartbeat_interval = 0.5\n[watch]\nenabled = false\n"
+        "capture = false\nsample_every = 40\nsample_steps = 2\nsample_timeout = 3\n"
+    )
+    with step_peers(tmp_path) as spawn:
+        spawn(d, "stuck", 0, on_arm="capture")
+        # Rank 1 stops stepping as soon as a sample is armed on it, before its steps.
+        spawn(d, "stuck", 1, on_arm="stall")
+        cut = wait_for(
+            lambda: (e := ended(d, "stuck")) and len(e) >= 2 and e,
+            WAIT / 2,
+            "two samples ended although rank 1 stopped stepping",
+        )
+    first, second = cut[:2]
+    assert second["cycles"][0][1] > first["cycles"][0][1], cut
+    for s in (first, second):
+        shown = d.ctl_json("show", s["id"])
+        assert shown["state"] == "partial", shown
+        ranks = {t["rank"]: t for t in shown["targets"]}
+        assert (ranks[0]["state"], ranks[0]["traces"]) == ("done", 1), ranks[0]
+        assert ranks[1]["state"] == "failed", ranks[1]
+        assert "not reached" in ranks[1]["error"] and "sample not over in" in ranks[1]["error"]
+        # The rank that captured is processed and indexed: its trace is listed.
+        traces = d.ctl_json("traces", "--session", s["id"])
+        assert [t["rank"] for t in traces] == [0], traces
+    assert "ended with what it got; not reached: r rank 1" in d.log.read_text()
 
 
 def test_a_sample_is_one_session_with_the_same_steps_on_every_node(

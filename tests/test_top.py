@@ -17,6 +17,7 @@ import sys
 import termios
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,6 +25,7 @@ from clusters import Cluster, free_port
 from daemonproc import BIN, wait_for
 from harness import Daemon
 from rawpeer import HELLO, pack
+from steppeer import step_peers
 
 EXIT_NODES_MISSING = 4
 FAST_S, SLOW_S = 0.030, 0.042  # the slow rank is 40 % slower
@@ -263,3 +265,28 @@ def test_top_across_nodes(cluster: Cluster, stepper: Spawn) -> None:
     assert r.returncode == EXIT_NODES_MISSING, r.stderr
     assert len(json.loads(r.stdout)["ranks"]) == 3
     assert f"{down} did not answer" in r.stderr
+
+
+def test_hostile_host_and_region_names_are_escaped_in_text_and_exact_in_json(
+    daemon: Daemon, tmp_path: Path
+) -> None:
+    """A peer's host (up to 255 characters) and region names (any content) reach other
+    users' tables: an OSC 52 clipboard write, a newline that forges a row, a bidi override
+    and a carriage return are shown escaped, one row per rank; ``--json`` has them exact."""
+    host = "evil\x1b]52;c;SGVsbG8=\x07\nforged-host  4242  job  r  0/1"
+    region = "\u202ebad\x1b[2J\r"
+    with step_peers(tmp_path) as spawn:
+        spawn(daemon, "hostile", 0, v=3, regions=(region, "data"), host=host)
+        wait_for(lambda: (rows := top_json(daemon.ctl)) and rows[0]["regions"], 30, "region shares")
+        ps_text = daemon.ctl("ps")
+        top_text = daemon.ctl("top", "--once")
+        [row] = daemon.ps()
+        [top_row] = top_json(daemon.ctl)
+    assert ps_text.returncode == 0 and top_text.returncode == 0, (ps_text, top_text)
+    for out, lines in ((ps_text.stdout, 2), (top_text.stdout, 3)):
+        assert out.count("\n") == lines, out  # (a header line, the column heads,) one row
+        for raw in ("\x1b", "\x07", "\r", "\u202e"):
+            assert raw not in out, (raw, out)
+        assert "evil\\x1b]52;c;SGVsbG8=\\x07\\x0aforged-host" in out, out
+    assert "\\u202ebad\\x1b[2J\\x0d" in top_text.stdout, top_text.stdout
+    assert row["host"] == host and region in top_row["regions"], (row, top_row)

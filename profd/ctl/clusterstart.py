@@ -14,13 +14,12 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-import click
-
 from profd.ctl.cluster import Node
 from profd.ctl.commands.wait import Followed
 from profd.ctl.errors import CtlError, unmatched_refusal
 from profd.ctl.main import Env
 from profd.ctl.nodes import Answer, NodeLike, on_node
+from profd.ctl.render import say
 from profd.ids import new_session_id
 from profd.scheduling import planner
 from profd.scheduling import schedule as sch
@@ -171,7 +170,7 @@ def _probe(env: Env, spec: dict[str, Any]) -> list[Answer]:
         # rate; after waiting out silent nodes (--node-timeout) that guess is seconds old,
         # and a rank that sped up since would be past the steps before they reach it. Ask
         # the answering nodes again, over the connections just made, and plan from now.
-        click.echo(f"profctl: asking the {len(answered)} answering node(s) again", err=True)
+        say(f"profctl: asking the {len(answered)} answering node(s) again", err=True)
         again = env.nodes.ask(P.C_START, {"spec": probe}, answered)
         fresh = {a.node: a for a in again if a.ok}
         answers = [fresh.get(a.node, a) for a in answers]

@@ -15,7 +15,7 @@ from profd.ctl.connection import LocalDaemon
 from profd.ctl.errors import CtlError
 from profd.ctl.flags import user_text
 from profd.ctl.nodes import Gathered, NodeLike, NodeSet
-from profd.ctl.render import emit_json
+from profd.ctl.render import emit_json, say
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -109,7 +109,7 @@ def command(f: F) -> F:
             message = user_text(str(exc))
             if env is not None and env.json:
                 emit_json({"error": message, "code": exc.code})
-            click.echo(f"profctl: {message}", err=True)
+            say(f"profctl: {message}", err=True)
             sys.exit(exc.exit_code)
         except KeyboardInterrupt:
             sys.exit(130)
@@ -130,10 +130,10 @@ def _missing_nodes(env: Env) -> None:
         for a in g.missing:
             seen.setdefault(a.node.address, a.why)
     for why in seen.values():
-        click.echo(f"profctl: {why}", err=True)
+        say(f"profctl: {why}", err=True)
     if code:
         n = len(env.nodes.nodes)
-        click.echo(f"profctl: {len(seen)} of {n} node(s) did not answer", err=True)
+        say(f"profctl: {len(seen)} of {n} node(s) did not answer", err=True)
         sys.exit(code)
 
 

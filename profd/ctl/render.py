@@ -1,14 +1,24 @@
-"""Human output for profctl: tables, sizes, times. ``--json`` bypasses all of this."""
+"""Human output for profctl: tables, sizes, times. ``--json`` bypasses all of this.
+
+Everything profctl prints for people goes through :func:`say` (and :func:`control` for its
+own terminal sequences), and every table cell through :func:`table`: names in replies come
+from peers (a host, a region, a function) and may hold any character, so both escape what a
+terminal would act on (:func:`profd.textfmt.printable`). A cell is one line whatever it
+holds; :func:`line_block` does the same for text made of lines. ``--json`` stays exact (JSON
+escapes control characters itself).
+"""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from profd.textfmt import human_bytes
+import click
+
+from profd.textfmt import human_bytes, printable
 
 Column = tuple[str, Callable[[dict[str, Any]], Any]]
 
@@ -56,9 +66,39 @@ def opt(v: Any, fmt: str = "{}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def say(text: str = "", err: bool = False, nl: bool = True, eol: str = "") -> None:
+    """Write ``text`` for people (stdout, or stderr with ``err``): every character a
+    terminal would act on is escaped but the newlines (see the module docstring). ``eol``:
+    profctl's own sequence written before each newline (clearing the rest of a line)."""
+    out = printable(text, newlines=True)
+    if eol:
+        out = out.replace("\n", eol + "\n")
+    click.echo(out, err=err, nl=nl)
+
+
+def control(seq: str) -> None:
+    """Write one of profctl's own terminal sequences (a constant: never text from a reply)."""
+    sys.stdout.write(seq)
+    sys.stdout.flush()
+
+
+def document(text: str) -> None:
+    """Write a document as it is (an HTML page to stdout, ``report -o -``): a file's bytes
+    for a pipe, escaped by its own format, not text for a terminal."""
+    sys.stdout.write(text)
+    sys.stdout.flush()
+
+
+def line_block(items: Iterable[str]) -> str:
+    """Lines made of values from replies, one line each whatever a value holds (a newline in
+    one is escaped), joined: what :func:`say` prints of them is one line per item."""
+    return "\n".join(printable(x) for x in items)
+
+
 def table(rows: Sequence[dict[str, Any]], columns: Sequence[Column]) -> str:
+    """Rows as aligned columns; each cell on one line, escaped (see the module docstring)."""
     cells = [[str(h) for h, _ in columns]]
-    cells += [[str(f(r)) for _, f in columns] for r in rows]
+    cells += [[printable(str(f(r))) for _, f in columns] for r in rows]
     widths = [max(len(row[i]) for row in cells) for i in range(len(columns))]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells

@@ -37,16 +37,25 @@ ARM_AHEAD_S = 5.0
 MIN_AHEAD_STEPS = 2 * planner.UNKNOWN_RATE_LEAD + 4
 #: A sample is a glance, not a capture: its files are every rank's, every ``sample_every``.
 MAX_SAMPLE_STEPS = 100
+#: A sample not over within this many of the job's typical steps per recorded step (or
+#: ``[watch] sample_timeout`` seconds, whichever is longer), counted from its warm-up step,
+#: ends with what it got (:func:`time_limit`): a rank that stopped stepping must not hold
+#: its job's sampling for good.
+TIMEOUT_STEPS = 50
+#: ``[watch] sample_timeout``'s default: the least time a sample is given.
+MIN_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
 class SampleRules:
     """``[watch]``'s sample keys: ``sample_every`` steps (0: off), ``sample_steps`` recorded
-    steps per sample, ``keep_samples`` seconds a sample's trace files are kept."""
+    steps per sample, ``keep_samples`` seconds a sample's trace files are kept, ``timeout``
+    the least seconds a sample is given (``sample_timeout``: :func:`time_limit`)."""
 
     sample_every: int = 0
     sample_steps: int = 2
     keep_samples: float = 86400.0
+    timeout: float = MIN_TIMEOUT_S
 
     @property
     def on(self) -> bool:
@@ -114,3 +123,17 @@ def due(rules: SampleRules, targets: Sequence[planner.TargetState], now: float) 
     if cycle[2] > P.MAX_STEP or cycle[0] > horizon:
         return None
     return cycle
+
+
+def typical_step_s(rates: Sequence[float]) -> float | None:
+    """A job's typical step (seconds) from its ranks' rates (steps/s; 0: unknown), or None.
+    The lower median: a rank that stopped (rate 0) does not count, and fewer than half of
+    the ranks claiming slow steps cannot lengthen what the job is given."""
+    steps = sorted(1.0 / r for r in rates if r > 0)
+    return steps[(len(steps) - 1) // 2] if steps else None
+
+
+def time_limit(rules: SampleRules, step_s: float | None) -> float:
+    """Seconds a sample is given from its warm-up step: ``sample_steps`` x
+    :data:`TIMEOUT_STEPS` typical steps, at least ``rules.timeout``."""
+    return max(rules.timeout, TIMEOUT_STEPS * rules.sample_steps * (step_s or 0.0))

@@ -177,12 +177,36 @@ def test_watch_sample_keys_are_read_and_checked(
     monkeypatch.setattr(config, "DEFAULT_CONFIG", tmp_path / "etc" / "profd.toml")
     cfg = load(toml(tmp_path, "[watch]\nsample_every = 500\nsample_steps = 3\n"), env={})
     assert rules_of(cfg.watch) == SampleRules(500, 3, 86400.0)
+    assert rules_of(cfg.watch).timeout == 60.0
+    cfg = load(toml(tmp_path, "[watch]\nsample_every = 500\nsample_timeout = 2.5\n"), env={})
+    assert rules_of(cfg.watch) == SampleRules(500, 2, 86400.0, 2.5)
     assert not rules_of(load(env={}).watch).on  # off unless asked
     for text, why in (
         ("sample_every = 2\n", "overlap"),
         ("sample_every = 100\nsample_steps = 0\n", "sample_steps: must be an integer >= 1"),
         ("sample_every = -1\n", "sample_every: must be an integer >= 0"),
         ("keep_samples = 0\n", "keep_samples: must be a number > 0"),
+        ("sample_timeout = 0\n", "sample_timeout: must be a number > 0"),
     ):
         with pytest.raises(ConfigError, match=why):
             load(toml(tmp_path, "[watch]\n" + text), env={})
+
+
+def test_a_sample_is_given_50_typical_steps_per_recorded_step_and_at_least_60_s() -> None:
+    assert (sampling.TIMEOUT_STEPS, sampling.MIN_TIMEOUT_S) == (50, 60.0)
+    rules = SampleRules(1000, 2)
+    assert sampling.time_limit(rules, None) == 60.0  # rate unknown: the least
+    assert sampling.time_limit(rules, 0.1) == 60.0  # 2 x 50 x 0.1 s = 10 s
+    assert sampling.time_limit(rules, 2.0) == 200.0  # 2 x 50 x 2 s
+    assert sampling.time_limit(SampleRules(1000, 8), 2.0) == 800.0
+    assert sampling.time_limit(SampleRules(1000, 2, timeout=3.0), 0.01) == 3.0
+
+
+def test_a_jobs_typical_step_ignores_stopped_ranks_and_a_slow_minority() -> None:
+    assert sampling.typical_step_s([]) is None
+    assert sampling.typical_step_s([0.0, 0.0]) is None  # nobody measured stepping
+    assert sampling.typical_step_s([10.0, 0.0]) == pytest.approx(0.1)  # one stopped
+    assert sampling.typical_step_s([10.0, 10.0, 0.01]) == pytest.approx(0.1)
+    # One honest and one claiming 100 s steps: the job is given the honest rank's.
+    assert sampling.typical_step_s([10.0, 0.01]) == pytest.approx(0.1)
+    assert sampling.typical_step_s([4.0, 5.0, 10.0, 20.0]) == pytest.approx(0.1)

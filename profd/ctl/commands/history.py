@@ -13,7 +13,7 @@ import click
 from profd.ctl.errors import BadUsage, CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.nodes import Answer
-from profd.ctl.render import Column, emit_json, opt, table
+from profd.ctl.render import Column, emit_json, opt, say, table
 from profd.watch.stats import weighted_quantile
 from profd_client import protocol as P
 
@@ -160,7 +160,7 @@ def history(env: Env, job: str, since: str, until: str | None) -> None:
     # A daemon answers a range with too many rank-minutes for its newest ones only.
     covered = max(float(a.data["since"]) for a in answers)
     if covered > t0:
-        click.echo(
+        say(
             f"profctl: too many minutes for one answer: from {_clock(covered)} on only"
             " (narrow --since)",
             err=True,
@@ -172,7 +172,7 @@ def history(env: Env, job: str, since: str, until: str | None) -> None:
             emit_json(answers[0].data)
         return
     mark_slower(minutes)
-    click.echo(table(minutes, [_when(minutes), *COLUMNS]))
+    say(table(minutes, [_when(minutes), *COLUMNS]))
 
 
 def _clock(t: float) -> str:

@@ -10,7 +10,7 @@ import click
 from profd.ctl.commands.history import parse_when
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
-from profd.ctl.render import Column, ago, emit_json, opt, table
+from profd.ctl.render import Column, ago, emit_json, line_block, opt, say, table
 from profd.report.incident_compare import comparison_text
 from profd.watch import hang
 from profd_client import protocol as P
@@ -71,7 +71,7 @@ def incidents(env: Env, job: str | None, kind: str | None, since: str | None, li
     if env.json:
         emit_json(rows)
     else:
-        click.echo(table(rows, COLUMNS) if rows else "no incidents")
+        say(table(rows, COLUMNS) if rows else "no incidents")
 
 
 @click.command()
@@ -97,7 +97,7 @@ def incident(env: Env, incident_id: str) -> None:
     if env.json:
         emit_json(doc)
         return
-    click.echo(text(doc))
+    say(text(doc))
 
 
 def fetch_incident(env: Env, incident_id: str) -> dict[str, Any]:
@@ -141,8 +141,8 @@ def text(d: dict[str, Any]) -> str:
         lines.append("session   none")
     lines += [f"note      {n}" for n in d.get("notes") or []]
     if d.get("comparison"):
-        lines += ["", comparison_text(d["comparison"])]
-    return "\n".join(lines)
+        lines += ["", *comparison_text(d["comparison"]).split("\n")]
+    return line_block(lines)
 
 
 def _hang_lines(d: dict[str, Any]) -> list[str]:

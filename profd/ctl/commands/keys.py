@@ -10,7 +10,7 @@ import click
 
 from profd.ctl.errors import BadUsage, CtlError
 from profd.ctl.main import Env, command
-from profd.ctl.render import emit_json
+from profd.ctl.render import emit_json, say
 
 
 @click.group()
@@ -57,7 +57,7 @@ def new(env: Env, name: str, directory: str) -> None:
             }
         )
     else:
-        click.echo(f"wrote {public_file} (public) and {secret_file} (secret, 0600)")
+        say(f"wrote {public_file} (public) and {secret_file} (secret, 0600)")
 
 
 def certificate(name: str, public: bytes, secret: bytes | None = None) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from profd.ctl.main import Env, command
-from profd.ctl.render import Column, age_cell, emit_json, opt, size, step_cell, table
+from profd.ctl.render import Column, age_cell, control, emit_json, opt, say, size, step_cell, table
 from profd_client import protocol as P
 
 
@@ -106,8 +106,9 @@ def ps(
             text = table(rows, columns) if rows else "no attached processes"
             if watch:
                 # Clear and redraw in place, like top.
-                click.echo("\x1b[H\x1b[2J" + time.strftime("%H:%M:%S ") + f"{len(rows)} attached")
-            click.echo(text)
+                control("\x1b[H\x1b[2J")
+                say(time.strftime("%H:%M:%S ") + f"{len(rows)} attached")
+            say(text)
         if not watch:
             return
         time.sleep(interval)

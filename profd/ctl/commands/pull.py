@@ -21,7 +21,7 @@ from profd import fsutil
 from profd.ctl.commands.s3list import child_dirs, ctl_s3, read_manifests, s3_error
 from profd.ctl.errors import CtlError, NoDaemon
 from profd.ctl.main import Env, command
-from profd.ctl.render import emit_json, size
+from profd.ctl.render import emit_json, say, size
 from profd.states import is_terminal
 from profd.store import layout, s3
 from profd_client import protocol as P
@@ -274,7 +274,7 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
         assert url is not None
         download = download_from_s3(client_for(), url, session)
     if download.note:
-        click.echo(f"profctl: {download.note}", err=True)
+        say(f"profctl: {download.note}", err=True)
     if not download.items:
         raise CtlError(f"session {download.session} has no files", code="empty")
     files = fetch(download, Path(out_dir), client_for, quiet=env.json)
@@ -293,4 +293,4 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
             }
         )
     else:
-        click.echo(f"pulled {len(files)} file(s), {size(total)}, into {dest}")
+        say(f"pulled {len(files)} file(s), {size(total)}, into {dest}")

@@ -8,7 +8,6 @@ daemon (``show``), from every node (``--cluster``), or from the session's manife
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -17,7 +16,7 @@ import click
 
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
-from profd.ctl.render import emit_json
+from profd.ctl.render import document, emit_json, say
 from profd_client import protocol as P
 
 S3_OPTION = click.option(
@@ -99,7 +98,7 @@ def report(
         try:
             rep.incident = fetch_incident(env, label[len("incident:") :])
         except CtlError as exc:
-            click.echo(f"profctl: the incident of this capture is not readable: {exc}", err=True)
+            say(f"profctl: the incident of this capture is not readable: {exc}", err=True)
     if not rep.ranks:
         raise CtlError(
             f"session {rep.session} has no per-rank statistics"
@@ -110,7 +109,7 @@ def report(
     path = out or f"profd-report-{rep.session}.html"
     page = renderers()["html"].render(rep)
     if path == "-":
-        sys.stdout.write(page)
+        document(page)
     elif out is not None or not env.json:
         Path(path).write_text(page, encoding="utf-8")
     written: list[str] = []
@@ -123,10 +122,10 @@ def report(
         emit_json(doc)
         return
     if path != "-":
-        click.echo(TextRenderer().render(rep), nl=False)
-        click.echo(f"\nreport: {path}")
+        say(TextRenderer().render(rep), nl=False)
+        say(f"\nreport: {path}")
     for w in written:
-        click.echo(f"timeline: {w}")
+        say(f"timeline: {w}")
 
 
 def _timelines(env: Env, rep: Any, s3_url: str | None, where: str | None) -> list[str]:
@@ -248,4 +247,4 @@ def diff(env: Env, session_a: str, session_b: str, s3_url: str | None) -> None:
     if env.json:
         emit_json(d)
     else:
-        click.echo(diff_text(d), nl=False)
+        say(diff_text(d), nl=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from profd.ctl.main import Env, command
-from profd.ctl.render import emit_json
+from profd.ctl.render import emit_json, say
 from profd_client import protocol as P
 
 
@@ -25,4 +25,4 @@ def retry(env: Env, session: str | None) -> None:
         emit_json(env.per_node(rows))
     else:
         n = sum(r["requeued"] for r in rows)
-        click.echo(f"requeued {n} upload(s)" if n else "nothing to retry")
+        say(f"requeued {n} upload(s)" if n else "nothing to retry")

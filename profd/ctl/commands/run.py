@@ -24,7 +24,7 @@ import click
 from profd import nsys
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
-from profd.ctl.render import emit_json
+from profd.ctl.render import emit_json, say
 from profd_client import protocol as P
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -80,7 +80,7 @@ def run(env: Env, /, **kw: Any) -> None:
         session = f"profd-{secrets.token_hex(4)}"
         child_env[P.NSYS_SESSION_ENV] = session
         argv = nsys.launch_argv(binary, session, cmd, kw["nsys_trace"], kw["nsys_opts"])
-        click.echo(
+        say(
             f"profctl: nsys session {session}; capture with"
             " `profctl start --backend nsys --steps A:B ...`",
             err=True,

@@ -15,11 +15,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
-import click
-
 from profd import globs
 from profd.config import ConfigError, S3Config, load
 from profd.ctl.errors import CtlError
+from profd.ctl.render import say
 from profd.store import layout, s3
 
 #: Sessions whose id says they started this long before ``--since`` are not even fetched.
@@ -115,7 +114,7 @@ def read_manifests(client: Any, bucket: str, prefix: str, job: str, sid: str) ->
     found = [m for k in sorted(keys) if (m := _get_json(client, bucket, k)) is not None]
     gap = layout.missing_manifests(found)
     if gap is not None:
-        click.echo(f"profctl: session {sid}: {gap}", err=True)
+        say(f"profctl: session {sid}: {gap}", err=True)
     return found
 
 
@@ -132,7 +131,7 @@ def _get_json(client: Any, bucket: str, key: str) -> Any:
         return json.loads(body)
     except ValueError as exc:
         # One damaged manifest must not hide every other session.
-        click.echo(f"profctl: skipping s3://{bucket}/{key}: not JSON ({exc})", err=True)
+        say(f"profctl: skipping s3://{bucket}/{key}: not JSON ({exc})", err=True)
         return None
 
 

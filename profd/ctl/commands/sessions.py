@@ -9,7 +9,7 @@ import click
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.nodes import Answer
-from profd.ctl.render import Column, ago, emit_json, opt, steps_text, table
+from profd.ctl.render import Column, ago, emit_json, line_block, opt, say, steps_text, table
 from profd.states import combine
 from profd_client import protocol as P
 
@@ -49,7 +49,7 @@ def sessions(env: Env, state: str | None, job: str | None, limit: int) -> None:
     if env.json:
         emit_json(rows)
     else:
-        click.echo(table(rows, columns) if rows else "no sessions")
+        say(table(rows, columns) if rows else "no sessions")
 
 
 @click.command()
@@ -64,17 +64,19 @@ def show(env: Env, session: str) -> None:
     if env.json:
         emit_json(s)
         return
-    click.echo(f"session {s['id']}  job {s['job']}  state {s['state']}  backend {s['backend']}")
     moved = s.get("plan") or 0
-    note = f"  (moved {moved}x: a rank got earlier steps too late)" if moved else ""
-    click.echo(f"steps   {steps_text(s['steps'])}  cycles {s['cycles']}{note}")
+    moves = f"  (moved {moved}x: a rank got earlier steps too late)" if moved else ""
+    head = [
+        f"session {s['id']}  job {s['job']}  state {s['state']}  backend {s['backend']}",
+        f"steps   {steps_text(s['steps'])}  cycles {s['cycles']}{moves}",
+    ]
     if s["region"]:
-        click.echo(f"region  {s['region']}")
+        head.append(f"region  {s['region']}")
     if s["error"]:
-        click.echo(f"error   {s['error']}")
-    for note in s.get("notes") or []:
-        click.echo(f"note    {note}")
-    click.echo(table(s["targets"], TARGET_COLUMNS))
+        head.append(f"error   {s['error']}")
+    head += [f"note    {note}" for note in s.get("notes") or []]
+    say(line_block(head))
+    say(table(s["targets"], TARGET_COLUMNS))
 
 
 def show_session(env: Env, session: str) -> dict[str, Any]:

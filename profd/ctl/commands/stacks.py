@@ -8,7 +8,7 @@ import click
 
 from profd.ctl.errors import BadUsage
 from profd.ctl.main import Env, command
-from profd.ctl.render import emit_json
+from profd.ctl.render import emit_json, line_block, say
 from profd.watch import flightrec, stackgroups
 from profd_client import protocol as P
 
@@ -84,7 +84,7 @@ def render(doc: dict[str, Any], full: bool, tree: bool = False) -> str:
                 for f in t["frames"]:
                     where = f"{f['file']}" if f.get("native") else f"{f['file']}:{f['line']}"
                     lines.append(f"    {f['function']} ({where})")
-    return "\n".join(lines)
+    return line_block(lines)
 
 
 @click.command()
@@ -128,4 +128,4 @@ def stacks(
     if env.json:
         emit_json(doc)
     else:
-        click.echo(render(doc, full, tree))
+        say(render(doc, full, tree))

@@ -12,7 +12,7 @@ from profd import claims
 from profd.ctl.commands.wait import Followed, echo_end, follow
 from profd.ctl.errors import ranks_text, unmatched_refusal
 from profd.ctl.main import Env, command
-from profd.ctl.render import emit_json, steps_text
+from profd.ctl.render import emit_json, say, steps_text
 from profd_client import protocol as P
 from profd_client.ranks import unmatched
 
@@ -115,7 +115,7 @@ def start(env: Env, /, **kw: Any) -> None:
         res.update(state=final["state"], steps=final["steps"], cycles=final["cycles"])
         res["final"] = final
         if not env.json:
-            click.echo(f"session {res['session']}: {final['state']}")
+            say(f"session {res['session']}: {final['state']}")
         echo_end(final, by_node=env.nodes.remote)
     if env.json:
         emit_json(res)
@@ -162,7 +162,7 @@ def warn_duplicates(res: dict[str, Any], by_node: bool) -> None:
     for d in res.get("duplicates") or []:
         where = f"{d['host']}: " if by_node else ""
         what = claims.note(d["role"], d["rank"], list(zip(d["pids"], d["stems"], strict=True)))
-        click.echo(f"profctl: warning: {where}job {d['job']}: {what}", err=True)
+        say(f"profctl: warning: {where}job {d['job']}: {what}", err=True)
 
 
 def echo_started(res: dict[str, Any], by_node: bool) -> None:
@@ -171,13 +171,13 @@ def echo_started(res: dict[str, Any], by_node: bool) -> None:
     for t in res["targets"]:
         by_host.setdefault(t["host"] if by_node else "", []).append(f"{t['role']}:{t['rank']}")
     on = f"  on {len(by_host)} node(s)" if by_node else ""
-    click.echo(f"session {res['session']}  job {res['job']}{on}")
-    click.echo(f"steps   {steps_text(res['steps'])}  ({len(res['cycles'])} cycle(s))")
+    say(f"session {res['session']}  job {res['job']}{on}")
+    say(f"steps   {steps_text(res['steps'])}  ({len(res['cycles'])} cycle(s))")
     for host, targets in sorted(by_host.items()):
-        click.echo(f"targets {host + ': ' if host else ''}{', '.join(targets)}")
+        say(f"targets {host + ': ' if host else ''}{', '.join(targets)}")
     for n in res["nodes"]:
         if n["state"] != "started":
-            click.echo(f"profctl: {n['host']} left out ({n['state']}): {n['error']}", err=True)
+            say(f"profctl: {n['host']} left out ({n['state']}): {n['error']}", err=True)
 
 
 def warn_missing(missing: list[int], by_node: bool) -> None:
@@ -187,7 +187,7 @@ def warn_missing(missing: list[int], by_node: bool) -> None:
         if len(missing) == 1:
             where = where.replace("are", "is")
         them = "it" if len(missing) == 1 else "them"
-        click.echo(
+        say(
             f"profctl: {ranks_text(missing)} {where}: the session runs without {them}"
             " (--strict refuses instead)",
             err=True,

@@ -7,7 +7,7 @@ from typing import Any
 import click
 
 from profd.ctl.main import Env, command
-from profd.ctl.render import Column, ago, emit_json, size, table
+from profd.ctl.render import Column, ago, emit_json, say, size, table
 from profd_client import protocol as P
 
 
@@ -21,9 +21,9 @@ def status(env: Env) -> None:
     if env.json:
         emit_json(env.per_node(rows))
     elif env.nodes.remote:
-        click.echo(table(rows, CLUSTER_COLUMNS))
+        say(table(rows, CLUSTER_COLUMNS))
     else:
-        click.echo(status_text(rows[0]))
+        say(status_text(rows[0]))
 
 
 def status_text(st: dict[str, Any]) -> str:

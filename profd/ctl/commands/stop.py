@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from profd.ctl.main import Env, command
-from profd.ctl.render import emit_json
+from profd.ctl.render import emit_json, say
 from profd_client import protocol as P
 
 
@@ -19,7 +19,7 @@ def _end(env: Env, request: str, session: str, verb: str) -> None:
         return
     ids = ", ".join(sorted({r["session"] for r in rows}))
     where = f" on {len(rows)} node(s)" if env.nodes.remote else ""
-    click.echo(f"session {ids}: {verb}{where}")
+    say(f"session {ids}: {verb}{where}")
 
 
 @click.command()

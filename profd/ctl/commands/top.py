@@ -14,7 +14,7 @@ from typing import Any
 import click
 
 from profd.ctl.main import Env, command
-from profd.ctl.render import Column, age_cell, emit_json, opt, size, step_cell, table
+from profd.ctl.render import Column, age_cell, control, emit_json, opt, say, size, step_cell, table
 from profd.watch.stats import mark_vs_role, slowest_first
 from profd_client import protocol as P
 
@@ -104,12 +104,11 @@ def keys(interactive: bool) -> Iterator[int | None]:
     old = {s: signal.signal(s, ended) for s in (signal.SIGTERM, signal.SIGHUP)}
     try:
         tty.setcbreak(fd)
-        sys.stdout.write("\x1b[?25l")  # no cursor blinking over the table
+        control("\x1b[?25l")  # no cursor blinking over the table
         yield fd
     finally:
         termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-        sys.stdout.write("\x1b[?25h")
-        sys.stdout.flush()
+        control("\x1b[?25h")
         for s, h in old.items():
             signal.signal(s, h)
 
@@ -164,7 +163,7 @@ def top(env: Env, job: str | None, role: str | None, once: bool, interval: float
         if env.json:
             emit_json({"ranks": rows})
         else:
-            click.echo(frame(env, rows))
+            say(frame(env, rows))
         return
     live = sys.stdout.isatty()
     try:
@@ -174,15 +173,15 @@ def top(env: Env, job: str | None, role: str | None, once: bool, interval: float
                 started = time.monotonic()
                 text = frame(env, ranks(env, job, role))
                 if live:
-                    sys.stdout.write(HOME + text.replace("\n", EOL + "\n") + EOL + BELOW)
+                    control(HOME)
+                    say(text, nl=False, eol=EOL)
+                    control(EOL + BELOW)
                 else:
-                    sys.stdout.write(("" if first else "\n") + text + "\n")
-                sys.stdout.flush()
+                    say(("" if first else "\n") + text)
                 first = False
                 if wait_key(fd, interval - (time.monotonic() - started)):
                     break
     except KeyboardInterrupt:
         pass  # Ctrl-C is how a live view is left: not a failure
     if live:
-        sys.stdout.write("\n")
-        sys.stdout.flush()
+        say()

@@ -11,7 +11,7 @@ import click
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.nodes import NodeLike
-from profd.ctl.render import Column, ago, emit_json, opt, size, steps_text, table
+from profd.ctl.render import Column, ago, emit_json, opt, say, size, steps_text, table
 from profd_client import protocol as P
 
 COLUMNS: list[Column] = [
@@ -66,7 +66,7 @@ def traces(env: Env, /, s3_url: str | None, since: str | None, **kw: Any) -> Non
     if env.json:
         emit_json(rows)
     else:
-        click.echo(table(rows, columns) if rows else "no traces")
+        say(table(rows, columns) if rows else "no traces")
 
 
 def node_traces(env: Env, filters: dict[str, Any]) -> list[dict[str, Any]]:

@@ -7,12 +7,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import click
-
 from profd.ctl.errors import StillLive
 from profd.ctl.main import Env
 from profd.ctl.nodes import Answer, NodeLike
-from profd.ctl.render import steps_text
+from profd.ctl.render import say, steps_text
 from profd_client import protocol as P
 
 #: Polls in a row a node does not answer before it counts as lost (its daemon died).
@@ -59,7 +57,7 @@ def follow(
         shown = [last[n].data for n in nodes if n in last]
         for s in shown:
             if steps is not None and s["steps"] != steps:
-                click.echo(
+                say(
                     f"[{time.strftime('%H:%M:%S')}] steps moved to {steps_text(s['steps'])}:"
                     " a rank got them too late",
                     err=True,
@@ -67,7 +65,7 @@ def follow(
                 steps = s["steps"]
         now_line = _progress(nodes, last)
         if now_line != line:
-            click.echo(f"[{time.strftime('%H:%M:%S')}] {now_line}", err=True)
+            say(f"[{time.strftime('%H:%M:%S')}] {now_line}", err=True)
             line = now_line
         pending = [
             n
@@ -108,8 +106,8 @@ def echo_end(final: dict[str, Any], by_node: bool) -> None:
     """Why a followed session did not get everything: its error and each failed rank's, on
     stderr (``by_node``: each rank with its node)."""
     if final.get("error"):
-        click.echo(f"  {final['error']}", err=True)
+        say(f"  {final['error']}", err=True)
     for t in final["targets"]:
         if t.get("error"):
             where = f"{t['host']} " if by_node else ""
-            click.echo(f"  {where}{t['role']}:{t['rank']} (pid {t['pid']}): {t['error']}", err=True)
+            say(f"  {where}{t['role']}:{t['rank']} (pid {t['pid']}): {t['error']}", err=True)

@@ -7,6 +7,10 @@ Three parts, all on the event loop:
   running, arms the next sample (:func:`profd.watch.sampling.due`) on all its ranks here,
   under the id every node gives it, through :class:`Starter` (quota, reachability, busy
   ranks: a refusal skips that sample, logged at debug);
+* :class:`SampleBound`: a sample not over within its time (:func:`profd.watch.sampling.
+  time_limit`, from its warm-up step) ends with what it got: the ranks that captured are
+  processed and indexed, the rest fail as not reached and are disarmed, and the job's next
+  sample is armed (a rank that stopped stepping must not stop its job's sampling for good);
 * :class:`SampleStragglers`: when a sample session ends, the report's straggler rule over
   each role of it, from the per-rank statistics in the index; a straggler opens an incident;
 * :class:`SampleAging`: sample trace files older than ``keep_samples`` are deleted unless an
@@ -95,6 +99,71 @@ class SampleArming:
             self._skip[job] = cycle[1]
             log.debug("sample %s of job %s not armed: %s", sid, job, exc)
             return None
+
+
+#: Disarms a target's process (``Arms.disarm``): ``(session, client, keep)``.
+Disarm = Callable[[Session, Client, bool], None]
+
+
+class SampleBound:
+    """Ends the samples that ran out of time (see the module docstring). Each live sample's
+    deadline is set the first tick it is seen (its arm, or a restarted daemon's restore)."""
+
+    def __init__(
+        self, rules: SampleRules, registry: Registry, sessions: Sessions, disarm: Disarm
+    ) -> None:
+        self.rules = rules
+        self.registry = registry
+        self.sessions = sessions
+        self.disarm = disarm
+        #: Live sample id -> (monotonic deadline, seconds it was given).
+        self._due: dict[str, tuple[float, float]] = {}
+
+    def tick(self, now: float) -> list[Session]:
+        """The samples ended now for running out of time."""
+        live = {s.id: s for s in self.sessions.live() if s.label == LABEL}
+        self._due = {sid: d for sid, d in self._due.items() if sid in live}
+        ended = []
+        for sid, s in live.items():
+            due = self._due.get(sid)
+            if due is None:
+                self._due[sid] = self._deadline(s, now)
+            elif now >= due[0] and any(t.open for t in s.targets.values()):
+                # (With none open, its captures are in the pipeline: it ends by itself.)
+                self._cut(s, due[1])
+                ended.append(s)
+        return ended
+
+    def _deadline(self, s: Session, now: float) -> tuple[float, float]:
+        clients = [c for c in map(self.registry.lookup, s.targets) if c is not None]
+        step_s = sampling.typical_step_s([c.sps for c in clients])
+        given = sampling.time_limit(self.rules, step_s)
+        # Counted from its warm-up step: it is armed a few seconds of steps ahead of it.
+        lead = 0.0
+        if step_s is not None and s.cycles:
+            at = max(target_state(c).estimated_step(now) for c in clients)
+            lead = max(0.0, s.cycles[0][0] - at) * step_s
+        return now + lead + given, lead + given
+
+    def _cut(self, s: Session, given: float) -> None:
+        steps = f"{s.cycles[0][1]}-{s.cycles[-1][2] - 1}" if s.cycles else "?"
+        cut = []
+        for t in [t for t in s.targets.values() if t.open]:
+            c = self.registry.lookup(t.key)
+            at = f" (at step {c.step})" if c is not None else ""
+            why = f"sample not over in {given:.0f}s: steps {steps} not reached{at}"
+            self.sessions.cut(s, t, why)
+            cut.append(f"{t.role} rank {t.rank}{at}")
+            if c is not None:
+                self.disarm(s, c, False)
+        del self._due[s.id]
+        log.warning(
+            "sample %s of job %s not over in %.0fs: ended with what it got; not reached: %s",
+            s.id,
+            s.job,
+            given,
+            ", ".join(cut),
+        )
 
 
 def role_reports(session: Mapping[str, Any]) -> list[Report]:
@@ -238,15 +307,18 @@ class Samples:
         clear_incident: ClearIncident,
     ) -> None:
         self.arming = SampleArming(rules, registry, sessions, starter)
+        self.bound = SampleBound(rules, registry, sessions, starter.arms.disarm)
         self.stragglers = SampleStragglers(index, open_incident, clear_incident)
         self.aging = SampleAging(index, rules.keep_samples, referenced)
 
     def set_rules(self, rules: SampleRules) -> None:
         """``[watch]`` read again (SIGHUP): the next tick arms by the new rules."""
         self.arming.rules = rules
+        self.bound.rules = rules
         self.aging.keep_s = rules.keep_samples
 
     def tick(self, now: float, wall: float) -> None:
+        self.bound.tick(now)
         self.arming.tick(now)
         self.aging.tick(wall)
 
@@ -257,4 +329,6 @@ class Samples:
 
 def rules_of(watch: Any) -> SampleRules:
     """The sample keys of ``[watch]`` (``config.WatchConfig``)."""
-    return SampleRules(watch.sample_every, watch.sample_steps, watch.keep_samples)
+    return SampleRules(
+        watch.sample_every, watch.sample_steps, watch.keep_samples, watch.sample_timeout
+    )

@@ -138,6 +138,15 @@ class Target:
         self.gone = self.gone or gone
         self._settle()
 
+    def _cut(self, why: str) -> None:
+        """Its session's time is up: the captures it reported stand (they go through the
+        pipeline and count, as a stop's); with none, it did not get to its steps (``why``)."""
+        if self.traces or self.outstanding:
+            self.client_final = "stopped"
+        else:
+            self.client_final, self.error = "failed", why
+        self._settle()
+
     def _gone(self, why: str | None) -> None:
         self.gone = True
         self.error = self.error or why
@@ -413,6 +422,12 @@ class Sessions:
     def cancel(self, s: Session, why: str) -> None:
         s.error = why
         self.save(s)
+
+    def cut(self, s: Session, t: Target, why: str) -> None:
+        """``s`` ran out of time (a sample that cannot complete) and ends with what it got:
+        ``t``, still open, keeps the captures it reported, or fails with ``why``."""
+        t._cut(why)
+        self.save(s, t)
 
     def gone_from(self, s: Session, t: Target, why: str | None) -> None:
         t._gone(why)

@@ -2,7 +2,8 @@
 its ranks here finished a step for ``stall_after`` while their processes live; the daemon
 then reads every rank's stacks once (off the loop, :class:`RankStacks`) and records a
 ``hang`` incident whose suspects are the ranks outside the majority group. A job that steps
-again resolves it at once.
+again resolves it at once, also when the incident was opened before a daemon restart (the
+restarted daemon holds it again from the index).
 
 What it ignores: a job none of whose ranks this daemon saw finish a step (loading, compiling,
 or already stuck when the daemon started: nothing says how long its steps take); a rank that
@@ -79,9 +80,10 @@ class Hangs:
             return
         limit = hang.stall_limit(self.stall_after, clock.step_s)
         if quiet < limit:
-            if job in self.stalled:
-                self.stalled.discard(job)
-                self.incidents.clear("hang", job)
+            self.stalled.discard(job)
+            # Whether this daemon opened the incident or restored it from the index (a
+            # restart while the job was stalled): a job seen stepping here is not stalled.
+            if self.incidents.clear("hang", job):
                 log.info("job %s steps again", job)
             return
         if job in self.stalled:

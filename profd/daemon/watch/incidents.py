@@ -167,12 +167,15 @@ class Incidents:
         self._seen[inc.id] = self._clock()
         return True
 
-    def clear(self, kind: str, job: str) -> None:
+    def clear(self, kind: str, job: str) -> bool:
         """The job-wide ``kind`` of ``job`` is over (a stalled job stepped again): its open
-        incident is resolved now, not after its hold."""
+        incident, opened by this daemon or restored from the index, is resolved now, not
+        after its hold. Whether there was one."""
         inc = self.held.get(self._by_key.get((kind, job, None, None), ""))
-        if inc is not None and inc.state == OPEN:
-            self._resolve(inc, self._clock())
+        if inc is None or inc.state != OPEN:
+            return False
+        self._resolve(inc, self._clock())
+        return True
 
     def clear_ranks(self, kind: str, job: str, role: str, named: set[int]) -> list[Incident]:
         """A rule that judges now and then (a sample) judged ``role`` of ``job`` again and
