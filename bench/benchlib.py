@@ -233,6 +233,9 @@ def markdown_rows(rows: Iterable[dict[str, Any]]) -> str:
 
 
 # --- a real daemon ----------------------------------------------------------------------------
+#: ``[daemon] max_peers_per_process`` and ``max_peers_per_user`` of the benchmarks' daemon.
+SIM_PEERS = 65_536
+
 @dataclass
 class Daemon(DaemonProcess):
     """A real ``profd run`` in a temporary dir, with the daemon's heartbeat set by config."""
@@ -246,7 +249,13 @@ class Daemon(DaemonProcess):
 
     def start(self) -> Daemon:
         self.config = self.root / "profd.toml"
-        self.config.write_text(f"[daemon]\nheartbeat_interval = {self.heartbeat}\n{self.tables}")
+        # Simulated clients share worker processes (256 ranks in each at 1,024): the peer
+        # limits are for real processes.
+        self.config.write_text(
+            f"[daemon]\nheartbeat_interval = {self.heartbeat}\n"
+            f"max_peers_per_process = {SIM_PEERS}\nmax_peers_per_user = {SIM_PEERS}\n"
+            f"{self.tables}"
+        )
         self.launch()
         try:
             wait_for(

@@ -159,6 +159,9 @@ class Registry:
         self.by_ident: dict[bytes, Client] = {}
         self.by_key: dict[tuple[str, int], Client] = {}
         self.incompatible: dict[bytes, Incompatible] = {}
+        #: Registered clients per kernel pid and per uid, for the peer limits.
+        self._per_process: dict[int, int] = {}
+        self._per_user: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -168,6 +171,14 @@ class Registry:
 
     def lookup(self, key: tuple[str, int]) -> Client | None:
         return self.by_key.get(key)
+
+    def peers_of_process(self, node_pid: int) -> int:
+        """Clients registered by the process of kernel pid ``node_pid``."""
+        return self._per_process.get(node_pid, 0)
+
+    def peers_of_user(self, uid: int) -> int:
+        """Clients registered by processes of ``uid``."""
+        return self._per_user.get(uid, 0)
 
     # --- transitions --------------------------------------------------------------------------
     def seen(self, c: Client, now: float) -> None:
@@ -254,15 +265,26 @@ class Registry:
         old = self.by_key.get(c.key)
         if old is not None:
             self.by_ident.pop(old.ident, None)
+            self._count(old, -1)
         self.incompatible.pop(c.ident, None)  # it stepped down to a version we serve
         self.by_key[c.key] = c
         self.by_ident[c.ident] = c
+        self._count(c, 1)
         return old
 
     def remove(self, c: Client) -> None:
         self.by_ident.pop(c.ident, None)
         if self.by_key.get(c.key) is c:
             del self.by_key[c.key]
+            self._count(c, -1)
+
+    def _count(self, c: Client, delta: int) -> None:
+        for counts, k in ((self._per_process, c.node_pid), (self._per_user, c.uid)):
+            n = counts.get(k, 0) + delta
+            if n:
+                counts[k] = n
+            else:
+                del counts[k]
 
     def get(self, ident: bytes) -> Client | None:
         return self.by_ident.get(ident)
