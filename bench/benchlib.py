@@ -236,6 +236,7 @@ def markdown_rows(rows: Iterable[dict[str, Any]]) -> str:
 #: ``[daemon] max_peers_per_process`` and ``max_peers_per_user`` of the benchmarks' daemon.
 SIM_PEERS = 65_536
 
+
 @dataclass
 class Daemon(DaemonProcess):
     """A real ``profd run`` in a temporary dir, with the daemon's heartbeat set by config."""
