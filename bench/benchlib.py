@@ -246,16 +246,20 @@ class Daemon(DaemonProcess):
     ctl_timeout: float = 120.0
     #: More TOML tables for its config (``[watch]``).
     tables: str = ""
+    #: Simulated clients share worker processes (256 ranks in each at 1,024), and the peer
+    #: limits are for real processes: lifted unless this is false.
+    sim_peers: bool = True
     _conn: Any = None
 
     def start(self) -> Daemon:
         self.config = self.root / "profd.toml"
-        # Simulated clients share worker processes (256 ranks in each at 1,024): the peer
-        # limits are for real processes.
-        self.config.write_text(
-            f"[daemon]\nheartbeat_interval = {self.heartbeat}\n"
+        peers = (
             f"max_peers_per_process = {SIM_PEERS}\nmax_peers_per_user = {SIM_PEERS}\n"
-            f"{self.tables}"
+            if self.sim_peers
+            else ""
+        )
+        self.config.write_text(
+            f"[daemon]\nheartbeat_interval = {self.heartbeat}\n{peers}{self.tables}"
         )
         self.launch()
         try:
