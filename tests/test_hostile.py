@@ -264,3 +264,27 @@ def test_peers_are_limited_per_process_and_per_user() -> None:
             for p in procs:
                 p.kill()
                 p.wait()
+
+
+def test_a_peer_moves_to_another_rank_a_bounded_number_of_times(
+    daemon: Daemon, ctx: zmq.Context
+) -> None:
+    # Each move closes the old rank's minute into the index: moving at every heartbeat
+    # would write rows without end. An honest process moves once or twice in its life.
+    a = dealer(ctx, daemon, "agent.sock")
+    answers = []
+    for i in range(10):
+        a.send(pack({**HELLO, "v": P.VERSION, "job": f"mover-{i}"}))
+        m = reply(a, 10_000)
+        answers.append((m["t"], m.get("code"), m.get("msg")))
+    assert [t for t, _, _ in answers] == ["welcome"] * 7 + ["error"] * 3, answers
+    for _, code, msg in answers[7:]:
+        assert code == "limit" and msg == (
+            f"pid {HELLO['pid']} re-registered as another rank 6 times in 60 s, the most the"
+            " daemon takes; it stays job mover-6 r rank 0"
+        ), msg
+    a.send(pack({**HELLO, "v": P.VERSION, "job": "mover-6"}))  # its own rank again: welcome
+    assert reply(a, 10_000)["t"] == "welcome"
+    assert [p["job"] for p in daemon.ps()] == ["mover-6"]
+    assert daemon.ctl_json("status")["limits"]["peers_refused"] == 3
+    a.close()

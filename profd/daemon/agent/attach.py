@@ -13,7 +13,7 @@ from profd import __version__
 from profd.config import PeerLimits
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.agent.send import Send
-from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.registry import MAX_MOVES, MOVES_S, Client, Registry
 from profd.daemon.runtime.peers import PeerCred, claim_problem
 from profd.daemon.sessions.arming import Arms
 from profd.daemon.sessions.autorules import AutoRules
@@ -72,12 +72,22 @@ class Attach:
         return problem
 
     def over_limit(self, m: dict[str, Any], peer: PeerCred) -> str | None:
-        """Why a hello would register one peer too many for its process or its user (and
-        count it), or None. Saying hello again as a peer already registered is no new peer."""
-        if self.registry.lookup((m["host"], m["pid"])) is not None:
-            return None
+        """Why a hello would register one peer too many for its process or its user, or
+        move a peer to another rank too often (and count it), or None. Saying hello again
+        as a peer already registered is no new peer."""
         lim = self.limits
-        if self.registry.peers_of_process(peer.pid) >= lim.max_peers_per_process:
+        now = time.monotonic()
+        old = self.registry.lookup((m["host"], m["pid"]))
+        if old is not None:
+            same = (m["job"], m["role"], m["rank"], m["world_size"]) == old.identity
+            if same or len(old.recent_moves(now)) < MAX_MOVES:
+                return None
+            why = (
+                f"pid {peer.pid} re-registered as another rank {MAX_MOVES} times in"
+                f" {MOVES_S:.0f} s, the most the daemon takes; it stays job {old.job}"
+                f" {old.role} rank {old.rank}"
+            )
+        elif self.registry.peers_of_process(peer.pid) >= lim.max_peers_per_process:
             why = (
                 f"pid {peer.pid} already has {lim.max_peers_per_process} peers attached, the most"
                 " [daemon] max_peers_per_process allows"
@@ -90,7 +100,6 @@ class Attach:
         else:
             return None
         self.peers_refused += 1
-        now = time.monotonic()
         if now - self._refusal_logged_at >= REFUSAL_LOG_EVERY_S:
             log.warning(
                 "refused %d hello(s) for the peer limits; the last (job %r): %s",
@@ -128,6 +137,8 @@ class Attach:
         )
         old = self.registry.add(c)
         moved = old is not None and old.identity != c.identity
+        if old is not None and moved:
+            self.registry.moved(c, old, time.monotonic())
         if old is None:
             log.info("attached: %s pid %s job %s %s rank %s", c.host, c.pid, c.job, c.role, c.rank)
         elif moved:

@@ -60,10 +60,15 @@ class Client:
     training_tid: int | None = None
     #: Its flight recorder is on (hello ``flight``): ``stacks`` asks it for a summary.
     flight: bool = False
+    #: When (monotonic) it re-registered as another rank within the last :data:`MOVES_S`.
+    moves: tuple[float, ...] = ()
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.host, self.pid)
+
+    def recent_moves(self, now: float) -> tuple[float, ...]:
+        return tuple(t for t in self.moves if now - t < MOVES_S)
 
     @property
     def identity(self) -> tuple[str, str, int, int]:
@@ -152,6 +157,12 @@ RATE_WINDOW_S = 0.5
 
 #: Peers of an unsupported version listed at most (each says hello every heartbeat).
 MAX_INCOMPATIBLE = 1024
+
+#: Times a peer may re-register as another rank within :data:`MOVES_S`: each move ends its
+#: old rank's minute (a row of the index) and runs the ``[[auto]]`` rules again; a process
+#: moves once or twice in its life (when ``torch.distributed`` starts).
+MAX_MOVES = 6
+MOVES_S = 60.0
 
 
 class Registry:
@@ -271,6 +282,10 @@ class Registry:
         self.by_ident[c.ident] = c
         self._count(c, 1)
         return old
+
+    def moved(self, c: Client, old: Client, now: float) -> None:
+        """``c`` replaced ``old`` as another rank at monotonic ``now``."""
+        c.moves = (*old.recent_moves(now), now)
 
     def remove(self, c: Client) -> None:
         self.by_ident.pop(c.ident, None)
