@@ -233,6 +233,10 @@ def markdown_rows(rows: Iterable[dict[str, Any]]) -> str:
 
 
 # --- a real daemon ----------------------------------------------------------------------------
+#: ``[daemon] max_peers_per_process`` and ``max_peers_per_user`` of the benchmarks' daemon.
+SIM_PEERS = 65_536
+
+
 @dataclass
 class Daemon(DaemonProcess):
     """A real ``profd run`` in a temporary dir, with the daemon's heartbeat set by config."""
@@ -242,11 +246,21 @@ class Daemon(DaemonProcess):
     ctl_timeout: float = 120.0
     #: More TOML tables for its config (``[watch]``).
     tables: str = ""
+    #: Simulated clients share worker processes (256 ranks in each at 1,024), and the peer
+    #: limits are for real processes: lifted unless this is false.
+    sim_peers: bool = True
     _conn: Any = None
 
     def start(self) -> Daemon:
         self.config = self.root / "profd.toml"
-        self.config.write_text(f"[daemon]\nheartbeat_interval = {self.heartbeat}\n{self.tables}")
+        peers = (
+            f"max_peers_per_process = {SIM_PEERS}\nmax_peers_per_user = {SIM_PEERS}\n"
+            if self.sim_peers
+            else ""
+        )
+        self.config.write_text(
+            f"[daemon]\nheartbeat_interval = {self.heartbeat}\n{peers}{self.tables}"
+        )
         self.launch()
         try:
             wait_for(

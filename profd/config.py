@@ -278,6 +278,41 @@ def reload_watch(path: Path | None) -> WatchConfig:
 
 
 @dataclass(frozen=True)
+class PeerLimits:
+    """What one local process can make the daemon keep (``[daemon]`` keys): every attached
+    rank costs memory, ``/metrics`` series, ``top`` rows and index rows."""
+
+    #: Region names kept per rank; time in any other region counts as ``(other)``.
+    max_regions_per_rank: int = 64
+    #: Heartbeats a second whose ledgers each become an interval of a rank's step times;
+    #: more are coalesced into the next one. Never below twice the daemon's heartbeat rate.
+    max_heartbeat_rate: float = 10.0
+    #: Peers (attached ranks) one process may register.
+    max_peers_per_process: int = 16
+    #: Peers the processes of one uid may register together.
+    max_peers_per_user: int = 1024
+
+    def heartbeat_rate(self, heartbeat_interval: float) -> float:
+        """The rate a peer's ledger is taken at: an honest client sends one heartbeat an
+        interval, so twice that is always allowed."""
+        return max(self.max_heartbeat_rate, 2.0 / heartbeat_interval)
+
+
+#: ``[daemon]`` keys of :class:`PeerLimits`: (name, kind).
+_LIMITS: tuple[tuple[str, type[float] | type[int]], ...] = (
+    ("max_regions_per_rank", int),
+    ("max_heartbeat_rate", float),
+    ("max_peers_per_process", int),
+    ("max_peers_per_user", int),
+)
+
+
+def _limits(daemon: Mapping[str, Any]) -> PeerLimits:
+    kw = {k: _number(daemon[k], k, kind, 0) for k, kind in _LIMITS if k in daemon}
+    return PeerLimits(**kw)
+
+
+@dataclass(frozen=True)
 class AutoRule:
     """A standing ``[[auto]]`` rule: a start spec applied to every matching client on attach."""
 
@@ -308,6 +343,7 @@ class Config:
     cluster: ClusterConfig = field(default_factory=ClusterConfig)
     watch: WatchConfig = field(default_factory=WatchConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    limits: PeerLimits = field(default_factory=PeerLimits)
 
     @property
     def index_path(self) -> Path:
@@ -527,6 +563,7 @@ def load(
             cluster=_cluster(cluster_table),
             watch=_watch(watch_table),
             metrics=_metrics(metrics_table, e),
+            limits=_limits(daemon),
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):

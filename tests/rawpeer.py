@@ -5,6 +5,7 @@ For tests that must send exactly what a real client would not (bad frames, stale
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -98,6 +99,60 @@ def spawn_peer(d: Daemon, job: str, routing_id: str = "", **fields: Any) -> subp
         [sys.executable, "-c", _CHILD, pack(hello).hex(), sock, routing_id],
         stdout=subprocess.PIPE,
     )
+
+
+_MANY = """
+import json, os, sys
+import msgpack, zmq
+hello = msgpack.unpackb(bytes.fromhex(sys.argv[1]), raw=False)
+path, n = sys.argv[2], int(sys.argv[3])
+ctx = zmq.Context()
+def ask(s, m):
+    s.send(msgpack.packb(m))
+    if not s.poll(15000):
+        return ["none", None, None]
+    r = msgpack.unpackb(s.recv(), raw=False)
+    return [r["t"], r.get("code"), r.get("msg")]
+socks, out = [], []
+for i in range(n):
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect("ipc://" + path)
+    socks.append(s)
+    me = {**hello, "pid": os.getpid(), "host": f"{hello['host']}-{i}", "job": f"{hello['job']}-{i}",
+          "role": f"role-{i}"}
+    out.append(ask(s, me))
+# The first again, on its own socket: saying hello again is no new peer.
+out.append(ask(socks[0], {**hello, "pid": os.getpid(), "host": hello["host"] + "-0",
+                          "job": hello["job"] + "-0", "role": "role-0"}))
+print(json.dumps(out), flush=True)
+sys.stdin.read()  # its peers stay attached (alive, so never dropped) until the test ends
+"""
+
+
+def _text_popen(args: list[str], **kw: Any) -> subprocess.Popen[str]:
+    return subprocess.Popen(args, text=True, **kw)
+
+
+def spawn_peers(
+    d: Daemon, n: int, name: str, popen: Callable[..., subprocess.Popen[str]] = _text_popen
+) -> tuple[subprocess.Popen[str], list[list[Any]]]:
+    """One process that registers ``n`` peers, each on its own socket with its own host, job
+    and role (``name-i``), then says hello again as the first: the process and the daemon's
+    answer to each hello, ``[t, code, msg]`` (``n + 1`` of them). It stays until its stdin
+    is closed. ``popen``: how to start it in text mode (e.g. ``User.popen``, as another
+    user)."""
+    hello = {**HELLO, "v": P.VERSION, "host": name, "job": name}
+    sock = str(d.runtime_dir / "agent.sock")
+    proc = popen(
+        [sys.executable, "-c", _MANY, pack(hello).hex(), sock, str(n)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line, f"the peers process {name} said nothing (exit {proc.poll()})"
+    return proc, json.loads(line)
 
 
 def big_trace(path: Path, events: int = 300_000) -> Path:

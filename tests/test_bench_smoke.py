@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 NAMES = (
     "idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "metrics", "stacks",
-    "watch", "sampling",
+    "watch", "sampling", "hostile",
 )  # fmt: skip
 # Two lanes side by side, of about equal length: bench_trigger (its torchrun job and sessions
 # mostly wait) is the longest by far, so the two shortest run after it.
 LANES = (
     ("trigger", "index", "s3", "report", "watch", "sampling"),
-    ("idle", "daemon", "stall", "cluster", "metrics", "stacks"),
+    ("idle", "daemon", "stall", "cluster", "metrics", "stacks", "hostile"),
 )
 #: One worker runs the lanes (``--dist loadgroup``): each worker given a test of this file
 #: would otherwise start every benchmark again.
@@ -286,7 +286,22 @@ def check_sampling(res: dict[str, Any]) -> None:
     assert len(d["paired_ratios"]) == p["runs_each"]
 
 
+def check_hostile(res: dict[str, Any]) -> None:
+    f, p, par = res["details"]["flood"], res["details"]["peers"], res["params"]
+    assert len(res["rows"]) == 11, metrics(res)
+    # The flood was sent, bounded by the defaults, and never cost the peer its attachment.
+    assert f["region_names_sent"] == f["heartbeats"] * par["names_per_hb"] > 64
+    assert f["metrics"]["regions"] == 65 and f["still_attached"]
+    assert f["limits"]["regions_folded"] == f["region_names_sent"] - 64
+    # One process asked for more peers than it may have: the default 16, then one-line refusals.
+    assert p["asked"] == par["peers"] > 16 and p["accepted"] == 16
+    assert p["limits"]["peers_refused"] == par["peers"] - 16
+    assert "max_peers_per_process" in p["refusal"] and "\n" not in p["refusal"]
+    assert p["metrics"]["jobs"] == 16 and p["top_reply_bytes"] > 0
+
+
 CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "hostile": check_hostile,
     "sampling": check_sampling,
     "watch": check_watch,
     "stacks": check_stacks,

@@ -342,9 +342,10 @@ class Agent(threading.Thread):
             self._welcomed = False
             self.connected.clear()
             self._version_refused(msg["msg"])
-        elif t == P.ERROR and msg["code"] == "identity" and not self._warned_identity:
-            # Not ours to fix from here (a daemon that cannot see our pid, or one run by
-            # another user): say so once and train on; hellos go on in case it changes.
+        elif t == P.ERROR and msg["code"] in ("identity", "limit") and not self._warned_identity:
+            # Not ours to fix from here (a daemon that cannot see our pid, one run by another
+            # user, or this process or user has as many ranks attached as the daemon takes):
+            # say so once and train on; hellos go on in case it changes.
             log.warning("profd_client: the profd daemon refused this process: %s", msg["msg"])
             self._warned_identity = True
 

@@ -1048,6 +1048,16 @@ STATUS_DOC: Final = _row(
     storage=(MAP, _R),
     s3=(_row(configured=(Bool(), _R)), _R),
     rejected_messages=(COUNT, _R),
+    # What the peer limits ([daemon] max_regions_per_rank, max_heartbeat_rate,
+    # max_peers_per_process, max_peers_per_user) turned away since the daemon started.
+    limits=(
+        _row(
+            regions_folded=(COUNT, _R),
+            heartbeats_coalesced=(COUNT, _R),
+            peers_refused=(COUNT, _R),
+        ),
+        _O,
+    ),
 )
 
 #: One rank in ``top``: its step times over the last minute (``window_s``: what the figures

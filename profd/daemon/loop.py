@@ -114,7 +114,11 @@ class Daemon:
         self.registry = Registry()
         self.history = StepHistory(self.index, self.storage, cfg.watch.keep_history)
         # A rank re-attaching after a restart shows its last minute until its ledger comes.
-        self.ledgers = Ledgers(seed=self.history.seed)
+        self.ledgers = Ledgers(
+            seed=self.history.seed,
+            max_regions=cfg.limits.max_regions_per_rank,
+            rate=cfg.limits.heartbeat_rate(cfg.heartbeat_interval),
+        )
         self.sessions = Sessions(self.index, spool, perms, host)
         self.incoming = Incoming(spool, perms)
         self.results = Results(self.sessions, self.index, self.incoming, self.uploads, host)
@@ -174,6 +178,7 @@ class Daemon:
             AutoRules(rules, self.starter, self.sessions, self.arms),
             self.liveness,
             self._send_agent,
+            cfg.limits,
         )
         self.agents = AgentHandler(
             self.registry,
@@ -266,6 +271,11 @@ class Daemon:
                 "temp_files_removed": self.temp_files_removed,
             },
             "rejected_messages": self.agents.rejected,
+            "limits": {
+                "regions_folded": self.ledgers.regions_folded,
+                "heartbeats_coalesced": self.ledgers.coalesced,
+                "peers_refused": self.agents.attach.peers_refused,
+            },
             "s3": self.uploads.status() if self.uploads is not None else {"configured": False},
         }
 

@@ -19,6 +19,7 @@ from profd.config import (
     Config,
     ConfigError,
     NsysConfig,
+    PeerLimits,
     S3Config,
     WatchConfig,
     configured_runtime_dir,
@@ -573,3 +574,23 @@ def test_metrics_listen(tmp_path: Path, listen: str, host: str, port: int) -> No
 )
 def test_bad_metrics_listen(tmp_path: Path, text: str, error: str) -> None:
     assert error in error_of(tmp_path, text)
+
+
+def test_peer_limits(tmp_path: Path) -> None:
+    assert load(env={}).limits == PeerLimits(64, 10.0, 16, 1024)
+    text = (
+        "[daemon]\nmax_regions_per_rank = 8\nmax_heartbeat_rate = 2\n"
+        "max_peers_per_process = 1\nmax_peers_per_user = '3'\n"
+    )
+    lim = load(toml(tmp_path, text), env={}).limits
+    assert lim == PeerLimits(8, 2.0, 1, 3)
+    # An honest client sends one heartbeat an interval: twice that is always taken.
+    assert (lim.heartbeat_rate(1.0), lim.heartbeat_rate(0.1)) == (2.0, 20.0)
+    for key, bad, kind in (
+        ("max_regions_per_rank", "0", "an integer"),
+        ("max_heartbeat_rate", "-1", "a number"),
+        ("max_peers_per_process", "1.5", "an integer"),
+        ("max_peers_per_user", "true", "an integer"),
+    ):
+        msg = error_of(tmp_path, f"[daemon]\n{key} = {bad}\n")
+        assert msg.startswith(f"{key}: must be {kind} > 0"), msg

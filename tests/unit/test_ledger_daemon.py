@@ -136,3 +136,44 @@ def test_histogram_counts_add_up_and_regions_accumulate() -> None:
     assert sum(s.buckets) == s.steps == 30 * 50
     assert abs(s.sum_s - 30.0) < 1.0
     assert dict(s.regions)["data"] > 7.0
+
+
+def test_region_names_past_the_cap_count_as_other() -> None:
+    clock = Clock(1_800_000_000.0)
+    led = Ledgers(clock, max_regions=4)
+    c = client()
+    for i in range(20):  # ten new names a heartbeat, 0.01 s each
+        names = [(f"r{i}-{j}", 0.01, 1) for j in range(10)]
+        led.heartbeat(c, i + 1, ledger([0.1], i + 1, names), 1000.0 + i)
+    assert led.regions_folded == 20 * 10 - 4
+    (s,) = led.series([c])
+    regions = dict(s.regions)
+    assert set(regions) == {"r0-0", "r0-1", "r0-2", "r0-3", "(other)"}
+    assert abs(sum(regions.values()) - 2.0) < 1e-9  # no time lost, only names
+    assert abs(regions["(other)"] - (2.0 - 0.04)) < 1e-9
+    led.tick([])  # the rank left: its minute goes to the index with the same five names
+    (minute,) = led.take_minutes()
+    assert set(minute.regions) == set(regions)
+
+
+def test_heartbeats_over_the_rate_are_coalesced_and_nothing_is_lost() -> None:
+    clock = Clock(1_800_000_000.0)
+    led = Ledgers(clock, rate=2.0)
+    c = client()
+    for i in range(100):  # a hundred heartbeats within half a second
+        led.heartbeat(c, 10 * (i + 1), ledger([0.05] * 10, 10 * (i + 1), [("data", 0.1, 1)]),
+                      1000.0 + i * 0.005)  # fmt: skip
+    assert led.coalesced == 100 - 2  # the burst of 2, then nothing refilled a token
+    r = led.by_key[c.key]
+    assert r.size == 2 and r.held is not None
+    led.tick([c], now=1001.0)  # the next tick applies what was held back, as one interval
+    assert r.size == 3 and r.held is None
+    (s,) = led.series([c])
+    assert s.steps == sum(s.buckets) == 1000
+    assert abs(s.sum_s - 50.0) < 1e-6 and abs(dict(s.regions)["data"] - 10.0) < 1e-6
+    f = led.figures(c, 1001.0)
+    assert f.p50_ms is not None and abs(f.p50_ms - 50.0) < 1e-6
+    # Over the rate again after a pause of a second: two tokens are back.
+    led.heartbeat(c, 1010, ledger([0.05] * 10, 1010), 1002.0)
+    led.heartbeat(c, 1020, ledger([0.05] * 10, 1020), 1002.0)
+    assert led.coalesced == 98 and r.size == 5

@@ -80,3 +80,29 @@ def test_a_step_counter_that_goes_back_starts_a_new_measure() -> None:
     assert c.sps == 0.0 and c.step == 3
     reg.heartbeat(c, 103.0, 13, None, None)
     assert c.sps == 10.0
+
+
+def test_peers_are_counted_per_process_and_per_user() -> None:
+    reg = Registry()
+
+    def peer(host: str, node_pid: int, uid: int) -> Client:
+        c = client(0, 0.0)
+        c.host, c.ident, c.node_pid, c.uid = host, host.encode(), node_pid, uid
+        return c
+
+    a, b, other = peer("a", 10, 1000), peer("b", 10, 1000), peer("c", 11, 1001)
+    for c in (a, b, other):
+        reg.add(c)
+    assert (reg.peers_of_process(10), reg.peers_of_user(1000), reg.peers_of_user(1001)) == (2, 2, 1)
+    reg.add(peer("a", 10, 1000))  # the same peer again (a new socket): no new peer
+    assert (reg.peers_of_process(10), reg.peers_of_user(1000)) == (2, 2)
+    reg.remove(a)  # the record it replaced: nothing to take away
+    assert reg.peers_of_process(10) == 2
+    reg.remove(reg.by_key[("a", 1)])
+    reg.remove(b)
+    assert (reg.peers_of_process(10), reg.peers_of_user(1000), reg.peers_of_process(11)) == (
+        0,
+        0,
+        1,
+    )
+    assert 10 not in reg._per_process  # a process gone leaves no entry behind

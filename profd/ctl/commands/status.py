@@ -48,6 +48,9 @@ def status_text(st: dict[str, Any]) -> str:
         lines.append(f"metrics  http://{st['metrics']['listen']}/metrics")
     if "storage" in st:  # a daemon older than 0.3 does not say
         lines += storage_lines(st["storage"])
+    limited = limits_line(st.get("limits") or {})
+    if limited:
+        lines.append(limited)
     if s3.get("configured"):
         lines += s3_lines(s3)
     else:
@@ -80,6 +83,20 @@ def s3_lines(s3: dict[str, Any]) -> list[str]:
             " an earlier daemon left"
         )
     return out
+
+
+def limits_line(lim: dict[str, Any]) -> str | None:
+    """What the peer limits turned away since the daemon started; None while nothing."""
+    parts = [
+        f"{n} {what}"
+        for what, n in (
+            ("region entries counted as (other)", lim.get("regions_folded", 0)),
+            ("heartbeat(s) coalesced", lim.get("heartbeats_coalesced", 0)),
+            ("peer(s) refused", lim.get("peers_refused", 0)),
+        )
+        if n
+    ]
+    return "limits   " + ", ".join(parts) if parts else None
 
 
 def pipeline_line(p: dict[str, Any]) -> str:

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from profd import __version__
+from profd.config import PeerLimits
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.agent.send import Send
-from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.registry import MAX_MOVES, MOVES_S, Client, Registry
 from profd.daemon.runtime.peers import PeerCred, claim_problem
 from profd.daemon.sessions.arming import Arms
 from profd.daemon.sessions.autorules import AutoRules
@@ -19,6 +21,10 @@ from profd.daemon.sessions.state import Sessions
 from profd_client import protocol as P
 
 log = logging.getLogger("profd.agents")
+
+#: Seconds between two log lines about refused peers (a refused client says hello again
+#: every heartbeat, so each refusal is counted, not logged).
+REFUSAL_LOG_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -39,8 +45,13 @@ class Attach:
         auto_rules: AutoRules,
         liveness: Liveness,
         send: Send,
+        limits: PeerLimits,
     ) -> None:
         self.welcome = welcome
+        self.limits = limits
+        self.peers_refused = 0  # hellos refused for the peer limits, for status
+        self._refusals_logged = 0
+        self._refusal_logged_at = -REFUSAL_LOG_EVERY_S
         self.registry = registry
         self.sessions = sessions
         self.arms = arms
@@ -59,6 +70,45 @@ class Attach:
                 " (run profd as root, e.g. the systemd unit, to serve other users)"
             )
         return problem
+
+    def over_limit(self, m: dict[str, Any], peer: PeerCred) -> str | None:
+        """Why a hello would register one peer too many for its process or its user, or
+        move a peer to another rank too often (and count it), or None. Saying hello again
+        as a peer already registered is no new peer."""
+        lim = self.limits
+        now = time.monotonic()
+        old = self.registry.lookup((m["host"], m["pid"]))
+        if old is not None:
+            same = (m["job"], m["role"], m["rank"], m["world_size"]) == old.identity
+            if same or len(old.recent_moves(now)) < MAX_MOVES:
+                return None
+            why = (
+                f"pid {peer.pid} re-registered as another rank {MAX_MOVES} times in"
+                f" {MOVES_S:.0f} s, the most the daemon takes; it stays job {old.job}"
+                f" {old.role} rank {old.rank}"
+            )
+        elif self.registry.peers_of_process(peer.pid) >= lim.max_peers_per_process:
+            why = (
+                f"pid {peer.pid} already has {lim.max_peers_per_process} peers attached, the most"
+                " [daemon] max_peers_per_process allows"
+            )
+        elif self.registry.peers_of_user(peer.uid) >= lim.max_peers_per_user:
+            why = (
+                f"uid {peer.uid} already has {lim.max_peers_per_user} peers attached, the most"
+                " [daemon] max_peers_per_user allows"
+            )
+        else:
+            return None
+        self.peers_refused += 1
+        if now - self._refusal_logged_at >= REFUSAL_LOG_EVERY_S:
+            log.warning(
+                "refused %d hello(s) for the peer limits; the last (job %r): %s",
+                self.peers_refused - self._refusals_logged,
+                m["job"][:64],
+                why,
+            )
+            self._refusals_logged, self._refusal_logged_at = self.peers_refused, now
+        return why
 
     def hello(self, ident: bytes, m: dict[str, Any], peer: PeerCred) -> None:
         c = Client(
@@ -87,6 +137,8 @@ class Attach:
         )
         old = self.registry.add(c)
         moved = old is not None and old.identity != c.identity
+        if old is not None and moved:
+            self.registry.moved(c, old, time.monotonic())
         if old is None:
             log.info("attached: %s pid %s job %s %s rank %s", c.host, c.pid, c.job, c.role, c.rank)
         elif moved:

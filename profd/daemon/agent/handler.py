@@ -120,6 +120,10 @@ class AgentHandler:
             self.send(ident, P.error("identity", problem, v=m["v"]))
             return
         assert peer is not None
+        limit = self.attach.over_limit(m, peer)
+        if limit is not None:
+            self.send(ident, P.error("limit", limit, v=m["v"]))
+            return
         self.attach.hello(ident, m, peer)
 
     def _heartbeat(self, v: int) -> bytes:

@@ -10,6 +10,13 @@ closes each rank's minute into a :class:`MinuteSummary` that the loop writes to 
 Protocol-2 clients send no ledger: their steps are counted from the step numbers of their
 heartbeats, and ``top`` shows their step time as the inverse of their rate.
 
+What one rank can make the daemon keep is bounded whatever its client sends: at most
+``max_regions`` region names (time in any other region counts as :data:`OTHER_REGION`), and
+at most ``rate`` heartbeats a second each become an interval (the ring and ``top``'s window
+hold intervals); a ledger over the rate is coalesced into the rank's next one, so its steps,
+histogram and region time still count, a tick late at most. The peer is never dropped or
+slowed for it: its heartbeats keep it alive as always. Both are counted (``status``).
+
 A rank that attaches to a restarted daemon has no ledger yet: until its first one arrives,
 its p50 is its last minute in the index (``source`` "index") when that minute ended at most
 :data:`SEED_MAX_AGE_S` ago, through the ``seed`` lookup the loop passes in (no SQL here).
@@ -17,6 +24,7 @@ its p50 is its last minute in the index (``source`` "index") when that minute en
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from array import array
@@ -31,6 +39,8 @@ from profd.watch.snapshot import RankSeries
 from profd.watch.stats import weighted_quantile
 from profd_client import protocol as P
 
+log = logging.getLogger("profd.agents")
+
 #: Heartbeat intervals kept at full resolution per rank (5 minutes at 1 Hz).
 FULL = 300
 #: Closed minutes kept in memory per rank (the index keeps them for ``keep_history``).
@@ -39,6 +49,11 @@ MINUTES = 60
 TOP_WINDOW_S = 60.0
 #: How long after its end a rank's last minute in the index stands in for its ledger.
 SEED_MAX_AGE_S = 120.0
+#: Where the time of a rank's regions beyond its first ``max_regions`` names goes.
+OTHER_REGION = "(other)"
+#: Defaults of the bounds (``[daemon] max_regions_per_rank``, ``max_heartbeat_rate``).
+MAX_REGIONS = 64
+MAX_RATE = 10.0
 
 #: ``seed(job, role, rank, since)``: the newest (minute start, p50 ms) of that rank that
 #: starts at ``since`` (unix) or later, or None.
@@ -101,10 +116,13 @@ class Ledger:
         "buckets",
         "epoch",
         "head",
+        "held",
         "identity",
         "last_step",
+        "limited",
         "minute",
         "minutes",
+        "names",
         "nmin",
         "region_total",
         "ring",
@@ -112,6 +130,8 @@ class Ledger:
         "steps_total",
         "sum_total",
         "timed",
+        "tokens",
+        "tokens_at",
         "window_base",
         "window_cum",
         "window_p50",
@@ -146,9 +166,18 @@ class Ledger:
         self.last_step = step
         self.epoch: int | None = None
         self.timed = False  # a ledger arrived: its figures are the client's own
+        #: The region names this rank may keep (at most ``max_regions``), taken as they come.
+        self.names: set[str] = set()
+        #: The heartbeat rate's token bucket: tokens left as of monotonic ``tokens_at``.
+        self.tokens = 0.0
+        self.tokens_at: float | None = None
+        #: Ledgers over the rate not yet applied, merged into one: (ledger, folded regions).
+        self.held: tuple[dict[str, Any], dict[str, float]] | None = None
+        self.limited = 0  # the bounds it ran into (_FOLDED, _COALESCED), each logged once
 
 
 _Identity = tuple[str, str, str, int, int]
+_FOLDED, _COALESCED = 1, 2
 #: (end time, step seconds so far, region seconds so far, p50, p99, steps so far).
 _Window = tuple[float, float, dict[str, float], float, float, int]
 
@@ -206,6 +235,32 @@ def _count_after(led: Ledger, t: float) -> int:
     return lo
 
 
+def _merge(
+    older: tuple[dict[str, Any], dict[str, float]], newer: tuple[dict[str, Any], dict[str, float]]
+) -> tuple[dict[str, Any], dict[str, float]]:
+    """Two ledgers of one rank as one, as if its client had sent them together: counts,
+    sums and histograms add up, the max is the max, and p50/p90/p99 are the means of the
+    two weighted by their steps (the steps themselves are not here to take them from)."""
+    (a, ra), (b, rb) = older, newer
+    na, nb = a["n"], b["n"]
+    n = na + nb
+    qa, qb = a["q"], b["q"]
+    q = [((x * na + y * nb) / n if n else max(x, y)) for x, y in zip(qa[:3], qb[:3], strict=True)]
+    q.append(max(qa[3], qb[3]))
+    regions = dict(ra)
+    for name, sec in rb.items():
+        regions[name] = regions.get(name, 0.0) + sec
+    merged = {
+        "at": b["at"],
+        "n": n,
+        "sum": a["sum"] + b["sum"],
+        "q": q,
+        "b": [x + y for x, y in zip(a["b"], b["b"], strict=True)],
+        "epoch": b.get("epoch", 0),
+    }
+    return merged, regions
+
+
 def _minute_of(unix: float) -> int:
     return int(unix // 60) * 60
 
@@ -213,8 +268,22 @@ def _minute_of(unix: float) -> int:
 class Ledgers:
     """The ledger of every attached rank, keyed like the registry (host, pid)."""
 
-    def __init__(self, clock: Any = time.time, seed: SeedLookup | None = None) -> None:
+    def __init__(
+        self,
+        clock: Any = time.time,
+        seed: SeedLookup | None = None,
+        max_regions: int = MAX_REGIONS,
+        rate: float = MAX_RATE,
+    ) -> None:
         self.by_key: dict[tuple[str, int], Ledger] = {}
+        self.max_regions = max_regions
+        self.rate = rate
+        #: A rank may send this many heartbeats at once before the rate applies.
+        self.burst = max(2.0, rate)
+        #: Region entries of ledgers counted as :data:`OTHER_REGION`, since the start.
+        self.regions_folded = 0
+        #: Ledgers coalesced into a later one for the heartbeat rate, since the start.
+        self.coalesced = 0
         self._pending: list[MinuteSummary] = []
         self._unix = clock
         self._seed = seed
@@ -230,13 +299,28 @@ class Ledgers:
     ) -> None:
         """A heartbeat from ``c`` at monotonic ``now``: its step and, from protocol 3, its
         ledger (validated by the protocol: every number within its bounds)."""
-        led = self._own(c)
+        led = self._own(c, now)
         if ledger is None:
             if step is not None:
                 if step > led.last_step:
                     led.steps_total += step - led.last_step
                 led.last_step = step
             return
+        regions = self._fold(led, ledger.get("r", ()))
+        if not self._admit(led, now):
+            held = led.held
+            led.held = (ledger, regions) if held is None else _merge(held, (ledger, regions))
+            self.coalesced += 1
+            self._warn(led, _COALESCED, f"sends more than {self.rate:g} heartbeats a second")
+            return
+        if led.held is not None:
+            ledger, regions = _merge(led.held, (ledger, regions))
+            led.held = None
+        self._apply(led, ledger, regions, now)
+
+    def _apply(
+        self, led: Ledger, ledger: dict[str, Any], regions: dict[str, float], now: float
+    ) -> None:
         # A new epoch: the process set its step count (or began timing after its untimed
         # first step). The client times only the steps after the jump, so the ledger counts
         # as it is; the steps jumped over are not steps it ran.
@@ -251,7 +335,6 @@ class Ledgers:
             m = led.minute
         # Region time counts also in a heartbeat no step ended in (steps longer than the
         # heartbeat interval): the step that ends later carries the rest of its time.
-        regions = {str(name): float(sec) for name, sec, _ in ledger.get("r", ())}
         for name, sec in regions.items():
             led.region_total[name] = led.region_total.get(name, 0.0) + sec
             m.regions[name] = m.regions.get(name, 0.0) + sec
@@ -303,16 +386,72 @@ class Ledgers:
             del p50s[bisect_left(p50s, gone[3])]
             del p99s[bisect_left(p99s, gone[4])]
 
-    def _own(self, c: Client) -> Ledger:
+    def _own(self, c: Client, now: float) -> Ledger:
         ident = (c.host, c.job, c.role, c.rank, c.pid)
         led = self.by_key.get(c.key)
-        if led is not None and led.identity != ident:
-            # Re-registered as someone else (a new rank): its old rank's minute ends here.
+        if led is not None and led.identity == ident:
+            return led
+        new = self.by_key[c.key] = Ledger(ident, c.step, self._unix())
+        if led is not None:
+            # Re-registered as someone else (a new rank): its old rank's minute ends here,
+            # with what it held back. The rate is the process's, whoever it says it is now.
+            self._release(led, now)
             self._close(led, self._unix(), reopen=False)
-            led = None
-        if led is None:
-            led = self.by_key[c.key] = Ledger(ident, c.step, self._unix())
-        return led
+            new.tokens, new.tokens_at = led.tokens, led.tokens_at
+        return new
+
+    def _fold(self, led: Ledger, entries: Iterable[list[Any]]) -> dict[str, float]:
+        """A ledger's region times by name, a name the rank may not keep more counted as
+        :data:`OTHER_REGION`: the first ``max_regions`` names it sends are the ones kept."""
+        out: dict[str, float] = {}
+        names = led.names
+        for name, sec, _ in entries:
+            if name not in names:
+                if len(names) < self.max_regions:
+                    names.add(name)
+                else:
+                    name = OTHER_REGION
+                    self.regions_folded += 1
+                    self._warn(led, _FOLDED, f"has more than {self.max_regions} region names")
+            out[name] = out.get(name, 0.0) + float(sec)
+        return out
+
+    def _admit(self, led: Ledger, now: float) -> bool:
+        """Whether a ledger arriving at ``now`` may be an interval of its own (a token
+        bucket of :attr:`burst` tokens, refilled at :attr:`rate` a second)."""
+        if led.tokens_at is None:
+            led.tokens = self.burst
+        else:
+            led.tokens = min(self.burst, led.tokens + (now - led.tokens_at) * self.rate)
+        led.tokens_at = now
+        if led.tokens < 1.0:
+            return False
+        led.tokens -= 1.0
+        return True
+
+    def _release(self, led: Ledger, now: float) -> None:
+        """Apply what ``led`` held back over the rate, as an interval ending at ``now``."""
+        if led.held is not None:
+            ledger, regions = led.held
+            led.held = None
+            self._apply(led, ledger, regions, max(now, led.tokens_at or now))
+
+    def _warn(self, led: Ledger, bound: int, what: str) -> None:
+        if not led.limited & bound:
+            led.limited |= bound
+            host, job, role, rank, pid = led.identity
+            log.warning(
+                "%s pid %s (job %s %s rank %s) %s: %s",
+                host[:64],
+                pid,
+                job[:64],
+                role[:64],
+                rank,
+                what,
+                "the rest counts as region (other)"
+                if bound == _FOLDED
+                else "the rest are coalesced into later ones",
+            )
 
     def _close(self, led: Ledger, unix: float, reopen: bool = True) -> None:
         """End the rank's current minute: keep it in memory and queue it for the index."""
@@ -346,13 +485,16 @@ class Ledgers:
         if reopen:
             led.minute = _Minute(_minute_of(unix))
 
-    def tick(self, clients: Iterable[Client]) -> None:
-        """Once a tick: close minutes that ended, forget ranks that left (their last minute
-        is queued for the index first)."""
+    def tick(self, clients: Iterable[Client], now: float | None = None) -> None:
+        """Once a tick (monotonic ``now``): apply ledgers held back over the heartbeat rate,
+        close minutes that ended, forget ranks that left (their last minute is queued for
+        the index first)."""
         unix = self._unix()
         minute = _minute_of(unix)
+        mono = time.monotonic() if now is None else now
         live = {c.key: c for c in clients}
         for key, led in list(self.by_key.items()):
+            self._release(led, mono)
             c = live.get(key)
             if c is None:
                 self._close(led, unix, reopen=False)  # gone from the registry

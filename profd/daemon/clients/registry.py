@@ -60,10 +60,15 @@ class Client:
     training_tid: int | None = None
     #: Its flight recorder is on (hello ``flight``): ``stacks`` asks it for a summary.
     flight: bool = False
+    #: When (monotonic) it re-registered as another rank within the last :data:`MOVES_S`.
+    moves: tuple[float, ...] = ()
 
     @property
     def key(self) -> tuple[str, int]:
         return (self.host, self.pid)
+
+    def recent_moves(self, now: float) -> tuple[float, ...]:
+        return tuple(t for t in self.moves if now - t < MOVES_S)
 
     @property
     def identity(self) -> tuple[str, str, int, int]:
@@ -153,12 +158,21 @@ RATE_WINDOW_S = 0.5
 #: Peers of an unsupported version listed at most (each says hello every heartbeat).
 MAX_INCOMPATIBLE = 1024
 
+#: Times a peer may re-register as another rank within :data:`MOVES_S`: each move ends its
+#: old rank's minute (a row of the index) and runs the ``[[auto]]`` rules again; a process
+#: moves once or twice in its life (when ``torch.distributed`` starts).
+MAX_MOVES = 6
+MOVES_S = 60.0
+
 
 class Registry:
     def __init__(self) -> None:
         self.by_ident: dict[bytes, Client] = {}
         self.by_key: dict[tuple[str, int], Client] = {}
         self.incompatible: dict[bytes, Incompatible] = {}
+        #: Registered clients per kernel pid and per uid, for the peer limits.
+        self._per_process: dict[int, int] = {}
+        self._per_user: dict[int, int] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -168,6 +182,14 @@ class Registry:
 
     def lookup(self, key: tuple[str, int]) -> Client | None:
         return self.by_key.get(key)
+
+    def peers_of_process(self, node_pid: int) -> int:
+        """Clients registered by the process of kernel pid ``node_pid``."""
+        return self._per_process.get(node_pid, 0)
+
+    def peers_of_user(self, uid: int) -> int:
+        """Clients registered by processes of ``uid``."""
+        return self._per_user.get(uid, 0)
 
     # --- transitions --------------------------------------------------------------------------
     def seen(self, c: Client, now: float) -> None:
@@ -254,15 +276,30 @@ class Registry:
         old = self.by_key.get(c.key)
         if old is not None:
             self.by_ident.pop(old.ident, None)
+            self._count(old, -1)
         self.incompatible.pop(c.ident, None)  # it stepped down to a version we serve
         self.by_key[c.key] = c
         self.by_ident[c.ident] = c
+        self._count(c, 1)
         return old
+
+    def moved(self, c: Client, old: Client, now: float) -> None:
+        """``c`` replaced ``old`` as another rank at monotonic ``now``."""
+        c.moves = (*old.recent_moves(now), now)
 
     def remove(self, c: Client) -> None:
         self.by_ident.pop(c.ident, None)
         if self.by_key.get(c.key) is c:
             del self.by_key[c.key]
+            self._count(c, -1)
+
+    def _count(self, c: Client, delta: int) -> None:
+        for counts, k in ((self._per_process, c.node_pid), (self._per_user, c.uid)):
+            n = counts.get(k, 0) + delta
+            if n:
+                counts[k] = n
+            else:
+                del counts[k]
 
     def get(self, ident: bytes) -> Client | None:
         return self.by_ident.get(ident)
