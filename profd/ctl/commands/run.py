@@ -76,7 +76,7 @@ def run(env: Env, /, **kw: Any) -> None:
         if why is not None:
             # Still launched: the job runs and capture ranges open, but every cycle will fail
             # with only a .qdstrm left; said now rather than at the first capture.
-            click.echo(f"profctl: warning: {why}; {nsys.INSTALL}", err=True)
+            say(f"profctl: warning: {why}; {nsys.INSTALL}", err=True)
         session = f"profd-{secrets.token_hex(4)}"
         child_env[P.NSYS_SESSION_ENV] = session
         argv = nsys.launch_argv(binary, session, cmd, kw["nsys_trace"], kw["nsys_opts"])
