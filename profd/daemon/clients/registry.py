@@ -155,10 +155,18 @@ MAX_INCOMPATIBLE = 1024
 
 
 class Registry:
+    """Attached processes, and each job's owner on this node: the uid of the job's first
+    process attached here, kept while any of its processes is. A job name is whatever its
+    processes say, so any local user can join any job; only the owner's processes speak for
+    the job to the watch (its detectors, hang reads, samples and automatic captures): one
+    user's figures must not decide what is captured of another's processes."""
+
     def __init__(self) -> None:
         self.by_ident: dict[bytes, Client] = {}
         self.by_key: dict[tuple[str, int], Client] = {}
         self.incompatible: dict[bytes, Incompatible] = {}
+        #: Job -> [owner uid, processes of the job attached].
+        self._jobs: dict[str, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -168,6 +176,29 @@ class Registry:
 
     def lookup(self, key: tuple[str, int]) -> Client | None:
         return self.by_key.get(key)
+
+    def owner(self, job: str) -> int | None:
+        """The uid that owns ``job`` here (None: no process of it attached)."""
+        held = self._jobs.get(job)
+        return None if held is None else held[0]
+
+    def owned(self, c: Client) -> bool:
+        """Whether ``c`` is a process of its job's owner: only those speak for the job."""
+        held = self._jobs.get(c.job)
+        return held is not None and held[0] == c.uid
+
+    def owned_by_job(self) -> dict[str, list[Client]]:
+        """Every job's processes of its owner, by job."""
+        out: dict[str, list[Client]] = {}
+        jobs = self._jobs
+        for c in self.by_key.values():
+            if jobs[c.job][0] == c.uid:
+                g = out.get(c.job)
+                if g is None:
+                    out[c.job] = [c]
+                else:
+                    g.append(c)
+        return out
 
     # --- transitions --------------------------------------------------------------------------
     def seen(self, c: Client, now: float) -> None:
@@ -254,15 +285,28 @@ class Registry:
         old = self.by_key.get(c.key)
         if old is not None:
             self.by_ident.pop(old.ident, None)
+            self._left(old.job)
         self.incompatible.pop(c.ident, None)  # it stepped down to a version we serve
         self.by_key[c.key] = c
         self.by_ident[c.ident] = c
+        held = self._jobs.get(c.job)
+        if held is None:
+            self._jobs[c.job] = [c.uid, 1]
+        else:
+            held[1] += 1
         return old
 
     def remove(self, c: Client) -> None:
         self.by_ident.pop(c.ident, None)
         if self.by_key.get(c.key) is c:
             del self.by_key[c.key]
+            self._left(c.job)
+
+    def _left(self, job: str) -> None:
+        held = self._jobs[job]
+        held[1] -= 1
+        if held[1] <= 0:
+            del self._jobs[job]
 
     def get(self, ident: bytes) -> Client | None:
         return self.by_ident.get(ident)
