@@ -19,6 +19,8 @@ STATES = (OPEN, RESOLVED)
 #: frames, flight-recorder records: a hang's stacks): seen by the job's owner, root and the
 #: daemon's admin group only, as ``profctl stacks`` shows them.
 STACK_EVIDENCE = ("ranks", "groups", "summary", "verdict", "flight")
+#: How the verdict of an incident whose stacks the requester may not see begins.
+WITHHELD = "stacks withheld:"
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ def seen_by(doc: dict[str, Any], uid: int, privileged: bool) -> dict[str, Any]:
     whose = "unknown owner's" if owner is None else f"uid {owner}'s"
     kept = figures(evidence)
     kept["verdict"] = (
-        f"stacks withheld: they are of {whose} processes (only that user, root and the"
+        f"{WITHHELD} they are of {whose} processes (only that user, root and the"
         " daemon's admin group see them)"
     )
     return {**doc, "evidence": kept}
