@@ -144,7 +144,7 @@ class _Trusted:
     step: int  # its last plausible step, reported at ``at``
     at: float
     base: tuple[int, float]  # where its rate is measured from
-    sps: float | None = None  # None: not measured yet
+    sps: float | None = None  # its fastest rate over RATE_S or more; None: not measured yet
     jumped: tuple[int, float] | None = None  # since its last jump: (step, when first seen)
 
 
@@ -173,7 +173,10 @@ class StepTrust:
                 r.step, r.at, r.jumped = step, at, None
                 b_step, b_at = r.base
                 if at - b_at >= RATE_S:
-                    r.sps, r.base = (step - b_step) / (at - b_at), (step, at)
+                    # Its fastest stretch: a pause (a checkpoint) must not make its next
+                    # steps look like a jump.
+                    r.sps = max(r.sps or 0.0, (step - b_step) / (at - b_at))
+                    r.base = (step, at)
                 return True
         elif _plausible(r.sps or 0.0, *r.jumped, step, at):
             if at - r.jumped[1] < SETTLE_S:

@@ -208,6 +208,15 @@ def test_a_step_that_jumps_beyond_the_ranks_rate_is_ignored_and_counted() -> Non
         t += 0.2
         assert trust.observe("r", 50_000 + round((t - 0.1) * 50), t)
     step = 50_000 + round((t - 0.1) * 50)
+    # A minute's pause (a checkpoint), then its steps at its rate again, reported 3 s apart
+    # (a loaded node): no jump, though its rate over the pause was 0.
+    for _ in range(60):
+        t += 1.0
+        assert trust.observe("r", step, t)
+    for _ in range(3):
+        t += 3.0
+        step += 150
+        assert trust.observe("r", step, t)
     assert trust.implausible == 0
     # A jump to 10^9: not planned with, counted once however often it is reported.
     assert not trust.observe("r", 10**9, t + 0.2)
