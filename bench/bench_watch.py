@@ -43,7 +43,7 @@ from stats_synth import store_session, synthetic_session  # tests/, on sys.path 
 
 from profd.config import Config, WatchConfig
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.registry import Client
+from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.samples import SampleStragglers
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.detectors import Detectors
@@ -77,6 +77,13 @@ def clients(n: int, per_job: int) -> list[Client]:
     ]
 
 
+def registry(cs: list[Client]) -> Registry:
+    reg = Registry()
+    for c in cs:
+        reg.add(c)
+    return reg
+
+
 def ledger(step: int, rng: random.Random) -> dict[str, Any]:
     b = [0] * (len(STEP_BUCKETS) + 1)
     b[STEP_BUCKETS.index(0.5)] = 10
@@ -94,7 +101,7 @@ def run(n: int, per_job: int, ticks: int, tmp: Path) -> dict[str, list[float]]:
     incidents = Incidents(
         Index(tmp / f"index-{per_job}.db"), spool, SpoolPerms(None), "n", cfg, None
     )
-    det = Detectors(ledgers, cs, incidents, cfg.rules())
+    det = Detectors(ledgers, registry(cs), incidents, cfg.rules())
     rng = random.Random(1)
     mono = time.monotonic()
     step = 0
@@ -166,7 +173,7 @@ def detect(
     spool.mkdir()
     index = Index(run_dir / "index.db")
     incidents = Incidents(index, spool, SpoolPerms(None), "n", cfg, None, clock=lambda: clock[0])
-    det = Detectors(ledgers, cs, incidents, cfg.rules())
+    det = Detectors(ledgers, registry(cs), incidents, cfg.rules())
     rng = random.Random(n * 7 + (change_at or 0))
     mono = 1000.0
     step = 0

@@ -87,6 +87,8 @@ def group_daemon(
     d.config.write_text(f'[daemon]\ngroup = "{GROUP}"\n{config}')
     env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp", "LANG": "C.UTF-8",
            "PROFD_RUNTIME_DIR": str(d.runtime_dir)}  # fmt: skip
+    if "PYTHONPATH" in os.environ:  # a checkout run in place: the users run the same code
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     users = [User(n, (pw := account(n)).pw_uid, pw.pw_gid, gid, env) for n in names]
     d.start()
     try:

@@ -1058,6 +1058,8 @@ STATUS_DOC: Final = _row(
         ),
         _O,
     ),
+    # ``implausible_steps``: step jumps a rank's rate cannot explain, left out of samples.
+    watch=(_row(implausible_steps=(COUNT, _R)), _O),
 )
 
 #: One rank in ``top``: its step times over the last minute (``window_s``: what the figures
@@ -1136,6 +1138,9 @@ INCIDENT_ROW: Final = _row(
     comparison=(Nullable(MAP), _R),
     notes=(ListOf(LONG_TEXT, 1 << 16), _R),
     node=(NODE, _R),
+    # The uid owning the job (its first process here); null: not known (an older record).
+    # Whoever else asks gets a hang's stacks withheld from ``evidence``.
+    owner=(Nullable(UID), _O),
 )
 #: ``incident``: one incident and ``session_state``, its capture's state (null: none).
 INCIDENT_DOC: Final = Struct(

@@ -144,7 +144,9 @@ class Daemon:
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, self.index, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
-        self.incidents = Incidents(self.index, spool, perms, host, cfg.watch, self.uploads)
+        self.incidents = Incidents(
+            self.index, spool, perms, host, cfg.watch, self.uploads, owner_of=self.registry.owner
+        )
         self.incidents.capture = IncidentCapture(
             self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
         )
@@ -276,6 +278,8 @@ class Daemon:
                 "heartbeats_coalesced": self.ledgers.coalesced,
                 "peers_refused": self.agents.attach.peers_refused,
             },
+            # Step jumps a rank's rate cannot explain, left out of the samples' steps.
+            "watch": {"implausible_steps": self.samples.arming.trust.implausible},
             "s3": self.uploads.status() if self.uploads is not None else {"configured": False},
         }
 

@@ -15,6 +15,12 @@ from typing import Any
 KINDS = ("regression", "slow_rank", "straggler", "hang")
 OPEN, RESOLVED = "open", "resolved"
 STATES = (OPEN, RESOLVED)
+#: Evidence that shows what the job's processes run (function names, file paths, native
+#: frames, flight-recorder records: a hang's stacks): seen by the job's owner, root and the
+#: daemon's admin group only, as ``profctl stacks`` shows them.
+STACK_EVIDENCE = ("ranks", "groups", "summary", "verdict", "flight")
+#: How the verdict of an incident whose stacks the requester may not see begins.
+WITHHELD = "stacks withheld:"
 
 
 @dataclass(frozen=True)
@@ -47,6 +53,8 @@ class Incident:
     resolved_at: float | None = None
     comparison: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    #: The uid that owned the job when it was detected (None: not known).
+    owner: int | None = None
 
     def resolve(self, at: float) -> None:
         """Its condition cleared (``at``: unix time)."""
@@ -73,6 +81,7 @@ class Incident:
             "resolved_at": self.resolved_at,
             "comparison": self.comparison,
             "notes": list(self.notes),
+            "owner": self.owner,
         }
 
     @classmethod
@@ -92,7 +101,34 @@ class Incident:
             resolved_at=d.get("resolved_at"),
             comparison=d.get("comparison"),
             notes=list(d.get("notes") or []),
+            owner=d.get("owner"),
         )
+
+
+def has_stacks(evidence: dict[str, Any]) -> bool:
+    return any(k in evidence for k in STACK_EVIDENCE)
+
+
+def figures(evidence: dict[str, Any]) -> dict[str, Any]:
+    """``evidence`` without what shows the job's code (:data:`STACK_EVIDENCE`)."""
+    return {k: v for k, v in evidence.items() if k not in STACK_EVIDENCE}
+
+
+def seen_by(doc: dict[str, Any], uid: int, privileged: bool) -> dict[str, Any]:
+    """An incident (``Incident.to_dict()``) as the requester ``uid`` may see it: whole for
+    the job's owner and the privileged, else its stacks withheld (the rest stays: that the
+    job hangs, where, since when, which ranks)."""
+    evidence = doc.get("evidence") or {}
+    if privileged or doc.get("owner") == uid or not has_stacks(evidence):
+        return doc
+    owner = doc.get("owner")
+    whose = "unknown owner's" if owner is None else f"uid {owner}'s"
+    kept = figures(evidence)
+    kept["verdict"] = (
+        f"{WITHHELD} they are of {whose} processes (only that user, root and the"
+        " daemon's admin group see them)"
+    )
+    return {**doc, "evidence": kept}
 
 
 def new_id(kind: str, now: float | None = None) -> str:

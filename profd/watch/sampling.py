@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
 from profd.scheduling import planner
@@ -107,10 +107,19 @@ def _ahead(t: planner.TargetState) -> int:
     return max(math.ceil(t.sps * ARM_AHEAD_S), MIN_AHEAD_STEPS)
 
 
+def holds_back(first: int, t: planner.TargetState, now: float) -> bool:
+    """Whether a sample starting at step ``first`` would keep ``t`` armed, and busy for any
+    other capture, longer than a ``--next`` plan may make a rank wait: a sample is a glance a
+    few seconds ahead, never a reason to hold a rank."""
+    wait = first - t.estimated_step(now)
+    return wait > max(t.sps * planner.MAX_NEXT_WAIT_S, planner.MAX_NEXT_WAIT_STEPS)
+
+
 def due(rules: SampleRules, targets: Sequence[planner.TargetState], now: float) -> Cycle | None:
     """The sample to arm on ``targets`` (one job's ranks on this node) now, or None: the
     first sample every rank can still make, once it is less than :data:`ARM_AHEAD_S` of the
-    fastest rank's steps ahead."""
+    fastest rank's steps ahead; None too when a rank would wait for it longer than
+    :func:`holds_back` allows (ranks far apart: the job is not sampled until they agree)."""
     if not rules.on or not targets:
         return None
     earliest = 1
@@ -121,6 +130,8 @@ def due(rules: SampleRules, targets: Sequence[planner.TargetState], now: float) 
         horizon = max(horizon, est + _ahead(t))
     cycle = cycle_of(rules.sample_every, rules.sample_steps, first_k(rules.sample_every, earliest))
     if cycle[2] > P.MAX_STEP or cycle[0] > horizon:
+        return None
+    if any(holds_back(cycle[0], t, now) for t in targets):
         return None
     return cycle
 
@@ -137,3 +148,74 @@ def time_limit(rules: SampleRules, step_s: float | None) -> float:
     """Seconds a sample is given from its warm-up step: ``sample_steps`` x
     :data:`TIMEOUT_STEPS` typical steps, at least ``rules.timeout``."""
     return max(rules.timeout, TIMEOUT_STEPS * rules.sample_steps * (step_s or 0.0))
+
+
+#: A rank's step may run ahead of its last plausible one by this many times what its rate
+#: allows for the time between them...
+JUMP_FACTOR = 4.0
+#: ...plus this many steps (a rate measured over a slower stretch, a report sent late).
+JUMP_SLACK = 100
+#: The shortest stretch a rank's rate is measured over (seconds).
+RATE_S = 1.0
+#: Seconds a rank that jumped must step on plausibly from there before its new steps count
+#: (``step(n)`` in a resumed run that had been stepping already).
+SETTLE_S = 30.0
+
+
+@dataclass
+class _Trusted:
+    step: int  # its last plausible step, reported at ``at``
+    at: float
+    base: tuple[int, float]  # where its rate is measured from
+    sps: float | None = None  # its fastest rate over RATE_S or more; None: not measured yet
+    jumped: tuple[int, float] | None = None  # since its last jump: (step, when first seen)
+
+
+class StepTrust:
+    """Which ranks' steps may decide where a sample lands: a rank's step that jumps beyond
+    what its rate allows since its last plausible report (a process claiming step 10^9) is
+    ignored and counted, and the rank sits samples out until it has stepped plausibly from
+    its new step for :data:`SETTLE_S`. A rank whose rate is not measured yet may start from
+    any step (a resumed run attaches, then sets its step count); one whose count goes back
+    (a new run in the same process) starts again from there."""
+
+    def __init__(self) -> None:
+        self.ranks: dict[Hashable, _Trusted] = {}
+        #: Jumps ignored since the daemon started (``status``).
+        self.implausible = 0
+
+    def observe(self, key: Hashable, step: int, at: float) -> bool:
+        """The rank ``key`` reported ``step`` at ``at`` (when the report arrived, in a
+        monotonic clock): whether its step may be planned with now."""
+        r = self.ranks.get(key)
+        if r is None or step < r.step:
+            self.ranks[key] = _Trusted(step, at, (step, at))
+            return True
+        if r.jumped is None or step < r.jumped[0]:
+            if r.sps is None or _plausible(r.sps, r.step, r.at, step, at):
+                r.step, r.at, r.jumped = step, at, None
+                b_step, b_at = r.base
+                if at - b_at >= RATE_S:
+                    # Its fastest stretch: a pause (a checkpoint) must not make its next
+                    # steps look like a jump.
+                    r.sps = max(r.sps or 0.0, (step - b_step) / (at - b_at))
+                    r.base = (step, at)
+                return True
+        elif _plausible(r.sps or 0.0, *r.jumped, step, at):
+            if at - r.jumped[1] < SETTLE_S:
+                return False
+            self.ranks[key] = _Trusted(step, at, (step, at), r.sps)
+            return True
+        r.jumped = (step, at)
+        self.implausible += 1
+        return False
+
+    def forget(self, keep: Iterable[Hashable]) -> None:
+        """Only the ranks in ``keep`` are still attached."""
+        kept = set(keep)
+        for key in [k for k in self.ranks if k not in kept]:
+            del self.ranks[key]
+
+
+def _plausible(sps: float, step0: int, at0: float, step: int, at: float) -> bool:
+    return step - step0 <= JUMP_SLACK + JUMP_FACTOR * sps * max(0.0, at - at0)

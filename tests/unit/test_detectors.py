@@ -10,7 +10,7 @@ from test_ledger_daemon import Clock, client, ledger
 
 from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.registry import Client
+from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.detectors import Detectors
 from profd.daemon.watch.incidents import Incidents
@@ -30,10 +30,19 @@ class Rig:
         self.incidents = Incidents(
             Index(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, self.unix
         )
-        self.detectors = Detectors(self.ledgers, clients, self.incidents, cfg.rules())
+        self.registry = Registry()
+        for c in clients:
+            self.registry.add(c)
+        self.detectors = Detectors(self.ledgers, self.registry, self.incidents, cfg.rules())
         self.rng = random.Random(7)
         self.steps = {c.key: 0 for c in clients}
         self.epochs = {c.key: 0 for c in clients}
+
+    def attach(self, c: Client) -> None:
+        self.clients.append(c)
+        self.registry.add(c)
+        self.steps[c.key] = 0
+        self.epochs[c.key] = 0
 
     def run(self, seconds: int, step_ms: dict[int, float], jitter: float = 0.1) -> None:
         """``seconds`` ticks; rank r's steps take ``step_ms[r]`` ± ``jitter``."""
@@ -108,9 +117,25 @@ def test_a_rank_alone_in_its_role_and_a_late_rank_fire_nothing(tmp_path: Path) -
     rig = Rig(tmp_path, clients)
     # The learner is alone in its role: no peers to compare with, however slow.
     rig.run(60, {0: 30.0, 1: 30.0, 5: 300.0})
-    late = client(rank=2, pid=102, role="worker")
-    rig.clients.append(late)
-    rig.steps[late.key] = 0
-    rig.epochs[late.key] = 0
+    rig.attach(client(rank=2, pid=102, role="worker"))
     rig.run(60, {0: 30.0, 1: 30.0, 2: 30.0, 5: 300.0})
     assert rig.found() == []
+
+
+def test_processes_of_another_uid_than_the_jobs_owner_decide_nothing(tmp_path: Path) -> None:
+    # The owner's ranks 0-2 step alike; two processes of another uid join the job as ranks
+    # 3 and 4 claiming 5 ms steps. Judged with them, the owner's ranks are six times slower
+    # than their role.
+    owners = [client(rank=r, pid=100 + r, role="worker") for r in (0, 1, 2)]
+    others = [client(rank=r, pid=100 + r, role="worker") for r in (3, 4)]
+    for c in owners:
+        c.uid = 1001
+    for c in others:
+        c.uid = 1002
+    rig = Rig(tmp_path, [*owners, *others])
+    assert [rig.registry.owned(c) for c in rig.clients] == [True] * 3 + [False] * 2
+    rig.run(100, {0: 30.0, 1: 30.0, 2: 30.0, 3: 5.0, 4: 5.0})
+    assert rig.found() == []
+    # A real slow rank of the owner's is still found.
+    rig.run(100, {0: 30.0, 1: 45.0, 2: 30.0, 3: 5.0, 4: 5.0})
+    assert rig.found() == [("slow_rank", [1])]

@@ -11,6 +11,7 @@ import pytest
 from test_stackgroups import IN_ALLREDUCE, IN_CHECKPOINT, IN_LOAD, TORCH, fr, rank
 
 from profd.watch import hang
+from profd.watch.incident import seen_by
 
 
 def test_stall_after_is_the_config_else_the_larger_of_60s_and_20_steps() -> None:
@@ -248,3 +249,16 @@ def test_hangs_far_apart_are_not_merged_and_other_kinds_pass_through() -> None:
     both = hang.merged_with(a, [a, b, c])
     assert both["merged"] == [a["id"], c["id"]] and both["state"] == "resolved"
     assert both["resolved_at"] == 1020.0 and _ids(both["suspects"]) == [0]
+
+
+def test_a_merge_with_a_nodes_stacks_withheld_keeps_each_nodes_suspects_and_says_so() -> None:
+    # Node b's incident as another user gets it (incident.seen_by): no ranks, no groups.
+    a = _incident("a", [rank(i, IN_ALLREDUCE, host="a") for i in range(4)], 1000.0)
+    b = _incident("b", [rank(4 + i, IN_LOAD if i == 0 else IN_ALLREDUCE, host="b")
+                        for i in range(4)], 1000.5)  # fmt: skip
+    b["owner"] = a["owner"] = 1001
+    theirs = [seen_by(i, 7, False) for i in (a, b)]
+    assert all("ranks" not in i["evidence"] for i in theirs)
+    (one,) = hang.merged(theirs)
+    assert one["evidence"]["verdict"].startswith("stacks withheld:")
+    assert _ids(one["suspects"]) == [4] and "load_batch" not in str(one)

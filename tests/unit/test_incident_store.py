@@ -6,6 +6,7 @@ here a recorder stands in for it."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ from profd.daemon.watch.incidents import Incidents
 from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import Index
-from profd.watch.incident import OPEN, RESOLVED, Incident, Suspect
+from profd.watch.incident import OPEN, RESOLVED, Incident, Suspect, seen_by
 from profd_client import protocol as P
 
 CFG = WatchConfig(window=6.0, baseline=12.0, hold=3.0, cooldown=60.0)
@@ -194,3 +195,48 @@ def test_a_restart_keeps_incidents_and_fires_nothing_again(tmp_path: Path) -> No
     # The job's capture was inside the cooldown: a new incident of it captures nothing.
     other = slow(again, rank=2)
     assert other is not None and other.session is None and rec2.asked == []
+
+
+def test_a_hangs_stacks_are_the_owners_file_and_withheld_from_other_users(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    clock = Clock()
+    # A group-mode spool: files are group-readable, but not stacks.
+    incidents = Incidents(
+        Index(tmp_path / "index.db"), spool, SpoolPerms(os.getgid()), "n1", CFG, None, clock,
+        owner_of={"j": 4242}.get,
+    )  # fmt: skip
+    frames = [{"function": "secret_fn", "file": "/home/b/train.py", "line": 3}]
+    evidence = {
+        "stalled_s": 61.0,
+        "ranks_here": 1,
+        "ranks": [{"host": "h", "role": "w", "rank": 0, "threads": [{"frames": frames}]}],
+        "groups": [{"frames": frames, "where": "in secret_fn (train.py:3)"}],
+        "summary": ["all  rank 0: in secret_fn (train.py:3)"],
+        "verdict": "every rank is in secret_fn (train.py:3)",
+        "flight": None,
+    }
+    hang = incidents.open("hang", "j", "w", [], 7, evidence)
+    slow_one = slow(incidents)
+    assert hang is not None and slow_one is not None and hang.owner == 4242
+    path = spool.joinpath(*layout.incident_parts("j", hang.id))
+    assert path.stat().st_mode & 0o777 == 0o600
+    if os.geteuid() == 0:  # only root can give a file away
+        assert path.stat().st_uid == 4242
+    plain = spool.joinpath(*layout.incident_parts("j", slow_one.id))
+    assert plain.stat().st_mode & 0o777 == 0o640  # figures only: the group's, as traces
+    doc = incidents.find(hang.id)
+    assert seen_by(doc, 4242, False) is doc and seen_by(doc, 7, True) is doc
+    other = seen_by(doc, 7, False)
+    assert "secret_fn" not in json.dumps(other) and other["evidence"]["stalled_s"] == 61.0
+    assert other["evidence"]["verdict"].startswith("stacks withheld: they are of uid 4242's")
+    assert doc["evidence"]["groups"]  # the owner's copy is untouched
+    assert seen_by(incidents.find(slow_one.id), 7, False)["evidence"] == {"ratio": 1.4}
+    # It stalls again inside the cooldown: the note says so with figures, not frames.
+    clock.t += CFG.hold + 1
+    incidents.tick()
+    assert incidents.open("hang", "j", "w", [], 9, evidence) is None
+    notes = incidents.find(hang.id)["notes"]
+    assert notes and "stalled_s" in notes[0] and "secret_fn" not in json.dumps(notes), notes

@@ -106,3 +106,23 @@ def test_peers_are_counted_per_process_and_per_user() -> None:
         1,
     )
     assert 10 not in reg._per_process  # a process gone leaves no entry behind
+
+
+def test_a_job_is_owned_by_the_uid_of_its_first_process_while_any_is_attached() -> None:
+    reg = Registry()
+    first, other, second = (client(step=0, at=100.0) for _ in range(3))
+    first.uid, other.uid, second.uid = 1001, 1002, 1001
+    first.ident, other.ident, second.ident = b"a", b"b", b"c"
+    first.pid, other.pid, second.pid = 1, 2, 3
+    reg.add(first)
+    reg.add(other)
+    assert reg.owner("j") == 1001 and reg.owner("elsewhere") is None
+    assert [reg.owned(c) for c in (first, other)] == [True, False]
+    reg.remove(first)  # the owner's first process left, another of the job stays
+    reg.add(second)
+    assert reg.owner("j") == 1001 and reg.owned_by_job() == {"j": [second]}
+    reg.remove(second)
+    reg.remove(other)
+    assert reg.owner("j") is None
+    reg.add(other)  # the job attaches again: its first process decides
+    assert reg.owner("j") == 1002

@@ -210,3 +210,56 @@ def test_a_jobs_typical_step_ignores_stopped_ranks_and_a_slow_minority() -> None
     # One honest and one claiming 100 s steps: the job is given the honest rank's.
     assert sampling.typical_step_s([10.0, 0.01]) == pytest.approx(0.1)
     assert sampling.typical_step_s([4.0, 5.0, 10.0, 20.0]) == pytest.approx(0.1)
+
+
+def test_a_rank_far_ahead_of_another_gets_no_sample_rather_than_holding_it() -> None:
+    # One rank at step 10^9 (a claim, or a run that set its count): a sample there would keep
+    # the other armed, and busy for its owner's captures, for ever.
+    rules = SampleRules(sample_every=100, sample_steps=2)
+    assert due(rules, [ts(10**9, 50.0), ts(95, 50.0)], 0.0) is None
+    assert sampling.holds_back(10**9, ts(95, 50.0), 0.0)
+    # A few seconds apart is a sample as usual.
+    assert due(rules, [ts(97, 50.0), ts(95, 50.0)], 0.0) is not None
+    assert not sampling.holds_back(301, ts(95, 50.0), 0.0)
+
+
+def test_a_step_that_jumps_beyond_the_ranks_rate_is_ignored_and_counted() -> None:
+    trust = sampling.StepTrust()
+    # Attached, then a resumed run sets its count: no rate measured yet, so trusted.
+    assert trust.observe("r", 0, 0.0) and trust.observe("r", 50_000, 0.1)
+    t = 0.1
+    for _ in range(20):  # 50 steps/s, a report every 0.2 s
+        t += 0.2
+        assert trust.observe("r", 50_000 + round((t - 0.1) * 50), t)
+    step = 50_000 + round((t - 0.1) * 50)
+    # A minute's pause (a checkpoint), then its steps at its rate again, reported 3 s apart
+    # (a loaded node): no jump, though its rate over the pause was 0.
+    for _ in range(60):
+        t += 1.0
+        assert trust.observe("r", step, t)
+    for _ in range(3):
+        t += 3.0
+        step += 150
+        assert trust.observe("r", step, t)
+    assert trust.implausible == 0
+    # A jump to 10^9: not planned with, counted once however often it is reported.
+    assert not trust.observe("r", 10**9, t + 0.2)
+    assert not trust.observe("r", 10**9 + 10, t + 0.4)
+    assert trust.implausible == 1
+    # Back where its rate says it is (the jump was one bad report): trusted again.
+    assert trust.observe("r", step + 30, t + 0.6)
+    # Another jump, and it steps on from there at its rate: trusted once it has done so for
+    # SETTLE_S (a resume inside a running process).
+    assert not trust.observe("r", 10**9, t + 0.8)
+    assert trust.implausible == 2
+    at = t + 0.8
+    while at < t + 0.8 + sampling.SETTLE_S - 1:
+        at += 1.0
+        assert not trust.observe("r", 10**9 + round((at - t - 0.8) * 50), at)
+    at += 2.0
+    assert trust.observe("r", 10**9 + round((at - t - 0.8) * 50), at)
+    # A count that goes back is a new run in the same process: trusted from there.
+    assert trust.observe("r", 3, at + 1.0)
+    assert trust.implausible == 2
+    trust.forget([])
+    assert trust.ranks == {}

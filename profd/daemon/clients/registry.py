@@ -166,6 +166,12 @@ MOVES_S = 60.0
 
 
 class Registry:
+    """Attached processes, and each job's owner on this node: the uid of the job's first
+    process attached here, kept while any of its processes is. A job name is whatever its
+    processes say, so any local user can join any job; only the owner's processes speak for
+    the job to the watch (its detectors, hang reads, samples and automatic captures): one
+    user's figures must not decide what is captured of another's processes."""
+
     def __init__(self) -> None:
         self.by_ident: dict[bytes, Client] = {}
         self.by_key: dict[tuple[str, int], Client] = {}
@@ -173,6 +179,8 @@ class Registry:
         #: Registered clients per kernel pid and per uid, for the peer limits.
         self._per_process: dict[int, int] = {}
         self._per_user: dict[int, int] = {}
+        #: Job -> [owner uid, processes of the job attached].
+        self._jobs: dict[str, list[int]] = {}
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -190,6 +198,29 @@ class Registry:
     def peers_of_user(self, uid: int) -> int:
         """Clients registered by processes of ``uid``."""
         return self._per_user.get(uid, 0)
+
+    def owner(self, job: str) -> int | None:
+        """The uid that owns ``job`` here (None: no process of it attached)."""
+        held = self._jobs.get(job)
+        return None if held is None else held[0]
+
+    def owned(self, c: Client) -> bool:
+        """Whether ``c`` is a process of its job's owner: only those speak for the job."""
+        held = self._jobs.get(c.job)
+        return held is not None and held[0] == c.uid
+
+    def owned_by_job(self) -> dict[str, list[Client]]:
+        """Every job's processes of its owner, by job."""
+        out: dict[str, list[Client]] = {}
+        jobs = self._jobs
+        for c in self.by_key.values():
+            if jobs[c.job][0] == c.uid:
+                g = out.get(c.job)
+                if g is None:
+                    out[c.job] = [c]
+                else:
+                    g.append(c)
+        return out
 
     # --- transitions --------------------------------------------------------------------------
     def seen(self, c: Client, now: float) -> None:
@@ -277,10 +308,16 @@ class Registry:
         if old is not None:
             self.by_ident.pop(old.ident, None)
             self._count(old, -1)
+            self._left(old.job)
         self.incompatible.pop(c.ident, None)  # it stepped down to a version we serve
         self.by_key[c.key] = c
         self.by_ident[c.ident] = c
         self._count(c, 1)
+        held = self._jobs.get(c.job)
+        if held is None:
+            self._jobs[c.job] = [c.uid, 1]
+        else:
+            held[1] += 1
         return old
 
     def moved(self, c: Client, old: Client, now: float) -> None:
@@ -292,6 +329,7 @@ class Registry:
         if self.by_key.get(c.key) is c:
             del self.by_key[c.key]
             self._count(c, -1)
+            self._left(c.job)
 
     def _count(self, c: Client, delta: int) -> None:
         for counts, k in ((self._per_process, c.node_pid), (self._per_user, c.uid)):
@@ -300,6 +338,12 @@ class Registry:
                 counts[k] = n
             else:
                 del counts[k]
+
+    def _left(self, job: str) -> None:
+        held = self._jobs[job]
+        held[1] -= 1
+        if held[1] <= 0:
+            del self._jobs[job]
 
     def get(self, ident: bytes) -> Client | None:
         return self.by_ident.get(ident)

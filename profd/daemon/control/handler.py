@@ -29,6 +29,7 @@ from profd.daemon.watch.incidents import Incidents
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
 from profd.store.index import Index, TraceFilter
+from profd.watch.incident import seen_by
 from profd.watch.stats import mark_vs_role, slowest_first
 from profd_client import protocol as P
 
@@ -274,12 +275,14 @@ class ControlHandler:
         rows = self.incidents.rows(
             job=m.get("job"), kind=m.get("kind"), since=m.get("since"), limit=m.get("limit") or 1000
         )
+        # As ``stacks`` does: another user's stacks are theirs to see.
+        rows = [seen_by(r, by.uid, by.privileged) for r in rows]
         self._stamp(rows)
         return rows
 
     def _incident(self, m: dict[str, Any], by: Requester) -> Any:
         self.flush()
-        doc = self.incidents.find(m["id"])
+        doc = seen_by(self.incidents.find(m["id"]), by.uid, by.privileged)
         doc["session_state"] = self._session_state(doc.get("session"))
         self._stamp([doc])
         return doc

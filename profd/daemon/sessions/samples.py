@@ -1,12 +1,16 @@
 """Samples (DESIGN "Watch"): the daemon captures a few steps of every attached job by itself,
 every ``sample_every`` steps, at steps every node derives from the step alone.
 
-Three parts, all on the event loop:
+Four parts, all on the event loop:
 
 * :class:`SampleArming`: once a tick, for each job attached here without a sample still
-  running, arms the next sample (:func:`profd.watch.sampling.due`) on all its ranks here,
+  running, arms the next sample (:func:`profd.watch.sampling.due`) on its ranks here,
   under the id every node gives it, through :class:`Starter` (quota, reachability, busy
-  ranks: a refusal skips that sample, logged at debug);
+  ranks: a refusal skips that sample, logged at debug). Only the job owner's ranks
+  (``Registry.owned``) whose steps are plausible (:class:`~profd.watch.sampling.StepTrust`)
+  decide the steps and are sampled; a sample not begun that would hold a rank armed far
+  ahead (``holds_back``: its steps were set by a rank that left, or by an older daemon) is
+  withdrawn;
 * :class:`SampleBound`: a sample not over within its time (:func:`profd.watch.sampling.
   time_limit`, from its warm-up step) ends with what it got: the ranks that captured are
   processed and indexed, the rest fail as not reached and are disarmed, and the job's next
@@ -62,16 +66,24 @@ class SampleArming:
         #: taken (a restarted job at steps it sampled before). Not tried again each tick
         #: until its steps pass: a quota check reads the whole files table.
         self._skip: dict[str, int] = {}
+        self.trust = sampling.StepTrust()
 
     def tick(self, now: float) -> list[Session]:
         """Arm the samples due now; the sessions started."""
         if not self.rules.on:
             return []
+        self._withdraw(now)
         running = {s.job for s in self.sessions.live() if s.label == LABEL}
         jobs: dict[str, list[Client]] = {}
-        for c in self.registry:
-            if c.allowed and c.job not in running:
-                jobs.setdefault(c.job, []).append(c)
+        seen = []
+        observe = self.trust.observe
+        for job, owned in self.registry.owned_by_job().items():
+            for c in owned:
+                seen.append(c.key)
+                # Every tick, sampled or not: a rank's rate is learnt from its reports.
+                if observe(c.key, c.step, c.step_at) and c.allowed and job not in running:
+                    jobs.setdefault(job, []).append(c)
+        self.trust.forget(seen)
         self._skip = {j: v for j, v in self._skip.items() if j in jobs}
         started = []
         for job, clients in jobs.items():
@@ -91,7 +103,18 @@ class SampleArming:
         if self.sessions.taken(sid):
             self._skip[job] = cycle[1]
             return None
-        spec = {"job": job, "session": sid, "cycles": [list(cycle)], "label": LABEL}
+        spec: dict[str, Any] = {
+            "job": job,
+            "session": sid,
+            "cycles": [list(cycle)],
+            "label": LABEL,
+            # These ranks exactly: not another user's process in the job, nor one whose
+            # step jumped.
+            "pids": sorted({c.pid for c in clients}),
+        }
+        hosts = {c.host for c in clients}
+        if len(hosts) == 1:
+            spec["host"] = hosts.pop()  # pids are unique per host only
         try:
             return self.starter.start(StartRequest.parse(spec))
         except Refused as exc:
@@ -99,6 +122,27 @@ class SampleArming:
             self._skip[job] = cycle[1]
             log.debug("sample %s of job %s not armed: %s", sid, job, exc)
             return None
+
+    def _withdraw(self, now: float) -> None:
+        """Cancel the samples not begun that would hold one of their ranks armed far ahead."""
+        busy = self.sessions.busy_until
+        for s in self.sessions.live():
+            if s.label != LABEL or not s.cycles or any(t.begun for t in s.targets.values()):
+                continue
+            first = s.cycles[0][0]
+            for key, t in s.targets.items():
+                c = self.registry.lookup(key)
+                if c is None or not t.open:
+                    continue
+                state = target_state(c, busy(key))
+                if sampling.holds_back(first, state, now):
+                    why = (
+                        f"withdrawn: step {first} is too far ahead of {state.name}"
+                        f" (at step {int(state.estimated_step(now))})"
+                    )
+                    log.warning("sample %s of job %s %s", s.id, s.job, why)
+                    self.starter.stop(s.id, keep=False, why=why)
+                    break
 
 
 #: Disarms a target's process (``Arms.disarm``): ``(session, client, keep)``.

@@ -257,8 +257,15 @@ class Starter:
         )
         self.arms.arm_all(s, [x for x in clients if s.targets[x.key].awaiting_arm])
 
-    def stop(self, session_id: str, keep: bool, by: Requester | None = None) -> Session | None:
-        """Disarm every open target; None if no live session has that id."""
+    def stop(
+        self,
+        session_id: str,
+        keep: bool,
+        by: Requester | None = None,
+        why: str = "cancelled by operator",
+    ) -> Session | None:
+        """Disarm every open target; None if no live session has that id. ``why``: the
+        session's error when cancelled (``keep`` false)."""
         s = self.sessions.exact(session_id)
         if s is None:
             return None
@@ -280,7 +287,7 @@ class Starter:
                 self.sessions.stopping(s, t)
             self.arms.disarm(s, c, keep)
         if not keep:
-            self.sessions.cancel(s, "cancelled by operator")
+            self.sessions.cancel(s, why)
         return s
 
 

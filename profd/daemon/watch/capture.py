@@ -3,17 +3,18 @@
 The suspects and one healthy peer of each suspect's role (a ``regression``: the job's ranks
 on this node, at most ``capture_ranks``), armed at the earliest step every one of them can
 make: the planner's ``--next``, through the same :class:`Starter` as ``profctl start``, with
-``record_shapes`` and ``with_stack`` on, 2 active steps, labelled ``incident:ID``.
+``record_shapes`` and ``with_stack`` on, 2 active steps, labelled ``incident:ID``. Only the
+job owner's processes (``Registry.owned``): an automatic capture acts for the owner.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.registry import Client
+from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.starts import Starter, StartRequest
 from profd.daemon.watch.incidents import JOB_WIDE, LABEL
 from profd.scheduling.refusal import Refused
@@ -26,7 +27,7 @@ ACTIVE_STEPS = 2
 class IncidentCapture:
     def __init__(
         self,
-        registry: Iterable[Client],
+        registry: Registry,
         ledgers: Ledgers,
         starter: Starter,
         cfg: Callable[[], WatchConfig],
@@ -56,8 +57,9 @@ class IncidentCapture:
 
     def choose(self, inc: Incident) -> list[Client]:
         """The ranks to capture: see the module's docstring. Only ranks their job's
-        ``PROFD_RANKS`` lets profile."""
-        mine = [c for c in self.registry if c.job == inc.job and c.allowed]
+        ``PROFD_RANKS`` lets profile, of the job's owner."""
+        reg = self.registry
+        mine = [c for c in reg if c.job == inc.job and c.allowed and reg.owned(c)]
         mine.sort(key=lambda c: (c.role, c.rank, c.host, c.pid))
         if inc.kind in JOB_WIDE or not inc.suspects:
             return mine[: self.cfg().capture_ranks]

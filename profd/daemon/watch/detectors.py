@@ -11,16 +11,17 @@ What they ignore: a job's regression baseline starts again when a rank sets its 
 (a pause for a checkpoint or an evaluation) add nothing; a rank with fewer than
 ``MIN_STEPS`` steps in the window (attached late, paused) is left out of its role; ranks of
 a lockstep job (DDP) never differ, so the slow-rank rule does not see them (the straggler
-rule's business).
+rule's business); processes of another uid than the job's owner (``Registry.owned``): any
+local user can name any job, and a peer claiming fast steps would make the owner's real rank
+the slow one, and arm its capture on the owner's process.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from statistics import median
 
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.registry import Client
+from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.incidents import Incidents
 from profd.watch.detect import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
 from profd.watch.incident import Suspect
@@ -44,7 +45,7 @@ class Detectors:
     def __init__(
         self,
         ledgers: Ledgers,
-        registry: Iterable[Client],
+        registry: Registry,
         incidents: Incidents,
         rules: WatchRules,
         enabled: bool = True,
@@ -72,13 +73,7 @@ class Detectors:
         if not self.enabled:
             self.jobs.clear()
             return
-        by_job: dict[str, list[Client]] = {}
-        for c in self.registry:
-            g = by_job.get(c.job)
-            if g is None:
-                by_job[c.job] = [c]
-            else:
-                g.append(c)
+        by_job = self.registry.owned_by_job()
         for gone in [j for j in self.jobs if j not in by_job]:
             del self.jobs[gone]
         for job, clients in by_job.items():

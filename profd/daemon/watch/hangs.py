@@ -9,17 +9,18 @@ What it ignores: a job none of whose ranks this daemon saw finish a step (loadin
 or already stuck when the daemon started: nothing says how long its steps take); a rank that
 attached since its job's last step (it has not had the time to step). A rank whose agent
 thread is silent (a C call holding the GIL) is still attached while its process lives
-(``Liveness``) and counts as not stepping; py-spy reads it from outside.
+(``Liveness``) and counts as not stepping; py-spy reads it from outside. Only the job owner's
+processes (``Registry.owned``) are judged and read: another user's process in the job
+neither decides its stall nor puts its stacks in the owner's incident.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
 from typing import Any
 
 from profd.daemon.clients.rankstacks import RankStacks
-from profd.daemon.clients.registry import Client
+from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.incidents import Incidents
 from profd.watch import hang
 from profd.watch.incident import Suspect
@@ -33,7 +34,7 @@ AGENT_ANSWER_S = 4.0
 class Hangs:
     def __init__(
         self,
-        registry: Iterable[Client],
+        registry: Registry,
         stacks: RankStacks,
         incidents: Incidents,
         stall_after: float | None,
@@ -56,9 +57,10 @@ class Hangs:
         """Once a tick (monotonic ``now``): whose step moved, which jobs stalled, which
         stalled ones stepped again."""
         by_job: dict[str, list[Client]] = {}
-        for c in self.registry:
-            if not c.attaching:
-                by_job.setdefault(c.job, []).append(c)
+        for job, owned in self.registry.owned_by_job().items():
+            stepping = [c for c in owned if not c.attaching]
+            if stepping:
+                by_job[job] = stepping
         for job in [j for j in self.clocks if j not in by_job]:
             del self.clocks[job]
         for job in [j for j in self.stalled if j not in by_job]:

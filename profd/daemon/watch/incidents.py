@@ -7,6 +7,12 @@ resolved once its rule has not reported it for ``hold`` seconds. An incident is 
 index, as ``{job}/incidents/{id}.json`` in the spool (queued for S3 like any file), logged at
 warning level and counted for ``/metrics``.
 
+An incident belongs to its job's owner (``Registry.owner``). One whose evidence holds stacks
+(a hang's: function names, file paths, native frames, flight records) is a file of the
+owner's alone (0600, the owner's uid), not the group's like other spool files: the group
+shares traces on purpose, but ``profctl stacks`` shows a member only their own processes,
+and an incident must not be a way around that. Its log line names no frame.
+
 A cooldown per job (``[watch] cooldown``) bounds what a flapping job costs: a detection of a
 kind, job and rank whose last incident was detected less than ``cooldown`` ago opens that
 incident again instead of a new one, and a job gets at most one automatic capture per
@@ -18,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -27,12 +34,12 @@ from profd.config import WatchConfig
 from profd.daemon.sessions.state import Session
 from profd.daemon.spool.clientfiles import made_dir
 from profd.daemon.spool.spoolperms import SpoolPerms
-from profd.fsutil import atomic_write
+from profd.fsutil import atomic_path
 from profd.report.incident_compare import comparison_from_index
 from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import Index
-from profd.watch.incident import KINDS, OPEN, Incident, Suspect, new_id
+from profd.watch.incident import KINDS, OPEN, Incident, Suspect, figures, has_stacks, new_id
 
 log = logging.getLogger("profd.watch")
 
@@ -48,6 +55,8 @@ LABEL = "incident:"
 Key = tuple[str, str, str | None, int | None]
 #: Arms an incident's capture; its session id. Raises :class:`Refused` when it cannot.
 Capture = Callable[[Incident], str]
+#: The uid that owns a job now (None: none of its processes is attached).
+OwnerOf = Callable[[str], "int | None"]
 
 
 class UploadQueue(Protocol):
@@ -73,8 +82,10 @@ class Incidents:
         cfg: WatchConfig,
         uploads: UploadQueue | None,
         clock: Callable[[], float] = time.time,
+        owner_of: OwnerOf | None = None,
     ) -> None:
         self.index = index
+        self.owner_of = owner_of
         self.spool = spool
         self.perms = perms
         self.host = host
@@ -146,6 +157,7 @@ class Incidents:
             detected_at=now,
             step=step,
             evidence=evidence,
+            owner=None if self.owner_of is None else self.owner_of(job),
         )
         self.held[inc.id] = inc
         for key, _ in self._keys(kind, job, fresh):
@@ -221,9 +233,9 @@ class Incidents:
         self, inc: Incident, now: float, evidence: dict[str, Any], keep_for: float | None
     ) -> None:
         """A resolved incident's condition came back inside its job's cooldown."""
-        # A rule's figures, or its one-line verdict where its evidence is larger (a hang's
-        # stacks).
-        said = evidence.get("verdict", evidence)
+        # A rule's figures; never a hang's stacks, which only the job's owner may read (notes
+        # are shown to everyone).
+        said = figures(evidence)
         inc.reopen(f"open again at {_clock(now)} (inside the cooldown): {said}")
         self._seen[inc.id] = now
         self._keep[inc.id] = self.cfg.hold if keep_for is None else keep_for
@@ -376,7 +388,7 @@ class Incidents:
         """The incident into the index and ``{job}/incidents/{id}.json``, queued for S3."""
         doc = inc.to_dict()
         try:
-            path = self._write(inc.job, inc.id, doc)
+            path = self._write(inc, doc)
             with self.index.transaction():
                 self.index.save_incident(doc)
                 self.index.add_file(
@@ -399,12 +411,16 @@ class Incidents:
         if self.uploads is not None:
             self.uploads.kick()
 
-    def _write(self, job: str, iid: str, doc: dict[str, Any]) -> Path:
-        parts = layout.incident_parts(job, iid)
-        with made_dir(self.spool, [self.perms.shared(job), self.perms.final(parts[1])]):
+    def _write(self, inc: Incident, doc: dict[str, Any]) -> Path:
+        parts = layout.incident_parts(inc.job, inc.id)
+        with made_dir(self.spool, [self.perms.shared(inc.job), self.perms.final(parts[1])]):
             pass
         path = self.spool.joinpath(*parts)
-        atomic_write(path, json.dumps(doc, indent=2, sort_keys=True), self.perms.file_mode)
+        private = has_stacks(inc.evidence)
+        with atomic_path(path, 0o600 if private else self.perms.file_mode) as tmp:
+            tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
+            if private and inc.owner is not None and inc.owner >= 0 and os.geteuid() == 0:
+                os.chown(tmp, inc.owner, -1)
         return path
 
 
@@ -423,9 +439,11 @@ def describe(inc: Incident) -> str:
             f" {ev.get('peers_ms', 0):.1f} ms of its role ({_pct(ev.get('ratio'))})"
         )
     elif inc.kind == "hang":
+        # Not its verdict: that names the job's functions, which the log's readers may not
+        # see (``profctl incident`` shows them to whom it may).
         what = (
-            f"job {inc.job} stalled for {ev.get('stalled_s', 0):.0f}s:"
-            f" {ev.get('verdict', 'no stacks')}"
+            f"job {inc.job} stalled for {ev.get('stalled_s', 0):.0f}s, {ev.get('ranks_here', 0)}"
+            f" rank(s) here; suspects: {who or 'none'}"
         )
     else:
         what = f"{inc.kind} in job {inc.job}" + (f": {who}" if who else "")
