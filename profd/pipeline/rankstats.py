@@ -19,6 +19,12 @@ Each step (a ``ProfilerStep#N`` span) is split into three parts that add up to i
   why every thread's ranges are taken.
 * **idle**: the rest: Python between operators, data loading, sleeps.
 
+Besides the three parts, each step keeps its **wait**: the wall-clock time with a collective
+in flight, compute *not* subtracted. DDP all-reduces a bucket as soon as its gradients are
+ready, so a rank that arrives early waits for the others while its backward pass goes on: the
+collective part above hides that wait behind compute, the wait shows it. It is what the
+straggler rule compares across ranks, step by step.
+
 In a synchronous job the ranks that arrive first at a collective wait there for the last one,
 so the rank everyone waits for is the one with the least collective time (see
 :mod:`profd.report.straggler`).
@@ -42,7 +48,16 @@ STATS_TOP_N = 20
 #: Steps kept (the first ones); ``steps_total`` says how many the trace had.
 MAX_STEPS = 128
 MAX_NAME = 160
-STEP_COLUMNS = ("step", "start_us", "ms", "compute_ms", "collective_ms", "idle_ms", "gap_ms")
+STEP_COLUMNS = (
+    "step",
+    "start_us",
+    "ms",
+    "compute_ms",
+    "collective_ms",
+    "idle_ms",
+    "gap_ms",
+    "wait_ms",
+)
 
 _CPU_COLLECTIVE_PREFIXES = ("c10d::", "gloo:", "nccl:", "mpi:", "ucc:", "record_param_comms")
 
@@ -130,8 +145,8 @@ def _clip(name: str) -> str:
 def step_table(
     spans: Sequence[StepSpan], compute: Intervals, collective: Intervals
 ) -> dict[str, list[float]]:
-    """Per step: start (µs, the trace's clock), length, compute, collective, idle, and the
-    longest stretch with neither, in ms."""
+    """Per step: start (µs, the trace's clock), length, compute, collective, idle, the
+    longest stretch with neither, and the time with a collective in flight, in ms."""
     both = compute.intersection(collective)
     busy = compute.union(collective)
     cols: dict[str, list[float]] = {k: [] for k in STEP_COLUMNS}
@@ -142,7 +157,8 @@ def step_table(
         seen.add(sp.step)
         lo, hi = sp.start_us, sp.end_us
         comp = compute.measure(lo, hi)
-        coll = collective.measure(lo, hi) - both.measure(lo, hi)
+        in_flight = collective.measure(lo, hi)
+        coll = in_flight - both.measure(lo, hi)
         idle = max(sp.dur_us - comp - coll, 0.0)
         cols["step"].append(sp.step)
         cols["start_us"].append(round(lo, 3))
@@ -151,6 +167,7 @@ def step_table(
         cols["collective_ms"].append(_ms(coll))
         cols["idle_ms"].append(_ms(idle))
         cols["gap_ms"].append(_ms(busy.longest_gap(lo, hi)))
+        cols["wait_ms"].append(_ms(in_flight))
     return cols
 
 

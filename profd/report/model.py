@@ -31,6 +31,9 @@ class RankData:
     mode: str = "cpu"
     #: step -> (ms, compute_ms, collective_ms, idle_ms, gap_ms)
     steps: dict[int, tuple[float, float, float, float, float]] = field(default_factory=dict)
+    #: step -> ms with a collective in flight, compute not subtracted (what the straggler rule
+    #: compares); statistics from before it was kept have none
+    waits: dict[int, float] = field(default_factory=dict)
     #: step -> (cycle, start in µs on the trace's clock): where the timeline aligns ranks
     starts: dict[int, tuple[int, float]] = field(default_factory=dict)
     ops: dict[str, float] = field(default_factory=dict)  # CPU self time, ms, all steps
@@ -145,6 +148,8 @@ def rank_data(target: Mapping[str, Any]) -> RankData | None:
                 s["gap_ms"][i],
             )
             r.starts[step] = (cycle, s["start_us"][i])
+            if "wait_ms" in s:
+                r.waits[step] = s["wait_ms"][i]
         r.profiled_steps += int(st.get("steps_total") or len(s["step"]))
         _add(r.ops, st.get("ops") or [], 2)
         _add(r.gpu_ops, st.get("gpu_ops") or [], 2)
@@ -261,6 +266,20 @@ def _why(ranks: Sequence[RankData], summaries: Sequence[RankSummary], k: int) ->
     )
 
 
+def _rank_steps(ranks: Sequence[RankData], steps: Sequence[int]) -> list[RankSteps]:
+    """What the straggler rule compares: per step, each rank's wait in collectives (the
+    collective part where a rank's statistics predate the wait, for every rank alike) and
+    its time outside them."""
+    waits = all(s in r.waits for r in ranks for s in steps)
+    return [
+        RankSteps(
+            [r.waits[s] if waits else r.steps[s][2] for s in steps],
+            [r.steps[s][0] - r.steps[s][2] for s in steps],
+        )
+        for r in ranks
+    ]
+
+
 def build_report(session: Mapping[str, Any]) -> Report:
     ranks: list[RankData] = []
     skipped = 0
@@ -277,23 +296,15 @@ def build_report(session: Mapping[str, Any]) -> Report:
     steps = sorted(common or ())
     summaries = [_summary(r, steps) for r in ranks]
     med_step = median(s.step_ms for s in summaries) if summaries else 0.0
-    verdict = find_stragglers(
-        [
-            RankSteps(
-                [r.steps[s][2] for s in steps], [r.steps[s][0] - r.steps[s][2] for s in steps]
-            )
-            for r in ranks
-        ],
-        med_step,
-    )
+    verdict = find_stragglers(_rank_steps(ranks, steps), med_step)
     stragglers = [
         Straggler(
             i,
-            _why(ranks, summaries, i),
+            f"{_why(ranks, summaries, i)}, and it arrived last at {last} of {verdict.steps} steps",
             _peers_wait(summaries, i),
             lead,
         )
-        for i, lead in zip(verdict.stragglers, verdict.lead_ms, strict=True)
+        for i, lead, last in zip(verdict.stragglers, verdict.lead_ms, verdict.last, strict=True)
     ]
     return Report(
         session=str(session.get("id", "")),
@@ -311,7 +322,12 @@ def build_report(session: Mapping[str, Any]) -> Report:
 def verdict_text(report: Report) -> str:
     if report.stragglers:
         return "; ".join(s.why for s in report.stragglers)
-    return f"no straggler: {report.verdict.reason}"
+    v = report.verdict
+    if v.candidate is not None:
+        # The rule's sentence with the rank named: which one, and how many steps to capture.
+        who = report.ranks[v.candidate]
+        return v.reason.replace("the rank that waits least", f"rank {who.rank} ({who.label})", 1)
+    return f"no straggler: {v.reason}"
 
 
 def merge_sessions(parts: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

@@ -56,6 +56,7 @@ def report_doc(report: Report) -> dict[str, Any]:
         ],
         "verdict": verdict_text(report),
         "threshold_ms": round(report.verdict.threshold_ms, 3),
+        "need_steps": report.verdict.need_steps,
         "ops": [
             {
                 "name": o.name,

@@ -1,42 +1,28 @@
 """Which rank the others wait for: the straggler rule of ``profctl report``.
 
 In a synchronous job every rank leaves a collective when the last one has arrived, so the
-last to arrive waits least in it and has spent the time before it working. A straggler is a
-rank that, on the same steps, has **less collective time and more time outside collectives
-than its peers**, by a margin that noise does not reach.
+last to arrive waits least in it. The rule compares, **step by step**, each rank's wait (the
+time it had a collective in flight, compute not subtracted: see
+:mod:`profd.pipeline.rankstats`) with **its peers'**: the median of the *other* ranks at that
+step (a leave-one-out median; with the median of all ranks the gap halves at two ranks).
+Per-rank means carry little where DDP runs its all-reduces beside the backward pass; the
+per-step order of arrival does.
 
-**Its peers are the other ranks, without it**: at each step a rank is compared with the
-median of the *other* ranks (a leave-one-out median). Comparing it with the median of all
-ranks, itself included, halves the gap at two ranks (the median sits between the two) and
-shrinks it at any small count, so a rank 40 % slower than the other went unnamed. The
-alternative, the least-waiting rank against the rest, finds only one straggler per step and
-says nothing about the second of two slow ranks; the leave-one-out median is that comparison
-for the least-waiting rank, and the same one for every other rank: at two ranks each is
-compared with the other, at thousands it is the median rank.
+Per rank and step, its **lead** is how much less it waits than its peers. A rank is named when
 
-Per rank and step, its **lead** is how much less it waits in collectives than its peers' median
-at that step (a step slow for everyone moves nobody). Over the common steps:
-
-* its lead is summarised by a trimmed mean (the highest and lowest tenth of the steps
-  dropped, at least one each way from five steps on): a mean separates a 25 % straggler from
-  ±10 % jitter in fewer steps than a median does, and the trim keeps one stalled step (a
-  pause, a page fault storm) from making or hiding a straggler;
-* the threshold is the larger of ``REL_FLOOR`` of the median step (a rank a few per cent
-  behind is no straggler worth a name, and per-step jitter of ±10 % moves ranks that much) and
-  a noise floor from the step-to-step spread: how far each rank's lead moves around its own
-  median from one step to the next (pooled over the ranks, the largest tenth dropped so that a
-  stalled step is no noise, scaled back to a normal's standard deviation), divided by the
-  square root of the steps averaged, times the normal quantile that keeps the chance of
-  naming anybody in a job without a straggler near ``ALPHA`` whatever the rank count (3.3 at
-  2 ranks, 5.2 at 8,192);
-* its time outside collectives must be above its peers' too, and both must hold (lead above
-  half the threshold, more work) on at least ``MIN_SHARE`` of the common steps, and on at
-  least ``MIN_STEPS``;
+* its lead, averaged with the highest and lowest tenth of the steps dropped (one stalled step
+  neither makes nor hides a straggler), is above ``REL_FLOOR`` of the median step, it is later
+  than its peers on most steps and works more than they do;
+* and the steps decide, by either of two tests at ``ALPHA`` / 2 each, spread over the ranks:
+  the lead is above a noise floor (the step-to-step spread of one rank's lead over the square
+  root of the steps averaged, times a normal quantile), or it arrived last at a count of the
+  steps that chance, 1 in the rank count a step, reaches below that level (a sign test,
+  robust to the heavy tails of a loaded machine);
 * at most half the ranks can be stragglers: beyond that, they are the job.
 
-Measured on synthetic jobs (``tests/test_straggler.py``): a rank 25 % slower than its peers is
-named at 2 to 8,192 ranks from 10 steps on, and even jobs with ±10 % jitter name nobody (the
-figures are in docs/reports.md).
+When the data cannot decide, because the noise floor is above half of what is worth a name
+and a rank leads by that much, the verdict leans to it and says about how many steps would
+decide (:func:`steps_needed`) instead of "no straggler". Figures in docs/reports.md.
 
 Pure functions on plain numbers: the report, its tests, its benchmark and anything watching a
 live job call :func:`find_stragglers` directly. It costs a sort of the ranks per step and one
@@ -68,7 +54,7 @@ TRUNCATED_VAR = 0.6232
 class RankSteps:
     """One rank's times on the common steps, in ms (index k: the k-th common step)."""
 
-    collective: Sequence[float]
+    collective: Sequence[float]  # time with a collective in flight: what it waited for others
     work: Sequence[float]  # step time outside collectives: compute and idle
 
 
@@ -79,6 +65,12 @@ class Verdict:
     threshold_ms: float  # the lead a straggler had to exceed
     noise_ms: float  # the step-to-step spread of one rank's lead (a standard deviation)
     reason: str  # why there is none, or empty
+    last: tuple[int, ...] = ()  # per straggler: the steps it arrived last at (waited least)
+    steps: int = 0  # the common steps the rule had
+    #: When the steps cannot decide: the rank the evidence leans to and about how many steps
+    #: would decide at the lead it showed (0 otherwise).
+    candidate: int | None = None
+    need_steps: int = 0
 
 
 def leave_one_out_medians(values: Sequence[float]) -> list[float]:
@@ -127,8 +119,62 @@ def step_noise(leads: Sequence[Sequence[float]]) -> float:
 
 
 def noise_k(n_ranks: int) -> float:
-    """How many standard errors a lead must exceed: ALPHA spread over the ranks."""
-    return -NormalDist().inv_cdf(ALPHA / max(n_ranks, 1))
+    """How many standard errors a lead must exceed: half of ALPHA (the other half is the
+    arrival count's) spread over the ranks."""
+    return -NormalDist().inv_cdf(ALPHA / 2 / max(n_ranks, 1))
+
+
+def noise_floor(noise: float, n_ranks: int, n_steps: int) -> float:
+    """The lead that ``n_steps`` steps of this noise tell from none."""
+    m = n_steps - 2 * trim_count(n_steps)
+    return noise_k(n_ranks) * noise / math.sqrt(m) if m > 0 else math.inf
+
+
+def tail(n: int, k: int, p: float) -> float:
+    """P(at least ``k`` successes in ``n`` trials of chance ``p``)."""
+    if k <= 0:
+        return 1.0
+    if k > n:
+        return 0.0
+    # Summed from k up in logs: at 8,192 ranks p is tiny and the terms underflow otherwise.
+    lp, lq = math.log(p), math.log1p(-p)
+    total = 0.0
+    for j in range(k, n + 1):
+        term = math.lgamma(n + 1) - math.lgamma(j + 1) - math.lgamma(n - j + 1)
+        total += math.exp(term + j * lp + (n - j) * lq)
+    return min(total, 1.0)
+
+
+def arrivals_decide(n_ranks: int, n_steps: int, last: int) -> bool:
+    """Whether arriving last at ``last`` of ``n_steps`` steps is beyond chance (1 in
+    ``n_ranks`` a step when no rank is slower) for any of the ranks, at half of ALPHA."""
+    return n_ranks * tail(n_steps, last, 1 / n_ranks) <= ALPHA / 2
+
+
+#: The most steps "not enough steps to tell" ever asks for.
+MAX_NEED = 100_000
+
+
+def steps_needed(n_ranks: int, n_steps: int, lead: float, noise: float, last: int) -> int:
+    """About how many steps would decide, were the rank to keep the lead and the share of
+    last arrivals it showed over ``n_steps``: the fewer of what each test needs."""
+    need = MAX_NEED
+    if lead > 0:
+        m = (noise_k(n_ranks) * noise / lead) ** 2  # steps averaged, after the trim
+        need = next((n for n in range(n_steps + 1, MAX_NEED) if n - 2 * trim_count(n) >= m), need)
+    share = last / n_steps
+    if share > 1 / n_ranks:
+        lo, hi = n_steps, min(need, MAX_NEED)
+        if arrivals_decide(n_ranks, hi, math.ceil(share * hi)):
+            while hi - lo > 1:  # the tail falls as the steps grow at a fixed share
+                mid = (lo + hi) // 2
+                lo, hi = (
+                    (lo, mid)
+                    if arrivals_decide(n_ranks, mid, math.ceil(share * mid))
+                    else (mid, hi)
+                )
+            need = min(need, hi)
+    return need
 
 
 def find_stragglers(ranks: Sequence[RankSteps], step_ms: float) -> Verdict:
@@ -141,6 +187,7 @@ def find_stragglers(ranks: Sequence[RankSteps], step_ms: float) -> Verdict:
         return Verdict((), (), 0.0, 0.0, f"fewer than {MIN_STEPS} steps common to every rank")
     leads: list[list[float]] = [[] for _ in range(n)]
     extra: list[list[float]] = [[] for _ in range(n)]
+    last = [0] * n
     for k in range(n_steps):
         coll = [r.collective[k] for r in ranks]
         work = [r.work[k] for r in ranks]
@@ -149,26 +196,58 @@ def find_stragglers(ranks: Sequence[RankSteps], step_ms: float) -> Verdict:
         ):
             leads[i].append(peers_c - coll[i])
             extra[i].append(work[i] - peers_w)
+        least = min(coll)
+        if coll.count(least) == 1:  # a tie says nothing about who arrived last
+            last[coll.index(least)] += 1
     noise = step_noise(leads)
     cut = trim_count(n_steps)
-    noise_floor = noise_k(n) * noise / math.sqrt(n_steps - 2 * cut)
-    threshold = max(noise_floor, REL_FLOOR * step_ms, ABS_FLOOR_MS)
+    floor = noise_floor(noise, n, n_steps)
+    worth = max(REL_FLOOR * step_ms, ABS_FLOOR_MS)
+    threshold = max(floor, worth)
     found: list[tuple[float, int]] = []
+    open_: list[tuple[float, int]] = []  # worth a name, but the steps do not decide
     for i in range(n):
         lead = _trimmed_mean(leads[i], cut)
-        if lead <= threshold or _trimmed_mean(extra[i], cut) <= 0:
+        # Later than its peers on most steps, and working more: what a straggler does
+        # whatever the noise; one stalled step can do neither.
+        later = 2 * sum(a > 0 for a in leads[i]) - n_steps
+        if _trimmed_mean(extra[i], cut) <= 0 or later < 0:
             continue
-        held = sum(a > threshold / 2 and e > 0 for a, e in zip(leads[i], extra[i], strict=True))
-        if held >= MIN_SHARE * n_steps:
+        arrivals = arrivals_decide(n, n_steps, last[i]) and last[i] > n_steps / 2
+        if lead > worth and later > 0 and (lead > floor or arrivals):
             found.append((lead, i))
+        elif lead > worth / 2 and floor > worth / 2:
+            # Half the lead worth a name, where the noise hides as much: more steps could
+            # show either. Steadier steps (a floor below that) have shown there is none.
+            open_.append((lead, i))
     if len(found) * 2 > n:
         return Verdict(
-            (), (), threshold, noise, "most ranks wait less than their peers: no single straggler"
+            (),
+            (),
+            threshold,
+            noise,
+            "most ranks wait less than their peers: no single straggler",
+            steps=n_steps,
         )
     found.sort(key=lambda f: (-f[0], f[1]))
-    if not found:
-        why = f"no rank waits {threshold:.2f} ms per step less than its peers on most steps"
-        return Verdict((), (), threshold, noise, why)
-    return Verdict(
-        tuple(i for _, i in found), tuple(round(w, 3) for w, _ in found), threshold, noise, ""
-    )
+    if found:
+        return Verdict(
+            tuple(i for _, i in found),
+            tuple(round(w, 3) for w, _ in found),
+            threshold,
+            noise,
+            "",
+            tuple(last[i] for _, i in found),
+            n_steps,
+        )
+    if open_:
+        lead, i = max(open_, key=lambda f: (f[0], -f[1]))
+        need = steps_needed(n, n_steps, lead, noise, last[i])
+        why = (
+            f"not enough steps to tell (need about {need}, have {n_steps}): the rank that waits"
+            f" least arrived last at {last[i]} of {n_steps} steps and waits {lead:.2f} ms per"
+            f" step less than its peers, against a spread of {noise:.2f} ms a step"
+        )
+        return Verdict((), (), threshold, noise, why, (), n_steps, i, need)
+    why = f"no rank waits {worth:.2f} ms per step less than its peers on most steps"
+    return Verdict((), (), threshold, noise, why, (), n_steps)

@@ -8,13 +8,24 @@ after it, either computing (``extra=mm``: ``aten::mm`` until the time is up) or 
 step's all-reduce. The work is sleep, not compute, so that eight ranks share two cores
 without their steps depending on the scheduler.
 
+With ``work=compute`` the step's work is the model's own instead: forward and backward passes
+of micro-batches with DDP's gradient sync off (``no_sync``, gradient accumulation) until
+``base_ms`` is up, then one synced pass, whose bucketed all-reduces run beside its backward
+pass; and rank ``slow`` sleeps ``nap_share`` of its own median step (without the nap) after
+``backward()``, before ``optimizer.step()``. The work is timed rather than counted: a count of
+passes takes any time on a loaded machine, and the one neighbours slow down would be a real
+straggler of its own.
+
 What the job does can change while it runs: each step reads MODE_FILE, whose text is
 ``key=value`` pairs: ``base_ms`` (default 150), ``jitter`` (0.0), ``slow`` (-1: nobody),
-``extra_ms`` (0), ``extra`` (``mm`` or ``sleep``). Env: MODE_FILE, STEPS (default 100000).
+``extra_ms`` (0), ``extra`` (``mm`` or ``sleep``), ``work`` (``sleep`` or ``compute``),
+``nap_share`` (0). Env: MODE_FILE, STEPS (default 100000), WIDTH (0: the tiny model of two
+layers of 32; else three layers of WIDTH, a bucket each), BATCH (16).
 """
 
 import os
 import random
+import statistics
 import time
 
 import torch
@@ -27,14 +38,26 @@ profd_client.attach()
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
-ddp = torch.nn.parallel.DistributedDataParallel(model)
-opt = torch.optim.SGD(ddp.parameters(), lr=1e-3)
-x = torch.randn(16, 32)
+width = int(os.environ.get("WIDTH", "0"))
+if width:
+    layers = [m for _ in range(3) for m in (torch.nn.Linear(width, width), torch.nn.ReLU())]
+    model = torch.nn.Sequential(*layers, torch.nn.Linear(width, 4))
+    # Buckets of about one layer: DDP all-reduces each as its gradients are ready, beside
+    # the rest of the backward pass, as it does for any model larger than one bucket.
+    ddp = torch.nn.parallel.DistributedDataParallel(model, bucket_cap_mb=width * width * 4 / 2**20)
+else:
+    model = torch.nn.Sequential(torch.nn.Linear(32, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    ddp = torch.nn.parallel.DistributedDataParallel(model)
+opt = torch.optim.SGD(ddp.parameters(), lr=1e-6 if width else 1e-3)
+x = torch.randn(int(os.environ.get("BATCH", "16")), width or 32)
 a = torch.randn(64, 64)
 rng = random.Random(rank)
 mode_file = os.environ["MODE_FILE"]
-DEFAULTS = {"base_ms": "150", "jitter": "0", "slow": "-1", "extra_ms": "0", "extra": "mm"}
+DEFAULTS = {
+    "base_ms": "150", "jitter": "0", "slow": "-1", "extra_ms": "0", "extra": "mm",
+    "work": "sleep", "nap_share": "0",
+}  # fmt: skip
+own_steps: list[float] = []  # this rank's recent steps without its nap, s
 
 
 def read_mode() -> dict[str, str]:
@@ -53,8 +76,32 @@ def busy(seconds: float) -> None:
         torch.mm(a, a)
 
 
+def compute_step(
+    ddp: torch.nn.parallel.DistributedDataParallel,
+    opt: torch.optim.Optimizer,
+    mode: dict[str, str],
+    start: float,
+) -> None:
+    end = start + float(mode["base_ms"]) / 1000
+    while time.perf_counter() < end:
+        with ddp.no_sync():
+            ddp(x).pow(2).mean().backward()
+    ddp(x).pow(2).mean().backward()
+    nap = 0.0
+    if rank == int(mode["slow"]) and len(own_steps) >= 5:
+        nap = float(mode["nap_share"]) * statistics.median(own_steps[-20:])
+        time.sleep(nap)
+    opt.step()
+    opt.zero_grad()
+    own_steps.append(time.perf_counter() - start - nap)
+
+
 for _ in range(int(os.environ.get("STEPS", "100000"))):
     mode = read_mode()
+    if mode["work"] == "compute":
+        compute_step(ddp, opt, mode, time.perf_counter())
+        continue
+    own_steps.clear()  # a compute case measures its own steps afresh
     loss = ddp(x).pow(2).mean()
     loss.backward()
     jitter = float(mode["jitter"])
