@@ -166,14 +166,23 @@ def check_trigger(res: dict[str, Any]) -> None:
 
 
 def check_stall(res: dict[str, Any]) -> None:
-    d = res["details"]
+    d = dict(res["details"])
+    snap = d.pop("memory_snapshot")
     assert set(d) == {"small", "large"}
     for name, x in d.items():
         assert x["repetitions"] >= 2, "both orders (profd first, torch first)"
         assert len(x["runs"]["profd"]) == len(x["runs"]["torch"]) == x["repetitions"], name
         assert x["profd_raw_bytes_p50"] > 0 and x["torch_gz_bytes_p50"] > 0
     assert d["large"]["profd_raw_bytes_p50"] > d["small"]["profd_raw_bytes_p50"]
-    assert len(res["rows"]) == 2, metrics(res)
+    # With a snapshot: no snapshot, written off the training thread, written on it; every
+    # written one was written whole by the client's writer thread and the loop went on.
+    assert set(snap) == {"small", "large"}
+    for name, x in snap.items():
+        assert {v: len(r) for v, r in x["runs"].items()} == {"none": 3, "off": 3, "on": 3}, name
+        assert all("steps_during_write" in r for r in x["runs"]["off"]), name
+        assert all("steps_during_write" not in r for r in x["runs"]["none"]), name
+    assert snap["large"]["pickle_bytes"] > snap["small"]["pickle_bytes"]
+    assert len(res["rows"]) == 4, metrics(res)
 
 
 def check_daemon(res: dict[str, Any]) -> None:
