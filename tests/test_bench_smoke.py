@@ -107,9 +107,13 @@ def metrics(res: dict[str, Any]) -> list[str]:
 def check_idle(res: dict[str, Any]) -> None:
     d = res["details"]
     assert set(d["plan_rounds_steps"]) == {"1ms", "10ms"}
-    assert len(res["rows"]) == 4 + 2 * len(d["plan_rounds_steps"]), metrics(res)
+    assert len(res["rows"]) == 4 + 3 * len(d["plan_rounds_steps"]), metrics(res)
     for key, (rounds, _steps) in d["plan_rounds_steps"].items():
         assert rounds >= 3, "every rotation of the three variants"
+        # The in-process A/B: one pair per round, each one block on and one off.
+        blocks = d["ab_blocks_us_per_step"][key]
+        assert [on for on, _ in blocks].count(True) == rounds == len(blocks) // 2
+        assert d["ab_verdicts"][key]["pairs"] == rounds
         for v in ("profd", "torchprof"):
             assert len(d["raw_ratio_vs_none"][key][v]) == rounds
         assert set(d["per_step_us"][key]) == {"none", "profd", "torchprof"}

@@ -113,6 +113,7 @@ class SnapshotWrite:
     def __init__(self, snapshot: object, path: Path) -> None:
         self.path = path
         self.error: str | None = None  # set before ``done``: why no file was written
+        self.took_ms = 0.0  # set before ``done``: how long pickling and writing took
         self.done = threading.Event()
         self._snapshot: object = snapshot
         self._notify: Callable[[], None] = lambda: None
@@ -123,6 +124,7 @@ class SnapshotWrite:
         threading.Thread(target=self._run, name="profd-snapshot-write").start()
 
     def _run(self) -> None:
+        t0 = time.perf_counter()
         try:
             with open(self.path, "wb") as fh:
                 pickle.dump(self._snapshot, fh)
@@ -131,6 +133,7 @@ class SnapshotWrite:
             _remove(self.path)  # nothing half written stays behind
         finally:
             self._snapshot = None
+            self.took_ms = (time.perf_counter() - t0) * 1000.0
             self.done.set()
             try:
                 self._notify()

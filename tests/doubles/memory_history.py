@@ -4,8 +4,9 @@
 ``MemoryHistory``): ``start``/``stop`` are counted, ``snapshot()`` returns a picklable object
 shaped like ``torch.cuda.memory._snapshot()``'s (``segments``, ``device_traces`` of
 alloc/free entries whose ``frames`` lists are shared between entries, as torch shares them),
-as large as asked (built once, up front). With ``gate`` the snapshot holds an object whose pickling waits for that
-event, so a test can see what happens while the file is still being written. It records no
+as large as asked (built once, up front). With ``gate`` the snapshot holds an object whose
+pickling waits for that event, so a test can see what happens while the file is still being
+written. It records no
 allocation and has no allocator state; only the shape and the cost of pickling are real.
 """
 
