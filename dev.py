@@ -53,9 +53,22 @@ GPU_PY = GPU_VENV / "bin" / "python"
 #: Pythons the wheelhouse holds binary wheels for: profd needs 3.11+, and the GPU machine's
 #: python version is not known in advance.
 WHEEL_PYTHONS = ("3.11", "3.12", "3.13", "3.14")
-#: torch 2.6+ wheels need glibc 2.28, so every machine with a current torch has it; pip
-#: takes this tag to cover the older manylinux tags too.
-WHEEL_PLATFORM = "manylinux_2_28_x86_64"
+#: Platform tags the wheelhouse takes wheels for, newest first. torch 2.6+ wheels need glibc
+#: 2.28, so every machine with a current torch accepts all of them. ``pip download
+#: --platform`` matches tags exactly (it does not widen manylinux_2_28 to the older ones), and
+#: some dependencies publish only old tags: py-spy's wheels are
+#: ``manylinux1_x86_64.manylinux_2_5_x86_64`` alone. So every manylinux level up to 2.28 is
+#: named, in both spellings where a legacy alias exists (manylinux2014 = 2.17,
+#: manylinux2010 = 2.12, manylinux1 = 2.5).
+WHEEL_PLATFORMS = (
+    "manylinux_2_28_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux_2_12_x86_64",
+    "manylinux2010_x86_64",
+    "manylinux_2_5_x86_64",
+    "manylinux1_x86_64",
+)
 #: Installed into .gpu-venv beside profd's own dependencies: what an offline editable
 #: install of profd builds with.
 BUILD_REQS = ("setuptools>=68", "wheel", "pip")
@@ -95,6 +108,17 @@ def dependencies() -> list[str]:
     return [d for d in deps if d and not d.startswith("torch")]
 
 
+def download_command(version: str, reqs: list[str]) -> list[str]:
+    """The ``pip download`` that fetches binary wheels of ``reqs`` for CPython ``version``
+    on x86_64 Linux into the wheelhouse: one ``--platform`` per tag in WHEEL_PLATFORMS."""
+    platforms = [arg for tag in WHEEL_PLATFORMS for arg in ("--platform", tag)]
+    return [
+        sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
+        "--dest", str(WHEELHOUSE), "--only-binary=:all:", *platforms,
+        "--implementation", "cp", "--python-version", version, *reqs,
+    ]  # fmt: skip
+
+
 def fill_wheelhouse() -> None:
     """``pip download`` profd's dependencies (and what installs profd) into .wheelhouse/,
     binary wheels for every python in WHEEL_PYTHONS on x86_64 Linux."""
@@ -102,15 +126,7 @@ def fill_wheelhouse() -> None:
     reqs = [*dependencies(), *BUILD_REQS]
     for version in WHEEL_PYTHONS:
         print(f"dev.py: wheels for python {version}", file=sys.stderr, flush=True)
-        subprocess.run(
-            [
-                sys.executable, "-m", "pip", "download", "--disable-pip-version-check", "-q",
-                "--dest", str(WHEELHOUSE), "--only-binary=:all:",
-                "--platform", WHEEL_PLATFORM, "--implementation", "cp",
-                "--python-version", version, *reqs,
-            ],
-            check=True,
-        )  # fmt: skip
+        subprocess.run(download_command(version, reqs), check=True)
     wheels = sorted(WHEELHOUSE.glob("*.whl"))
     total = sum(p.stat().st_size for p in wheels)
     print(f"dev.py: {len(wheels)} wheels, {total / 2**20:.1f} MiB in {WHEELHOUSE}")

@@ -10,6 +10,14 @@ ring), the same hook calling a tick without the ledger (a count-only stand-in de
 the step before the ledger, for the difference), the clock alone, and one ``region()`` entry
 while nothing is captured (timed since the ledger) against the no-op it replaced.
 
+In-process A/B: the attached worker also runs pairs of blocks of the same steps with the
+client's training-thread side switched on and off (``profd_client.api._measure_hooks``; the
+agent thread stays attached), the order alternating per pair; the ratio is the median of the
+per-pair ratios with a bootstrap 95 % interval (``ab_verdict`` of tests/gpu/gpucheck.py, the
+same statistics the GPU check fails on). It compares the same process with itself, so what
+differs between processes (placement, allocation addresses, a noisy neighbour's timing)
+cannot pass for a cost; it leaves out what the agent thread costs (in both arms).
+
 Target: <= 1 us a step; loop time ratio attached / not attached <= 1.01 at 1 ms steps.
 """
 
@@ -27,6 +35,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
+
+sys.path.insert(0, str(B.ROOT / "tests" / "gpu"))
+from gpucheck import ab_verdict
 
 VARIANTS = ("none", "profd", "torchprof")
 LABEL = {
@@ -102,10 +113,28 @@ def worker(variant: str) -> None:
             print(json.dumps({"ok": True}), flush=True)
         elif cmd["op"] == "run":
             print(json.dumps({"s": run(cmd["key"], cmd["n"])}), flush=True)
+        elif cmd["op"] == "ab":
+            print(json.dumps({"blocks": ab(run, cmd["key"], cmd["n"], cmd["pairs"])}), flush=True)
         elif cmd["op"] == "micro":
             print(json.dumps(micro(cmd["quick"])), flush=True)
     if prof is not None:
         prof.stop()
+
+
+def ab(run: Any, key: str, n: int, pairs: int) -> list[tuple[bool, float]]:
+    """Pairs of ``n``-step blocks with the client on and off (on-off, off-on, ...): per block,
+    (on?, µs a step)."""
+    from profd_client import api
+
+    out: list[tuple[bool, float]] = []
+    try:
+        for p in range(pairs):
+            for on in (True, False) if p % 2 == 0 else (False, True):
+                api._measure_hooks(on)
+                out.append((on, run(key, n) / n * 1e6))
+    finally:
+        api._measure_hooks(True)
+    return out
 
 
 # --- hot path microbenchmarks ---------------------------------------------------------------
@@ -296,6 +325,11 @@ def main() -> None:
                 for v in ("profd", "torchprof"):
                     ratios[key][v].append(got[v] / got["none"])
                     delta_us[key][v].append((got[v] - got["none"]) / n * 1e6)
+        # The same steps in the attached worker, its client switched on and off in turn.
+        ab_blocks = {
+            key: B.ask(ws["profd"], {"op": "ab", "key": key, "n": n, "pairs": rounds})["blocks"]
+            for key, (rounds, n) in plan.items()
+        }
         load_during = [round(x, 2) for x in os.getloadavg()]
         # The hot path in isolation, in the worker that has no profd or profiler installed,
         # after the loop blocks (so nothing else of ours runs meanwhile).
@@ -385,7 +419,29 @@ def main() -> None:
                 spread=f"p10..p90 {rs['p10']}..{rs['p90']}",
             )
         )
+    verdicts = {k: ab_verdict([(bool(on), us) for on, us in b]) for k, b in ab_blocks.items()}
+    for key, v in verdicts.items():
+        rows.append(
+            B.row(
+                f"loop time ratio, client on/off in one process (A/B pairs), {key} steps",
+                "(measure)",
+                round(v.ratio, 4),
+                "x",
+                met=None,
+                spread=f"95 % interval {v.low:.4f}..{v.high:.4f}, IQR {v.q1:.4f}..{v.q3:.4f}",
+            )
+        )
     details = {
+        "ab_blocks_us_per_step": ab_blocks,
+        "ab_verdicts": {
+            k: {
+                "ratio": v.ratio,
+                "interval": [v.low, v.high],
+                "iqr": [v.q1, v.q3],
+                "pairs": v.pairs,
+            }
+            for k, v in verdicts.items()
+        },
         "dims": dims,
         "batch": batch,
         "plan_rounds_steps": plan,

@@ -107,9 +107,13 @@ def metrics(res: dict[str, Any]) -> list[str]:
 def check_idle(res: dict[str, Any]) -> None:
     d = res["details"]
     assert set(d["plan_rounds_steps"]) == {"1ms", "10ms"}
-    assert len(res["rows"]) == 4 + 2 * len(d["plan_rounds_steps"]), metrics(res)
+    assert len(res["rows"]) == 4 + 3 * len(d["plan_rounds_steps"]), metrics(res)
     for key, (rounds, _steps) in d["plan_rounds_steps"].items():
         assert rounds >= 3, "every rotation of the three variants"
+        # The in-process A/B: one pair per round, each one block on and one off.
+        blocks = d["ab_blocks_us_per_step"][key]
+        assert [on for on, _ in blocks].count(True) == rounds == len(blocks) // 2
+        assert d["ab_verdicts"][key]["pairs"] == rounds
         for v in ("profd", "torchprof"):
             assert len(d["raw_ratio_vs_none"][key][v]) == rounds
         assert set(d["per_step_us"][key]) == {"none", "profd", "torchprof"}
@@ -166,14 +170,23 @@ def check_trigger(res: dict[str, Any]) -> None:
 
 
 def check_stall(res: dict[str, Any]) -> None:
-    d = res["details"]
+    d = dict(res["details"])
+    snap = d.pop("memory_snapshot")
     assert set(d) == {"small", "large"}
     for name, x in d.items():
         assert x["repetitions"] >= 2, "both orders (profd first, torch first)"
         assert len(x["runs"]["profd"]) == len(x["runs"]["torch"]) == x["repetitions"], name
         assert x["profd_raw_bytes_p50"] > 0 and x["torch_gz_bytes_p50"] > 0
     assert d["large"]["profd_raw_bytes_p50"] > d["small"]["profd_raw_bytes_p50"]
-    assert len(res["rows"]) == 2, metrics(res)
+    # With a snapshot: no snapshot, written off the training thread, written on it; every
+    # written one was written whole by the client's writer thread and the loop went on.
+    assert set(snap) == {"small", "large"}
+    for name, x in snap.items():
+        assert {v: len(r) for v, r in x["runs"].items()} == {"none": 3, "off": 3, "on": 3}, name
+        assert all("steps_during_write" in r for r in x["runs"]["off"]), name
+        assert all("steps_during_write" not in r for r in x["runs"]["none"]), name
+    assert snap["large"]["pickle_bytes"] > snap["small"]["pickle_bytes"]
+    assert len(res["rows"]) == 4, metrics(res)
 
 
 def check_daemon(res: dict[str, Any]) -> None:

@@ -25,11 +25,14 @@ from .identity import DistInfo, Identity, RayInfo, detect, probe_dist
 from .ledger import Reader
 from .locations import locate_socket, warn_untrusted
 from .stacks import own_stacks
-from .steps import ArmedSession, Stepper
+from .steps import ArmedSession, Stepper, pending_write, ready
 
 log = logging.getLogger("profd_client")
 
 MISSED_HEARTBEATS = 3
+#: How long an exiting process waits for a memory snapshot still being written, so that the
+#: report naming it reaches the daemon.
+WRITE_WAIT_S = 30.0
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Agent(threading.Thread):
     def stop(self, timeout: float = 1.0) -> None:
         self.stopping.set()
         self.notify()
+        if pending_write(list(self.stepper.outbox)) is not None:
+            timeout += WRITE_WAIT_S  # _goodbye waits for it
         self.join(timeout)
 
     # --- thread ---------------------------------------------------------------------------------
@@ -450,7 +455,9 @@ class Agent(threading.Thread):
         out = self.stepper.outbox
         if not out:
             return
-        while out:
+        # A report whose file is still being written waits, and so does every report behind
+        # it (a session's ``done`` must not overtake its last capture); the writer notifies.
+        while out and ready(out[0]):
             m = out.popleft()
             self._unacked[m["id"]] = m
             if self._welcomed:
@@ -474,6 +481,9 @@ class Agent(threading.Thread):
 
     def _goodbye(self, zmq: Any) -> None:
         # Give reports from a capture cut short by exit a moment to reach the daemon.
+        write = pending_write(list(self.stepper.outbox))
+        if write is not None:
+            write.done.wait(WRITE_WAIT_S)
         self._flush_outbox()
         deadline = time.monotonic() + 1.0
         while self._unacked and self._welcomed and time.monotonic() < deadline:

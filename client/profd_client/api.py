@@ -26,6 +26,8 @@ _stepper: Stepper | None = None
 _agent: Agent | None = None
 _identity: Identity | None = None
 _hook: Any = None
+#: The Stepper while :func:`_measure_hooks` has the training-thread side switched off.
+_paused: Stepper | None = None
 _NULL: AbstractContextManager[None] = NULL_REGION
 
 
@@ -169,6 +171,29 @@ def _install_optimizer_hook(st: Stepper) -> Any:
     return register_optimizer_step_post_hook(_post_step)
 
 
+def _measure_hooks(on: bool) -> bool:
+    """For measurement only (the in-process idle-cost A/B of ``tests/gpu/gpucheck.py`` and
+    ``bench/bench_idle.py``), not for training code: switch off, or back on, everything the
+    client does on the training thread (the optimizer post-hook, :func:`step`,
+    :func:`region`'s timers) while the agent thread stays attached, so blocks of the same
+    steps can be timed with and without it in one process. Steps taken while it is off are
+    not counted. Returns False when there is nothing to switch (not attached, or already in
+    that state)."""
+    global _stepper, _hook, _paused
+    if on and _paused is not None and _agent is not None:
+        _stepper, _paused = _paused, None
+        if _agent.step_mode == "optimizer":
+            _hook = _install_optimizer_hook(_stepper)
+        return True
+    if not on and _stepper is not None:
+        _stepper, _paused = None, _stepper
+        if _hook is not None:
+            _hook.remove()
+            _hook = None
+        return True
+    return False
+
+
 def step(n: int | None = None) -> None:
     """End the current step (manual mode), or with ``n`` declare that ``n`` steps are done.
 
@@ -237,8 +262,8 @@ def detach() -> None:
 
     A capture still running is stopped and its trace is kept and delivered.
     """
-    global _stepper, _agent, _hook
-    agent, st = _agent, _stepper
+    global _stepper, _agent, _hook, _paused
+    agent, st = _agent, _stepper or _paused
     if agent is None or st is None:
         return
     try:
@@ -250,4 +275,4 @@ def detach() -> None:
         agent.stop()
     except Exception as exc:
         log.debug("profd_client: detach error: %r", exc)
-    _stepper, _agent, _hook = None, None, None
+    _stepper, _agent, _hook, _paused = None, None, None, None

@@ -3,18 +3,23 @@
 The training thread only starts the profiler, calls ``step()`` at boundaries, stops it and
 writes the raw (uncompressed) Chrome trace; kineto writes that file from C++, which is far
 cheaper than torch's Python gzip export. Compression, fixing and summarising happen in the
-daemon.
+daemon. A memory snapshot is taken on the training thread (it is the allocator's state at the
+capture's last step, and ending the allocator's history discards it) but pickled and written
+on a thread of its own (:class:`SnapshotWrite`); the report that names the file waits for it.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import pickle
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 
 @dataclass
@@ -26,6 +31,8 @@ class CaptureResult:
     stall_ms: float
     error: str | None = None
     notes: list[str] = field(default_factory=list)
+    #: A file of ``files`` still being written off the training thread: the report waits.
+    pending: SnapshotWrite | None = None
 
     @classmethod
     def ending_now(
@@ -36,6 +43,7 @@ class CaptureResult:
         stop_began: float,
         error: str | None,
         notes: list[str],
+        pending: SnapshotWrite | None = None,
     ) -> CaptureResult:
         """The result of a capture whose stop began at ``stop_began`` (perf_counter)."""
         return cls(
@@ -46,7 +54,91 @@ class CaptureResult:
             stall_ms=(time.perf_counter() - stop_began) * 1000.0,
             error=error,
             notes=notes,
+            pending=pending,
         )
+
+
+class MemoryHistory(Protocol):
+    """Where a capture's memory snapshot comes from: torch's CUDA caching allocator
+    (:data:`CUDA_MEMORY`), or a test double where there is no GPU."""
+
+    def available(self) -> bool: ...
+
+    def start(self) -> None: ...
+
+    def snapshot(self) -> object: ...
+
+    def stop(self) -> None: ...
+
+
+class CudaMemoryHistory:
+    """torch.cuda.memory's allocator history: what ``--memory-snapshot`` records."""
+
+    def available(self) -> bool:
+        import torch
+
+        return bool(torch.cuda.is_available())
+
+    def start(self) -> None:
+        import torch
+
+        torch.cuda.memory._record_memory_history(max_entries=100_000)
+
+    def snapshot(self) -> object:
+        """The allocator's state and history now; the object ``_dump_snapshot`` pickles."""
+        import torch
+
+        return torch.cuda.memory._snapshot()
+
+    def stop(self) -> None:
+        import torch
+
+        torch.cuda.memory._record_memory_history(enabled=None)
+
+
+CUDA_MEMORY: MemoryHistory = CudaMemoryHistory()
+
+
+class SnapshotWrite:
+    """A memory snapshot pickled into ``path`` on a thread of its own.
+
+    ``torch.cuda.memory._dump_snapshot`` pickles and writes on its caller's thread, which at a
+    capture's end is the training thread. Here that thread only hands the snapshot over; the
+    report naming ``path`` is held until :attr:`done` (see ``steps.ready``), so the daemon
+    never reads half a file. pickle holds the GIL while it encodes and lets it go at each
+    write, so training runs on between chunks instead of waiting for the whole file. The
+    thread is not a daemon thread: an exiting process finishes the file first.
+    """
+
+    def __init__(self, snapshot: object, path: Path) -> None:
+        self.path = path
+        self.error: str | None = None  # set before ``done``: why no file was written
+        self.took_ms = 0.0  # set before ``done``: how long pickling and writing took
+        self.done = threading.Event()
+        self._snapshot: object = snapshot
+        self._notify: Callable[[], None] = lambda: None
+
+    def start(self, notify: Callable[[], None]) -> None:
+        """Begin writing; ``notify`` is called (on the writing thread) once it is done."""
+        self._notify = notify
+        threading.Thread(target=self._run, name="profd-snapshot-write").start()
+
+    def _run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            with open(self.path, "wb") as fh:
+                pickle.dump(self._snapshot, fh)
+        except Exception as exc:
+            self.error = "memory snapshot not written: " + _why(exc, self.path.parent)
+            _remove(self.path)  # nothing half written stays behind
+        finally:
+            self._snapshot = None
+            self.took_ms = (time.perf_counter() - t0) * 1000.0
+            self.done.set()
+            try:
+                self._notify()
+            except Exception:
+                pass
 
 
 def torch_info() -> tuple[str | None, str | None]:
@@ -79,6 +171,7 @@ class TorchCapture:
         stem: str,
         warmup_start: int,
         start: int,
+        memory: MemoryHistory = CUDA_MEMORY,
     ) -> None:
         self.options = options
         self.out_dir = out_dir
@@ -87,6 +180,7 @@ class TorchCapture:
         self.start_step = start
         self.started_at = 0.0
         self.prof: Any = None
+        self.memory = memory
         self.snapshot = False
         self.notes: list[str] = []
 
@@ -126,8 +220,8 @@ class TorchCapture:
         # ProfilerStep#N markers carry the global step number of the step about to run.
         self.prof.step_num = self.warmup_start
         if self.options.get("memory_snapshot"):
-            if torch.cuda.is_available():
-                torch.cuda.memory._record_memory_history(max_entries=100_000)
+            if self.memory.available():
+                self.memory.start()
                 self.snapshot = True
             else:
                 self.notes.append("memory snapshot needs CUDA; none on this process")
@@ -143,6 +237,7 @@ class TorchCapture:
         t0 = time.perf_counter()
         files: list[dict[str, str]] = []
         error = None
+        pending: SnapshotWrite | None = None
         try:
             _scopes.end_enclosing()
             self.prof.stop()
@@ -155,22 +250,49 @@ class TorchCapture:
                 raise _ExportFailed(self.out_dir, "torch wrote no trace file")
             files.append({"kind": "trace", "path": str(trace)})
             if self.snapshot:
-                import torch
-
-                snap = self.out_dir / f"{self.stem}.memory.pickle"
-                torch.cuda.memory._dump_snapshot(str(snap))  # type: ignore[no-untyped-call]
-                torch.cuda.memory._record_memory_history(enabled=None)
-                files.append({"kind": "memory", "path": str(snap)})
+                pending = self._take_snapshot()
+                if pending is not None:
+                    files.append({"kind": "memory", "path": str(pending.path)})
         except Exception as exc:  # a failed export must not reach training code
             error = "export failed: " + _why(exc, self.out_dir)
             # Nothing half written stays behind: the daemon would never clean it up.
             for name in (".pt.trace.json", ".pt.trace.json.tmp", ".memory.pickle"):
                 _remove(self.out_dir / f"{self.stem}{name}")
-            files = []
+            files, pending = [], None
         finally:
             _scopes.uninstall()
+            if self.snapshot:  # the export failed before the snapshot: end the history
+                self.snapshot = False
+                try:
+                    self.memory.stop()
+                except Exception:
+                    pass
         steps = range(self.start_step, last_step + 1)
-        return CaptureResult.ending_now(files, steps, self.started_at, t0, error, self.notes)
+        return CaptureResult.ending_now(
+            files, steps, self.started_at, t0, error, self.notes, pending
+        )
+
+    def _take_snapshot(self) -> SnapshotWrite | None:
+        """The allocator's snapshot, taken here and handed to a writer that is not started
+        yet; a failure costs the snapshot only (a note says why), never the trace."""
+        self.snapshot = False  # the history ends here, whatever happens next
+        s0 = time.perf_counter()
+        try:
+            taken = self.memory.snapshot()
+        except Exception as exc:
+            self.notes.append(f"memory snapshot failed: {type(exc).__name__}: {exc}")
+            return None
+        finally:
+            try:
+                self.memory.stop()
+            except Exception:
+                pass
+        took = (time.perf_counter() - s0) * 1000.0
+        self.notes.append(
+            f"memory snapshot taken in {took:.1f} ms on the training thread, pickled and"
+            " written off it"
+        )
+        return SnapshotWrite(taken, self.out_dir / f"{self.stem}.memory.pickle")
 
     def abandon(self) -> None:
         try:
@@ -180,10 +302,9 @@ class TorchCapture:
             pass
         _scopes.uninstall()
         if self.snapshot:
+            self.snapshot = False
             try:
-                import torch
-
-                torch.cuda.memory._record_memory_history(enabled=None)
+                self.memory.stop()
             except Exception:
                 pass
 

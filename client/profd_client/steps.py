@@ -33,7 +33,7 @@ import itertools
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,7 +41,14 @@ from types import TracebackType
 from typing import Any, Final
 
 from . import protocol as P
-from .capture import CaptureResult, TorchCapture, torch_info
+from .capture import (
+    CUDA_MEMORY,
+    CaptureResult,
+    MemoryHistory,
+    SnapshotWrite,
+    TorchCapture,
+    torch_info,
+)
 from .nsysrange import NsysRange
 
 NEVER = 1 << 62
@@ -54,6 +61,34 @@ _EPOCH_MASK: Final = (1 << 31) - 1
 #: What ``region()`` returns for a block it does not time (not attached, a name it cannot
 #: send, or one name too many).
 NULL_REGION: AbstractContextManager[None] = contextlib.nullcontext()
+#: The key of a report that names a file still being written off the training thread; the
+#: agent thread holds the report, and every report after it, until :func:`ready`.
+PENDING: Final = "_pending"
+
+
+def ready(report: dict[str, Any]) -> bool:
+    """Whether ``report`` may go to the daemon: no file it names is still being written.
+    Once its write has ended the key is removed; a write that failed takes its file out of
+    the report and leaves a note why (the trace beside it is still delivered)."""
+    write: SnapshotWrite | None = report.get(PENDING)
+    if write is None:
+        return True
+    if not write.done.is_set():
+        return False
+    del report[PENDING]
+    if write.error is not None:
+        report["files"] = [f for f in report["files"] if f["path"] != str(write.path)]
+        report["notes"] = [*report["notes"], write.error]
+    return True
+
+
+def pending_write(reports: Iterable[dict[str, Any]]) -> SnapshotWrite | None:
+    """The first unfinished write among ``reports`` (what an exiting agent waits for)."""
+    for r in reports:
+        w: SnapshotWrite | None = r.get(PENDING)
+        if w is not None and not w.done.is_set():
+            return w
+    return None
 
 
 class RegionTimer:
@@ -155,6 +190,7 @@ class Stepper:
         "epoch",
         "inbox",
         "live",
+        "memory",
         "next_event",
         "outbox",
         "regions",
@@ -167,6 +203,7 @@ class Stepper:
         stem: str,
         notify: Callable[[], None],
         clock: Callable[[], float] = time.perf_counter,
+        memory: MemoryHistory = CUDA_MEMORY,
     ) -> None:
         self.count = 0  # steps completed; the step running now is count + 1
         self.next_event = 1  # the first step's end starts the ledger (see _rebase)
@@ -175,6 +212,7 @@ class Stepper:
         self.live: Live | None = None
         self.stem = stem  # "{role}-r{rank}"
         self._notify = notify
+        self.memory = memory  # where --memory-snapshot captures take their snapshot
         self._armed: list[ArmedSession] = []
         # The ledger (see the module docstring). Bound here so tick() reads two attributes
         # and allocates nothing but the clock's float.
@@ -407,9 +445,8 @@ class Stepper:
         if armed.backend == "nsys":
             cap = NsysRange(a)
         else:
-            cap = TorchCapture(
-                armed.options, armed.incoming / f"c{cycle}", armed.stem or self.stem, w, a
-            )
+            out = armed.incoming / f"c{cycle}"
+            cap = TorchCapture(armed.options, out, armed.stem or self.stem, w, a, self.memory)
         try:
             cap.start()
         except Exception as exc:
@@ -471,8 +508,9 @@ class Stepper:
         cycle = armed.region_entries
         armed.region_entries += 1
         running = self.count + 1
+        out = armed.incoming / f"c{cycle}"
         cap = TorchCapture(
-            armed.options, armed.incoming / f"c{cycle}", armed.stem or self.stem, running, running
+            armed.options, out, armed.stem or self.stem, running, running, self.memory
         )
         try:
             cap.start()
@@ -503,25 +541,27 @@ class Stepper:
         self, armed: ArmedSession, cycle: int, res: CaptureResult, region: str | None
     ) -> None:
         tv, dev = torch_info()
-        self._send(
-            {
-                "t": P.CAPTURED,
-                "session": armed.session,
-                "job": armed.job,
-                "cycle": cycle,
-                "steps": res.steps,
-                "files": res.files,
-                "started_at": res.started_at,
-                "ended_at": res.ended_at,
-                "stall_ms": res.stall_ms,
-                "error": res.error,
-                "notes": res.notes,
-                "region": region,
-                "torch": tv,
-                "device": dev,
-                "plan": armed.revision,
-            }
-        )
+        report: dict[str, Any] = {
+            "t": P.CAPTURED,
+            "session": armed.session,
+            "job": armed.job,
+            "cycle": cycle,
+            "steps": res.steps,
+            "files": res.files,
+            "started_at": res.started_at,
+            "ended_at": res.ended_at,
+            "stall_ms": res.stall_ms,
+            "error": res.error,
+            "notes": res.notes,
+            "region": region,
+            "torch": tv,
+            "device": dev,
+            "plan": armed.revision,
+        }
+        if res.pending is not None:
+            report[PENDING] = res.pending
+            res.pending.start(self._notify)
+        self._send(report)
 
     def _progress(self, armed: ArmedSession, state: str, error: str | None) -> None:
         self._send(

@@ -11,6 +11,10 @@ Env:
   STOP: a file; the job ends after the step during which it appeared.
   NCCL=0: no process group (the idle-cost runs, which time steps alone).
   TIMES: print per-step wall times (µs, after WARMUP steps) in the RESULT line.
+  AB=N: after WARMUP steps, blocks of N steps with the client's training-thread side switched
+      on and off in turn (``profd_client.api._measure_hooks``, the agent stays attached), in
+      pairs whose order alternates (on-off, off-on, ...); the RESULT line has ``ab_blocks``,
+      ``[hook on?, mean step µs]`` per block. STEPS should be WARMUP + a multiple of 2N.
   DEVICE=cpu: gloo and the CPU instead (``gpucheck.py --allow-cpu``, which tries the checks'
       plumbing on a machine without a GPU).
 
@@ -30,6 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "jobs"))
 from gate import wait_gate
 
 import profd_client
+from profd_client import api
 
 pushes: dict[str, int] = {}
 _push = torch.cuda.nvtx.range_push
@@ -68,9 +73,20 @@ pause = float(os.environ.get("STEP_SLEEP", "0.02"))
 stop = os.environ.get("STOP")
 warmup = int(os.environ.get("WARMUP", "20"))
 times: list[float] = []
+ab = int(os.environ.get("AB", "0"))
+ab_on: list[bool] = []
+
+
+def ab_block_on(block: int) -> bool:
+    """Block ``block``'s arm: pairs on-off, off-on, on-off, ... (drift cancels in pairs)."""
+    return (block % 2 == 0) == ((block // 2) % 2 == 0)
+
 
 wait_gate()
 for i in range(steps):
+    if ab and i >= warmup and (i - warmup) % ab == 0:
+        ab_on.append(ab_block_on(len(ab_on)))
+        api._measure_hooks(ab_on[-1])
     t0 = time.perf_counter()
     x = host.to(dev, non_blocking=True)
     with profd_client.region("forward"):
@@ -99,6 +115,11 @@ result = {
     "nvtx_pushes": pushes,
     "pid": os.getpid(),
 }
+if ab:
+    api._measure_hooks(True)
+    blocks = [times[k * ab : (k + 1) * ab] for k in range(len(ab_on))]
+    result["ab_blocks"] = [[on, sum(b) / len(b)] for on, b in zip(ab_on, blocks, strict=True) if b]
+    result["steps"] = profd_client.current_step()
 if os.environ.get("TIMES"):
     result["step_us"] = [round(t, 1) for t in times]
 print("RESULT " + json.dumps(result), flush=True)

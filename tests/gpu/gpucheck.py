@@ -26,8 +26,11 @@ each as one ``PASS``/``FAIL``/``SKIP`` line with what was seen:
    memcpy NCCL does instead), counted as collective time;
    ``flight-recorder``: the job's NCCL flight recorder, dumped by its agent thread for
    ``profctl stacks``, lists its NCCL collectives.
-7. ``idle-cost`` and ``stall``: step time attached versus ``PROFD_DISABLE=1`` (alternating
-   runs), and the training stall the client reported at capture end, with CUDA work.
+7. ``idle-cost`` and ``stall``: in one attached process, blocks of the same CUDA steps with
+   the client's training-thread side switched on and off in turn; fails when the blocks with
+   it are slower by more than 1 % beyond the spread of the per-pair ratios. And the training
+   stall the client reported at capture end, with and without a memory snapshot; fails when
+   the snapshot adds more than 50 ms.
 
 Each check has a time box (:data:`LIMITS`; a check past it fails) and prints its line as it
 ends; the whole run has :data:`BUDGET_S`. Exit status: 0 nothing failed (skips say why), 1 a
@@ -45,6 +48,7 @@ import json
 import os
 import pickle
 import platform
+import random
 import re
 import shutil
 import socket
@@ -123,6 +127,93 @@ class Result:
 
     def line(self) -> str:
         return f"{self.status} {self.name}: {self.evidence}"
+
+
+# --- idle cost: the in-process A/B (pure: unit-tested) --------------------------------------------
+#: Attached blocks may be this much slower than the blocks without the client, beyond the spread.
+AB_TOLERANCE = 0.01
+#: What a memory snapshot may add to the stall at capture end.
+SNAPSHOT_STALL_MS = 50.0
+
+
+@dataclass(frozen=True)
+class ABVerdict:
+    """Blocks of the same steps with the client on and off, in pairs: the median over pairs
+    of (on block's mean step / off block's), its bootstrap 95 % interval and the per-pair
+    ratios' interquartile range. ``failed``: the whole interval lies above 1 + tolerance."""
+
+    ratio: float
+    low: float
+    high: float
+    q1: float
+    q3: float
+    pairs: int
+    tolerance: float
+
+    @property
+    def failed(self) -> bool:
+        return self.low > 1.0 + self.tolerance
+
+    def text(self) -> str:
+        return (
+            f"attached/off step time {self.ratio:.4f} (95 % interval {self.low:.4f}.."
+            f"{self.high:.4f}, per-pair IQR {self.q1:.4f}..{self.q3:.4f}, {self.pairs} pairs); "
+            f"fails above {1 + self.tolerance:.2f} beyond the interval"
+        )
+
+
+def _quantile(v: Sequence[float], q: float) -> float:
+    s = sorted(v)
+    pos = (len(s) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(s) - 1)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def ab_verdict(
+    blocks: Sequence[tuple[bool, float]],
+    tolerance: float = AB_TOLERANCE,
+    resamples: int = 2000,
+    seed: int = 0,
+) -> ABVerdict:
+    """The verdict on ``blocks``: ``(client on?, mean step time)`` in the order they ran,
+    consecutive blocks forming pairs of one on and one off. Pairing adjacent blocks cancels
+    drift slower than a pair; the median over pairs ignores a pair that a hiccup hit; the
+    interval comes from resampling pairs (seeded: the same blocks give the same verdict)."""
+    if len(blocks) < 2 or len(blocks) % 2:
+        raise ValueError(f"{len(blocks)} blocks: need pairs, at least one")
+    ratios = []
+    for a, b in zip(blocks[::2], blocks[1::2], strict=True):
+        if a[0] == b[0]:
+            raise ValueError(f"a pair of blocks both {'on' if a[0] else 'off'}")
+        on, off = (a[1], b[1]) if a[0] else (b[1], a[1])
+        if not (on > 0 and off > 0):
+            raise ValueError(f"block times must be positive: {on}, {off}")
+        ratios.append(on / off)
+    rng = random.Random(seed)
+    meds = sorted(median(rng.choices(ratios, k=len(ratios))) for _ in range(resamples))
+    return ABVerdict(
+        ratio=median(ratios),
+        low=_quantile(meds, 0.025),
+        high=_quantile(meds, 0.975),
+        q1=_quantile(ratios, 0.25),
+        q3=_quantile(ratios, 0.75),
+        pairs=len(ratios),
+        tolerance=tolerance,
+    )
+
+
+def stall_verdict(stalls: Mapping[str, float | None]) -> str | None:
+    """Why the stalls fail (a memory snapshot adds more than SNAPSHOT_STALL_MS), or None."""
+    plain = stalls.get("cpu,cuda capture")
+    snap = stalls.get("cpu,cuda capture + memory snapshot")
+    if plain is None or snap is None:
+        return None
+    if snap - plain > SNAPSHOT_STALL_MS:
+        return (
+            f"a memory snapshot adds {snap - plain:.1f} ms to the stall (> {SNAPSHOT_STALL_MS:.0f})"
+        )
+    return None
 
 
 # --- reading traces (pure: unit-tested on synthetic traces) ------------------------------------
@@ -547,6 +638,7 @@ class Bench:
         self.job_result: dict[str, Any] | None = None
         self.nsys_summary: str | None = None
         self.stalls: dict[str, float | None] = {}
+        self.snapshot_notes: list[str] = []  # what the snapshot capture's report noted
 
     def left(self, want: float) -> float:
         return time_left(time.monotonic(), self.deadline, self.box_end, want)
@@ -785,6 +877,7 @@ def check_memory_snapshot(b: Bench) -> Result:
     res = b.session(None, "--job", "gpucheck", "--next", "--active", "2", "--memory-snapshot")
     (row,) = b.rows(res["session"])
     b.stalls["cpu,cuda capture + memory snapshot"] = row.get("stall_ms")
+    b.snapshot_notes = [n for n in row.get("notes") or () if "memory snapshot" in n]
     files = _files(row)
     seen: dict[str, Any] = {"session": res["session"], "files": files, "steps": row.get("steps")}
     if "memory" not in files:
@@ -974,40 +1067,53 @@ def check_flight_recorder(b: Bench) -> Result:
         j.kill()
 
 
-def check_idle_and_stall(b: Bench, rounds: int = 2, steps: int = 300) -> Result:
-    """Median step time of the CUDA loop attached (live daemon, no capture) and with
-    ``PROFD_DISABLE=1``, in alternating runs; and the stalls the captures reported."""
-    per: dict[str, list[float]] = {"attached": [], "disabled": []}
-    deltas: list[float] = []
-    for r in range(rounds):
-        order = ("disabled", "attached") if r % 2 == 0 else ("attached", "disabled")
-        got: dict[str, float] = {}
-        for variant in order:
-            env = {"NCCL": "0", "STEPS": str(steps), "STEP_SLEEP": "0", "TIMES": "1"}
-            env["WARMUP"] = "50"
-            if variant == "disabled":
-                env["PROFD_DISABLE"] = "1"
-            j = b.job(f"idle-{variant}", env)
-            rc = j.wait(b.left(180))
-            res = job_result(j.output())
-            if rc != 0 or res is None:
-                raise CheckFailed(f"idle run {variant} exited {rc}: {_clip(j.output(), 600)}")
-            if variant == "attached" and not res.get("attached"):
-                raise CheckFailed("the attached idle run never attached")
-            got[variant] = median(res["step_us"])
-            per[variant].append(round(got[variant], 1))
-        deltas.append(got["attached"] - got["disabled"])
-    seen = {"median_step_us": per, "delta_us": [round(d, 1) for d in deltas],
-            "stall_ms": b.stalls, "steps_per_run": steps}  # fmt: skip
+def check_idle_and_stall(b: Bench, pairs: int = 20, block: int = 100, warmup: int = 200) -> Result:
+    """The client's idle cost inside one attached process: ``pairs`` pairs of ``block``-step
+    blocks with its training-thread side on and off (``cudajob.py`` with ``AB``); and the
+    stalls the captures reported, with and without a memory snapshot."""
+    env = {"NCCL": "0", "STEPS": str(warmup + 2 * pairs * block), "STEP_SLEEP": "0"}
+    env.update(WARMUP=str(warmup), AB=str(block))
+    j = b.job("idle-ab", env)
+    rc = j.wait(b.left(180))
+    res = job_result(j.output())
+    if rc != 0 or res is None:
+        raise CheckFailed(f"the idle A/B run exited {rc}: {_clip(j.output(), 600)}")
+    if not res.get("attached"):
+        raise CheckFailed("the idle A/B run never attached")
+    blocks = [(bool(on), float(us)) for on, us in res["ab_blocks"]]
+    v = ab_verdict(blocks)
+    on_us = median(us for on, us in blocks if on)
+    off_us = median(us for on, us in blocks if not on)
     stalls = ", ".join(
-        f"{k} {v:.1f} ms" if isinstance(v, int | float) else f"{k} n/a" for k, v in b.stalls.items()
+        f"{k} {x:.1f} ms" if isinstance(x, int | float) else f"{k} n/a" for k, x in b.stalls.items()
     )
+    stall_bad = stall_verdict(b.stalls)
+    seen = {
+        "ab_blocks": blocks,
+        "block_steps": block,
+        "ratio": v.ratio,
+        "interval": [v.low, v.high],
+        "iqr": [v.q1, v.q3],
+        "failed": v.failed,
+        "stall_ms": b.stalls,
+        "snapshot_notes": b.snapshot_notes,
+    }
     evidence = (
-        f"median step {per['disabled']} us disabled vs {per['attached']} us attached: idle "
-        f"cost {[round(d, 1) for d in deltas]} us/step (noise included); stall at capture "
+        f"{v.text()}; median block step {on_us:.1f} us on, {off_us:.1f} us off; stall at capture "
         f"end: {stalls or 'no capture ran'}"
+        + (f" ({'; '.join(b.snapshot_notes)})" if b.snapshot_notes else "")
     )
+    why = [w for w in ("the client's idle cost is above 1 %" if v.failed else None, stall_bad) if w]
+    if why:
+        return Result("idle-cost+stall", FAIL, " and ".join(why) + " | " + evidence, seen)
     return Result("idle-cost+stall", PASS, evidence, seen)
+
+
+def idle_check(b: Bench) -> Result:
+    # About 5 s of 1 ms steps on a GPU; --allow-cpu only tries the plumbing (slow CPU steps).
+    if b.cpu:
+        return check_idle_and_stall(b, pairs=3, block=4, warmup=5)
+    return check_idle_and_stall(b)
 
 
 # --- running them ------------------------------------------------------------------------------
@@ -1023,7 +1129,7 @@ def plan(b: Bench, nsys_where: str) -> list[Check]:
         ("job-exit", lambda: finish_main_job(b)),
         ("nccl", lambda: check_nccl(b)),
         ("flight-recorder", lambda: check_flight_recorder(b)),
-        ("idle-cost+stall", lambda: check_idle_and_stall(b, steps=200 if b.cpu else 1000)),
+        ("idle-cost+stall", lambda: idle_check(b)),
         # Last: a slow nsys must not leave the others without time.
         ("nsys", lambda: check_nsys(b, nsys_where)),
         ("regions", lambda: check_regions(b)),

@@ -369,3 +369,63 @@ def test_gpucheck_itself_exits_3_when_torch_sees_no_gpu(visible: str, tmp_path: 
     (line,) = r.stdout.splitlines()
     assert line.startswith("gpucheck: no GPU: ") and "is_available() false" in line
     assert not out.exists()
+
+
+# --- idle cost: the in-process A/B ----------------------------------------------------------------
+def ab_blocks(
+    ratios: list[float], base: float = 1000.0, drift: float = 0.0
+) -> list[tuple[bool, float]]:
+    """Blocks in the order cudajob.py runs them (on-off, off-on, ...), each pair's off block at
+    ``base`` plus ``drift`` per pair and its on block ``ratio`` times that."""
+    out: list[tuple[bool, float]] = []
+    for p, r in enumerate(ratios):
+        off = base + drift * p
+        pair = [(True, off * r), (False, off)]
+        out += pair if p % 2 == 0 else pair[::-1]
+    return out
+
+
+def test_ab_passes_a_client_that_costs_nothing_whatever_the_drift() -> None:
+    noise = [1.0 + 0.004 * ((i * 7) % 5 - 2) for i in range(20)]  # +-0.8 %, centred on 1
+    v = G.ab_verdict(ab_blocks(noise, drift=50.0))
+    assert v.pairs == 20 and abs(v.ratio - 1.0) < 0.005
+    assert v.low <= 1.0 <= v.high and v.q1 <= v.ratio <= v.q3
+    assert not v.failed and "20 pairs" in v.text()
+
+
+def test_ab_fails_a_client_that_costs_three_percent() -> None:
+    noise = [1.03 + 0.003 * ((i * 7) % 5 - 2) for i in range(20)]
+    v = G.ab_verdict(ab_blocks(noise))
+    assert v.failed and v.low > 1.01 and abs(v.ratio - 1.03) < 0.004
+
+
+def test_ab_does_not_fail_what_the_spread_cannot_tell_from_one_percent() -> None:
+    # 1.5 % slower on median, but the pairs scatter by +-10 %: not beyond the spread.
+    noisy = [1.015 + 0.1 * ((i * 7) % 5 - 2) / 2 for i in range(12)]
+    v = G.ab_verdict(ab_blocks(noisy))
+    assert v.ratio > 1.01 and v.low <= 1.01 and not v.failed
+
+
+def test_ab_is_robust_to_a_hiccup_and_deterministic() -> None:
+    ratios = [1.0] * 15 + [3.0]  # one pair hit by something else entirely
+    blocks = ab_blocks(ratios)
+    v = G.ab_verdict(blocks)
+    assert v.ratio == 1.0 and not v.failed
+    assert G.ab_verdict(blocks) == v
+
+
+def test_ab_refuses_blocks_that_are_not_pairs_of_on_and_off() -> None:
+    with pytest.raises(ValueError, match="need pairs"):
+        G.ab_verdict([(True, 1.0), (False, 1.0), (True, 1.0)])
+    with pytest.raises(ValueError, match="both on"):
+        G.ab_verdict([(True, 1.0), (True, 1.0)])
+    with pytest.raises(ValueError, match="positive"):
+        G.ab_verdict([(True, 1.0), (False, 0.0)])
+
+
+def test_the_stall_fails_when_a_memory_snapshot_adds_more_than_50_ms() -> None:
+    ok = {"cpu,cuda capture": 8.7, "cpu,cuda capture + memory snapshot": 40.0}
+    assert G.stall_verdict(ok) is None
+    bad = {"cpu,cuda capture": 8.7, "cpu,cuda capture + memory snapshot": 1723.7}
+    assert G.stall_verdict(bad) == "a memory snapshot adds 1715.0 ms to the stall (> 50)"
+    assert G.stall_verdict({"cpu,cuda capture": 8.7}) is None
