@@ -548,8 +548,9 @@ machine needs no network):
     python3 dev.py test-gpu     # on the GPU machine, with .wheelhouse/ carried along
 
 The wheelhouse holds profd's dependencies (not torch) as wheels for CPython 3.11 to 3.14 on
-x86_64 Linux (manylinux_2_28, which every torch 2.6+ machine meets), plus setuptools, wheel
-and pip. profd needs Python 3.11+: a GPU machine whose torch is on an older python is a set-up
+x86_64 Linux (every manylinux tag up to 2_28, which every torch 2.6+ machine meets: pip
+matches platform tags exactly, and py-spy ships manylinux1 wheels only), plus setuptools,
+wheel and pip. profd needs Python 3.11+: a GPU machine whose torch is on an older python is a set-up
 failure (exit 2), said in one line.
 
 `test-gpu` finds the python that has torch, makes `.gpu-venv` on top of it
