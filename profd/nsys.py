@@ -181,17 +181,61 @@ def importer(binary: str) -> Path | None:
     return None
 
 
+#: What the importer's ``--version`` may take: a loader error answers in milliseconds.
+PROBE_TIMEOUT_S = 5.0
+_LOADER = re.compile(r"error while loading shared libraries: (\S+?):")
+_probed: dict[tuple[str, float], str | None] = {}
+
+
+def importer_fault(imp: Path) -> str | None:
+    """Why the importer ``imp`` cannot run, from one ``--version`` run, or None when it ran
+    or its answer says nothing certain. Cached per file and modification time (the daemon
+    asks at every nsys session start; an install fixed meanwhile is seen again)."""
+    try:
+        key = (str(imp), imp.stat().st_mtime)
+    except OSError as exc:
+        return f"{imp} cannot be read ({exc.strerror})"
+    if key in _probed:
+        return _probed[key]
+    why: str | None = None
+    try:
+        r = subprocess.run(
+            [str(imp), "--version"], stdin=subprocess.DEVNULL, capture_output=True,
+            text=True, errors="replace", timeout=PROBE_TIMEOUT_S,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired:
+        pass  # slow, not broken: nsys will find out for itself
+    except OSError as exc:
+        why = f"{imp} does not run ({exc.strerror})"
+    else:
+        out = f"{r.stderr}\n{r.stdout}"
+        lib = _LOADER.search(out)
+        if lib is not None:
+            # nsys then says only "Unable to retrieve the importer version".
+            why = f"{imp} does not run: the library {lib.group(1)} is missing"
+            if lib.group(1).startswith("libdw."):
+                why += " (elfutils' libdw: `apt install libdw1` or `dnf install elfutils-libs`)"
+        elif r.returncode in (126, 127):
+            why = f"{imp} does not run (exit {r.returncode}: {out.strip()[:200]})"
+    _probed[key] = why
+    return why
+
+
 def import_problem(binary: str) -> str | None:
     """Why ``binary`` cannot turn a capture into a report, in words, or None when its
-    importer is where an Nsight Systems install keeps it."""
-    if importer(binary) is not None:
-        return None
+    importer is where an Nsight Systems install keeps it and runs."""
     real = os.path.realpath(binary)
     shown = binary if real == binary else f"{binary} ({real})"
-    return (
-        f"{shown} has no {IMPORTER} near it, so it cannot convert a capture into a report"
-        " (the nsys inside Nsight Compute is such a copy)"
-    )
+    imp = importer(binary)
+    if imp is None:
+        return (
+            f"{shown} has no {IMPORTER} near it, so it cannot convert a capture into a report"
+            " (the nsys inside Nsight Compute is such a copy)"
+        )
+    fault = importer_fault(imp)
+    if fault is None:
+        return None
+    return f"{shown} cannot convert a capture into a report: its {fault}"
 
 
 def left_only(stream: Path, why: str | None) -> str:

@@ -66,3 +66,39 @@ def test_left_only_is_one_line_saying_what_was_left_why_and_what_to_install() ->
         assert "no profd-ab12.nsys-rep" in line
         assert "Nsight Compute" in line or (why and why in line)
         assert "install Nsight Systems (the nsight-systems package" in line
+
+
+def test_an_importer_that_cannot_load_a_library_is_named_with_the_library(tmp_path: Path) -> None:
+    # TEST DOUBLE: the loader's words of Nsight Compute's importer without elfutils' libdw.
+    host = tmp_path / "ncu" / "host"
+    binary = host / "target-linux-x64" / "nsys"
+    binary.parent.mkdir(parents=True)
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    imp = host / "linux-desktop-glibc_2_11_3-x64" / nsys.IMPORTER
+    imp.parent.mkdir()
+    imp.write_text(
+        '#!/bin/sh\necho "$0: error while loading shared libraries: libdw.so.1: cannot open'
+        ' shared object file: No such file or directory" >&2\nexit 127\n'
+    )
+    imp.chmod(0o755)
+    why = nsys.import_problem(str(binary))
+    assert why is not None and "libdw.so.1 is missing" in why and "apt install libdw1" in why
+    # Mended in place (a new file): asked again, not answered from the cache.
+    imp.write_text("#!/bin/sh\necho QdstrmImporter 2025.3\n")
+    os.utime(imp, (1, 1))
+    assert nsys.import_problem(str(binary)) is None
+
+
+def test_an_importer_that_answers_with_an_error_of_its_own_is_not_called_broken(
+    tmp_path: Path,
+) -> None:
+    # Only what certainly stops it counts: an unknown flag's exit 1 is no proof.
+    binary = tmp_path / "host-linux-x64" / "nsys"
+    binary.parent.mkdir()
+    binary.write_text("#!/bin/sh\n")
+    binary.chmod(0o755)
+    imp = binary.parent / nsys.IMPORTER
+    imp.write_text("#!/bin/sh\necho 'unknown option --version' >&2\nexit 1\n")
+    imp.chmod(0o755)
+    assert nsys.import_problem(str(binary)) is None

@@ -113,6 +113,12 @@ class NsysRuns:
         if self.binary is None:
             where = self.cfg.path or "nsys on PATH"
             raise Refused("unsupported", f"nsys not found ({where}): set [nsys] path or PROFD_NSYS")
+        cannot = nsys.import_problem(self.binary)
+        if cannot is not None:
+            # Refused before anything is armed: such an nsys holds every armed rank's
+            # training thread inside cudaProfilerStop for about two minutes and then leaves
+            # only a raw .qdstrm, so the capture would cost the job and give nothing.
+            raise Refused("unsupported", f"{cannot}; {nsys.INSTALL}")
         if spec.get("region"):
             raise Refused(
                 "unsupported",
