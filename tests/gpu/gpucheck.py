@@ -499,6 +499,8 @@ def render(machine: Mapping[str, str], results: Sequence[Result], when: str, cmd
         "|---|---|---|",
         *(f"| {r.name} | {r.status} | {_cell(r.evidence)} |" for r in results),
         "",
+        *HISTORY.splitlines(),
+        "",
         "## Details",
         "",
     ]
@@ -514,6 +516,38 @@ def render(machine: Mapping[str, str], results: Sequence[Result], when: str, cmd
 
 def _cell(text: str) -> str:
     return " ".join(str(text).split()).replace("|", "\\|")
+
+
+#: What earlier GPU runs found and what was changed for it: kept in every report, since a
+#: report alone says only what passes now.
+HISTORY = """## What the GPU runs found, and the fixes
+
+The first run (2026-11-26, the same kind of H100 machine, profd 94af0d0) passed 6 of 8
+checks and showed four more problems; each is fixed, and the run above checks the fixes.
+
+- **nsys** sat in `processing` until the check gave up at 300 s: the nsys found (inside
+  Nsight Compute 2025.3.1) printed "Unable to retrieve the importer version" and left only a
+  `.qdstrm`, and the armed rank's training thread sat ~2 min inside `cudaProfilerStop`
+  (nsys's own wait: docs/operations.md). That nsys *has* a `QdstrmImporter`, which cannot
+  load (`libdw.so.1` missing). Fixed: the daemon runs `QdstrmImporter --version` once before
+  an nsys session and refuses `start --backend nsys` at once, in one line naming the missing
+  library and what to install; `profctl run --nsys` warns at launch; a hang incident inside
+  `cudaProfilerStop` says so instead of "paused on purpose".
+- **The memory snapshot** stalled training 1,723.7 ms at capture end (8.7 ms without).
+  Fixed: it is pickled and written on a thread of its own, and the allocator history keeps
+  Python frames only (symbolising C++ frames in `_snapshot()` was the stall;
+  `PROFD_MEMORY_STACKS=all` keeps them): 7.2 ms with a snapshot, 7.6 ms without, above.
+- **The idle-cost check** passed whatever it measured (across processes the noise was
+  ±30 %). Fixed: one process, 20 pairs of 100-step blocks with the client's hooks on and off
+  in alternation; the ratio with a bootstrap interval, failing above 1.01 beyond it.
+- **The nccl check** wanted NCCL kernels; at world size 1 NCCL copies on the device instead.
+  Fixed: the check accepts that memcpy at world size 1, and the statistics count GPU work a
+  collective launched (by correlation id) as collective time, not compute.
+- **`dev.py wheelhouse`** found no py-spy wheel (it asked for `manylinux_2_28` only; py-spy
+  ships `manylinux1`). Fixed: every manylinux tag up to 2_28 is asked for.
+- **The run took 417 s**, 305 of them waiting on nsys. Fixed: each check is time-boxed (nsys
+  90 s) and prints its line as it ends; the run takes under a minute once `.gpu-venv` exists
+  (2.5 min with its set-up)."""
 
 
 TWO_GPUS = """## Two GPUs (manual)

@@ -334,6 +334,7 @@ def test_the_committed_docs_gpu_md_says_how_to_run_it() -> None:
     text = (ROOT / "docs" / "gpu.md").read_text()
     assert G.HOW_TO_RUN.strip() in text
     assert G.TWO_GPUS.strip() in text
+    assert G.HISTORY.strip() in text
     assert "## Two GPUs (manual)" in G.render({}, [], "now", "x")
 
 
