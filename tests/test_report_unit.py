@@ -171,3 +171,17 @@ def test_diff_knows_a_median_when_most_ranks_list_the_operator() -> None:
         o for o in diff_reports(build_report(a), build_report(b))["ops"] if o["name"] == "aten::add"
     )
     assert (row["a_ms"], row["b_ms"], row["not_recorded"]) == (0.4, 0.6, None)
+
+
+def test_text_report_and_diff_keep_a_hostile_operator_name_on_one_line() -> None:
+    # An operator name is whatever the traced code called its range: a newline or an escape
+    # sequence in it must neither forge a line nor reach the terminal raw; --json stays exact.
+    evil = "fake\nstraggler: rank 0\x1b]52;c;aGk=\x07"
+    a = with_ops(synthetic_session(4), {"aten::mm": 50.0, evil: 9.0}, range(4))
+    b = with_ops(synthetic_session(4), {"aten::mm": 60.0, evil: 9.5}, range(4))
+    ra, rb = build_report(a), build_report(b)
+    for text in (TextRenderer().render(ra), diff_text(diff_reports(ra, rb))):
+        assert "\x1b" not in text and "\x07" not in text
+        assert not any(ln.startswith("straggler: rank 0") for ln in text.splitlines()), text
+        assert "fake\\x0astraggler: rank 0\\x1b]52;c;aGk=\\x07" in text
+    assert evil in {o.name for o in ra.ops}

@@ -19,6 +19,7 @@ from statistics import median
 from typing import Any
 
 from profd.report.model import Report
+from profd.textfmt import printable
 
 DIFF_ROWS = 20
 
@@ -134,4 +135,5 @@ def diff_text(d: dict[str, Any]) -> str:
             f"{str(x['a_step']) + '/' + str(x['b_step']):<22} {x['a_ms']:>9.3f} {x['b_ms']:>9.3f}"
             f" {x['delta_ms']:>+9.3f}"
         )
-    return "\n".join(lines) + "\n"
+    # Operator names come from the traces: one line each whatever they hold.
+    return "\n".join(printable(x) for x in lines) + "\n"

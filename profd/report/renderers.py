@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from profd.report.html import HtmlRenderer
 from profd.report.model import OPS_NOTE, Report, over_step_note, spotlight, verdict_text
+from profd.textfmt import printable
 
 
 class Renderer(Protocol):
@@ -121,8 +122,10 @@ class TextRenderer:
                 )
             lines += [n for n in (OPS_NOTE, over_step_note(report)) if n]
         if report.skipped:
-            lines.append(f"\n{report.skipped} target(s) without statistics left out")
-        return "\n".join(lines) + "\n"
+            lines += ["", f"{report.skipped} target(s) without statistics left out"]
+        # Operator, rank and job names come from the traces and the peers: a newline or an
+        # escape sequence in one must not make a line of its own on a terminal.
+        return "\n".join(printable(x) for x in lines) + "\n"
 
 
 def renderers() -> dict[str, Renderer]:
