@@ -2,7 +2,7 @@ PYTHON ?= .venv/bin/python
 
 .PHONY: bench bench-smoke
 
-# Every target in DESIGN.md, full sizes, side by side with its baseline (see docs/benchmarks.md).
+# Every target in docs/design.md, full sizes, side by side with its baseline (see docs/benchmarks.md).
 bench:
 	$(PYTHON) bench/run.py
 

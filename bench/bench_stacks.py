@@ -1,4 +1,5 @@
-"""``profctl stacks`` (DESIGN "Hangs"): over 64 local ranks, and ``--cluster`` over 1,024 nodes.
+"""``profctl stacks`` (docs/design.md "Hangs"): over 64 local ranks, and ``--cluster`` over
+1,024 nodes.
 
 Local: a real daemon and ``--ranks`` real Python processes (``bench/steploop.py``), each
 attached with profd_client, stepping every ``--step-ms`` on a thread of its own. Per trial,

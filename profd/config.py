@@ -180,7 +180,7 @@ def parse_listen(text: str) -> tuple[str, int]:
 @dataclass(frozen=True)
 class WatchConfig:
     """``[watch]``: what profd keeps of every rank's step times and what it notices by itself
-    (DESIGN "Watch"): durations in seconds, thresholds as fractions."""
+    (docs/design.md "Watch"): durations in seconds, thresholds as fractions."""
 
     #: Seconds the index keeps each rank's per-minute step times (``profctl history``).
     keep_history: float = 604800.0

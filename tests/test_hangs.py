@@ -1,5 +1,5 @@
-"""Hang incidents on real jobs (DESIGN "Hangs"): real daemons whose ``[watch] stall_after`` is
-short, real gloo DDP jobs of ``tests/jobs/stuck.py``, stacks read by real py-spy.
+"""Hang incidents on real jobs (docs/design.md "Hangs"): real daemons whose ``[watch]
+stall_after`` is short, real gloo DDP jobs of ``tests/jobs/stuck.py``, stacks read by real py-spy.
 
 * rank 1 stuck in ``stuck_in_data_loading`` while ranks 0 and 2 wait in the all-reduce: one
   ``hang`` incident naming rank 1 alone, with the grouped stacks, in the index and the spool;

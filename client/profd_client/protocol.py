@@ -1118,7 +1118,7 @@ HISTORY_DOC: Final = _row(
 #: A rank an incident names.
 SUSPECT: Final = _row(host=(HOST, _R), role=(Str(MAX_NAME, 1), _R), rank=(RANK, _R))
 
-#: One incident (DESIGN "Watch"): ``kind`` one of regression, slow_rank, straggler, hang;
+#: One incident (docs/design.md "Watch"): ``kind`` one of regression, slow_rank, straggler, hang;
 #: ``host`` the node that detected it; ``step`` the job's step then; ``evidence`` what the
 #: detector saw (its figures and thresholds); ``session`` the automatic capture, if armed;
 #: ``state`` open or resolved; ``comparison`` what differs, once the capture is processed.

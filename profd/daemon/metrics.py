@@ -66,7 +66,7 @@ FAMILIES: Final = (
         "Seconds each attached rank spent inside each profd_client.region().",
     ),
 )
-#: Incident kinds (DESIGN, Watch): each is on the page, at 0 until one happens.
+#: Incident kinds (docs/design.md, Watch): each is on the page, at 0 until one happens.
 INCIDENT_KINDS: Final = ("regression", "slow_rank", "straggler", "hang")
 #: The text format :func:`render` writes (prometheus-client's 0.0.4 output).
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"

@@ -1,4 +1,4 @@
-"""What differs in an incident's capture (DESIGN "Watch", Automatic capture): ``profctl
+"""What differs in an incident's capture (docs/design.md "Watch", Automatic capture): ``profctl
 incident ID``, and the top of the capture's HTML report.
 
 Read from per-rank statistics alone (the index, or ``show``/``session.json`` maps), never

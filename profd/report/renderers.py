@@ -32,7 +32,7 @@ def _who(report: Report, i: int) -> dict[str, Any]:
 
 
 def report_doc(report: Report) -> dict[str, Any]:
-    """The ``--json`` document; DESIGN.md's "Reports (contract)" lists its keys."""
+    """The ``--json`` document; docs/design.md's "Reports" lists its keys."""
     return {
         "session": report.session,
         "job": report.job,

@@ -23,7 +23,7 @@ from typing import Any
 from profd_client.protocol import target_dir
 
 MANIFEST = "session.json"
-#: A job's incidents (DESIGN "Watch"), one ``{id}.json`` each, beside its sessions.
+#: A job's incidents (docs/design.md "Watch"), one ``{id}.json`` each, beside its sessions.
 INCIDENTS = "incidents"
 INCOMING = ".incoming"
 #: nsys writes a collection's reports here, below the session's incoming dir.

@@ -1,4 +1,4 @@
-"""The detectors' rules (DESIGN "Watch"): pure functions of step times and a clock.
+"""The detectors' rules (docs/design.md "Watch"): pure functions of step times and a clock.
 
 The daemon feeds them from the step ledger once a tick; they keep only what their hold times
 need. Robust by construction: medians, never means; a noise floor from each job's own
@@ -30,7 +30,7 @@ MARGIN = 0.75
 KEEP = 0.5
 #: The window is judged by this quantile of its ticks rather than their median: a change is
 #: seen once it covers about a third of the window (20-25 s of 60) and fires after the hold
-#: (30 s), inside DESIGN's 60 s; a steady job's ticks stay far below the start threshold.
+#: (30 s), inside docs/design.md's 60 s; a steady job's ticks stay far below the start threshold.
 WINDOW_Q = 0.7
 #: Fewest steps a window (or a baseline) must hold to be compared at all.
 MIN_STEPS = 8
@@ -38,7 +38,7 @@ MIN_STEPS = 8
 
 @dataclass(frozen=True)
 class WatchRules:
-    """``[watch]``'s thresholds (fractions) and durations (seconds), as DESIGN gives them."""
+    """``[watch]``'s thresholds (fractions) and durations (seconds), as docs/design.md says."""
 
     window: float = 60.0
     baseline: float = 600.0

@@ -1,4 +1,4 @@
-"""Where the ranks' flight recorders part (DESIGN "Hangs"): given each rank's summary (what
+"""Where the ranks' flight recorders part (docs/design.md "Hangs"): given each rank's summary (what
 its agent thread dumped, ``profd_client.flight``), per process group the first collective
 sequence number the ranks disagree on: some ranks enqueued it and others never did (they
 are behind: the ones everyone waits for), or they enqueued different operations or sizes

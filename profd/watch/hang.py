@@ -1,5 +1,5 @@
-"""Hangs (DESIGN "Hangs"): when a job counts as stalled, what its grouped stacks say, and one
-job's hang incidents from several nodes merged into one view. Pure: the daemon (one node)
+"""Hangs (docs/design.md "Hangs"): when a job counts as stalled, what its grouped stacks say,
+and one job's hang incidents from several nodes merged into one view. Pure: the daemon (one node)
 and profctl (``--cluster``) use the same functions.
 
 A hang incident's evidence keeps, per rank, only the training thread's stack (innermost
@@ -19,7 +19,7 @@ from profd.watch import stackgroups as sg
 from profd.watch.incident import WITHHELD
 
 #: The least ``stall_after`` may be by default, and how many of the job's typical steps it
-#: waits (DESIGN: "the larger of 60 s and 20 x the job's median step time").
+#: waits (docs/design.md: "the larger of 60 s and 20 x the job's median step time").
 MIN_STALL_S = 60.0
 STALL_STEPS = 20
 #: Frames kept of each rank's training thread in an incident: Python frames, and native

@@ -1,4 +1,4 @@
-"""An incident: what a detector noticed (DESIGN "Watch", "Incidents"). Pure data.
+"""An incident: what a detector noticed (docs/design.md "Watch", "Incidents"). Pure data.
 
 The daemon's ``Incidents`` owns the live ones and their transitions (open -> resolved), keeps
 them in the index and as ``{job}/incidents/{id}.json``; profctl reads them in this shape.

@@ -1,4 +1,4 @@
-"""Samples aligned by the global step (DESIGN "Watch", Samples): which steps, and what id.
+"""Samples aligned by the global step (docs/design.md "Watch", Samples): which steps, and what id.
 
 Pure arithmetic on step numbers. Every node's daemon computes a job's next sample from its
 own ranks' steps alone: sample ``k`` records steps ``N·k+1 … N·k+sample_steps`` and is called

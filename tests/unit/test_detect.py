@@ -1,8 +1,8 @@
 """The detectors' rules (profd.watch.detect) on synthetic step times, 2 to 8,192 ranks.
 
 Every false-alarm figure here is measured on steady jobs with ±10 % uniform step jitter (the
-DESIGN target: no incident over 10,000 steps), every detection on a change of exactly the
-threshold, and the time to detect is checked against DESIGN's 60 s at the defaults.
+docs/design.md target: no incident over 10,000 steps), every detection on a change of exactly the
+threshold, and the time to detect is checked against docs/design.md's 60 s at the defaults.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""profctl incidents / incident: what the daemons noticed by themselves (DESIGN "Watch")."""
+"""profctl incidents / incident: what the daemons noticed by themselves (docs/design.md "Watch")."""
 
 from __future__ import annotations
 

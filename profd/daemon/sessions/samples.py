@@ -1,5 +1,5 @@
-"""Samples (DESIGN "Watch"): the daemon captures a few steps of every attached job by itself,
-every ``sample_every`` steps, at steps every node derives from the step alone.
+"""Samples (docs/design.md "Watch"): the daemon captures a few steps of every attached job by
+itself, every ``sample_every`` steps, at steps every node derives from the step alone.
 
 Four parts, all on the event loop:
 

@@ -1,4 +1,4 @@
-"""An incident's automatic capture (DESIGN "Watch", "Automatic capture").
+"""An incident's automatic capture (docs/design.md "Watch", "Automatic capture").
 
 The suspects and one healthy peer of each suspect's role (a ``regression``: the job's ranks
 on this node, at most ``capture_ranks``), armed at the earliest step every one of them can

@@ -1,4 +1,4 @@
-"""The detectors on the loop (DESIGN "Watch", "Detectors"): once a tick, from the step ledger,
+"""The detectors on the loop (docs/design.md "Watch"): once a tick, from the step ledger,
 never blocking (reads of memory only; an incident's record is the only write).
 
 For each job attached to this node a :class:`RegressionRule`, fed with the median over the

@@ -1,4 +1,4 @@
-"""The stall rule on the loop (DESIGN "Hangs"): a job is stalled on this node when none of
+"""The stall rule on the loop (docs/design.md "Hangs"): a job is stalled on this node when none of
 its ranks here finished a step for ``stall_after`` while their processes live; the daemon
 then reads every rank's stacks once (off the loop, :class:`RankStacks`) and records a
 ``hang`` incident whose suspects are the ranks outside the majority group. A job that steps

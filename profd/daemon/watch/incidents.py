@@ -1,4 +1,4 @@
-"""Incidents: every detection, kept (DESIGN "Watch", "Incidents"). Owned by the event loop.
+"""Incidents: every detection, kept (docs/design.md "Watch", "Incidents"). Owned by the event loop.
 
 A detector calls :meth:`Incidents.open` each tick its rule reports something; the first call
 opens an incident, later ones only say it still holds. At most one incident is open per
