@@ -96,7 +96,9 @@ def main() -> int:
     args = B.parser(__doc__).parse_args()
     started = time.monotonic()
     every = 100 if args.quick else 1000
-    warm, steps, pairs = (50, 2000, 1) if args.quick else (300, 4000, 3)
+    # Quick runs last ~3 s: a sample is armed from a heartbeat (1 s) for steps ahead, so a
+    # 1.4 s run was sampled in one of two runs at best, and the smoke test flaked on none.
+    warm, steps, pairs = (50, 5000, 1) if args.quick else (300, 4000, 3)
     watch = f"[watch]\nsample_every = {every}\nsample_steps = 2\n"
     sps: dict[str, list[float]] = {"off": [], "on": []}
     spc: dict[str, list[float]] = {"off": [], "on": []}  # steps per CPU second
