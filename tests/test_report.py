@@ -212,7 +212,9 @@ def test_the_rank_with_extra_work_is_the_straggler(run: Run) -> None:
 def test_the_same_job_without_extra_work_has_no_straggler(run: Run) -> None:
     doc = run.docs["B"]
     assert doc["stragglers"] == [], doc["verdict"]
-    assert doc["verdict"].startswith("no straggler")
+    # Nobody named. On a loaded machine one rank of an even job may lead by 5 % of a step
+    # within the noise of 6 steps: the rule then says it cannot tell, never names it.
+    assert doc["verdict"].startswith(("no straggler", "not enough steps to tell")), doc["verdict"]
     assert sorted(by_rank(doc)) == [0, 1, 2]
 
 

@@ -219,4 +219,7 @@ def test_the_report_names_exactly_the_slowed_rank(run: Run, case: Case) -> None:
             assert case.why in s["why"], s["why"]
             assert s["lead_ms"] > doc["threshold_ms"]
         else:
-            assert doc["verdict"].startswith("no straggler"), doc["verdict"]
+            # An even job's rank may lead within the noise: "cannot tell" is an answer, a
+            # name is not.
+            verdict = doc["verdict"]
+            assert verdict.startswith(("no straggler", "not enough steps to tell")), verdict
