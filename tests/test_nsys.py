@@ -170,7 +170,9 @@ BROKEN_IMPORTER = (
 )
 
 
-@pytest.mark.parametrize("importer", ["none", "broken"])
+# One end-to-end case (the importer the H100 run met); an nsys with no importer at all takes
+# the same refusal, its words checked in tests/unit/test_nsys_files.py.
+@pytest.mark.parametrize("importer", ["broken"])
 def test_an_nsys_that_cannot_import_is_refused_at_start_saying_what_to_install(
     daemon_factory: Callable[..., Daemon], tmp_path: Path, importer: str
 ) -> None:
