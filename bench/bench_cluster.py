@@ -1,4 +1,4 @@
-"""Cluster start and cluster ps over many simulated nodes (issue 12), against serial triggering.
+"""Cluster start and cluster ps over many simulated nodes, against serial triggering.
 
 ``bench/simnodes.py`` runs the nodes, a few dozen per process, each speaking the real control
 protocol over TCP with CURVE on its own port. profctl is the real command line:

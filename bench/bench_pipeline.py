@@ -1,6 +1,6 @@
 """Pipeline memory and time on one raw trace: the streaming pipeline vs the whole-file one.
 
-Target (issue 10 item 7): a 1 GB raw trace in <= 300 MB peak RSS per pipeline worker.
+Target: a 1 GB raw trace in <= 300 MB peak RSS per pipeline worker.
 
 For each size it writes a synthetic kineto trace (``tests/kineto_synth.py``: torch.profiler's
 layout, CUDA job with record_shapes, with_stack and profile_memory, about 290 bytes an event)
@@ -17,7 +17,7 @@ fresh interpreter:
 The child reports the wall time of the ``process_open`` call, its peak RSS (``VmHWM``) and
 its RSS before the call (interpreter and imports). Both implementations' outputs are
 compared (sha256 of the decompressed trace, the memory report and the summary up to its
-operator tables, which issue 20 changed on purpose: no Python frames, no profd, wall-clock
+operator tables, which were changed on purpose: no Python frames, no profd, wall-clock
 times): they must be identical. Sizes alternate which implementation runs first. One more
 profd run per size puts ``distributedInfo`` after ``traceEvents``, the layout that makes profd
 read the file twice.

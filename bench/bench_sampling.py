@@ -1,4 +1,4 @@
-"""Sampling's cost to training (issue 22): steps/s of a real CPU training loop (a small MLP's
+"""Sampling's cost to training: steps/s of a real CPU training loop (a small MLP's
 forward, backward and optimizer step on one thread: ~2 ms of torch work a step, steps counted
 by its optimizer) attached to a daemon whose ``[watch] sample_every = 1000`` captures 2 steps
 of it every 1,000, against the same loop attached to a daemon with sampling off (the

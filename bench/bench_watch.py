@@ -1,4 +1,4 @@
-"""The detectors' cost on the loop at 1,024 ranks (issue 22): ``Detectors.tick`` as the loop
+"""The detectors' cost on the loop at 1,024 ranks: ``Detectors.tick`` as the loop
 calls it once a tick, in process, against a real step ledger (``Ledgers``) holding a minute
 of 1 Hz heartbeats per rank, each tick after a new heartbeat of every rank.
 
@@ -277,7 +277,7 @@ def main() -> int:
         rows.append(
             B.row(
                 f"detectors per tick, {what}",
-                "well under 1 ms (brief); CPU <= 5 % of a core (issue)",
+                "well under 1 ms (brief); CPU <= 5 % of a core",
                 statistics.median(r["tick_s"]) * 1e3,
                 "ms",
                 baseline=statistics.median(r["feed_s"]) * 1e3,

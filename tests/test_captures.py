@@ -1,4 +1,4 @@
-"""End-to-end captures (issue 3): real torchrun jobs (gloo, CPU), a real daemon, real profctl.
+"""End-to-end captures: real torchrun jobs (gloo, CPU), a real daemon, real profctl.
 
 Explicit step ranges are made deterministic with a gate: the job attaches, then waits for a
 file before its first step, and the test opens the gate only once every target reports

@@ -1,4 +1,4 @@
-"""Issue 20: a CLI that never surprises. Each case as the user meets it: a real daemon, two
+"""A CLI that never surprises. Each case as the user meets it: a real daemon, two
 real client processes (ranks 0 and 1 of one job), profctl's exact words and exit code."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The daemon never follows a path a client controls (issue 10 item 1) and believes only the
+"""The daemon never follows a path a client controls and believes only the
 kernel about who a peer is (item 3).
 
 Each capture below is reported by a raw peer whose own incoming directory holds something

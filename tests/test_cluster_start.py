@@ -1,4 +1,4 @@
-"""``profctl --cluster start`` with a real two-node torchrun job (issue 12 item 5).
+"""``profctl --cluster start`` with a real two-node torchrun job.
 
 Four daemons on this machine (own dirs, node names, TCP ports, CURVE keys from ``profctl keys
 new``); two torchrun agents (``--nnodes 2``, c10d rendezvous on 127.0.0.1) of one job, each

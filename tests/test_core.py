@@ -1,4 +1,4 @@
-"""Issue 2: the daemon, the client and the live listing, with real processes."""
+"""The daemon, the client and the live listing, with real processes."""
 
 from __future__ import annotations
 

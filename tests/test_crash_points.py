@@ -1,4 +1,4 @@
-"""A daemon SIGKILLed at every point of a capture's way through it loses nothing (issue 10.8).
+"""A daemon SIGKILLed at every point of a capture's way through it loses nothing.
 
 ``PROFD_FAULT_KILL=<point>`` (``profd/daemon/runtime/faults.py``) makes the daemon kill itself at
 that point; the test restarts it without the switch, and the same session must then end

@@ -1,4 +1,4 @@
-"""A full disk under the spool or the state dir (issue 10.10), on real tmpfs mounts.
+"""A full disk under the spool or the state dir, on real tmpfs mounts.
 
 Each place a write can fail says "disk full", leaves nothing half written, keeps the index
 and ``session.json`` consistent, shows in ``profctl status``, and recovers by itself when

@@ -22,7 +22,7 @@ from test_trace_values import poisoned_trace
 from profd_client import protocol as P
 
 SEED = 20261122
-#: Values that once got through (issue 19): a 30-digit step (as text: msgpack cannot carry
+#: Values that once got through: a 30-digit step (as text: msgpack cannot carry
 #: the number, a trace can) and session ids at, and just past, the one bound they have.
 HUGE_STEP = "1" * 30
 HOSTILE = [
@@ -33,7 +33,7 @@ HOSTILE = [
     "s" * (P.MAX_NAME + 1),
 ]
 BEYOND = [P.MAX_STEP, P.MAX_STEP + 1, P.MAX_RANK + 1]
-#: Start specs within every field's limits whose total work is not (issue 19: a 49.9 MB
+#: Start specs within every field's limits whose total work is not (a 49.9 MB
 #: reply and a stalled loop), and a heartbeat rate at its allowed maximum (a lying peer).
 HUGE_SPECS = [
     {"next": True, "repeat": 1000, "active": 10000},

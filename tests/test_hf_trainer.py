@@ -1,4 +1,4 @@
-"""A Hugging Face ``Trainer`` job under torchrun with the two profd lines (issue 11: it must
+"""A Hugging Face ``Trainer`` job under torchrun with the two profd lines (it must
 behave as before identity came from the job itself).
 
 ``tests/jobs/hf_trainer.py`` trains a tiny GPT-2 made from a config on in-memory data (no hub:

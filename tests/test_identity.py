@@ -1,4 +1,4 @@
-"""Identity from the job itself (issue 11): launchers that set no rank before the script runs.
+"""Identity from the job itself: launchers that set no rank before the script runs.
 
 Each job here is started the way its users start it, with the two profd lines and nothing
 else: Lightning spawning its own DDP processes, ``torch.multiprocessing.spawn``, actors on a

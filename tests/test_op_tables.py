@@ -1,4 +1,4 @@
-"""What the CPU operator tables count (issue 20): the user's operators, nothing of profd's.
+"""What the CPU operator tables count: the user's operators, nothing of profd's.
 
 On synthetic kineto traces laid out as torch writes them with ``with_stack`` for a job
 attached to profd (``kineto_synth.with_stack_job_events``): profd's agent thread and frames,

@@ -1,4 +1,4 @@
-"""Two users' jobs on one root daemon in group mode (issue 10 item 5).
+"""Two users' jobs on one root daemon in group mode.
 
 The wave-1 daemon let the first job's user create ``.incoming`` as itself (every other user's
 captures then failed with PermissionError), wrote every file group-writable (any member could

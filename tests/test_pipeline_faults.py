@@ -1,4 +1,4 @@
-"""Pipeline workers that die (issue 10 items 7 and 12), against a real daemon.
+"""Pipeline workers that die, against a real daemon.
 
 A worker killed by the OOM killer (SIGKILL here) is replaced and the capture it was running
 is run once more; a second death fails that capture with the reason and keeps its raw trace

@@ -1,4 +1,4 @@
-"""profctl report / diff / report --timeline end to end (issue 13).
+"""profctl report / diff / report --timeline end to end.
 
 One real daemon uploading to moto's S3 server, one real 3-rank gloo job whose behaviour the
 test switches through a file while it runs: rank 1 does extra work before the collective on

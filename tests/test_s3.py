@@ -1,4 +1,4 @@
-"""S3 uploads, pull and listing (issue 4) against moto's standalone server over HTTP.
+"""S3 uploads, pull and listing against moto's standalone server over HTTP.
 
 Real daemon, real torchrun jobs, real profctl; the only stand-in is the S3 server itself.
 No assertion depends on how fast anything runs: waits have generous timeouts, and the one

@@ -1,4 +1,4 @@
-"""Samples on real daemons (issue 22 items 1 and 2): ``[watch] sample_every``.
+"""Samples on real daemons: ``[watch] sample_every``.
 
 * A 2-rank gloo DDP job (``tests/jobs/paced.py``) sampled every 20 steps: the samples before
   rank 1 starts sleeping before the all-reduce name nobody; the first sample after names rank

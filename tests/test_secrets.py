@@ -1,4 +1,4 @@
-"""Secrets in URLs (issue 10 item 6): a ``user:password@`` in ``[s3] endpoint_url`` must not
+"""Secrets in URLs: a ``user:password@`` in ``[s3] endpoint_url`` must not
 reach ``profctl status``, ``profctl traces`` (``last_error``), the index or the daemon log.
 
 The end-to-end test runs a real daemon, a real torchrun job and profctl against moto's

@@ -44,7 +44,7 @@ def test_a_rank_25_percent_slower_than_its_peers_is_named(ranks: int) -> None:
 
 
 def test_two_ranks_one_idle_40_percent_of_the_step_is_named() -> None:
-    # The job: rank 1 sleeps 8 ms of a ~20 ms step after backward; the table showed
+    # The reported job: rank 1 sleeps 8 ms of a ~20 ms step after backward; the table showed
     # rank 0 at 15.3 ms of collective per step and rank 1 at 7.2 ms. The median of the two
     # sits halfway, so the old rule saw a 4 ms lead against a 6.5 ms threshold.
     coll0 = [15.3, 14.1, 16.0, 15.2, 13.9, 17.1, 15.5, 14.6]

@@ -1,4 +1,4 @@
-"""The straggler rule on real jobs (issue 20): gloo DDP on CPU at 2, 3 and 8 ranks.
+"""The straggler rule on real jobs: gloo DDP on CPU at 2, 3 and 8 ranks.
 
 One daemon, three jobs of ``tests/jobs/paced.py`` started together (8 ranks are 8 processes:
 the step's work is a sleep, so they share two cores). A job rests (long, even steps) until
@@ -8,7 +8,7 @@ its case comes; then the test switches what it does through its mode file, captu
 * one rank computes (``aten::mm``) 25 % of the step the same job takes without it more than
   the others, every rank's work jittering ±10 %: the report names exactly that rank;
 * the same jitter and nobody slower: the report names nobody;
-* the issue's job, 2 ranks, rank 1 asleep 8 ms of a ~20 ms step after ``backward()``: named
+* the reported job, 2 ranks, rank 1 asleep 8 ms of a ~20 ms step after ``backward()``: named
   (over 40 steps: its lead is fixed while load doubles the step and its noise);
 * a compute-bound job at 2 and 3 ranks (``work=compute``: DDP passes of a three-layer model,
   one bucket a layer, no sleep) whose slow rank sleeps 25 % of its own median step after

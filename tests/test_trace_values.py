@@ -1,4 +1,4 @@
-"""Values read out of a trace cannot poison the index (issue 19, item 1).
+"""Values read out of a trace cannot poison the index.
 
 A trace is the client's file: whatever it names (a ``ProfilerStep#`` with 30 digits, a
 duration beyond any clock) must be held to the protocol's bounds before the daemon stores

@@ -1,4 +1,4 @@
-"""A pipeline worker that dies while it starts (issue 19, minor): one line, the capture again.
+"""A pipeline worker that dies while it starts: one line, the capture again.
 
 The lanes are driven directly (real spawn workers, real files, the daemon's reactor), so that
 the start itself can be made to fail: a worker whose interpreter is killed before it reads

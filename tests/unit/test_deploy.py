@@ -1,4 +1,4 @@
-"""The shipped deployment files agree with the code that reads them (issue 12 item 7).
+"""The shipped deployment files agree with the code that reads them.
 
 Nothing here needs a cluster: the Kubernetes manifest is parsed, its profd.toml is loaded by
 profd's own config loader, and every path that file names must be where the DaemonSet mounts

@@ -1,4 +1,4 @@
-"""The straggler rule (profd.report.straggler) at the issue's capture length: 8 steps.
+"""The straggler rule (profd.report.straggler) at a short capture's length: 8 steps.
 
 False alarms are measured on steady synchronous jobs whose ranks jitter ±10 % a step (uniform,
 drawn per rank and step), 2 to 8,192 ranks: none may name a rank; how many say "not enough
