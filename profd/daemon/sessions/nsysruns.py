@@ -13,10 +13,9 @@ a :class:`Collection`. Its life:
 4. A report that does not appear within ``[nsys] finalize_timeout`` gets ``nsys stop`` (nsys
    finalises what it collected); if still nothing comes, the cycle fails with the path it
    expected, never silently.
-5. An nsys that cannot import (no ``QdstrmImporter``, as the copy inside Nsight Compute)
-   leaves only the raw ``.qdstrm`` of a range: once that has held its size for
-   :data:`QDSTRM_SETTLE_S`, the cycle fails at once saying so, rather than after the wait and
-   ``nsys stop`` that cannot help.
+5. An nsys that cannot import (no ``QdstrmImporter``, or one that cannot load, as the copy
+   inside Nsight Compute) is refused in :meth:`NsysRuns.check`, before anything is armed: it
+   would hold the armed ranks in ``cudaProfilerStop`` for minutes and leave only a ``.qdstrm``.
 """
 
 from __future__ import annotations
@@ -47,9 +46,6 @@ log = logging.getLogger("profd.nsys")
 Key = tuple[str, int]
 #: After ``nsys stop``: how long nsys may take to write what it had.
 STOP_GRACE_S = 30.0
-#: How long a lone ``.qdstrm`` of an nsys that cannot import must keep its size before the
-#: cycle counts as lost: nsys has given up on it by then.
-QDSTRM_SETTLE_S = 2.0
 
 
 @dataclass
@@ -69,10 +65,6 @@ class Collection:
     collected: int = 0  # reports taken so far; ended[collected] is the one awaited
     deadline: float | None = None
     sizes: dict[Path, int] = field(default_factory=dict)
-    #: Why this nsys cannot convert its captures into reports (``nsys.import_problem``).
-    no_importer: str | None = None
-    #: Lone ``.qdstrm`` streams seen: their size and when it was first seen so.
-    lone: dict[Path, tuple[int, float]] = field(default_factory=dict)
 
     def stem(self, s: Session) -> str:
         if len(self.keys) == 1:
@@ -163,8 +155,6 @@ class NsysRuns:
         for c in targets:
             groups.setdefault(c.nsys_session or "", []).append(c)
         colls = self.by_session.setdefault(s.id, [])
-        binary = self.binary
-        no_importer = nsys.import_problem(binary) if binary else None
         for name, members in sorted(groups.items()):
             coll = Collection(
                 session=s.id,
@@ -174,7 +164,6 @@ class NsysRuns:
                 keys=[c.key for c in members],
                 ranges=len(s.cycles),
                 busy=True,
-                no_importer=no_importer,
             )
             colls.append(coll)
             self._submit(coll, self._start, self._started)
@@ -284,10 +273,6 @@ class NsysRuns:
             else:
                 coll.sizes[report] = size
             return
-        lone = nsys.lone_streams(coll.base)
-        if lone and coll.no_importer is not None and self._settled(coll, lone[0], now):
-            self._give_up(s, coll, nsys.left_only(lone[0], coll.no_importer))
-            return
         if coll.deadline is None or now < coll.deadline:
             return
         if not coll.stopped:
@@ -316,24 +301,12 @@ class NsysRuns:
         if err:
             log.warning("session %s: %s", coll.session, err)
 
-    @staticmethod
-    def _settled(coll: Collection, stream: Path, now: float) -> bool:
-        try:
-            size = stream.stat().st_size
-        except OSError:
-            return False
-        seen = coll.lone.get(stream)
-        if seen is None or seen[0] != size:
-            coll.lone[stream] = (size, now)
-            return False
-        return now - seen[1] >= QDSTRM_SETTLE_S
-
     def _give_up(self, s: Session, coll: Collection, why: str | None = None) -> None:
         """Every ended cycle still without a report fails; after a stop none will come."""
         if why is None:
             lone = nsys.lone_streams(coll.base)
             why = (
-                nsys.left_only(lone[0], coll.no_importer)
+                nsys.left_only(lone[0], None)
                 if lone
                 else f"nsys report not written: expected {coll.base}*{nsys.REPORT_SUFFIX}"
                 " (nsys stop did not produce it)"
