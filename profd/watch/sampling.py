@@ -157,9 +157,10 @@ JUMP_FACTOR = 4.0
 JUMP_SLACK = 100
 #: The shortest stretch a rank's rate is measured over (seconds).
 RATE_S = 1.0
-#: Seconds a rank that jumped must step on plausibly from there before its new steps count
-#: (``step(n)`` in a resumed run that had been stepping already).
-SETTLE_S = 30.0
+#: Seconds a rank that jumped must step on from there, never going back, before its new steps
+#: count (``step(n)`` in a resumed run that had been stepping already, or a job whose steps
+#: became far faster than its warm-up's); its rate is then measured afresh from the jump.
+SETTLE_S = 10.0
 
 
 @dataclass
@@ -168,14 +169,18 @@ class _Trusted:
     at: float
     base: tuple[int, float]  # where its rate is measured from
     sps: float | None = None  # its fastest rate over RATE_S or more; None: not measured yet
+    # Whether it had stepped when ``base`` was taken: the time a process spends building its
+    # model before its first step is not a rate, and a rate measured over it would make its
+    # first real stretch (a thousand steps a second) look like a jump.
+    moving: bool = False
     jumped: tuple[int, float] | None = None  # since its last jump: (step, when first seen)
 
 
 class StepTrust:
     """Which ranks' steps may decide where a sample lands: a rank's step that jumps beyond
     what its rate allows since its last plausible report (a process claiming step 10^9) is
-    ignored and counted, and the rank sits samples out until it has stepped plausibly from
-    its new step for :data:`SETTLE_S`. A rank whose rate is not measured yet may start from
+    ignored and counted, and the rank sits samples out until it has stepped on from its new
+    step, never going back, for :data:`SETTLE_S`. A rank whose rate is not measured yet may start from
     any step (a resumed run attaches, then sets its step count); one whose count goes back
     (a new run in the same process) starts again from there."""
 
@@ -195,16 +200,21 @@ class StepTrust:
             if r.sps is None or _plausible(r.sps, r.step, r.at, step, at):
                 r.step, r.at, r.jumped = step, at, None
                 b_step, b_at = r.base
-                if at - b_at >= RATE_S:
+                if not r.moving:
+                    if step > b_step:
+                        r.base, r.moving = (step, at), True
+                elif at - b_at >= RATE_S:
                     # Its fastest stretch: a pause (a checkpoint) must not make its next
                     # steps look like a jump.
                     r.sps = max(r.sps or 0.0, (step - b_step) / (at - b_at))
                     r.base = (step, at)
                 return True
-        elif _plausible(r.sps or 0.0, *r.jumped, step, at):
-            if at - r.jumped[1] < SETTLE_S:
-                return False
-            self.ranks[key] = _Trusted(step, at, (step, at), r.sps)
+        elif at - r.jumped[1] < SETTLE_S:
+            return False
+        else:
+            j_step, j_at = r.jumped
+            sps = (step - j_step) / (at - j_at)
+            self.ranks[key] = _Trusted(step, at, (step, at), sps or None, sps > 0)
             return True
         r.jumped = (step, at)
         self.implausible += 1
