@@ -180,9 +180,9 @@ class StepTrust:
     """Which ranks' steps may decide where a sample lands: a rank's step that jumps beyond
     what its rate allows since its last plausible report (a process claiming step 10^9) is
     ignored and counted, and the rank sits samples out until it has stepped on from its new
-    step, never going back, for :data:`SETTLE_S`. A rank whose rate is not measured yet may start from
-    any step (a resumed run attaches, then sets its step count); one whose count goes back
-    (a new run in the same process) starts again from there."""
+    step, never going back, for :data:`SETTLE_S`. A rank whose rate is not measured yet may
+    start from any step (a resumed run attaches, then sets its step count); one whose count
+    goes back (a new run in the same process) starts again from there."""
 
     def __init__(self) -> None:
         self.ranks: dict[Hashable, _Trusted] = {}
