@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -128,9 +130,53 @@ def python_floor(runs: int) -> dict[str, Any]:
     return out
 
 
+#: Where the loop waits for work: its samples are idle time, not cost.
+IDLE_FRAMES = ("Poller.poll",)
+
+
+def _record(pid: int, seconds: float, raw: Path) -> list[str]:
+    subprocess.run(
+        [str(B.BIN / "py-spy"), "record", "--pid", str(pid), "--duration", str(int(seconds)),
+         "--rate", "200", "--format", "raw", "--idle", "--nonblocking", "-o", str(raw)],
+        check=True, capture_output=True,
+    )  # fmt: skip
+    return raw.read_text().splitlines()
+
+
+def loop_profile(pid: int, seconds: float, top: int = 25) -> dict[str, Any]:
+    """The daemon's main thread sampled by py-spy (the same tool ``profctl stacks`` uses):
+    each function's share of the thread's busy samples, inclusive of what it calls."""
+    with tempfile.TemporaryDirectory() as tmp:
+        lines = _record(pid, seconds, Path(tmp) / "raw.txt")
+    busy, idle, inclusive = 0, 0, Counter[str]()
+    for line in lines:
+        stack, _, count = line.rpartition(" ")
+        frames = [f.split(" (")[0] for f in stack.split(";")]
+        if "Daemon._loop" not in frames:
+            continue  # another thread (the sampler, a worker)
+        if frames[-1] in IDLE_FRAMES:
+            idle += int(count)
+            continue
+        busy += int(count)
+        for name in set(frames[frames.index("Daemon._loop") + 1 :]):
+            inclusive[name] += int(count)
+    return {
+        "busy_share_of_loop": round(busy / max(1, busy + idle), 4),
+        "by_function": {k: round(v / max(1, busy), 3) for k, v in inclusive.most_common(top)},
+    }
+
+
 def main() -> None:
     ap = B.parser(__doc__)
     ap.add_argument("--clients", type=int, default=None)
+    ap.add_argument(
+        "--profile",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="also sample the busy daemon's stacks with py-spy for SECONDS and report where "
+        "its main loop's time goes (share of busy samples per function, inclusive)",
+    )
     args = ap.parse_args()
     started = time.monotonic()
     quick = args.quick
@@ -153,6 +199,7 @@ def main() -> None:
         busy_ps = ps_latency(d, cli_runs, raw_runs)
         busy_top = top_latency(d, cli_runs, raw_runs)
         floor = python_floor(cli_runs)
+        profile = loop_profile(d.pid, args.profile) if args.profile > 0 else None
     except BaseException:
         print(d.log_tail(), file=sys.stderr)
         raise
@@ -236,6 +283,7 @@ def main() -> None:
         "top_idle": idle_top,
         "top_busy": busy_top,
         "python_floor_ms": floor,
+        "loop_profile": profile,
         "baseline": "dynolog has no way to list attached processes; compared with 0 clients",
     }
     params = {"clients": n, "window_s": window, "cli_runs": cli_runs, "raw_runs": raw_runs}
