@@ -32,6 +32,7 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from statistics import median
 from typing import Any, NamedTuple
 
 from profd.daemon.clients.registry import Client
@@ -286,9 +287,7 @@ _FEW_STALE = 4
 
 def _median_after(led: Ledger, t: float) -> float:
     """The median p50 (seconds) of the ring's intervals that ended after ``t``."""
-    vals = _newest(led, _count_after(led, t), _P50)
-    n = len(vals)
-    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2.0
+    return median(_column(led, _count_after(led, t), _P50))
 
 
 def _count_after(led: Ledger, t: float) -> int:
