@@ -266,9 +266,7 @@ def reload_watch(path: Path | None) -> WatchConfig:
     looked at. No file: the defaults. :class:`ConfigError` if it cannot be used."""
     if path is None:
         return WatchConfig()
-    table = _read_toml(path).get("watch", {})
-    if not isinstance(table, dict):
-        raise ConfigError("[watch] must be a table")
+    table = _table(_read_toml(path), "watch")
     try:
         return _watch(table)
     except (TypeError, ValueError) as exc:
@@ -472,10 +470,7 @@ def configured_runtime_dir(config_file: str | None = None) -> str | None:
 
 def configured_cluster(config_file: str | None = None) -> ClusterConfig:
     """``[cluster]`` from the config file profd would read, for profctl's keys."""
-    table = _profctl_config(config_file).get("cluster", {})
-    if not isinstance(table, dict):
-        raise ConfigError("[cluster] must be a table")
-    return _cluster(table)
+    return _cluster(_table(_profctl_config(config_file), "cluster"))
 
 
 def load(
@@ -488,17 +483,9 @@ def load(
     env: Mapping[str, str] | None = None,
 ) -> Config:
     e = os.environ if env is None else env
-    path: Path | None = None
-    if config_file:
-        path = Path(config_file)
-    elif e.get("PROFD_CONFIG"):
-        path = Path(e["PROFD_CONFIG"])
-    elif DEFAULT_CONFIG.exists():
-        path = DEFAULT_CONFIG
+    path = _config_path(config_file, e)
     data = _read_toml(path) if path else {}
-    daemon = data.get("daemon", {})
-    if not isinstance(daemon, dict):
-        raise ConfigError("[daemon] must be a table")
+    daemon = _table(data, "daemon")
 
     def pick(flag: object, env_name: str, key: str) -> str | None:
         if flag:
@@ -511,31 +498,14 @@ def load(
     rdir = pick(runtime_dir, "PROFD_RUNTIME_DIR", "runtime_dir")
     sdir = Path(pick(state_dir, "PROFD_STATE_DIR", "state_dir") or _default_state_dir())
     spdir = pick(spool_dir, "PROFD_SPOOL_DIR", "spool_dir")
-    s3_table = data.get("s3", {})
-    if not isinstance(s3_table, dict):
-        raise ConfigError("[s3] must be a table")
-    nsys_table = data.get("nsys", {})
-    if not isinstance(nsys_table, dict):
-        raise ConfigError("[nsys] must be a table")
-    cluster_table = data.get("cluster", {})
-    if not isinstance(cluster_table, dict):
-        raise ConfigError("[cluster] must be a table")
-    watch_table = data.get("watch", {})
-    if not isinstance(watch_table, dict):
-        raise ConfigError("[watch] must be a table")
-    metrics_table = data.get("metrics", {})
-    if not isinstance(metrics_table, dict):
-        raise ConfigError("[metrics] must be a table")
-    node_name = _opt_str(e.get("PROFD_NODE_NAME") or daemon.get("node_name"), "node_name")
-    if node_name is not None and not node_name.strip():
-        raise ConfigError("node_name: must not be empty")
-    auto = data.get("auto", [])
-    if not isinstance(auto, list) or not all(isinstance(a, dict) for a in auto):
-        raise ConfigError("[[auto]] must be an array of tables")
-    log_level = daemon.get("log_level", "info")
-    if not isinstance(log_level, str) or log_level.upper() not in _LOG_LEVELS:
-        levels = ", ".join(_LOG_LEVELS).lower()
-        raise ConfigError(f"log_level: must be one of {levels}, got {log_level!r}")
+    # Every table is checked before any of its keys, in this order, so that a file with
+    # several mistakes always reports the same one first.
+    s3_table, nsys_table, cluster_table, watch_table, metrics_table = (
+        _table(data, name) for name in ("s3", "nsys", "cluster", "watch", "metrics")
+    )
+    node_name = _node_name(e, daemon)
+    auto = _auto(data)
+    log_level = _log_level(daemon)
     try:
         return Config(
             runtime_dir=resolve_runtime_dir(rdir),
@@ -569,3 +539,44 @@ def load(
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"config: {exc}") from None
+
+
+def _config_path(config_file: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
+    """The file to read: the argument, ``PROFD_CONFIG``, else the default one if it exists."""
+    if config_file:
+        return Path(config_file)
+    if env.get("PROFD_CONFIG"):
+        return Path(env["PROFD_CONFIG"])
+    if DEFAULT_CONFIG.exists():
+        return DEFAULT_CONFIG
+    return None
+
+
+def _table(data: Mapping[str, Any], name: str) -> dict[str, Any]:
+    """``[name]`` of the file (empty when absent)."""
+    table = data.get(name, {})
+    if not isinstance(table, dict):
+        raise ConfigError(f"[{name}] must be a table")
+    return table
+
+
+def _node_name(env: Mapping[str, str], daemon: Mapping[str, Any]) -> str | None:
+    node_name = _opt_str(env.get("PROFD_NODE_NAME") or daemon.get("node_name"), "node_name")
+    if node_name is not None and not node_name.strip():
+        raise ConfigError("node_name: must not be empty")
+    return node_name
+
+
+def _auto(data: Mapping[str, Any]) -> list[dict[str, Any]]:
+    auto = data.get("auto", [])
+    if not isinstance(auto, list) or not all(isinstance(a, dict) for a in auto):
+        raise ConfigError("[[auto]] must be an array of tables")
+    return auto
+
+
+def _log_level(daemon: Mapping[str, Any]) -> str:
+    log_level = daemon.get("log_level", "info")
+    if not isinstance(log_level, str) or log_level.upper() not in _LOG_LEVELS:
+        levels = ", ".join(_LOG_LEVELS).lower()
+        raise ConfigError(f"log_level: must be one of {levels}, got {log_level!r}")
+    return log_level

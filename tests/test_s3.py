@@ -18,13 +18,13 @@ import sqlite3
 import subprocess
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import zmq
-from harness import BIN, Daemon, wait_for
+from harness import BIN, Daemon, Daemons, Jobs, wait_for
 from rawpeer import TracePeer, small_trace
 from s3fixtures import ACCESS_KEY, BUCKET, REGION, SECRET_KEY, MotoServer, moto_server
 
@@ -45,6 +45,11 @@ def reap() -> Iterator[list[int]]:
     themselves, because a test needs them alive across daemon restarts."""
     pids: list[int] = []
     yield pids
+    kill_workers(pids)
+
+
+def kill_workers(pids: list[int]) -> None:
+    """Kill those of ``pids`` that are still test job workers (a pid may have been reused)."""
     for pid in pids:
         try:
             cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -290,110 +295,215 @@ def test_capture_lands_in_s3_and_pulls_back(
     assert_no_credentials(d.log.read_text(errors="replace"))
 
 
-def test_outage_then_quota(
-    daemon_factory: Any, torchrun: Any, moto_server: MotoServer, reap: list[int]
-) -> None:
-    d = daemon_factory(config=s3_config(), **moto_server.env())
-    torchrun("train.py", nproc=2, daemon=d, STEPS=LONG_JOB_STEPS)
-    attached(d, 2, reap)
-    sids = []
-    for _ in range(2):
-        sids.append(capture(d)["session"])
-        wait_uploaded(d, sids[-1])
-    a, b = sids
+# --- an outage, then the spool quota ---------------------------------------------------------
+# One daemon, S3 server and 2-rank job go through an outage and three spool quotas; each test
+# checks one behaviour on the way. They share the module's setup (one xdist group, so one
+# worker runs them in file order), and each asks the story for the phases it needs: a phase
+# runs once, the first time a test needs it, so any test also runs alone (-k).
+ON_STORY = pytest.mark.xdist_group("s3_outage_story")
 
-    # S3 goes away before a capture and comes back 20 s later.
-    moto_server.stop()
-    down_at = time.monotonic()
-    c = capture(d)["session"]
-    st = wait_for(
-        lambda: (lambda s: s if s["s3"]["reachable"] is False else None)(status(d)),
-        60,
-        "status to show S3 unreachable",
-    )
-    assert st["s3"]["error"]
-    assert st["queue"]["bytes_pending"] > 0
-    assert_no_credentials(json.dumps(st))
-    c_files = files_of(d, c)
-    assert c_files and all(f["upload_state"] != "uploaded" for f in c_files)
-    while time.monotonic() - down_at < 20:
-        assert all(Path(f["path"]).is_file() for f in c_files), "deleted while pending"
-        time.sleep(1)
-    moto_server.start()  # empty again: the fixture recreates the bucket
-    wait_uploaded(d, c)
-    for f in files_of(d, c):
-        assert Path(f["path"]).is_file()
-        assert moto_server.get(f"{PREFIX}/{f['rel']}") == Path(f["path"]).read_bytes()
-    wait_for(lambda: status(d)["s3"]["reachable"] is True, 60, "S3 reachable again")
 
-    # Quota: another outage leaves one session un-uploaded.
-    moto_server.stop()
-    e = capture(d)["session"]
-    size = {s: sum(f["bytes"] for f in files_of(d, s)) for s in (a, b, c, e)}
-    assert all(f["upload_state"] != "uploaded" for f in files_of(d, e))
+class Story:
+    """The shared daemon ``d`` (S3 ``srv``), with sessions ``a`` and ``b`` uploaded."""
 
-    def on_disk(s: str) -> list[bool]:
-        return [Path(f["path"]).is_file() for f in files_of(d, s)]
+    def __init__(self, d: Daemon, srv: MotoServer, a: str, b: str) -> None:
+        self.d, self.srv, self.a, self.b = d, srv, a, b
+        self._done: dict[str, Any] = {}
 
-    # Room for everything but the oldest uploaded session: exactly that one is pruned. This
-    # daemon gives a file up after one try, so e's uploads end failed while S3 is down, and
-    # its backoff puts their next try by themselves 750 s or more away.
-    assert d.config is not None
-    d.stop()
-    d.config.write_text(s3_config(max_attempts=1, backoff_base=1000, backoff_max=1000))
-    d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(size[b] + size[c] + size[e])
-    d.start()
-    wait_for(lambda: not any(on_disk(a)), 60, "oldest uploaded session pruned")
-    assert all(f["deleted"] == 1 for f in files_of(d, a))
-    assert all(on_disk(b)) and all(on_disk(c)) and all(on_disk(e))
+    def _once(self, phase: str, run: Callable[[], Any]) -> Any:
+        if phase not in self._done:
+            self._done[phase] = run()
+        return self._done[phase]
 
-    # retry (by a short id) requeues exactly that session's failed files, and they are tried
-    # again. session.json waits for the rest of its session, so it is pending, not failed.
-    def e_failed(before: dict[int, float]) -> list[dict[str, Any]] | None:
-        """e's trace files, once every one has failed with a retry time other than ``before``'s
-        (id -> next_attempt_at): a new retry time can only come from a new try."""
-        rows = [f for f in files_of(d, e) if f["kind"] != "session"]
+    def files(self, sid: str) -> list[dict[str, Any]]:
+        return files_of(self.d, sid)
+
+    def on_disk(self, sid: str) -> list[bool]:
+        return [Path(f["path"]).is_file() for f in self.files(sid)]
+
+    def size(self, sid: str) -> int:
+        return sum(f["bytes"] for f in self.files(sid))
+
+    def outage(self) -> str:
+        """S3 stops; a capture is made while it is down: its session id (S3 stays down)."""
+
+        def run() -> str:
+            self.srv.stop()
+            return str(capture(self.d)["session"])
+
+        return str(self._once("outage", run))
+
+    def recovered(self) -> str:
+        """S3 back after :meth:`outage`, its capture uploaded: that capture's session id."""
+
+        def run() -> str:
+            c = self.outage()
+            self.srv.start()  # empty again: the fixture recreates the bucket
+            wait_uploaded(self.d, c)
+            return c
+
+        return str(self._once("recovered", run))
+
+    def quota_but_oldest(self) -> str:
+        """Another outage leaves session ``e`` un-uploaded; the daemon restarts with room for
+        everything but the oldest uploaded session, giving a file up after one try with its
+        next try by backoff 750 s or more away: ``e``'s id (S3 stays down)."""
+
+        def run() -> str:
+            c = self.recovered()
+            self.srv.stop()
+            e = str(capture(self.d)["session"])
+            assert all(f["upload_state"] != "uploaded" for f in self.files(e))
+            d = self.d
+            assert d.config is not None
+            d.stop()
+            d.config.write_text(s3_config(max_attempts=1, backoff_base=1000, backoff_max=1000))
+            quota = self.size(self.b) + self.size(c) + self.size(e)
+            d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(quota)
+            d.start()
+            return e
+
+        return str(self._once("quota_but_oldest", run))
+
+    def e_failed(self, before: dict[int, float]) -> list[dict[str, Any]] | None:
+        """``e``'s trace files, once every one has failed with a retry time other than
+        ``before``'s (id -> next_attempt_at): a new retry time can only come from a new try."""
+        rows = [f for f in self.files(self.quota_but_oldest()) if f["kind"] != "session"]
         ok = all(
             f["upload_state"] == "failed" and f["next_attempt_at"] != before.get(f["id"])
             for f in rows
         )
         return rows if rows and ok else None
 
-    failed = wait_for(lambda: e_failed({}), WAIT, "e's uploads failed for good")
-    manifest = [f for f in files_of(d, e) if f["kind"] == "session"]
-    assert len(manifest) == 1 and manifest[0]["upload_state"] == "pending"
-    assert status(d)["queue"]["failed"] == len(failed)
-    assert all(f["next_attempt_at"] > time.time() + WAIT for f in failed)
-    before = {f["id"]: f["next_attempt_at"] for f in failed}
-    assert d.ctl_json("retry", e[:-2])["requeued"] == len(failed)
-    wait_for(lambda: e_failed(before), WAIT, "e's requeued uploads tried again")
-    assert d.ctl_json("retry", a)["requeued"] == 0  # uploaded (and pruned): nothing to retry
+    def quota_below_unuploaded(self) -> str:
+        """The daemon restarts with a quota of half of ``e`` (not uploaded), retrying its
+        uploads until S3 is back: ``e``'s id (S3 stays down)."""
 
-    # Un-uploaded data alone over the quota: uploaded files go, pending ones never do, and
-    # new captures are refused. This daemon retries e's uploads until S3 is back.
-    d.stop()
-    d.config.write_text(s3_config())
-    d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(size[e] // 2)
-    d.start()
-    d.wait_attached(2, timeout=WAIT)
-    wait_for(lambda: not any(on_disk(b) + on_disk(c)), 60, "uploaded sessions pruned")
-    r = d.ctl("start", "--active", "1")
+        def run() -> str:
+            e = self.quota_but_oldest()
+            wait_for(lambda: self.e_failed({}), WAIT, "e's uploads failed for good")
+            d = self.d
+            assert d.config is not None
+            d.stop()
+            d.config.write_text(s3_config())
+            d.extra_env["PROFD_MAX_SPOOL_BYTES"] = str(self.size(e) // 2)
+            d.start()
+            d.wait_attached(2, timeout=WAIT)
+            return e
+
+        return str(self._once("quota_below_unuploaded", run))
+
+
+@pytest.fixture(scope="module")
+def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
+    root = tmp_path_factory.mktemp("s3-story")
+    (root / "moto").mkdir()
+    srv = MotoServer(root / "moto").start()
+    daemons, jobs = Daemons(root), Jobs(root)
+    pids: list[int] = []
+    try:
+        d = daemons.make(config=s3_config(), **srv.env())
+        jobs.start("train.py", nproc=2, daemon=d, STEPS=LONG_JOB_STEPS)
+        attached(d, 2, pids)
+        sids = []
+        for _ in range(2):
+            sids.append(capture(d)["session"])
+            wait_uploaded(d, sids[-1])
+        yield Story(d, srv, *sids)
+    finally:
+        kill_workers(pids)
+        jobs.kill_all()
+        daemons.stop_all()
+        srv.stop()
+
+
+@ON_STORY
+def test_an_outage_shows_in_status_without_credentials(story: Story) -> None:
+    c = story.outage()
+    st = wait_for(
+        lambda: (lambda s: s if s["s3"]["reachable"] is False else None)(status(story.d)),
+        60,
+        "status to show S3 unreachable",
+    )
+    assert st["s3"]["error"]
+    assert st["queue"]["bytes_pending"] > 0
+    assert_no_credentials(json.dumps(st))
+    c_files = story.files(c)
+    assert c_files and all(f["upload_state"] != "uploaded" for f in c_files)
+
+
+@ON_STORY
+def test_files_whose_uploads_keep_failing_stay_on_disk(story: Story) -> None:
+    c = story.outage()  # S3 is down until the next test brings it back
+    trace_files(story.d, c, "pending", min_attempts=3)
+    assert all(story.on_disk(c)), "deleted while pending"
+
+
+@ON_STORY
+def test_a_capture_made_during_an_outage_uploads_once_s3_is_back(story: Story) -> None:
+    c = story.recovered()
+    for f in story.files(c):
+        assert Path(f["path"]).is_file()
+        assert story.srv.get(f"{PREFIX}/{f['rel']}") == Path(f["path"]).read_bytes()
+    wait_for(lambda: status(story.d)["s3"]["reachable"] is True, 60, "S3 reachable again")
+
+
+@ON_STORY
+def test_over_the_quota_the_oldest_uploaded_session_is_pruned_first(story: Story) -> None:
+    e = story.quota_but_oldest()
+    a, b, c = story.a, story.b, story.recovered()
+    wait_for(lambda: not any(story.on_disk(a)), 60, "oldest uploaded session pruned")
+    assert all(f["deleted"] == 1 for f in story.files(a))
+    assert all(story.on_disk(b)) and all(story.on_disk(c)) and all(story.on_disk(e))
+
+
+@ON_STORY
+def test_failed_uploads_wait_for_backoff_and_session_json_for_its_session(story: Story) -> None:
+    e = story.quota_but_oldest()
+    failed = wait_for(lambda: story.e_failed({}), WAIT, "e's uploads failed for good")
+    # session.json waits for the rest of its session, so it is pending, not failed.
+    manifest = [f for f in story.files(e) if f["kind"] == "session"]
+    assert len(manifest) == 1 and manifest[0]["upload_state"] == "pending"
+    assert status(story.d)["queue"]["failed"] == len(failed)
+    assert all(f["next_attempt_at"] > time.time() + WAIT for f in failed)
+
+
+@ON_STORY
+def test_retry_by_short_id_requeues_exactly_that_sessions_failed_files(story: Story) -> None:
+    e = story.quota_but_oldest()
+    failed = wait_for(lambda: story.e_failed({}), WAIT, "e's uploads failed for good")
+    before = {f["id"]: f["next_attempt_at"] for f in failed}
+    assert story.d.ctl_json("retry", e[:-2])["requeued"] == len(failed)
+    wait_for(lambda: story.e_failed(before), WAIT, "e's requeued uploads tried again")
+    # Uploaded (and pruned): nothing to retry.
+    assert story.d.ctl_json("retry", story.a)["requeued"] == 0
+
+
+@ON_STORY
+def test_unuploaded_data_over_the_quota_is_kept_and_refuses_captures(story: Story) -> None:
+    e = story.quota_below_unuploaded()
+    b, c = story.b, story.recovered()
+    wait_for(lambda: not any(story.on_disk(b) + story.on_disk(c)), 60, "uploaded sessions pruned")
+    r = story.d.ctl("start", "--active", "1")
     assert r.returncode == 1, r.stdout + r.stderr
     assert "spool quota full" in r.stderr
-    assert all(on_disk(e))
-    st = status(d)
-    assert st["spool"]["bytes_not_uploaded"] == size[e]
+    assert all(story.on_disk(e))
+    assert status(story.d)["spool"]["bytes_not_uploaded"] == story.size(e)
 
-    # Once S3 is back the pending session uploads, and only then is pruned to fit the quota.
-    moto_server.start()
-    wait_uploaded(d, e)
-    for f in files_of(d, e):
-        assert moto_server.get(f"{PREFIX}/{f['rel']}")
+
+@ON_STORY
+def test_a_pending_session_is_pruned_to_fit_the_quota_once_uploaded(story: Story) -> None:
+    e = story.quota_below_unuploaded()
+    size = story.size(e)
+    story.srv.start()
+    wait_uploaded(story.d, e)
+    for f in story.files(e):
+        assert story.srv.get(f"{PREFIX}/{f['rel']}")
 
     def e_on_disk() -> int:
-        return sum(f["bytes"] for f in files_of(d, e) if Path(f["path"]).is_file())
+        return sum(f["bytes"] for f in story.files(e) if Path(f["path"]).is_file())
 
-    wait_for(lambda: e_on_disk() <= size[e] // 2, 60, "uploaded session pruned to fit the quota")
+    wait_for(lambda: e_on_disk() <= size // 2, 60, "uploaded session pruned to fit the quota")
     assert e_on_disk() > 0  # no more than needed
 
 

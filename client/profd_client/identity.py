@@ -173,27 +173,78 @@ def detect(
     e = os.environ if env is None else env
     src: dict[str, str] = {}
     in_actor = ray is not None and ray.actor_class is not None
+    r, lr, ws = _ranks(e, src, rank=rank, world_size=world_size, dist=dist, in_actor=in_actor)
+    own_pid = os.getpid() if pid is None else pid
+    if job:
+        j, src["job"] = job, "arg"
+    elif e.get("PROFD_JOB"):
+        j, src["job"] = e["PROFD_JOB"], "env:PROFD_JOB"
+    else:
+        # Only a derived name is made path-safe: an explicit one is the user's to get right.
+        ppid_ = os.getppid() if ppid is None else ppid
+        j, src["job"] = _job(e, dist, ray, script_name(argv0), own_pid, ppid_)
+        j = safe_name(j, "python")
+    ro, src["role"] = _role(e, role, ray if in_actor else None)
+    return Identity(
+        job=j,
+        role=ro,
+        rank=r,
+        local_rank=lr,
+        world_size=ws,
+        host=socket.gethostname(),
+        pid=own_pid,
+        sources=src,
+    )
+
+
+def _pick_int(
+    env: Mapping[str, str],
+    src: dict[str, str],
+    name: str,
+    explicit: int | None,
+    own: str,
+    from_dist: int | None,
+    launch: tuple[str, ...],
+) -> int | None:
+    """One of rank/world size, its origin recorded in ``src[name]``; None when nothing has it.
+
+    Order: the argument, profd's own variable, the process group, then launcher variables.
+    """
+    if explicit is not None:
+        src[name] = "arg"
+        return explicit
+    hit = _first_int(env, (own,))
+    if hit is None and from_dist is not None:
+        src[name] = "torch.distributed"
+        return from_dist
+    hit = hit or _first_int(env, launch)
+    if hit is not None:
+        src[name] = hit[1]
+        return hit[0]
+    return None
+
+
+def _ranks(
+    env: Mapping[str, str],
+    src: dict[str, str],
+    *,
+    rank: int | None,
+    world_size: int | None,
+    dist: DistInfo | None,
+    in_actor: bool,
+) -> tuple[int, int, int]:
+    """``(rank, local_rank, world_size)``, each origin recorded in ``src``.
+
+    Inside a Ray actor SLURM's variables describe the allocation, not the actor: skipped.
+    """
     slurm = () if in_actor else ("SLURM_PROCID",)
     mpi = ("OMPI_COMM_WORLD_RANK", "PMI_RANK")
-
-    def pick(
-        name: str, explicit: int | None, own: str, from_dist: int | None, launch: tuple[str, ...]
-    ) -> int | None:
-        if explicit is not None:
-            src[name] = "arg"
-            return explicit
-        hit = _first_int(e, (own,))
-        if hit is None and from_dist is not None:
-            src[name] = "torch.distributed"
-            return from_dist
-        hit = hit or _first_int(e, launch)
-        if hit is not None:
-            src[name] = hit[1]
-            return hit[0]
-        return None
-
-    r = pick("rank", rank, "PROFD_RANK", dist.rank if dist else None, ("RANK", *slurm, *mpi))
-    ws = pick(
+    r = _pick_int(
+        env, src, "rank", rank, "PROFD_RANK", dist.rank if dist else None, ("RANK", *slurm, *mpi)
+    )
+    ws = _pick_int(
+        env,
+        src,
         "world_size",
         world_size,
         "PROFD_WORLD_SIZE",
@@ -206,7 +257,7 @@ def detect(
         ),
     )
     local_names = ("LOCAL_RANK", *(() if in_actor else ("SLURM_LOCALID",)))
-    lr_hit = _first_int(e, (*local_names, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"))
+    lr_hit = _first_int(env, (*local_names, "OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"))
     if lr_hit is not None:
         lr, src["local_rank"] = lr_hit
     else:
@@ -215,40 +266,18 @@ def detect(
         r, src["rank"] = 0, "default"
     if ws is None:
         ws, src["world_size"] = 1, "default"
+    return r, lr, ws
 
-    if job:
-        j, src["job"] = job, "arg"
-    elif e.get("PROFD_JOB"):
-        j, src["job"] = e["PROFD_JOB"], "env:PROFD_JOB"
-    else:
-        j, src["job"] = _job(
-            e,
-            dist,
-            ray,
-            script_name(argv0),
-            os.getpid() if pid is None else pid,
-            os.getppid() if ppid is None else ppid,
-        )
-        j = safe_name(j, "python")
 
+def _role(env: Mapping[str, str], role: str | None, actor: RayInfo | None) -> tuple[str, str]:
+    """The role and its origin; ``actor`` is this process's Ray info only inside an actor."""
     if role:
-        ro, src["role"] = role, "arg"
-    elif e.get("PROFD_ROLE"):
-        ro, src["role"] = e["PROFD_ROLE"], "env:PROFD_ROLE"
-    elif in_actor and ray is not None and ray.actor_class:
-        ro, src["role"] = snake_case(ray.actor_class), "ray"
-    else:
-        ro, src["role"] = "main", "default"
-    return Identity(
-        job=j,
-        role=ro,
-        rank=r,
-        local_rank=lr,
-        world_size=ws,
-        host=socket.gethostname(),
-        pid=os.getpid() if pid is None else pid,
-        sources=src,
-    )
+        return role, "arg"
+    if env.get("PROFD_ROLE"):
+        return env["PROFD_ROLE"], "env:PROFD_ROLE"
+    if actor is not None and actor.actor_class:
+        return snake_case(actor.actor_class), "ray"
+    return "main", "default"
 
 
 def probe_dist() -> DistInfo | None:

@@ -212,6 +212,22 @@ class _Pending:
     deadline: float
 
 
+class _Round:
+    """One :meth:`Fanout.ask`: an answer per node, and the requests still open."""
+
+    __slots__ = ("answers", "by_deadline", "keep", "pending")
+
+    def __init__(self, nodes: Sequence[Node], keep: bool) -> None:
+        self.answers = [Answer(n) for n in nodes]
+        #: At most one request per node is open (a node listed twice is asked once).
+        self.pending: dict[Node, _Pending] = {}
+        # In deadline order (one timeout for all, so the order sent in): expiring and the
+        # next wake-up look at its head, not at every node.
+        self.by_deadline: deque[_Pending] = deque()
+        #: Whether connections stay open after the round (all fit in the window).
+        self.keep = keep
+
+
 def _window(n: int) -> int:
     """How many nodes may have a request open at once: as many as descriptors allow."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -292,8 +308,45 @@ class Fanout:
             # could not be told apart.
             by_node = {a.node: a for a in self.ask(unique, t, fields)}
             return [copy.copy(by_node[n]) for n in nodes]
-        zmq = self._zmq
-        answers = [Answer(n) for n in nodes]
+        frames = self._encode(nodes, t, fields)
+        reach = len(set(nodes) | set(self._conns))
+        window = _window(reach)
+        rnd = _Round(nodes, keep=reach <= window)
+        sock = self._socket()
+        todo = list(range(len(nodes)))
+        todo.reverse()
+        try:
+            while todo or rnd.pending:
+                while todo and len(rnd.pending) < window:
+                    i = todo.pop()
+                    self._send(rnd, sock, nodes[i], i, frames[i])
+                while rnd.by_deadline and rnd.by_deadline[0].conn.node not in rnd.pending:
+                    rnd.by_deadline.popleft()  # answered already
+                now = time.monotonic()
+                first = rnd.by_deadline[0].deadline if rnd.by_deadline else now
+                ready = dict(self._poller.poll(max(0, int((first - now) * 1000) + 1)))
+                if self._monitor in ready:
+                    for node, why in self._auth_failures():
+                        found = rnd.pending.get(node)
+                        if found is not None:
+                            a = rnd.answers[found.index]
+                            a.failure, a.why = "auth", why
+                            self._settle(rnd, found, drop=True)
+                if sock in ready:
+                    self._take_replies(rnd, sock)
+                self._expire(rnd)
+        except BaseException:
+            self.close()
+            raise
+        return rnd.answers
+
+    def _encode(
+        self,
+        nodes: Sequence[Node],
+        t: str,
+        fields: Mapping[str, Any] | Callable[[Node], Mapping[str, Any]],
+    ) -> dict[int, bytes]:
+        """Each node's request frame, by its index in ``nodes``."""
         frames: dict[int, bytes] = {}
         for i, n in enumerate(nodes):
             f = fields(n) if callable(fields) else fields
@@ -302,72 +355,54 @@ class Fanout:
             except P.ProtocolError as exc:
                 # The daemons would refuse it the same way: say so without a round trip.
                 raise CtlError(str(exc), code=exc.code) from None
-        window = _window(len(set(nodes) | set(self._conns)))
-        keep = len(set(nodes) | set(self._conns)) <= window
-        sock = self._socket()
-        todo = list(range(len(nodes)))
-        todo.reverse()
-        pending: dict[Node, _Pending] = {}
-        # In deadline order (one timeout for all, so the order sent in): expiring and the
-        # next wake-up look at its head, not at every node.
-        by_deadline: deque[_Pending] = deque()
+        return frames
 
-        def done(p: _Pending, drop: bool) -> None:
-            del pending[p.conn.node]
-            if drop or not keep:
-                self._drop(p.conn)
+    def _send(self, rnd: _Round, sock: Any, node: Node, i: int, frame: bytes) -> None:
+        c = self._conns.get(node) or self._connect(node)
+        p = _Pending(c, i, time.monotonic() + self.timeout)
+        # The empty frame makes the envelope a REQ's, which the daemon expects.
+        sock.send_multipart([c.rid, b"", frame])
+        rnd.pending[c.node] = p
+        rnd.by_deadline.append(p)
 
-        try:
-            while todo or pending:
-                while todo and len(pending) < window:
-                    i = todo.pop()
-                    c = self._conns.get(nodes[i]) or self._connect(nodes[i])
-                    p = _Pending(c, i, time.monotonic() + self.timeout)
-                    # The empty frame makes the envelope a REQ's, which the daemon expects.
-                    sock.send_multipart([c.rid, b"", frames[i]])
-                    pending[c.node] = p
-                    by_deadline.append(p)
-                while by_deadline and by_deadline[0].conn.node not in pending:
-                    by_deadline.popleft()  # answered already
-                now = time.monotonic()
-                first = by_deadline[0].deadline if by_deadline else now
-                ready = dict(self._poller.poll(max(0, int((first - now) * 1000) + 1)))
-                if self._monitor in ready:
-                    for node, why in self._auth_failures():
-                        found = pending.get(node)
-                        if found is not None:
-                            answers[found.index].failure, answers[found.index].why = "auth", why
-                            done(found, drop=True)
-                if sock in ready:
-                    while True:
-                        try:
-                            reply = sock.recv_multipart(zmq.NOBLOCK)
-                        except zmq.Again:
-                            break
-                        conn = self._by_rid.get(reply[0])
-                        found = pending.get(conn.node) if conn is not None else None
-                        if found is None or found.conn is not conn:
-                            continue  # no request open on that connection now: stale
-                        a = answers[found.index]
-                        a.received_at = time.monotonic()
-                        try:
-                            a.data = decode_reply(reply[-1], f"profd at {conn.node.address}")
-                        except CtlError as exc:
-                            a.error = exc
-                        done(found, drop=False)
-                now = time.monotonic()
-                while by_deadline and by_deadline[0].deadline <= now:
-                    p = by_deadline.popleft()
-                    if pending.get(p.conn.node) is not p:
-                        continue
-                    a = answers[p.index]
-                    a.failure = "timeout"
-                    a.why = f"{p.conn.node.address} did not answer within {self.timeout:g}s"
-                    done(p, drop=True)
-        except BaseException:
-            self.close()
-            raise
-        return answers
+    def _settle(self, rnd: _Round, p: _Pending, drop: bool) -> None:
+        """``p`` is answered (or failed): its node may be asked again; its connection is
+        dropped when it failed, or when the connections are not kept."""
+        del rnd.pending[p.conn.node]
+        if drop or not rnd.keep:
+            self._drop(p.conn)
+
+    def _take_replies(self, rnd: _Round, sock: Any) -> None:
+        """Every reply waiting on the socket into its answer; stale ones are dropped."""
+        zmq = self._zmq
+        while True:
+            try:
+                reply = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            conn = self._by_rid.get(reply[0])
+            found = rnd.pending.get(conn.node) if conn is not None else None
+            if conn is None or found is None or found.conn is not conn:
+                continue  # no request open on that connection now: stale
+            a = rnd.answers[found.index]
+            a.received_at = time.monotonic()
+            try:
+                a.data = decode_reply(reply[-1], f"profd at {conn.node.address}")
+            except CtlError as exc:
+                a.error = exc
+            self._settle(rnd, found, drop=False)
+
+    def _expire(self, rnd: _Round) -> None:
+        """Fail the open requests whose deadline has passed."""
+        now = time.monotonic()
+        while rnd.by_deadline and rnd.by_deadline[0].deadline <= now:
+            p = rnd.by_deadline.popleft()
+            if rnd.pending.get(p.conn.node) is not p:
+                continue
+            a = rnd.answers[p.index]
+            a.failure = "timeout"
+            a.why = f"{p.conn.node.address} did not answer within {self.timeout:g}s"
+            self._settle(rnd, p, drop=True)
 
     def _socket(self) -> Any:
         if self._sock is not None:

@@ -90,18 +90,9 @@ def wait_json(
 
 def main() -> None:
     root = Path(os.environ.get("PROFD_DEMO_DIR") or tempfile.mkdtemp(prefix="profd-demo-"))
-    env = dict(
-        os.environ,
-        PROFD_RUNTIME_DIR=str(root / "run"),
-        PROFD_STATE_DIR=str(root / "state"),
-        OMP_NUM_THREADS="1",
-    )
-    env.pop("PROFD_CONFIG", None)
     config = root / "profd.toml"
     slow = root / "slow-rank-1"
-    env["DEMO_SLOW_FILE"] = str(slow)
-    env["DEMO_STEPS"] = "1000000"  # ended by the demo
-    env["PROFD_JOB"] = "demo"
+    env = demo_env(root, slow)
     say(f"starting profd (dirs under {root})")
     log = (root / "profd.log").open("w") if root.exists() else None
     if log is None:
@@ -113,15 +104,7 @@ def main() -> None:
     )
     job = None
     try:
-        for _ in range(100):
-            if (
-                subprocess.run(
-                    [str(BIN / "profctl"), "status"], env=env, capture_output=True
-                ).returncode
-                == 0
-            ):
-                break
-            time.sleep(0.1)
+        wait_for_daemon(env)
         ctl(env, "status")
         say("launching a 2-rank CPU torchrun job (gloo) that calls profd_client.attach()")
         job_log = (root / "job.log").open("w")
@@ -132,39 +115,8 @@ def main() -> None:
             stderr=subprocess.STDOUT,
         )
         wait_for_ranks(env, 2)
-        say("attached processes, live")
-        ctl(env, "ps")
-        say("every rank's step times, always on (the step ledger; `profctl top` refreshes live)")
-        time.sleep(2.0)  # two heartbeats: each rank's first ledgers
-        ctl(env, "top", "--once")
-        say("capture the next 3 steps on both ranks, and wait for the result")
-        ctl(
-            env,
-            "start",
-            "--role",
-            "trainer",
-            "--ranks",
-            "all",
-            "--next",
-            "--active",
-            "3",
-            "--record-shapes",
-            "--wait",
-        )
-        session = json.loads(ctl(env, "sessions", "--json", "--limit", "1", quiet=True).stdout)[0][
-            "id"
-        ]
-        say("sessions")
-        ctl(env, "sessions")
-        say("indexed traces")
-        ctl(env, "traces", "--session", session)
-        rows = json.loads(ctl(env, "traces", "--session", session, "--json", quiet=True).stdout)
-        summary = next(f["path"] for f in rows[0]["files"] if f["kind"] == "summary")
-        say(f"summary of rank {rows[0]['rank']} ({summary})")
-        print("\n".join(Path(summary).read_text().splitlines()[:40]))
-        say("the cross-rank report of the capture: who waits for whom, where the time goes")
-        page = root / f"report-{session}.html"
-        ctl(env, "report", session, "-o", str(page))
+        show_live(env)
+        page = capture_and_report(env, root)
         watch(env, daemon, config, slow)
         say("done")
         spool = root / "state" / "spool"
@@ -179,6 +131,73 @@ def main() -> None:
         daemon.wait(30)
         if os.environ.get("PROFD_DEMO_CLEAN"):
             shutil.rmtree(root, ignore_errors=True)
+
+
+def demo_env(root: Path, slow: Path) -> dict[str, str]:
+    """The environment of the demo's daemon, CLI and job: its own dirs under ``root``."""
+    env = dict(
+        os.environ,
+        PROFD_RUNTIME_DIR=str(root / "run"),
+        PROFD_STATE_DIR=str(root / "state"),
+        OMP_NUM_THREADS="1",
+    )
+    env.pop("PROFD_CONFIG", None)
+    env["DEMO_SLOW_FILE"] = str(slow)
+    env["DEMO_STEPS"] = "1000000"  # ended by the demo
+    env["PROFD_JOB"] = "demo"
+    return env
+
+
+def wait_for_daemon(env: dict[str, str]) -> None:
+    """Up to 10 s for ``profctl status`` to answer (the demo's next ``ctl`` says if not)."""
+    for _ in range(100):
+        if (
+            subprocess.run(
+                [str(BIN / "profctl"), "status"], env=env, capture_output=True
+            ).returncode
+            == 0
+        ):
+            return
+        time.sleep(0.1)
+
+
+def show_live(env: dict[str, str]) -> None:
+    say("attached processes, live")
+    ctl(env, "ps")
+    say("every rank's step times, always on (the step ledger; `profctl top` refreshes live)")
+    time.sleep(2.0)  # two heartbeats: each rank's first ledgers
+    ctl(env, "top", "--once")
+
+
+def capture_and_report(env: dict[str, str], root: Path) -> Path:
+    """Capture 3 steps on both ranks, show what profd made of them; the report page's path."""
+    say("capture the next 3 steps on both ranks, and wait for the result")
+    ctl(
+        env,
+        "start",
+        "--role",
+        "trainer",
+        "--ranks",
+        "all",
+        "--next",
+        "--active",
+        "3",
+        "--record-shapes",
+        "--wait",
+    )
+    session = json.loads(ctl(env, "sessions", "--json", "--limit", "1", quiet=True).stdout)[0]["id"]
+    say("sessions")
+    ctl(env, "sessions")
+    say("indexed traces")
+    ctl(env, "traces", "--session", session)
+    rows = json.loads(ctl(env, "traces", "--session", session, "--json", quiet=True).stdout)
+    summary = next(f["path"] for f in rows[0]["files"] if f["kind"] == "summary")
+    say(f"summary of rank {rows[0]['rank']} ({summary})")
+    print("\n".join(Path(summary).read_text().splitlines()[:40]))
+    say("the cross-rank report of the capture: who waits for whom, where the time goes")
+    page = root / f"report-{session}.html"
+    ctl(env, "report", session, "-o", str(page))
+    return page
 
 
 def watch(env: dict[str, str], daemon: subprocess.Popen[bytes], config: Path, slow: Path) -> None:

@@ -29,7 +29,7 @@ import operator
 import re
 from array import array
 from bisect import bisect_right
-from collections.abc import Hashable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -278,72 +278,19 @@ class CpuOps:
         """
         count = len(self.names)
         names = _Names(self)
-        on: list[list[Hashable]] = [[] for _ in range(count)]  # name -> threads it is on
-        has_frames: dict[Hashable, bool] = {}
-        for key, thread in self.threads.items():
-            present = set(thread.name)
-            for n in present:
-                on[n].append(key)
-            has_frames[key] = any(names.kind[n] == _FRAME for n in present)
-        shared = [len(keys) > 1 for keys in on]
+        on, has_frames = self._presence(names)
+        totals = _Totals(count, [len(keys) > 1 for keys in on], names.step)
         # name -> threads it is on, for the names on several
-        on_several = {n: keys for n, keys in enumerate(on) if shared[n]}
-        step, kind = names.step, names.kind
-        calls = [0] * count
-        self_us = [0.0] * count
-        total_us = [0.0] * count
-        # A shared name's calls merged per thread: (starts, ends), each thread's in order.
-        merged: dict[int, tuple[array[float], array[float]]] = {}
+        on_several = {n: keys for n, keys in enumerate(on) if totals.shared[n]}
         none = [False] * count
         profd_threads: set[Hashable] = set()
-        last_end = [-float("inf")] * count
         for key, thread in self.threads.items():
             sweep = _Sweep(thread, names, none, has_frames[key])
             if sweep.profd_thread:
                 profd_threads.add(key)
                 continue
-            ts, dur, nid = thread.ts, thread.dur, thread.name
-            children, skip = sweep.children, sweep.skip
-            for n in on_several:  # a shared name's running end starts again on each thread
-                last_end[n] = -float("inf")
-            # Summed in the same order as the sweep, so the floats come out the same however
-            # the trace was read.
-            for i in thread.order():
-                if skip[i]:
-                    continue
-                n = nid[i]
-                if step[n]:
-                    continue
-                start = ts[i]
-                d = dur[i]
-                calls[n] += 1
-                c = children[i]
-                if d > c:
-                    self_us[n] += d - c
-                # A call inside another call of the same name (recursion) counts once.
-                le = last_end[n]
-                if start >= le:
-                    total_us[n] += d
-                    last_end[n] = end = start + d
-                    if shared[n]:
-                        run = merged.get(n)
-                        if run is None:
-                            run = merged[n] = (array("d"), array("d"))
-                        run[0].append(start)
-                        run[1].append(end)
-                else:
-                    end = start + d
-                    if end > le:
-                        total_us[n] += end - le
-                        last_end[n] = end
-                        if shared[n]:
-                            merged[n][1][-1] = end
-        overlap = [False] * count
-        for n, (starts, ends) in merged.items():
-            wall = _overlapping_union_us(starts, ends)
-            if wall is not None:
-                overlap[n] = True
-                total_us[n] = wall
+            totals.add_thread(thread, sweep, on_several)
+        overlap = totals.union_overlapping()
         redo = {key for n, keys in on_several.items() if overlap[n] for key in keys}
         segments: dict[int, list[tuple[float, float]]] = {}
         for key in self.threads:
@@ -352,12 +299,95 @@ class CpuOps:
                 for n, segs in again.segments.items():
                     segments.setdefault(n, []).extend(segs)
         for n, segs in segments.items():
-            self_us[n] = wall_us(segs)
+            totals.self_us[n] = wall_us(segs)
+        return totals.tables(self.names, names.kind)
+
+    def _presence(self, names: _Names) -> tuple[list[list[Hashable]], dict[Hashable, bool]]:
+        """Each name's threads (name id -> keys), and whether each thread has Python frames."""
+        on: list[list[Hashable]] = [[] for _ in range(len(self.names))]
+        has_frames: dict[Hashable, bool] = {}
+        for key, thread in self.threads.items():
+            present = set(thread.name)
+            for n in present:
+                on[n].append(key)
+            has_frames[key] = any(names.kind[n] == _FRAME for n in present)
+        return on, has_frames
+
+
+class _Totals:
+    """Calls, self and total time per name id, summed thread by thread (:meth:`add_thread`)."""
+
+    __slots__ = ("_last_end", "_merged", "_step", "calls", "self_us", "shared", "total_us")
+
+    def __init__(self, count: int, shared: list[bool], step: list[bool]) -> None:
+        #: Whether a name is on several threads (its total is then a union of intervals).
+        self.shared = shared
+        self._step = step
+        self.calls = [0] * count
+        self.self_us = [0.0] * count
+        self.total_us = [0.0] * count
+        # A shared name's calls merged per thread: (starts, ends), each thread's in order.
+        self._merged: dict[int, tuple[array[float], array[float]]] = {}
+        self._last_end = [-float("inf")] * count
+
+    def add_thread(self, thread: _Thread, sweep: _Sweep, on_several: Iterable[int]) -> None:
+        # The hot loop of the tables (once per event): everything it touches is a local.
+        ts, dur, nid = thread.ts, thread.dur, thread.name
+        children, skip = sweep.children, sweep.skip
+        step, shared, merged = self._step, self.shared, self._merged
+        calls, self_us, total_us, last_end = self.calls, self.self_us, self.total_us, self._last_end
+        for n in on_several:  # a shared name's running end starts again on each thread
+            last_end[n] = -float("inf")
+        # Summed in the same order as the sweep, so the floats come out the same however
+        # the trace was read.
+        for i in thread.order():
+            if skip[i]:
+                continue
+            n = nid[i]
+            if step[n]:
+                continue
+            start = ts[i]
+            d = dur[i]
+            calls[n] += 1
+            c = children[i]
+            if d > c:
+                self_us[n] += d - c
+            # A call inside another call of the same name (recursion) counts once.
+            le = last_end[n]
+            if start >= le:
+                total_us[n] += d
+                last_end[n] = end = start + d
+                if shared[n]:
+                    run = merged.get(n)
+                    if run is None:
+                        run = merged[n] = (array("d"), array("d"))
+                    run[0].append(start)
+                    run[1].append(end)
+            else:
+                end = start + d
+                if end > le:
+                    total_us[n] += end - le
+                    last_end[n] = end
+                    if shared[n]:
+                        merged[n][1][-1] = end
+
+    def union_overlapping(self) -> list[bool]:
+        """Make the total of each shared name whose threads' calls overlap their union, and
+        say which names those are (by id)."""
+        overlap = [False] * len(self.calls)
+        for n, (starts, ends) in self._merged.items():
+            wall = _overlapping_union_us(starts, ends)
+            if wall is not None:
+                overlap[n] = True
+                self.total_us[n] = wall
+        return overlap
+
+    def tables(self, names: Sequence[str], kind: Sequence[int]) -> CpuTables:
         ops: list[OpStat] = []
         sites: list[OpStat] = []
-        for n, name in enumerate(self.names):
-            if calls[n]:
-                row = OpStat(name, calls[n], self_us[n], total_us[n])
+        for n, name in enumerate(names):
+            if self.calls[n]:
+                row = OpStat(name, self.calls[n], self.self_us[n], self.total_us[n])
                 (sites if kind[n] == _FRAME else ops).append(row)
         return CpuTables(_sort(ops), _sort(sites))
 

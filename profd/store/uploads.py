@@ -291,97 +291,18 @@ class Uploads:
         idx.close()
 
     def _upload(self, idx: Index, row: dict[str, Any]) -> None:
-        path = Path(row["path"])
         key = s3.join_key(self.prefix, row["rel"])
-        attempt, limit = int(row["attempts"]), self.s3cfg.max_attempts
         with self._health_lock:
             self._active += 1
         with self._client_lock:
             self._busy_keys.add(key)
         t0 = time.monotonic()
         try:
-            client = self._client()
-            if not path.is_file():
-                raise LocalFileMissing(f"local file {path} is missing")
-            if row["id"] in self._interrupted:
-                aborted = s3.abort_stale(client, self.bucket, key)
-                if aborted:
-                    with self._health_lock:
-                        self._stale_aborted += aborted
-                    log.info("aborted %d unfinished multipart upload(s) of %s", aborted, key)
-            # Hash the file while it uploads (hashlib and zlib release the GIL), so the
-            # verification read overlaps the network instead of following it.
-            size = path.stat().st_size
-            cfg = self.s3cfg
-            hashed = self._hasher.submit(
-                s3.digest, path, size, cfg.multipart_threshold, cfg.multipart_chunksize
-            )
-            s3.upload(self._manager, cfg, path, self.bucket, key, self._started)
-            checked = s3.verify(client, cfg, path, self.bucket, key, local=hashed.result)
+            checked = self._transfer(row, Path(row["path"]), key)
         except Exception as exc:
-            if self._stopping.is_set():
-                idx.upload_retry(row["id"], "interrupted by daemon shutdown", 0.0, False)
-                log.info("upload of %s interrupted by shutdown", row["rel"])
-                return
-            err = s3.describe(exc)
-            now = time.time()
-            if isinstance(exc, LocalFileMissing):
-                # Nothing a retry can fix: failed until profctl retry or the next start.
-                idx.upload_retry(row["id"], err, 0.0, True)
-                log.warning(
-                    "upload of %s failed: %s; giving up (profctl retry requeues it)",
-                    row["rel"],
-                    err,
-                )
-                return
-            give_up = attempt >= limit
-            delay = self._backoff(attempt, give_up)
-            idx.upload_retry(row["id"], err, now + delay, give_up)
-            unreachable = s3.is_unreachable(exc)
-            with self._health_lock:
-                self._upload_error, self._upload_error_at = err, now
-                self._upload_error_answered = not unreachable
-            if unreachable:
-                self._health(False, err)
-            if give_up:
-                # Once failed, it keeps failing quietly until it uploads.
-                level = logging.DEBUG if row["upload_state"] == "failed" else logging.WARNING
-                log.log(
-                    level,
-                    "upload of %s failed (attempt %d, max_attempts %d): %s; marked failed, retried"
-                    " in %.1fs, or when S3 comes back, or now with profctl retry",
-                    row["rel"],
-                    attempt,
-                    limit,
-                    err,
-                    delay,
-                )
-            else:
-                log.warning(
-                    "upload of %s failed (attempt %d/%d): %s; retry in %.1fs",
-                    row["rel"],
-                    attempt,
-                    limit,
-                    err,
-                    delay,
-                )
+            self._upload_failed(idx, row, exc)
         else:
-            idx.upload_done(row["id"], s3.uri(self.bucket, key))
-            self._interrupted.discard(row["id"])
-            self._health(True, None)
-            with self._health_lock:
-                self._upload_ok_at = time.time()
-            if row["upload_state"] == "failed":
-                log.info("uploaded %s, which had failed before", row["rel"])
-            log.debug(
-                "uploaded %s (%d bytes, verified %s) in %.2fs",
-                key,
-                checked["size"],
-                "+".join(checked["checked"]),
-                time.monotonic() - t0,
-            )
-            if row["kind"] == "session":
-                log.info("session %s complete in %s", row["session"], s3.uri(self.bucket, key))
+            self._upload_succeeded(idx, row, key, checked, t0)
         finally:
             with self._client_lock:
                 self._busy_keys.discard(key)
@@ -390,6 +311,97 @@ class Uploads:
                 self._active -= 1
             # A finished file may unblock its session.json for another worker.
             self.kick()
+
+    def _transfer(self, row: dict[str, Any], path: Path, key: str) -> dict[str, Any]:
+        """Upload ``path`` to ``key`` and verify it there; what :func:`s3.verify` checked."""
+        client = self._client()
+        if not path.is_file():
+            raise LocalFileMissing(f"local file {path} is missing")
+        if row["id"] in self._interrupted:
+            aborted = s3.abort_stale(client, self.bucket, key)
+            if aborted:
+                with self._health_lock:
+                    self._stale_aborted += aborted
+                log.info("aborted %d unfinished multipart upload(s) of %s", aborted, key)
+        # Hash the file while it uploads (hashlib and zlib release the GIL), so the
+        # verification read overlaps the network instead of following it.
+        size = path.stat().st_size
+        cfg = self.s3cfg
+        hashed = self._hasher.submit(
+            s3.digest, path, size, cfg.multipart_threshold, cfg.multipart_chunksize
+        )
+        s3.upload(self._manager, cfg, path, self.bucket, key, self._started)
+        return s3.verify(client, cfg, path, self.bucket, key, local=hashed.result)
+
+    def _upload_failed(self, idx: Index, row: dict[str, Any], exc: Exception) -> None:
+        """Requeue (with backoff) or fail the row, and note what the store said."""
+        if self._stopping.is_set():
+            idx.upload_retry(row["id"], "interrupted by daemon shutdown", 0.0, False)
+            log.info("upload of %s interrupted by shutdown", row["rel"])
+            return
+        err = s3.describe(exc)
+        now = time.time()
+        if isinstance(exc, LocalFileMissing):
+            # Nothing a retry can fix: failed until profctl retry or the next start.
+            idx.upload_retry(row["id"], err, 0.0, True)
+            log.warning(
+                "upload of %s failed: %s; giving up (profctl retry requeues it)",
+                row["rel"],
+                err,
+            )
+            return
+        attempt, limit = int(row["attempts"]), self.s3cfg.max_attempts
+        give_up = attempt >= limit
+        delay = self._backoff(attempt, give_up)
+        idx.upload_retry(row["id"], err, now + delay, give_up)
+        unreachable = s3.is_unreachable(exc)
+        with self._health_lock:
+            self._upload_error, self._upload_error_at = err, now
+            self._upload_error_answered = not unreachable
+        if unreachable:
+            self._health(False, err)
+        if give_up:
+            # Once failed, it keeps failing quietly until it uploads.
+            level = logging.DEBUG if row["upload_state"] == "failed" else logging.WARNING
+            log.log(
+                level,
+                "upload of %s failed (attempt %d, max_attempts %d): %s; marked failed, retried"
+                " in %.1fs, or when S3 comes back, or now with profctl retry",
+                row["rel"],
+                attempt,
+                limit,
+                err,
+                delay,
+            )
+        else:
+            log.warning(
+                "upload of %s failed (attempt %d/%d): %s; retry in %.1fs",
+                row["rel"],
+                attempt,
+                limit,
+                err,
+                delay,
+            )
+
+    def _upload_succeeded(
+        self, idx: Index, row: dict[str, Any], key: str, checked: dict[str, Any], t0: float
+    ) -> None:
+        idx.upload_done(row["id"], s3.uri(self.bucket, key))
+        self._interrupted.discard(row["id"])
+        self._health(True, None)
+        with self._health_lock:
+            self._upload_ok_at = time.time()
+        if row["upload_state"] == "failed":
+            log.info("uploaded %s, which had failed before", row["rel"])
+        log.debug(
+            "uploaded %s (%d bytes, verified %s) in %.2fs",
+            key,
+            checked["size"],
+            "+".join(checked["checked"]),
+            time.monotonic() - t0,
+        )
+        if row["kind"] == "session":
+            log.info("session %s complete in %s", row["session"], s3.uri(self.bucket, key))
 
     def _backoff(self, attempt: int, failed: bool) -> float:
         """Seconds before the next try: ``backoff_base * 2^(attempt-1)`` capped at

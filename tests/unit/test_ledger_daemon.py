@@ -177,3 +177,28 @@ def test_heartbeats_over_the_rate_are_coalesced_and_nothing_is_lost() -> None:
     led.heartbeat(c, 1010, ledger([0.05] * 10, 1010), 1002.0)
     led.heartbeat(c, 1020, ledger([0.05] * 10, 1020), 1002.0)
     assert led.coalesced == 98 and r.size == 5
+
+
+def test_minutes_in_memory_and_the_detectors_read_name_what_they_hold() -> None:
+    rng = random.Random(5)
+    clock = Clock(1_800_000_000.0)
+    led = Ledgers(clock)
+    c = client()
+    feed(led, c, clock, 150, 0.1, 0.0, rng)  # heartbeats of 10 steps at monotonic 1000..1149
+    led.tick([c])
+    written = led.take_minutes()
+    assert len(written) == 2
+    kept = led.recent_minutes(c)
+    assert [(r.start, r.steps, r.sum_s) for r in kept] == [
+        (m.minute, m.steps, m.sum_s) for m in written
+    ]
+    assert all(
+        abs(r.p50_s * 1000.0 - (m.p50_ms or 0)) < 1e-9 for r, m in zip(kept, written, strict=True)
+    )
+    w = led.watch(c.key, since=1148.0, window_from=1149.0 - 60.0, q=0.5)
+    assert w.tick_steps == 10 and w.tick_ms is not None and abs(w.tick_ms - 100.0) < 1e-6
+    assert w.window_steps == 600 and w.window_ms is not None and abs(w.window_ms - 100.0) < 1e-6
+    assert w.epoch == 0
+    # A shorter window than top's is read from the ring: the same figures.
+    short = led.watch(c.key, since=1148.0, window_from=1149.0 - 10.0, q=0.5)
+    assert short.window_steps == 100 and short.window_ms == w.window_ms

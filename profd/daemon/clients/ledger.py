@@ -32,7 +32,8 @@ from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from statistics import median
+from typing import Any, NamedTuple
 
 from profd.daemon.clients.registry import Client
 from profd.watch.snapshot import RankSeries
@@ -60,11 +61,51 @@ MAX_RATE = 10.0
 SeedLookup = Callable[[str, str, int, float], "tuple[int, float] | None"]
 
 _NBUCKETS = len(P.STEP_BUCKETS) + 1
-# Fields of one interval in the ring: end time (monotonic), steps, seconds, p50, p90, p99, max.
-_T, _N, _SUM, _P50, _P90, _P99, _MAX = range(7)
-_W = 7
-# Fields of one closed minute: minute start (unix), steps, seconds, p50, p90, max.
-_MW = 6
+
+
+class _Interval(NamedTuple):
+    """One heartbeat's interval, as the ring holds it: ``_W`` floats from ``index * _W``
+    (a flat array, not objects: the ring's fixed 17 KB per rank is most of its budget)."""
+
+    end: float  # monotonic
+    steps: float
+    sum_s: float
+    p50: float
+    p90: float
+    p99: float
+    max_s: float
+
+
+# Offsets of the ring's fields, read in place by the detectors' and ``top``'s reads.
+_T, _N, _SUM, _P50, _P90, _P99, _MAX = range(len(_Interval._fields))
+_W = len(_Interval._fields)
+
+
+class MinuteRow(NamedTuple):
+    """One closed minute as kept in memory (``_MW`` floats in ``Ledger.minutes``)."""
+
+    start: int  # unix time of the minute's start
+    steps: int
+    sum_s: float
+    p50_s: float  # NaN where unknown
+    p90_s: float  # NaN where unknown
+    max_s: float
+
+
+_MW = len(MinuteRow._fields)
+
+
+class RankWatch(NamedTuple):
+    """What the detectors read of one rank each tick (see :meth:`Ledgers.watch`)."""
+
+    #: The median p50 (ms) of the intervals since the last tick, and the steps they cover.
+    tick_ms: float | None
+    tick_steps: int
+    #: The ledger's epoch; None: no ledger yet.
+    epoch: int | None
+    #: The window's quantile of the intervals' p50s (ms), and the steps they cover.
+    window_ms: float | None
+    window_steps: int
 
 
 @dataclass(frozen=True)
@@ -140,7 +181,7 @@ class Ledger:
     )
 
     def __init__(self, identity: _Identity, step: int, now_unix: float) -> None:
-        self.identity = identity  # (host, job, role, rank, pid) it was opened under
+        self.identity = identity
         self.ring = array("d", bytes(8 * _W * FULL))
         self.head = 0  # the slot the next interval goes to
         self.size = 0
@@ -152,15 +193,14 @@ class Ledger:
         self.steps_total = 0
         self.region_total: dict[str, float] = {}
         #: The intervals of the last :data:`TOP_WINDOW_S` (as of the last heartbeat), newest
-        #: last, for ``top``: (end time, step seconds and region seconds since the rank
-        #: attached as of that end, its p50, its p99). A window's sums are the newest totals
+        #: last, for ``top``. A window's sums are the newest totals
         #: less those before its first interval, and its intervals' p50s and p99s are kept
         #: sorted as they come and go: ``top`` reads 1,024 ranks at once, and going over
         #: each one's minute of intervals again cost it ~80 ms.
         self.window_regions: deque[_Window] = deque()
         self.window_cum = 0.0  # step seconds of every interval so far
         #: The entry before the oldest interval held (the last one dropped).
-        self.window_base: _Window = (0.0, 0.0, {}, 0.0, 0.0, 0)
+        self.window_base = _NO_WINDOW
         self.window_p50: list[float] = []
         self.window_p99: list[float] = []
         self.last_step = step
@@ -171,15 +211,46 @@ class Ledger:
         #: The heartbeat rate's token bucket: tokens left as of monotonic ``tokens_at``.
         self.tokens = 0.0
         self.tokens_at: float | None = None
-        #: Ledgers over the rate not yet applied, merged into one: (ledger, folded regions).
-        self.held: tuple[dict[str, Any], dict[str, float]] | None = None
+        #: Ledgers over the rate not yet applied.
+        self.held: _Held | None = None
         self.limited = 0  # the bounds it ran into (_FOLDED, _COALESCED), each logged once
 
 
-_Identity = tuple[str, str, str, int, int]
+class _Identity(NamedTuple):
+    """Who a rank's ledger was opened for: another identity on its key is another ledger."""
+
+    host: str
+    job: str
+    role: str
+    rank: int
+    pid: int
+
+
+class _Window(NamedTuple):
+    """An interval of ``top``'s window, with the rank's running totals as of its end.
+
+    A window's sums are the newest totals less those of the entry before its first interval.
+    """
+
+    end: float  # monotonic
+    cum_s: float  # step seconds of every interval so far
+    regions: dict[str, float]  # region seconds since the rank attached (never changed)
+    p50: float
+    p99: float
+    steps: int  # steps since the rank attached
+
+
+_NO_WINDOW = _Window(0.0, 0.0, {}, 0.0, 0.0, 0)
+
+
+class _Held(NamedTuple):
+    """Ledgers over the heartbeat rate not yet applied, merged into one."""
+
+    ledger: dict[str, Any]
+    regions: dict[str, float]  # folded (see ``Ledgers._fold``)
+
+
 _FOLDED, _COALESCED = 1, 2
-#: (end time, step seconds so far, region seconds so far, p50, p99, steps so far).
-_Window = tuple[float, float, dict[str, float], float, float, int]
 
 
 def _nth_without(values: list[float], i: int, gone: list[float]) -> float:
@@ -216,9 +287,7 @@ _FEW_STALE = 4
 
 def _median_after(led: Ledger, t: float) -> float:
     """The median p50 (seconds) of the ring's intervals that ended after ``t``."""
-    vals = _newest(led, _count_after(led, t), _P50)
-    n = len(vals)
-    return vals[n // 2] if n % 2 else (vals[n // 2 - 1] + vals[n // 2]) / 2.0
+    return median(_column(led, _count_after(led, t), _P50))
 
 
 def _count_after(led: Ledger, t: float) -> int:
@@ -235,9 +304,7 @@ def _count_after(led: Ledger, t: float) -> int:
     return lo
 
 
-def _merge(
-    older: tuple[dict[str, Any], dict[str, float]], newer: tuple[dict[str, Any], dict[str, float]]
-) -> tuple[dict[str, Any], dict[str, float]]:
+def _merge(older: _Held, newer: _Held) -> _Held:
     """Two ledgers of one rank as one, as if its client had sent them together: counts,
     sums and histograms add up, the max is the max, and p50/p90/p99 are the means of the
     two weighted by their steps (the steps themselves are not here to take them from)."""
@@ -258,7 +325,7 @@ def _merge(
         "b": [x + y for x, y in zip(a["b"], b["b"], strict=True)],
         "epoch": b.get("epoch", 0),
     }
-    return merged, regions
+    return _Held(merged, regions)
 
 
 def _minute_of(unix: float) -> int:
@@ -309,12 +376,13 @@ class Ledgers:
         regions = self._fold(led, ledger.get("r", ()))
         if not self._admit(led, now):
             held = led.held
-            led.held = (ledger, regions) if held is None else _merge(held, (ledger, regions))
+            mine = _Held(ledger, regions)
+            led.held = mine if held is None else _merge(held, mine)
             self.coalesced += 1
             self._warn(led, _COALESCED, f"sends more than {self.rate:g} heartbeats a second")
             return
         if led.held is not None:
-            ledger, regions = _merge(led.held, (ledger, regions))
+            ledger, regions = _merge(led.held, _Held(ledger, regions))
             led.held = None
         self._apply(led, ledger, regions, now)
 
@@ -341,7 +409,6 @@ class Ledgers:
         if n <= 0:
             return
         led.timed = True
-        q = ledger["q"]
         total = ledger["sum"]
         b = ledger["b"]
         mine = led.buckets
@@ -350,12 +417,13 @@ class Ledgers:
         # The histogram's sum covers the steps its buckets count (a sample above the ring).
         counted = sum(b)
         led.sum_total += total if counted >= n else total * counted / n
-        self._interval(led, now, n, total, q)
+        p50, p90, p99, top = ledger["q"]  # the protocol's order (exactly 4, validated)
+        self._interval(led, now, n, total, p50, p90, p99, top)
         m.steps += n
         m.sum_s += total
-        m.p50s.append((q[0], n))
-        m.p90s.append((q[1], n))
-        m.max_s = max(m.max_s, q[3])
+        m.p50s.append((p50, n))
+        m.p90s.append((p90, n))
+        m.max_s = max(m.max_s, top)
 
     def _interval(
         self,
@@ -363,10 +431,15 @@ class Ledgers:
         now: float,
         n: int,
         total: float,
-        q: list[float],
+        p50: float,
+        p90: float,
+        p99: float,
+        top: float,
     ) -> None:
         base = led.head * _W
-        led.ring[base : base + _W] = array("d", (now, n, total, q[0], q[1], q[2], q[3]))
+        # In _Interval's order, as a plain tuple: building the named one cost each heartbeat
+        # about a tenth more CPU, for a value that only goes into the array.
+        led.ring[base : base + _W] = array("d", (now, n, total, p50, p90, p99, top))
         led.head = (led.head + 1) % FULL
         led.size = min(led.size + 1, FULL)
         wr = led.window_regions
@@ -374,24 +447,25 @@ class Ledgers:
         # ``region_total`` already holds this interval's regions (the caller added them). The
         # copies are never changed, so an interval without new region time shares the one
         # before (most heartbeats of a process without regions: one comparison of {}).
-        before = wr[-1][2] if wr else led.window_base[2]
+        before = (wr[-1] if wr else led.window_base).regions
         totals = before if before == led.region_total else dict(led.region_total)
-        p50, p99 = float(q[0]), float(q[2])
-        wr.append((now, led.window_cum, totals, p50, p99, led.steps_total))
+        p50, p99 = float(p50), float(p99)
+        wr.append(_Window(now, led.window_cum, totals, p50, p99, led.steps_total))
         p50s, p99s = led.window_p50, led.window_p99
         insort(p50s, p50)
         insort(p99s, p99)
-        while wr[0][0] < now - TOP_WINDOW_S:
+        while wr[0].end < now - TOP_WINDOW_S:
             gone = led.window_base = wr.popleft()
-            del p50s[bisect_left(p50s, gone[3])]
-            del p99s[bisect_left(p99s, gone[4])]
+            del p50s[bisect_left(p50s, gone.p50)]
+            del p99s[bisect_left(p99s, gone.p99)]
 
     def _own(self, c: Client, now: float) -> Ledger:
+        # A plain tuple to compare with (equal to the named one): every heartbeat asks.
         ident = (c.host, c.job, c.role, c.rank, c.pid)
         led = self.by_key.get(c.key)
         if led is not None and led.identity == ident:
             return led
-        new = self.by_key[c.key] = Ledger(ident, c.step, self._unix())
+        new = self.by_key[c.key] = Ledger(_Identity(*ident), c.step, self._unix())
         if led is not None:
             # Re-registered as someone else (a new rank): its old rank's minute ends here,
             # with what it held back. The rate is the process's, whoever it says it is now.
@@ -477,10 +551,8 @@ class Ledgers:
                 )
             )
             base = (led.nmin % MINUTES) * _MW
-            led.minutes[base : base + _MW] = array(
-                "d",
-                (m.start, m.steps, m.sum_s, p50 or math.nan, p90 or math.nan, m.max_s),
-            )
+            row = MinuteRow(m.start, m.steps, m.sum_s, p50 or math.nan, p90 or math.nan, m.max_s)
+            led.minutes[base : base + _MW] = array("d", row)
             led.nmin += 1
         if reopen:
             led.minute = _Minute(_minute_of(unix))
@@ -529,26 +601,26 @@ class Ledgers:
         wr = led.window_regions
         stale = 0
         for e in wr:
-            if e[0] >= since:
+            if e.end >= since:
                 break
             stale += 1
         k = min(len(wr) - stale, led.size)
         if k <= 0:
             return Figures(None, None, None, "ledger", {})
-        oldest = wr[len(wr) - k][0]
+        oldest = wr[len(wr) - k].end
         # The median of the intervals' medians: each heartbeat's summary is the client's
         # own over its steps; exact for steady steps, cheap for 1,024 ranks a second.
         i50, i99 = k // 2, min(k - 1, int(k * 0.99))
         if k == len(wr) - stale:
             # The window is all of ``window_regions`` but its stale head: sorted already.
             gone = [wr[j] for j in range(stale)]
-            p50 = _nth_without(led.window_p50, i50, [e[3] for e in gone])
-            p99 = _nth_without(led.window_p99, i99, [e[4] for e in gone])
+            p50 = _nth_without(led.window_p50, i50, [e.p50 for e in gone])
+            p99 = _nth_without(led.window_p99, i99, [e.p99 for e in gone])
         else:  # more heartbeats in the minute than the ring holds: its newest k
             p50, p99 = _newest(led, k, _P50)[i50], _newest(led, k, _P99)[i99]
         j = len(wr) - k
-        _, cum0, regions0, _, _, _ = wr[j - 1] if j else led.window_base
-        total = led.window_cum - cum0
+        before = wr[j - 1] if j else led.window_base
+        total, regions0 = led.window_cum - before.cum_s, before.regions
         shares: dict[str, float] = {}
         if total > 0:
             inv = 1.0 / total
@@ -571,14 +643,15 @@ class Ledgers:
         else:
             since = self._unix() - SEED_MAX_AGE_S - 60.0
             found = self._seeded[key] = self._seed(c.job, c.role, c.rank, since)
-        if found is None or self._unix() - (found[0] + 60) > SEED_MAX_AGE_S:
+        if found is None:
             return None
-        return Figures(found[1], None, 60.0, "index", {})
+        minute, p50_ms = found
+        if self._unix() - (minute + 60) > SEED_MAX_AGE_S:
+            return None
+        return Figures(p50_ms, None, 60.0, "index", {})
 
     # --- the detectors' read (profd.daemon.watch), once a tick for every rank ----------------
-    def watch(
-        self, key: tuple[str, int], since: float, window_from: float, q: float
-    ) -> tuple[float | None, int, int | None, float | None, int]:
+    def watch(self, key: tuple[str, int], since: float, window_from: float, q: float) -> RankWatch:
         """What the detectors need of one rank, in one call (they ask it of every rank each
         tick), all times monotonic:
 
@@ -595,7 +668,7 @@ class Ledgers:
         """
         led = self.by_key.get(key)
         if led is None or not led.timed:
-            return None, 0, None if led is None else led.epoch, None, 0
+            return RankWatch(None, 0, None if led is None else led.epoch, None, 0)
         ring = led.ring
         i = led.head
         tick_ms: float | None = None
@@ -611,23 +684,17 @@ class Ledgers:
         if intervals > 1:  # several heartbeats in one tick: their median
             tick_ms = _median_after(led, since)
         wq, wn = self._window(led, window_from, q)
-        return (
-            None if tick_ms is None else tick_ms * 1000.0,
-            tick_n,
-            led.epoch,
-            wq,
-            wn,
-        )
+        return RankWatch(None if tick_ms is None else tick_ms * 1000.0, tick_n, led.epoch, wq, wn)
 
     def _window(self, led: Ledger, t: float, q: float) -> tuple[float | None, int]:
         wr = led.window_regions
         # ``top``'s window holds every interval that ended after ``t`` when ``t`` is at most
         # :data:`TOP_WINDOW_S` before the newest (older ones are all it drops); read from it
         # when only a few of its oldest ended before ``t`` (the default window: none or one).
-        if wr and t >= wr[-1][0] - TOP_WINDOW_S:
+        if wr and t >= wr[-1].end - TOP_WINDOW_S:
             stale = 0
             for e in wr:
-                if e[0] > t:
+                if e.end > t:
                     break
                 stale += 1
                 if stale > _FEW_STALE:
@@ -636,19 +703,18 @@ class Ledgers:
                 k = len(wr) - stale
                 if k <= 0:
                     return None, 0
-                gone = [wr[j][3] for j in range(stale)]
+                gone = [wr[j].p50 for j in range(stale)]
                 p50 = _nth_without(led.window_p50, min(k - 1, int(q * k)), gone)
                 base = wr[stale - 1] if stale else led.window_base
-                return p50 * 1000.0, led.steps_total - base[5]
+                return p50 * 1000.0, led.steps_total - base.steps
         k = _count_after(led, t)
         if k <= 0:
             return None, 0
         p50s = _newest(led, k, _P50)
         return p50s[min(k - 1, int(q * k))] * 1000.0, int(sum(_column(led, k, _N)))
 
-    def recent_minutes(self, c: Client) -> list[tuple[int, int, float, float, float, float]]:
-        """``c``'s closed minutes in memory, oldest first: (start, steps, seconds, p50 s,
-        p90 s, max s); p50/p90 are NaN where unknown."""
+    def recent_minutes(self, c: Client) -> list[MinuteRow]:
+        """``c``'s closed minutes in memory, oldest first."""
         led = self.by_key.get(c.key)
         if led is None:
             return []
@@ -656,8 +722,8 @@ class Ledgers:
         count = min(led.nmin, MINUTES)
         for j in range(led.nmin - count, led.nmin):
             base = (j % MINUTES) * _MW
-            row = led.minutes[base : base + _MW]
-            out.append((int(row[0]), int(row[1]), row[2], row[3], row[4], row[5]))
+            start, steps, sum_s, p50, p90, max_s = led.minutes[base : base + _MW]
+            out.append(MinuteRow(int(start), int(steps), sum_s, p50, p90, max_s))
         return out
 
     def series(self, clients: Iterable[Client]) -> tuple[RankSeries, ...]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from statistics import median_high
 
 from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
@@ -85,6 +86,6 @@ class IncidentCapture:
                 timed.append((p50, c))
         if not timed:
             return peers[0] if peers else None
-        values = sorted(p for p, _ in timed)
-        mid = values[len(values) // 2]
+        # A value one of them has (of two middle ones, the upper): that peer is nearest.
+        mid = median_high(p for p, _ in timed)
         return min(timed, key=lambda pc: (abs(pc[0] - mid), pc[1].rank))[1]
