@@ -1,11 +1,11 @@
 """The SQLite index with 1M traces: filtered query latency and insert rate.
 
-Builds a real ``index.db`` (schema from :class:`profd.store.index.Index`) with N trace rows,
+Builds a real ``index.db`` (schema from :mod:`profd.store.index.schema`) with N trace rows,
 each with its two file rows (trace + summary) as the daemon writes them: 1000 traces per
 job, 100 ranks per session, sessions spread over 90 days. Bulk load uses the same INSERT
-statements as ``Index.add_trace`` in 20k-row transactions; the real ``Index.add_trace``
+statements as ``TraceRepo.add_trace`` in 20k-row transactions; the real ``TraceRepo.add_trace``
 (one transaction per trace, as the daemon calls it) is timed on a sample, into an empty
-index and into the full one. Queries go through ``Index.traces(TraceFilter(...))`` with
+index and into the full one. Queries go through ``TraceRepo.traces(TraceFilter(...))`` with
 limit 100 (the profctl default): by job, by session, by rank in a 1-day window.
 Baseline: the same queries on a copy of the tables without any index (full scans).
 
@@ -27,7 +27,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
 
-from profd.store.index import Index, TraceFilter
+from profd.store.index import Database, TraceFilter, TraceRepo
 
 RANKS = 100
 SESSIONS_PER_JOB = 10
@@ -79,11 +79,11 @@ def trace_row(tid: int, i: int, rank: int, n_sessions: int) -> dict[str, Any]:
     }
 
 
-def bulk_load(idx: Index, n: int, batch: int) -> tuple[float, int]:
+def bulk_load(idx: TraceRepo, n: int, batch: int) -> tuple[float, int]:
     """Load ``n`` traces in transactions of ``batch`` trace rows; (seconds, transactions)."""
     n_sessions = n // RANKS
     txs = 0
-    db = idx.db
+    db = idx.conn
     t0 = time.perf_counter()
     tid = 0
     batch_t: list[tuple[Any, ...]] = []
@@ -139,7 +139,7 @@ def bulk_load(idx: Index, n: int, batch: int) -> tuple[float, int]:
     return time.perf_counter() - t0, txs
 
 
-def add_trace_rate(idx: Index, n: int, first_session: int) -> float:
+def add_trace_rate(idx: TraceRepo, n: int, first_session: int) -> float:
     rows = []
     for k in range(n):
         i, rank = first_session + k // RANKS, k % RANKS
@@ -164,7 +164,7 @@ def add_trace_rate(idx: Index, n: int, first_session: int) -> float:
     return n / (time.perf_counter() - t0)
 
 
-def queries(idx: Index, n: int, k: int, seed: int) -> dict[str, list[float]]:
+def queries(idx: TraceRepo, n: int, k: int, seed: int) -> dict[str, list[float]]:
     rnd = random.Random(seed)
     n_sessions = n // RANKS
     out: dict[str, list[float]] = {"job": [], "session": [], "rank+window": []}
@@ -210,23 +210,24 @@ def main() -> None:
     batch = 5_000 if quick else 20_000
     tmp = Path(tempfile.mkdtemp(prefix="profd-bench-index-"))
     try:
-        empty = Index(tmp / "empty" / "index.db")
-        rate_empty = add_trace_rate(empty, sample, 0)
+        empty = Database(tmp / "empty" / "index.db")
+        rate_empty = add_trace_rate(TraceRepo(empty), sample, 0)
         empty.close()
 
-        idx = Index(tmp / "full" / "index.db")
+        full = Database(tmp / "full" / "index.db")
+        idx = TraceRepo(full)
         load_s, load_txs = bulk_load(idx, n, batch)
         print(f"bulk loaded {n} traces in {load_s:.1f}s ({load_txs} tx)", file=sys.stderr)
         db_bytes = sum(p.stat().st_size for p in (tmp / "full").iterdir())
         queries(idx, n, 5, 1)  # warm the page cache
         q = queries(idx, n, k_idx, 2)
         rate_full = add_trace_rate(idx, sample, n // RANKS + 10)
-        idx.close()
+        full.close()
 
         unindexed_copy(tmp / "full" / "index.db", tmp / "scan.db")
-        scan = Index(tmp / "scan.db", readonly=True)
-        queries(scan, n, 1, 1)
-        qs = queries(scan, n, k_scan, 2)
+        scan = Database(tmp / "scan.db", readonly=True)
+        queries(TraceRepo(scan), n, 1, 1)
+        qs = queries(TraceRepo(scan), n, k_scan, 2)
         scan.close()
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

@@ -1,10 +1,11 @@
 """Reports: ``profctl report`` over a 1,024-rank session, and the statistics' pipeline cost.
 
 1. A real daemon whose index holds a finished 1,024-rank session with synthetic per-rank
-   statistics (``tests/stats_synth.py``, written with the daemon's own ``Index``); the time of
-   the whole ``profctl report SESSION --json -o page.html`` command (a new process each time:
-   interpreter, the daemon's ``show``, the report and its HTML page), and of the same with
-   ``--s3``-shaped input built in process (no S3 round trips: the report itself). Target 2 s.
+   statistics (``tests/stats_synth.py``, written with the daemon's own ``SessionRepo``); the
+   time of the whole ``profctl report SESSION --json -o page.html`` command (a new process
+   each time: interpreter, the daemon's ``show``, the report and its HTML page), and of the
+   same with ``--s3``-shaped input built in process (no S3 round trips: the report itself).
+   Target 2 s.
 2. The pipeline on one large synthetic trace (``tests/kineto_synth.py``), ``process_trace``
    with and without the statistics plug-in, alternating in one process (paired, same run):
    the ratio of the medians (on a shared 2-core VM the pairs scatter by more than the
@@ -33,13 +34,14 @@ from profd.pipeline.rankstats import RankStatistics
 from profd.report.model import build_report
 from profd.report.renderers import renderers, report_doc
 from profd.report.straggler import RankSteps, find_stragglers
-from profd.store.index import Index
+from profd.store.index import Database, SessionRepo
 
 RANKS = 1024
 
 
 def seed_index(state: Path, session: dict[str, Any]) -> None:
-    idx = Index(state / "index.db")
+    db = Database(state / "index.db")
+    idx = SessionRepo(db)
     now = time.time()
     with idx.transaction():
         idx.save_session(
@@ -71,7 +73,7 @@ def seed_index(state: Path, session: dict[str, Any]) -> None:
                     "updated_at": now,
                 }
             )
-    idx.close()
+    db.close()
 
 
 def bench_report_command(reps: int, ranks: int) -> tuple[list[float], list[float], dict[str, Any]]:

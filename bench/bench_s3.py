@@ -3,7 +3,7 @@
 Both upload the same files to the same local S3-compatible endpoint (a standalone moto
 server, ``python -m moto.server``, on this machine). profd: the real
 :class:`profd.store.uploads.Uploads` (its worker threads, transfer manager and post-upload
-verification) draining rows queued in a real index with ``Index.add_file(...,
+verification) draining rows queued in a real index with ``FileRepo.add_file(...,
 upload_state='pending')``; the clock runs from ``start()`` until every row is ``uploaded``.
 Raw: a fresh ``boto3.client('s3')`` and ``upload_file`` per file, one after another, default
 TransferConfig (what a user's script does). Sets: 10 x 10 MB and 1 x 500 MB of random bytes;
@@ -103,7 +103,7 @@ def run_profd(
 ) -> float:
     from profd.config import Config, S3Config
     from profd.reactor import Reactor
-    from profd.store.index import Index
+    from profd.store.index import Database, FileRepo
     from profd.store.uploads import Uploads
 
     state = root / f"state-{run}"
@@ -120,9 +120,9 @@ def run_profd(
             multipart_chunksize=parts[1],
         ),
     )
-    idx = Index(cfg.index_path)
+    idx = Database(cfg.index_path)
     for p in files:
-        idx.add_file(
+        FileRepo(idx).add_file(
             {
                 "session": p.parent.parent.name,
                 "job": "bench-job",
@@ -138,12 +138,12 @@ def run_profd(
 
     def done() -> bool:
         reactor.run_pending()
-        r = idx.db.execute(
+        r = idx.conn.execute(
             "SELECT SUM(upload_state = 'uploaded') AS ok, SUM(upload_state = 'failed') AS bad"
             " FROM files"
         ).fetchone()
         if r["bad"]:
-            rows = idx.db.execute("SELECT last_error FROM files WHERE upload_state = 'failed'")
+            rows = idx.conn.execute("SELECT last_error FROM files WHERE upload_state = 'failed'")
             raise RuntimeError(f"profd upload failed: {[r['last_error'] for r in rows]}")
         return int(r["ok"] or 0) == n
 

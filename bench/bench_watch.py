@@ -48,7 +48,7 @@ from profd.daemon.sessions.samples import SampleStragglers
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.detectors import Detectors
 from profd.daemon.watch.incidents import Incidents
-from profd.store.index import Index
+from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
 from profd.watch.sampling import LABEL, sample_id
 from profd_client.protocol import STEP_BUCKETS
 
@@ -98,8 +98,9 @@ def run(n: int, per_job: int, ticks: int, tmp: Path) -> dict[str, list[float]]:
     cfg = WatchConfig()
     spool = tmp / f"spool-{per_job}"
     spool.mkdir()
+    db = Database(tmp / f"index-{per_job}.db")
     incidents = Incidents(
-        Index(tmp / f"index-{per_job}.db"), spool, SpoolPerms(None), "n", cfg, None
+        IncidentRepo(db), FileRepo(db), SessionRepo(db), spool, SpoolPerms(None), "n", cfg, None
     )
     det = Detectors(ledgers, registry(cs), incidents, cfg.rules())
     rng = random.Random(1)
@@ -171,8 +172,11 @@ def detect(
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
     spool = run_dir / "spool"
     spool.mkdir()
-    index = Index(run_dir / "index.db")
-    incidents = Incidents(index, spool, SpoolPerms(None), "n", cfg, None, clock=lambda: clock[0])
+    index = Database(run_dir / "index.db")
+    incidents = Incidents(
+        IncidentRepo(index), FileRepo(index), SessionRepo(index), spool, SpoolPerms(None), "n",
+        cfg, None, clock=lambda: clock[0],
+    )  # fmt: skip
     det = Detectors(ledgers, registry(cs), incidents, cfg.rules())
     rng = random.Random(n * 7 + (change_at or 0))
     mono = 1000.0
@@ -232,9 +236,12 @@ def straggler_samples(n: int, tmp: Path) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(dir=tmp))
     spool = run_dir / "spool"
     spool.mkdir()
-    index = Index(run_dir / "index.db")
-    incidents = Incidents(index, spool, SpoolPerms(None), "n", cfg, None)
-    det = SampleStragglers(index, incidents.open, incidents.clear_ranks)
+    index = Database(run_dir / "index.db")
+    sessions = SessionRepo(index)
+    incidents = Incidents(
+        IncidentRepo(index), FileRepo(index), sessions, spool, SpoolPerms(None), "n", cfg, None
+    )
+    det = SampleStragglers(sessions, incidents.open, incidents.clear_ranks)
     slow = n // 3
     clean, named_at, named = 3, None, []
     for k in range(clean + 3):
@@ -243,7 +250,7 @@ def straggler_samples(n: int, tmp: Path) -> dict[str, Any]:
             n, cfg.sample_steps, straggler=slow if k >= clean else None, extra_ms=25.0,
             compute_ms=100.0, noise_ms=100.0 * 0.1 / 3**0.5, seed=k, session=sid,
         )  # fmt: skip
-        store_session(index, s, LABEL, float(k))
+        store_session(sessions, s, LABEL, float(k))
         opened = det.processed(sid)
         if k < clean:
             continue

@@ -59,9 +59,11 @@ def run(
         def make_uploads(reactor: Reactor) -> Uploads:
             return Uploads(cfg, reactor)
 
+    from profd.store.index import IndexSchemaError
+
     try:
         Daemon(cfg, make_uploads).run()
-    except (RuntimeDirError, ConfigError, OSError) as exc:
+    except (RuntimeDirError, ConfigError, IndexSchemaError, OSError) as exc:
         click.echo(f"profd: {exc}", err=True)
         sys.exit(1)
 

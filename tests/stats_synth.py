@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from profd.store.index import Index
+from profd.store.index import SessionRepo
 
 OPS = [f"aten::op{i:02d}" for i in range(30)]
 
@@ -132,7 +132,7 @@ def sync_steps(
 
 
 def store_session(
-    idx: Index, s: dict[str, Any], label: str | None, created_at: float, state: str = "done"
+    idx: SessionRepo, s: dict[str, Any], label: str | None, created_at: float, state: str = "done"
 ) -> None:
     """Keep a synthetic session (with its targets' statistics) in a real index, as the
     daemon does once a session is processed."""

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from profd.daemon.metrics import FAMILIES, INCIDENT_KINDS, MetricsServer, render
 from profd.states import LIVE
-from profd.store.index import Index
+from profd.store.index import Database, FileRepo, UploadQueueRepo
 from profd.watch.snapshot import RankSeries, Snapshot
 
 CONFIG = '[metrics]\nlisten = "127.0.0.1:0"\n'
@@ -274,11 +274,12 @@ def test_status_says_null_without_metrics(daemon: Daemon) -> None:
 
 def test_upload_queue_bytes_is_what_status_counts(tmp_path: Path) -> None:
     """The loop's cheap query for ``profd_upload_queue_bytes`` agrees with ``status``'."""
-    idx = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
+    idx, files = UploadQueueRepo(db), FileRepo(db)
     try:
 
         def add(name: str, size: int, state: str) -> None:
-            idx.add_file(
+            files.add_file(
                 {"session": "s", "job": "j", "kind": "trace", "path": f"/spool/{name}",
                  "rel": name, "bytes": size, "upload_state": state}
             )  # fmt: skip
@@ -297,7 +298,7 @@ def test_upload_queue_bytes_is_what_status_counts(tmp_path: Path) -> None:
         idx.upload_retry(third["id"], "boom", 0, give_up=True)  # failed: still queued
         last = idx.claim_upload(time.time())
         assert last is not None
-        idx.mark_deleted(last["id"])  # deleted: gone
+        files.mark_deleted(last["id"])  # deleted: gone
         assert idx.queue_bytes() == idx.queue_stats()["bytes_pending"] == 1 + 1000
     finally:
-        idx.close()
+        db.close()

@@ -13,7 +13,7 @@ from pipeline_paths import process_trace
 
 from profd.pipeline.parsed import ParsedTrace
 from profd.pipeline.rankstats import MAX_STEPS, Intervals, RankStatistics, rank_stats
-from profd.store.index import Index, TraceFilter
+from profd.store.index import Database, TraceFilter, TraceRepo
 
 
 def stats_of(events: list[dict[str, Any]]) -> dict[str, Any]:
@@ -119,10 +119,13 @@ def test_process_trace_returns_the_statistics_and_a_broken_record_costs_only_its
 
 def test_index_keeps_statistics_and_migrates_an_older_index(tmp_path: Path) -> None:
     path = tmp_path / "index.db"
-    idx = Index(path)
-    idx.db.execute("ALTER TABLE traces DROP COLUMN stats")  # an index of schema 3
-    idx.close()
-    idx = Index(path)
+    db = Database(path)
+    # An index of schema 3: no statistics column, and the version that says so.
+    db.conn.execute("ALTER TABLE traces DROP COLUMN stats")
+    db.conn.execute("UPDATE meta SET value = '3' WHERE key = 'schema_version'")
+    db.close()
+    db = Database(path)
+    idx = TraceRepo(db)
     row = {
         "session": "s",
         "job": "j",

@@ -121,6 +121,25 @@ def test_an_index_from_schema_1_gains_the_plan_column(daemon_factory: Any) -> No
         )
 
 
+def test_an_index_of_a_newer_profd_stops_the_start_in_one_line(daemon_factory: Any) -> None:
+    d = daemon_factory(start=False)
+    d.state_dir.mkdir(parents=True)
+    path = d.state_dir / "index.db"
+    with contextlib.closing(sqlite3.connect(path)) as db:
+        db.executescript(SCHEMA_1_SESSIONS)
+        db.execute("UPDATE meta SET value = ?", (str(SCHEMA_VERSION + 1),))
+        db.commit()
+    d.launch()
+    assert d.proc.wait(60) == 1
+    assert d.log.read_text().splitlines()[-1] == (
+        f"profd: {path} has index schema {SCHEMA_VERSION + 1}, newer than this profd's"
+        f" {SCHEMA_VERSION}: run the profd that wrote it, or move the file away to start a"
+        " new index"
+    )
+    with contextlib.closing(sqlite3.connect(path)) as db:  # left as it was
+        assert db.execute("SELECT value FROM meta").fetchall() == [(str(SCHEMA_VERSION + 1),)]
+
+
 # The sessions table as profd 0.1 (index schema 1) wrote it.
 SCHEMA_1_SESSIONS = """
 CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT);

@@ -18,13 +18,14 @@ from profd.daemon.watch.incidents import Incidents
 from profd.report.incident_compare import compare, comparison_from_index, comparison_text
 from profd.report.model import build_report
 from profd.report.renderers import renderers
-from profd.store.index import Index
+from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
 from profd.watch.incident import Incident, Suspect
 from profd.watch.sampling import LABEL
 
 
 def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
+    idx, file_repo = SessionRepo(db), FileRepo(db)
     calm = synthetic_session(4, steps=4, session="sample-synthetic-101")
     slow = synthetic_session(4, steps=4, straggler=2, session="sample-synthetic-201")
     store(idx, calm, LABEL, 1.0)
@@ -32,7 +33,9 @@ def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path
     # The daemon's own incidents store on the same index (no capture armed: none is wired).
     spool = tmp_path / "spool"
     spool.mkdir()
-    incidents = Incidents(idx, spool, SpoolPerms(None), "n1", WatchConfig(), None)
+    incidents = Incidents(
+        IncidentRepo(db), file_repo, idx, spool, SpoolPerms(None), "n1", WatchConfig(), None
+    )
     det = SampleStragglers(idx, incidents.open, incidents.clear_ranks)
     assert det.processed("sample-synthetic-101") == [] and incidents.rows() == []
     [opened] = det.processed("sample-synthetic-201")
@@ -79,7 +82,8 @@ def test_ranks_are_compared_within_their_role() -> None:
 
 
 def test_the_comparison_names_what_the_suspect_spends_more_than_its_peer(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
+    idx = SessionRepo(db)
     cap = synthetic_session(2, steps=6, straggler=1, extra_ms=30.0, session="cap-1")
     store(idx, cap, "incident:i1", 5.0)
     incident = Incident(
@@ -107,7 +111,8 @@ def test_the_comparison_names_what_the_suspect_spends_more_than_its_peer(tmp_pat
 
 
 def test_a_regression_is_compared_with_the_jobs_last_sample_before_it(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
+    idx = SessionRepo(db)
     incident = {"id": "i2", "kind": "regression", "job": "synthetic", "suspects": []}
     cap = synthetic_session(2, steps=4, compute_ms=130.0, session="cap-2", seed=1)
     store(idx, cap, "incident:i2", 10.0)
@@ -131,7 +136,8 @@ def test_a_regression_is_compared_with_the_jobs_last_sample_before_it(tmp_path: 
 
 
 def test_sample_files_age_out_unless_an_incident_refers_to_them(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
+    idx, file_repo = SessionRepo(db), FileRepo(db)
     now = time.time()
     spool = tmp_path / "spool"
     files: dict[str, list[Path]] = {}
@@ -150,7 +156,7 @@ def test_sample_files_age_out_unless_an_incident_refers_to_them(tmp_path: Path) 
         files[sid].append(d / "session.json")
         for p, kind in zip(files[sid], ("trace", "summary", "session"), strict=True):
             p.write_text("x")
-            idx.add_file(
+            file_repo.add_file(
                 {"session": sid, "job": "j", "kind": kind, "path": str(p),
                  "rel": str(p.relative_to(spool)), "bytes": 1, "upload_state": upload}
             )  # fmt: skip
@@ -160,14 +166,14 @@ def test_sample_files_age_out_unless_an_incident_refers_to_them(tmp_path: Path) 
         asked.append(sorted(ids))
         return {"sample-kept"} & set(ids)
 
-    aging = SampleAging(idx, 3600.0, referenced)
+    aging = SampleAging(file_repo, 3600.0, referenced)
     assert aging.tick(now) == 2  # the old sample's trace and summary
     assert asked == [["sample-kept", "sample-old", "sample-uploading"]]
     assert [p.exists() for p in files["sample-old"]] == [False, False, True]  # manifest stays
     assert not (spool / "j" / "sample-old" / "c0").exists()
     for sid in ("sample-kept", "sample-uploading", "sample-new", "operator"):
         assert all(p.exists() for p in files[sid]), sid
-    assert idx.capture_files("sample-old") == []
+    assert file_repo.capture_files("sample-old") == []
     # Statistics stay in the index: the sample's report still builds.
     assert len(build_report(idx.session("sample-old") or {}).ranks) == 2
     assert aging.tick(now + 1) == 0 and len(asked) == 1  # not due before EVERY

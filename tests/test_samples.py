@@ -26,7 +26,7 @@ from steppeer import step_peers
 from test_cluster_start import launch_two_nodes, stepping, stop_agents
 
 from profd.report.incident_compare import compare
-from profd.store.index import Index
+from profd.store.index import Database, SessionRepo
 from profd.watch.sampling import LABEL
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("samples")]
@@ -125,12 +125,13 @@ def test_the_first_sample_after_a_rank_slows_names_it_and_none_before(
 
     # What differs, from the index alone: rank 1 against rank 0 in the slowed sample (its
     # sleep is time outside any operator), and the slowed job against its last calm sample.
-    idx = Index(d.state_dir / "index.db", readonly=True)
+    db = Database(d.state_dir / "index.db", readonly=True)
     try:
+        idx = SessionRepo(db)
         cap = idx.session(first["id"])
         base = idx.session(calm_ids[-1])
     finally:
-        idx.close()
+        db.close()
     assert cap is not None and base is not None
     host = cap["targets"][0]["host"]
     role = cap["targets"][0]["role"]

@@ -62,7 +62,16 @@ from profd.reactor import Reactor
 from profd.scheduling.refusal import Refused
 from profd.states import LIVE
 from profd.store import layout
-from profd.store.index import Index
+from profd.store.index import (
+    Database,
+    FileRepo,
+    InboxRepo,
+    IncidentRepo,
+    SessionRepo,
+    StepMinuteRepo,
+    TraceRepo,
+    UploadQueueRepo,
+)
 from profd.watch.incident import Incident, Suspect
 from profd.watch.snapshot import Snapshot
 from profd_client import protocol as P
@@ -109,19 +118,35 @@ class Daemon:
         self.reactor = Reactor()
         self.storage = Storage({"index": cfg.state_dir, "spool": spool})
         self.temp_files_removed = 0  # left in the spool by a killed daemon, removed at start
-        self.index = Index(cfg.index_path)
+        # One connection for the event loop; each component gets the repositories it uses.
+        self.index = Database(cfg.index_path)
+        self.inbox = InboxRepo(self.index)
+        self.upload_queue = UploadQueueRepo(self.index)
+        session_repo = SessionRepo(self.index)
+        trace_repo = TraceRepo(self.index)
+        file_repo = FileRepo(self.index)
+        minute_repo = StepMinuteRepo(self.index)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.registry = Registry()
-        self.history = StepHistory(self.index, self.storage, cfg.watch.keep_history)
+        self.history = StepHistory(minute_repo, self.storage, cfg.watch.keep_history)
         # A rank re-attaching after a restart shows its last minute until its ledger comes.
         self.ledgers = Ledgers(
             seed=self.history.seed,
             max_regions=cfg.limits.max_regions_per_rank,
             rate=cfg.limits.heartbeat_rate(cfg.heartbeat_interval),
         )
-        self.sessions = Sessions(self.index, spool, perms, host)
+        self.sessions = Sessions(session_repo, spool, perms, host)
         self.incoming = Incoming(spool, perms)
-        self.results = Results(self.sessions, self.index, self.incoming, self.uploads, host)
+        self.results = Results(
+            self.sessions,
+            trace_repo,
+            file_repo,
+            self.inbox,
+            self.upload_queue,
+            self.incoming,
+            self.uploads,
+            host,
+        )
         self.captures = Captures(
             self.incoming,
             self.reactor,
@@ -142,10 +167,18 @@ class Daemon:
             self.results.commit,
         )
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
-        quota = Quota(cfg.max_spool_bytes, self.index, self.uploads)
+        quota = Quota(cfg.max_spool_bytes, file_repo, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
         self.incidents = Incidents(
-            self.index, spool, perms, host, cfg.watch, self.uploads, owner_of=self.registry.owner
+            IncidentRepo(self.index),
+            file_repo,
+            session_repo,
+            spool,
+            perms,
+            host,
+            cfg.watch,
+            self.uploads,
+            owner_of=self.registry.owner,
         )
         self.incidents.capture = IncidentCapture(
             self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
@@ -158,14 +191,15 @@ class Daemon:
             self.registry,
             self.sessions,
             self.starter,
-            self.index,
+            session_repo,
+            file_repo,
             open_incident=self._sample_incident,
             referenced=self.incidents.referenced_sessions,
             clear_incident=self.incidents.clear_ranks,
         )
         self.intake = Intake(
             self.sessions,
-            self.index,
+            self.inbox,
             self.captures,
             self.incoming,
             self.nsys,
@@ -220,7 +254,11 @@ class Daemon:
             self.registry,
             self.ledgers,
             self.sessions,
-            self.index,
+            session_repo,
+            trace_repo,
+            file_repo,
+            self.upload_queue,
+            minute_repo,
             self.starter,
             self.flush,
             self._send_control,
@@ -403,9 +441,9 @@ class Daemon:
                 self.nsys.restored(s)
             else:
                 self.liveness.restored(s.targets)
-        for _key, row in self.index.inbox_raw_left():
+        for _key, row in self.inbox.inbox_raw_left():
             _guarded("deleting an indexed raw trace", self._delete_raw, row)
-        for _key, row in self.index.inbox_pending():
+        for _key, row in self.inbox.inbox_pending():
             _guarded("resubmitting a capture", self._resubmit, row)
         self.sessions.settle_restored()
         held = self.incidents.restore()
@@ -487,7 +525,7 @@ class Daemon:
         if wall >= self._queue_bytes_due:
             self._queue_bytes_due = wall + QUEUE_BYTES_EVERY
             try:
-                self._queue_bytes = self.index.queue_bytes()
+                self._queue_bytes = self.upload_queue.queue_bytes()
             except sqlite3.Error as exc:  # the page goes on, with the last size read
                 log.warning("metrics: cannot read the upload queue's size: %s", exc)
         by_state = dict.fromkeys(LIVE, 0)

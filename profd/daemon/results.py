@@ -14,7 +14,7 @@ from profd.daemon.sessions.state import Sessions
 from profd.daemon.spool.incoming import Incoming
 from profd.pipeline.process import ProcessedTrace
 from profd.store import layout
-from profd.store.index import Index, PathTaken
+from profd.store.index import FileRepo, InboxRepo, PathTaken, TraceRepo, UploadQueueRepo
 
 log = logging.getLogger("profd.results")
 
@@ -27,14 +27,20 @@ class Results:
     def __init__(
         self,
         sessions: Sessions,
-        index: Index,
+        traces: TraceRepo,
+        files: FileRepo,
+        inbox: InboxRepo,
+        queue: UploadQueueRepo,
         incoming: Incoming,
         uploads: UploadQueue | None,
         node: str,
     ) -> None:
         self.node = node
         self.sessions = sessions
-        self.index = index
+        self.traces = traces
+        self.files = files
+        self.inbox = inbox
+        self.queue = queue
         self.incoming = incoming
         self.spool = incoming.spool
         self.uploads = uploads
@@ -48,7 +54,7 @@ class Results:
             self.uploads.kick()
 
     def retry(self, session: str | None) -> int:
-        n: int = self.index.requeue(session)
+        n: int = self.queue.requeue(session)
         self.kick()
         return n
 
@@ -73,12 +79,13 @@ class Results:
         s = self.sessions.exact(c.session_id)
         t = s.targets.get(c.target) if s is not None else None
         raw_left = o.trace is not None and c.raw_trace is not None
-        with self.index.transaction():
+        # The repositories share the loop's connection: the session's writes are part of it.
+        with self.inbox.transaction():
             if o.trace is not None:
                 self.index_trace(c, o.trace, o.shared)
             if not o.retry:
                 # (An nsys capture has no inbox row: then this changes nothing.)
-                self.index.inbox_done(c.key, raw_left=raw_left)
+                self.inbox.inbox_done(c.key, raw_left=raw_left)
             if s is not None and t is not None:
                 self.sessions.processed(
                     s, t, self._result(o), traced=o.trace is not None, error=o.error
@@ -99,7 +106,7 @@ class Results:
         raw = c.raw_trace
         if raw is not None:
             self.incoming.discard(c.raw_dir, [raw], f"the raw trace of capture {c.key}")
-        self.index.inbox_done(c.key)
+        self.inbox.inbox_done(c.key)
 
     def _result(self, o: Outcome) -> dict[str, Any]:
         """The target's result of one cycle (into the index and ``session.json``)."""
@@ -152,7 +159,7 @@ class Results:
             }
             for f in res.files
         ]
-        self.index.add_trace(
+        self.traces.add_trace(
             {
                 "session": c.session_id,
                 "job": c.training_job,
@@ -182,7 +189,7 @@ class Results:
         """Index a finished session's ``session.json`` (the last file uploaded); a cluster
         session's goes to S3 under this node's name, beside the other nodes'."""
         rel = layout.manifest_key(job, session, self.node if cluster else None)
-        self.index.add_file(
+        self.files.add_file(
             {
                 "session": session,
                 "job": job,

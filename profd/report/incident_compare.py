@@ -22,7 +22,7 @@ from typing import Any
 
 from profd.report.diff import diff_reports, diff_text
 from profd.report.model import build_report
-from profd.store.index import Index
+from profd.store.index import SessionRepo
 from profd.watch.incident import Incident
 from profd.watch.sampling import LABEL as SAMPLE_LABEL
 
@@ -109,12 +109,12 @@ def _against_sample(
 
 
 def comparison_from_index(
-    index: Index, incident: Incident | Mapping[str, Any], session_id: str
+    sessions: SessionRepo, incident: Incident | Mapping[str, Any], session_id: str
 ) -> dict[str, Any]:
     """:func:`compare` for ``incident`` and its processed capture ``session_id``, read from
     the index (for a regression, with the job's last sample created before the capture)."""
     inc = incident.to_dict() if isinstance(incident, Incident) else dict(incident)
-    capture = index.session(session_id)
+    capture = sessions.session(session_id)
     if capture is None or capture["id"] != session_id:
         return {
             "incident": inc.get("id"),
@@ -124,8 +124,8 @@ def comparison_from_index(
         }
     sample = None
     if inc["kind"] == "regression":
-        sid = index.last_labelled(str(inc["job"]), SAMPLE_LABEL, float(capture["created_at"]))
-        sample = index.session(sid) if sid is not None else None
+        sid = sessions.last_labelled(str(inc["job"]), SAMPLE_LABEL, float(capture["created_at"]))
+        sample = sessions.session(sid) if sid is not None else None
     return compare(inc, capture, sample)
 
 

@@ -25,6 +25,7 @@ import logging
 import random
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +33,7 @@ from profd.config import Config
 from profd.reactor import Reactor
 from profd.redact import RedactFilter
 from profd.store import layout, s3
-from profd.store.index import Index
+from profd.store.index import Database, FileRepo, UploadQueueRepo
 from profd.textfmt import human_bytes
 
 log = logging.getLogger("profd.uploads")
@@ -49,6 +50,20 @@ STOP_JOIN_S = 5.0
 
 class LocalFileMissing(Exception):
     pass
+
+
+@dataclass(frozen=True)
+class _Conn:
+    """A thread's own connection to the index and the repositories the uploader uses."""
+
+    db: Database
+    queue: UploadQueueRepo
+    files: FileRepo
+
+    @classmethod
+    def open(cls, path: Path) -> _Conn:
+        db = Database(path)
+        return cls(db, UploadQueueRepo(db), FileRepo(db))
 
 
 class Uploads:
@@ -102,9 +117,9 @@ class Uploads:
     # --- lifecycle (event loop thread) ---------------------------------------------------------
     def start(self) -> None:
         self._started_at = time.time()
-        idx = self._index()
-        self._interrupted = {r["id"] for r in idx.uploading()}
-        n = idx.requeue(include_failed=True)
+        queue = self._conn().queue
+        self._interrupted = {r["id"] for r in queue.uploading()}
+        n = queue.requeue(include_failed=True)
         if n:
             log.info("requeued %d upload(s) left unfinished or failed by an earlier run", n)
         endpoint = s3.shown_endpoint(self.s3cfg.endpoint_url)
@@ -209,13 +224,13 @@ class Uploads:
         cap = self.cfg.max_spool_bytes
         if cap is None:
             return 0
-        idx = self._index()
+        files = self._conn().files
         with self._prune_lock:
-            total, _ = idx.spool_usage()
+            total, _ = files.spool_usage()
             if total <= cap:
                 return 0
             n = freed = 0
-            for f in idx.prunable():
+            for f in files.prunable():
                 if total <= cap:
                     break
                 path = Path(f["path"])
@@ -224,7 +239,7 @@ class Uploads:
                 except OSError as exc:
                     log.warning("could not prune %s: %s", path, exc)
                     continue
-                idx.mark_deleted(f["id"])
+                files.mark_deleted(f["id"])
                 total -= f["bytes"]
                 freed += f["bytes"]
                 n += 1
@@ -250,11 +265,11 @@ class Uploads:
             session_dir.rmdir()
 
     # --- workers -------------------------------------------------------------------------------
-    def _index(self) -> Index:
-        idx: Index | None = getattr(self._local, "index", None)
-        if idx is None:
-            idx = self._local.index = Index(self.cfg.index_path)
-        return idx
+    def _conn(self) -> _Conn:
+        conn: _Conn | None = getattr(self._local, "conn", None)
+        if conn is None:
+            conn = self._local.conn = _Conn.open(self.cfg.index_path)
+        return conn
 
     def _client(self) -> Any:
         with self._client_lock:
@@ -268,18 +283,19 @@ class Uploads:
             return self._client_obj
 
     def _work(self) -> None:
-        idx = self._index()
+        conn = self._conn()
+        queue = conn.queue
         while not self._stopping.is_set():
             with self._cv:
                 seen = self._gen
             try:
                 now = time.time()
-                row = idx.claim_upload(now)
+                row = queue.claim_upload(now)
                 if row is not None:
-                    self._upload(idx, row)
+                    self._upload(queue, row)
                     continue
                 self.prune()
-                due = idx.next_upload_due(now)
+                due = queue.next_upload_due(now)
             except Exception:
                 log.exception("upload worker error")
                 self._stopping.wait(1.0)
@@ -288,9 +304,9 @@ class Uploads:
             with self._cv:
                 if self._gen == seen and not self._stopping.is_set():
                     self._cv.wait(wait)
-        idx.close()
+        conn.db.close()
 
-    def _upload(self, idx: Index, row: dict[str, Any]) -> None:
+    def _upload(self, queue: UploadQueueRepo, row: dict[str, Any]) -> None:
         key = s3.join_key(self.prefix, row["rel"])
         with self._health_lock:
             self._active += 1
@@ -300,9 +316,9 @@ class Uploads:
         try:
             checked = self._transfer(row, Path(row["path"]), key)
         except Exception as exc:
-            self._upload_failed(idx, row, exc)
+            self._upload_failed(queue, row, exc)
         else:
-            self._upload_succeeded(idx, row, key, checked, t0)
+            self._upload_succeeded(queue, row, key, checked, t0)
         finally:
             with self._client_lock:
                 self._busy_keys.discard(key)
@@ -333,17 +349,17 @@ class Uploads:
         s3.upload(self._manager, cfg, path, self.bucket, key, self._started)
         return s3.verify(client, cfg, path, self.bucket, key, local=hashed.result)
 
-    def _upload_failed(self, idx: Index, row: dict[str, Any], exc: Exception) -> None:
+    def _upload_failed(self, queue: UploadQueueRepo, row: dict[str, Any], exc: Exception) -> None:
         """Requeue (with backoff) or fail the row, and note what the store said."""
         if self._stopping.is_set():
-            idx.upload_retry(row["id"], "interrupted by daemon shutdown", 0.0, False)
+            queue.upload_retry(row["id"], "interrupted by daemon shutdown", 0.0, False)
             log.info("upload of %s interrupted by shutdown", row["rel"])
             return
         err = s3.describe(exc)
         now = time.time()
         if isinstance(exc, LocalFileMissing):
             # Nothing a retry can fix: failed until profctl retry or the next start.
-            idx.upload_retry(row["id"], err, 0.0, True)
+            queue.upload_retry(row["id"], err, 0.0, True)
             log.warning(
                 "upload of %s failed: %s; giving up (profctl retry requeues it)",
                 row["rel"],
@@ -353,7 +369,7 @@ class Uploads:
         attempt, limit = int(row["attempts"]), self.s3cfg.max_attempts
         give_up = attempt >= limit
         delay = self._backoff(attempt, give_up)
-        idx.upload_retry(row["id"], err, now + delay, give_up)
+        queue.upload_retry(row["id"], err, now + delay, give_up)
         unreachable = s3.is_unreachable(exc)
         with self._health_lock:
             self._upload_error, self._upload_error_at = err, now
@@ -384,9 +400,14 @@ class Uploads:
             )
 
     def _upload_succeeded(
-        self, idx: Index, row: dict[str, Any], key: str, checked: dict[str, Any], t0: float
+        self,
+        queue: UploadQueueRepo,
+        row: dict[str, Any],
+        key: str,
+        checked: dict[str, Any],
+        t0: float,
     ) -> None:
-        idx.upload_done(row["id"], s3.uri(self.bucket, key))
+        queue.upload_done(row["id"], s3.uri(self.bucket, key))
         self._interrupted.discard(row["id"])
         self._health(True, None)
         with self._health_lock:
@@ -456,9 +477,9 @@ class Uploads:
                         with self._health_lock:
                             self._down_seen = True
             self._stopping.wait(PROBE_OK_S if self._reachable else PROBE_DOWN_S)
-        idx: Index | None = getattr(self._local, "index", None)
-        if idx is not None:  # opened by _recovered or _sweep_stale
-            idx.close()
+        conn: _Conn | None = getattr(self._local, "conn", None)
+        if conn is not None:  # opened by _recovered or _sweep_stale
+            conn.db.close()
 
     def _sweep_stale(self) -> None:
         """Abort the incomplete multipart uploads an earlier daemon left for this node's files:
@@ -474,7 +495,7 @@ class Uploads:
                 for u in s3.open_uploads(client, self.bucket, base)
                 if u.initiated is not None and u.initiated < self._started_at
             ]
-            ours = self._index().known_rels(u.key[len(base) :] for u in old)
+            ours = self._conn().queue.known_rels(u.key[len(base) :] for u in old)
             for u in old:
                 with self._client_lock:
                     busy = u.key in self._busy_keys
@@ -504,7 +525,7 @@ class Uploads:
 
     def _recovered(self) -> None:
         """The store answers again: what failed or backed off while it did not is due now."""
-        n = self._index().requeue_recovered(lambda p: Path(p).is_file())
+        n = self._conn().queue.requeue_recovered(lambda p: Path(p).is_file())
         log.info("S3 answers again: %d failed upload(s) requeued, backed-off uploads due now", n)
         self.kick()
 

@@ -1,5 +1,5 @@
 """profctl's words for protocol refusals (``profd/ctl/flags.py``), and session ids found by
-any unique part (``Index.session``/``session_ids``)."""
+any unique part (``SessionRepo.session``/``session_ids``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from profd.ctl.flags import FLAGS, human, user_text
-from profd.store.index import Index
+from profd.store.index import Database, SessionRepo
 from profd_client import protocol as P
 
 
@@ -70,7 +70,8 @@ def test_human_limits() -> None:
 
 
 def test_an_id_matches_exactly_first_then_by_any_unique_part(tmp_path: Path) -> None:
-    ix = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
+    ix = SessionRepo(db)
     now = time.time()
     for i, sid in enumerate(("abc", "xabcx", "20261124-190243-9f0904")):
         ix.save_session(
@@ -86,4 +87,4 @@ def test_an_id_matches_exactly_first_then_by_any_unique_part(tmp_path: Path) -> 
         assert ix.session_ids("bc", 5) == ["xabcx", "abc"]  # newest first
         assert ix.session("%") is None and ix.session_ids("_", 5) == []  # literal text
     finally:
-        ix.close()
+        db.close()

@@ -14,7 +14,7 @@ from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.detectors import Detectors
 from profd.daemon.watch.incidents import Incidents
-from profd.store.index import Index
+from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
 
 CFG = WatchConfig(window=20.0, baseline=60.0, hold=10.0, cooldown=600.0)
 
@@ -27,8 +27,17 @@ class Rig:
         self.ledgers = Ledgers(self.unix)
         spool = tmp_path / "spool"
         spool.mkdir()
+        db = Database(tmp_path / "index.db")
         self.incidents = Incidents(
-            Index(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, self.unix
+            IncidentRepo(db),
+            FileRepo(db),
+            SessionRepo(db),
+            spool,
+            SpoolPerms(None),
+            "n1",
+            cfg,
+            None,
+            self.unix,
         )
         self.registry = Registry()
         for c in clients:

@@ -17,7 +17,7 @@ import pytest
 from profd import globs
 from profd.ctl.commands.s3list import keep
 from profd.daemon.sessions.selector import Selector
-from profd.store.index import Index, TraceFilter
+from profd.store.index import Database, SessionRepo, TraceFilter, TraceRepo
 
 # (pattern, name, matches)
 TABLE: list[tuple[str, str, bool]] = [
@@ -166,11 +166,11 @@ PATTERNS = ["actor", "Actor", "act*", "ACT*", "act_r", "act%r", "act?r", "[aA]ct
 
 
 @pytest.fixture
-def index(tmp_path: Path) -> Iterator[Index]:
-    idx = Index(tmp_path / "index.db")
+def index(tmp_path: Path) -> Iterator[Database]:
+    idx = Database(tmp_path / "index.db")
     for i, role in enumerate(ROLES):
         sid = f"20250101-12000{i}-abc{i}"
-        idx.add_trace(
+        TraceRepo(idx).add_trace(
             {
                 "session": sid,
                 "job": "job-1" if i % 2 else "job-2",
@@ -198,29 +198,29 @@ def index(tmp_path: Path) -> Iterator[Index]:
 
 
 @pytest.mark.parametrize("pattern", PATTERNS)
-def test_index_role_filter_is_the_same_glob(index: Index, pattern: str) -> None:
-    rows = index.traces(TraceFilter(role=pattern, limit=1000))
+def test_index_role_filter_is_the_same_glob(index: Database, pattern: str) -> None:
+    rows = TraceRepo(index).traces(TraceFilter(role=pattern, limit=1000))
     want = [r for r in ROLES if globs.match(r, pattern)]
     assert sorted(r["role"] for r in rows) == sorted(want)
     assert sorted(r["role"] for r in rows if keep(r, role=pattern)) == sorted(want)
 
 
-def test_index_role_pattern_with_nul(index: Index, tmp_path: Path) -> None:
+def test_index_role_pattern_with_nul(index: Database, tmp_path: Path) -> None:
     # GLOB would stop reading at the NUL and match "act" alone; the registered function does not.
-    assert index.traces(TraceFilter(role="act\0*", limit=1000)) == []
-    assert len(index.traces(TraceFilter(role="[!\0]ctor", limit=1000))) == 2
-    ro = Index(tmp_path / "index.db", readonly=True)
+    assert TraceRepo(index).traces(TraceFilter(role="act\0*", limit=1000)) == []
+    assert len(TraceRepo(index).traces(TraceFilter(role="[!\0]ctor", limit=1000))) == 2
+    ro = Database(tmp_path / "index.db", readonly=True)
     try:
-        assert len(ro.traces(TraceFilter(role="[!\0]ctor", limit=1000))) == 2
+        assert len(TraceRepo(ro).traces(TraceFilter(role="[!\0]ctor", limit=1000))) == 2
     finally:
         ro.close()
 
 
-def _plan(index: Index, sql: str, args: tuple[Any, ...]) -> str:
-    return " ".join(r[3] for r in index.db.execute("EXPLAIN QUERY PLAN " + sql, args))
+def _plan(index: Database, sql: str, args: tuple[Any, ...]) -> str:
+    return " ".join(r[3] for r in index.conn.execute("EXPLAIN QUERY PLAN " + sql, args))
 
 
-def test_index_queries_keep_their_indexes(index: Index) -> None:
+def test_index_queries_keep_their_indexes(index: Database) -> None:
     cond, args = globs.sqlite_condition("t.role", "act*")
     sql = f"SELECT * FROM traces t WHERE t.job = ? AND {cond} ORDER BY t.created_at DESC"
     assert "USING INDEX traces_job" in _plan(index, sql, ("job-1", *args))
@@ -231,10 +231,10 @@ def test_index_queries_keep_their_indexes(index: Index) -> None:
     )
 
 
-def test_session_short_ids_are_literal_prefixes(index: Index) -> None:
+def test_session_short_ids_are_literal_prefixes(index: Database) -> None:
     now = time.time()
     for sid in ("20250101-120000-ab_d", "20250101-120000-abXd"):
-        index.save_session(
+        SessionRepo(index).save_session(
             {
                 "id": sid,
                 "job": "j",
@@ -250,7 +250,7 @@ def test_session_short_ids_are_literal_prefixes(index: Index) -> None:
                 "updated_at": now,
             }
         )
-    found = index.session("20250101-120000-ab_")
+    found = SessionRepo(index).session("20250101-120000-ab_")
     assert found is not None and found["id"] == "20250101-120000-ab_d"
-    assert index.session("20250101-120000-ABX") is None  # ids are case-sensitive
-    assert index.session("20250101-120000-ab") is None  # ambiguous
+    assert SessionRepo(index).session("20250101-120000-ABX") is None  # ids are case-sensitive
+    assert SessionRepo(index).session("20250101-120000-ab") is None  # ambiguous

@@ -16,7 +16,7 @@ from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.incidents import Incidents
 from profd.scheduling.refusal import Refused
 from profd.store import layout
-from profd.store.index import Index
+from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
 from profd.watch.incident import OPEN, RESOLVED, Incident, Suspect, seen_by
 from profd_client import protocol as P
 
@@ -45,10 +45,16 @@ class Recorder:
         return f"sess-{len(self.asked)}"
 
 
+def repos(path: Path) -> tuple[IncidentRepo, FileRepo, SessionRepo]:
+    """What :class:`Incidents` reads and writes, over one connection to ``path``."""
+    db = Database(path)
+    return IncidentRepo(db), FileRepo(db), SessionRepo(db)
+
+
 def make(tmp_path: Path, clock: Clock, cfg: WatchConfig = CFG) -> tuple[Incidents, Recorder]:
     spool = tmp_path / "spool"
     spool.mkdir(exist_ok=True)
-    inc = Incidents(Index(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, clock)
+    inc = Incidents(*repos(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, clock)
     rec = Recorder()
     inc.capture = rec
     return inc, rec
@@ -95,9 +101,9 @@ def test_it_is_kept_in_the_index_and_as_a_file_queued_like_any_other(tmp_path: P
     path = tmp_path.joinpath("spool", *layout.incident_parts("j", inc.id))
     assert path.name == f"{inc.id}.json" and path.parent.name == "incidents"
     doc = json.loads(path.read_text())
-    assert doc == inc.to_dict() == incidents.index.incident(inc.id)
+    assert doc == inc.to_dict() == incidents.store.incident(inc.id)
     assert doc["suspects"] == [{"host": "h", "role": "worker", "rank": 1}]
-    row = incidents.index.db.execute(
+    row = incidents.files.conn.execute(
         "SELECT kind, rel, upload_state FROM files WHERE path = ?", (str(path),)
     ).fetchone()
     assert tuple(row) == ("incident", f"j/incidents/{inc.id}.json", "local")
@@ -123,7 +129,7 @@ def test_resolved_once_its_rule_stops_reporting_it_for_the_hold(tmp_path: Path) 
     assert inc.state == RESOLVED and inc.resolved_at == clock.t
     path = tmp_path.joinpath("spool", *layout.incident_parts("j", inc.id))
     assert json.loads(path.read_text())["state"] == RESOLVED
-    assert incidents.index.incident(inc.id)["state"] == RESOLVED  # type: ignore[index]
+    assert incidents.store.incident(inc.id)["state"] == RESOLVED  # type: ignore[index]
 
 
 def test_a_flapping_job_yields_one_incident_and_one_capture_per_cooldown(tmp_path: Path) -> None:
@@ -173,7 +179,7 @@ def test_a_restart_keeps_incidents_and_fires_nothing_again(tmp_path: Path) -> No
     inc = slow(incidents)
     reg = regression(incidents, job="k")
     assert inc is not None and reg is not None
-    incidents.index.close()
+    incidents.store.conn.close()
 
     clock.t += 5.0
     again, rec2 = make(tmp_path, clock)
@@ -205,7 +211,7 @@ def test_a_hangs_stacks_are_the_owners_file_and_withheld_from_other_users(
     clock = Clock()
     # A group-mode spool: files are group-readable, but not stacks.
     incidents = Incidents(
-        Index(tmp_path / "index.db"), spool, SpoolPerms(os.getgid()), "n1", CFG, None, clock,
+        *repos(tmp_path / "index.db"), spool, SpoolPerms(os.getgid()), "n1", CFG, None, clock,
         owner_of={"j": 4242}.get,
     )  # fmt: skip
     frames = [{"function": "secret_fn", "file": "/home/b/train.py", "line": 3}]

@@ -330,7 +330,7 @@ def test_session_and_trace_documents_from_memory_and_from_the_index(tmp_path: An
     """What ``show``, ``sessions`` and ``traces`` answer with, built by the code that builds
     them (a live session's summary; the index's rows), passes the reply schemas."""
     from profd.daemon.sessions.state import Session, Target
-    from profd.store.index import Index, TraceFilter
+    from profd.store.index import Database, SessionRepo, TraceFilter, TraceRepo
 
     s = Session("s1", "j", {"steps": "3:5"}, [(1, 3, 5)], "torch", {}, None, "lbl")
     for rank in range(20):
@@ -342,13 +342,14 @@ def test_session_and_trace_documents_from_memory_and_from_the_index(tmp_path: An
         r["node"] = "n1"
     P.reply({"v": P.VERSION, "t": P.C_SHOW}, live)
 
-    idx = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
+    idx, trace_repo = SessionRepo(db), TraceRepo(db)
     try:
         idx.save_session(s.row())
         for t in s.targets.values():
             idx.save_target(t.stored(s.id))
         for rank in range(20):
-            idx.add_trace(
+            trace_repo.add_trace(
                 {
                     "session": "s1",
                     "job": "j",
@@ -387,9 +388,9 @@ def test_session_and_trace_documents_from_memory_and_from_the_index(tmp_path: An
         assert stored is not None
         stored["steps"] = [3, 4]
         sessions = idx.sessions()
-        traces = idx.traces(TraceFilter())
+        traces = trace_repo.traces(TraceFilter())
     finally:
-        idx.close()
+        db.close()
     for r in [stored, *stored["targets"], *sessions, *traces]:
         r["node"] = "n1"
     P.reply({"v": P.VERSION, "t": P.C_SHOW}, stored)

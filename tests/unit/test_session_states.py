@@ -21,7 +21,7 @@ from profd.ctl.cluster import Node
 from profd.ctl.clusterstart import _final
 from profd.daemon.sessions.state import STOPPED_EARLY, Session, Sessions, Target
 from profd.daemon.spool.spoolperms import SpoolPerms
-from profd.store.index import Index
+from profd.store.index import Database, SessionRepo
 from profd_client import protocol as P
 
 PROFD = Path(__file__).resolve().parents[2] / "profd"
@@ -29,14 +29,19 @@ CYCLES = [(8, 10, 12)]
 
 
 @pytest.fixture
-def index(tmp_path: Path) -> Iterator[Index]:
-    ix = Index(tmp_path / "state" / "index.db")
-    yield ix
-    ix.close()
+def db(tmp_path: Path) -> Iterator[Database]:
+    d = Database(tmp_path / "state" / "index.db")
+    yield d
+    d.close()
 
 
 @pytest.fixture
-def sessions(tmp_path: Path, index: Index) -> Sessions:
+def index(db: Database) -> SessionRepo:
+    return SessionRepo(db)
+
+
+@pytest.fixture
+def sessions(tmp_path: Path, index: SessionRepo) -> Sessions:
     spool = tmp_path / "spool"
     spool.mkdir()
     return Sessions(index, spool, SpoolPerms(None), "node-a")
@@ -65,7 +70,7 @@ def session(sessions: Sessions, *targets: Target, sid: str = "s1", **kw: Any) ->
     return s
 
 
-def stored(index: Index, sid: str = "s1") -> dict[str, Any]:
+def stored(index: SessionRepo, sid: str = "s1") -> dict[str, Any]:
     """The session as the index has it, targets by pid."""
     row = index.session(sid)
     assert row is not None
@@ -77,10 +82,10 @@ def ts(s: Session) -> list[Target]:
     return list(s.targets.values())
 
 
-def fail_writes(index: Index, table: str) -> None:
+def fail_writes(db: Database, table: str) -> None:
     """Make every write of ``table`` fail, as a full disk would: a real SQLite error from the
     real index, raised by a trigger another connection installs."""
-    other = sqlite3.connect(index.path)
+    other = sqlite3.connect(db.path)
     for op in ("INSERT", "UPDATE"):
         other.execute(
             f"CREATE TRIGGER full_{table}_{op} BEFORE {op} ON {table}"
@@ -90,8 +95,8 @@ def fail_writes(index: Index, table: str) -> None:
     other.close()
 
 
-def heal(index: Index, table: str) -> None:
-    other = sqlite3.connect(index.path)
+def heal(db: Database, table: str) -> None:
+    other = sqlite3.connect(db.path)
     for op in ("INSERT", "UPDATE"):
         other.execute(f"DROP TRIGGER full_{table}_{op}")
     other.commit()
@@ -173,7 +178,7 @@ def test_begun_counts_traces_and_outstanding_captures() -> None:
 
 
 # --- Sessions: every transition, written to a real index ----------------------------------------
-def test_add_writes_the_session_pending(sessions: Sessions, index: Index) -> None:
+def test_add_writes_the_session_pending(sessions: Sessions, index: SessionRepo) -> None:
     session(sessions)
     assert sessions.changed
     assert sessions.flush() == []
@@ -184,7 +189,7 @@ def test_add_writes_the_session_pending(sessions: Sessions, index: Index) -> Non
 
 
 def test_armed_moves_the_session_as_far_as_its_slowest_target(
-    sessions: Sessions, index: Index
+    sessions: Sessions, index: SessionRepo
 ) -> None:
     s = session(sessions)
     a, b = ts(s)
@@ -201,7 +206,7 @@ def test_armed_moves_the_session_as_far_as_its_slowest_target(
     assert a.state == "capturing" and stored(index)["state"] == "armed"
 
 
-def test_reported_terminal_states(sessions: Sessions, index: Index) -> None:
+def test_reported_terminal_states(sessions: Sessions, index: SessionRepo) -> None:
     t1, t2, t3, t4, t5 = (target(100 + i) for i in range(5))
     s = session(sessions, t1, t2, t3, t4, t5)
     for t in ts(s):
@@ -226,7 +231,7 @@ def test_reported_terminal_states(sessions: Sessions, index: Index) -> None:
 
 
 def test_a_reported_capture_is_processing_until_the_pipeline_is_through(
-    sessions: Sessions, index: Index
+    sessions: Sessions, index: SessionRepo
 ) -> None:
     s = session(sessions, target(100))
     (t,) = ts(s)
@@ -247,7 +252,9 @@ def test_a_reported_capture_is_processing_until_the_pipeline_is_through(
     assert stored(index)["state"] == "done"
 
 
-def test_processed_rolls_back_when_the_index_write_fails(sessions: Sessions, index: Index) -> None:
+def test_processed_rolls_back_when_the_index_write_fails(
+    sessions: Sessions, index: SessionRepo, db: Database
+) -> None:
     s = session(sessions, target(100))
     (t,) = ts(s)
     sessions.reported(s, t, "capturing", None)
@@ -255,38 +262,38 @@ def test_processed_rolls_back_when_the_index_write_fails(sessions: Sessions, ind
     sessions.reported(s, t, "done", None)
     sessions.flush()
     before = (t.state, t.error, t.traces, t.outstanding, list(t.results))
-    fail_writes(index, "targets")
+    fail_writes(db, "targets")
     with pytest.raises(sqlite3.DatabaseError, match="disk is full"):
         sessions.processed(s, t, {"cycle": 0}, True, None)
     assert (t.state, t.error, t.traces, t.outstanding, t.results) == before
-    heal(index, "targets")
+    heal(db, "targets")
     sessions.processed(s, t, {"cycle": 0}, True, None)  # the caller's retry
     assert (t.state, t.traces) == ("done", 1)
     assert stored(index)["by_pid"][100]["traces"] == 1
 
 
 def test_flush_keeps_every_change_when_the_index_write_fails(
-    sessions: Sessions, index: Index
+    sessions: Sessions, index: SessionRepo, db: Database
 ) -> None:
     s = session(sessions)
     sessions.flush()
     for t in ts(s):
         t.traces = 1
         sessions.reported(s, t, "done", None)
-    fail_writes(index, "sessions")
+    fail_writes(db, "sessions")
     with pytest.raises(sqlite3.DatabaseError, match="disk is full"):
         sessions.flush()
     # Nothing half-written: the session's state is the one the index still has.
     assert s.state == "pending" and sessions.changed
     assert stored(index)["state"] == "pending"
     assert {t["state"] for t in stored(index)["targets"]} == {"pending"}
-    heal(index, "sessions")
+    heal(db, "sessions")
     assert sessions.flush() == [s]
     assert stored(index)["state"] == "done"
     assert {t["state"] for t in stored(index)["targets"]} == {"done"}
 
 
-def test_fail_ends_a_target_with_why(sessions: Sessions, index: Index) -> None:
+def test_fail_ends_a_target_with_why(sessions: Sessions, index: SessionRepo) -> None:
     s = session(sessions)
     a, b = ts(s)
     sessions.fail(s, a, "steps already passed", gone=True)
@@ -303,7 +310,9 @@ def test_fail_ends_a_target_with_why(sessions: Sessions, index: Index) -> None:
     assert (row["state"], row["error"]) == ("failed", "steps already passed")
 
 
-def test_gone_ends_the_process_in_every_live_session(sessions: Sessions, index: Index) -> None:
+def test_gone_ends_the_process_in_every_live_session(
+    sessions: Sessions, index: SessionRepo
+) -> None:
     s1 = session(sessions, target(100), target(101), sid="s1")
     session(sessions, target(100), target(102), sid="s2")
     t = s1.targets[("host-a", 101)]
@@ -330,7 +339,7 @@ def test_gone_from_ends_it_in_one_session_only(sessions: Sessions) -> None:
     assert s2.targets[("host-a", 100)].state == "pending"
 
 
-def test_release_lets_a_held_target_be_armed(sessions: Sessions, index: Index) -> None:
+def test_release_lets_a_held_target_be_armed(sessions: Sessions, index: SessionRepo) -> None:
     s = session(sessions, target(100, hold=True))
     (t,) = ts(s)
     sessions.flush()
@@ -340,7 +349,7 @@ def test_release_lets_a_held_target_be_armed(sessions: Sessions, index: Index) -
 
 
 def test_join_adds_a_later_rank_that_holds_the_session_back(
-    sessions: Sessions, index: Index
+    sessions: Sessions, index: SessionRepo
 ) -> None:
     s = session(sessions, target(100))
     sessions.armed(s, s.targets[("host-a", 100)])
@@ -353,7 +362,9 @@ def test_join_adds_a_later_rank_that_holds_the_session_back(
     assert stored(index)["by_pid"][101]["state"] == "pending"
 
 
-def test_replan_moves_every_open_target_back_to_pending(sessions: Sessions, index: Index) -> None:
+def test_replan_moves_every_open_target_back_to_pending(
+    sessions: Sessions, index: SessionRepo
+) -> None:
     t1, t2, t3 = target(100), target(101), target(102)
     s = session(sessions, t1, t2, t3)
     sessions.armed(s, t1)
@@ -378,7 +389,7 @@ def test_replan_moves_every_open_target_back_to_pending(sessions: Sessions, inde
     assert (row["plan"], row["cycles"], row["state"]) == (1, [[40, 42, 44]], "pending")
 
 
-def test_a_replanned_session_runs_to_its_end(sessions: Sessions, index: Index) -> None:
+def test_a_replanned_session_runs_to_its_end(sessions: Sessions, index: SessionRepo) -> None:
     s = session(sessions)
     for t in ts(s):
         sessions.armed(s, t)
@@ -398,7 +409,7 @@ def test_a_replanned_session_runs_to_its_end(sessions: Sessions, index: Index) -
     assert (stored(index)["state"], stored(index)["plan"]) == ("done", 1)
 
 
-def test_cancel_records_why_and_the_targets_end_it(sessions: Sessions, index: Index) -> None:
+def test_cancel_records_why_and_the_targets_end_it(sessions: Sessions, index: SessionRepo) -> None:
     s = session(sessions)
     a, b = ts(s)
     sessions.cancel(s, "cancelled by operator")
@@ -409,7 +420,9 @@ def test_cancel_records_why_and_the_targets_end_it(sessions: Sessions, index: In
     assert (row["state"], row["error"]) == ("cancelled", "cancelled by operator")
 
 
-def test_a_cancel_after_one_rank_has_its_trace_is_partial(sessions: Sessions, index: Index) -> None:
+def test_a_cancel_after_one_rank_has_its_trace_is_partial(
+    sessions: Sessions, index: SessionRepo
+) -> None:
     s = session(sessions)
     a, b = ts(s)
     a.traces = 1
@@ -420,7 +433,7 @@ def test_a_cancel_after_one_rank_has_its_trace_is_partial(sessions: Sessions, in
     assert stored(index)["state"] == "partial"
 
 
-def test_a_cancel_with_a_process_gone_is_failed(sessions: Sessions, index: Index) -> None:
+def test_a_cancel_with_a_process_gone_is_failed(sessions: Sessions, index: SessionRepo) -> None:
     s = session(sessions)
     a, b = ts(s)
     sessions.cancel(s, "cancelled by operator")
@@ -432,7 +445,7 @@ def test_a_cancel_with_a_process_gone_is_failed(sessions: Sessions, index: Index
 
 
 def test_a_stop_before_any_capture_is_cancelled_not_failed(
-    sessions: Sessions, index: Index
+    sessions: Sessions, index: SessionRepo
 ) -> None:
     s = session(sessions)
     a, b = ts(s)
@@ -446,7 +459,9 @@ def test_a_stop_before_any_capture_is_cancelled_not_failed(
     assert {(t["state"], t["error"]) for t in row["targets"]} == {("cancelled", STOPPED_EARLY)}
 
 
-def test_a_stop_after_one_rank_has_its_trace_is_partial(sessions: Sessions, index: Index) -> None:
+def test_a_stop_after_one_rank_has_its_trace_is_partial(
+    sessions: Sessions, index: SessionRepo
+) -> None:
     s = session(sessions)
     a, b = ts(s)
     sessions.reported(s, a, "capturing", None)
@@ -460,7 +475,7 @@ def test_a_stop_after_one_rank_has_its_trace_is_partial(sessions: Sessions, inde
     assert (row["by_pid"][100]["state"], row["by_pid"][101]["state"]) == ("done", "cancelled")
 
 
-def test_a_stop_nobody_asked_for_is_still_a_failure(sessions: Sessions, index: Index) -> None:
+def test_a_stop_nobody_asked_for_is_still_a_failure(sessions: Sessions, index: SessionRepo) -> None:
     """A client stops its sessions itself when its process exits: no trace is a failure; so
     is a stopped capture that began and left nothing."""
     s = session(sessions)
@@ -491,7 +506,7 @@ def test_finished_sessions_owe_their_manifest(sessions: Sessions, tmp_path: Path
 
 
 def test_restore_and_settle_after_a_restart(
-    sessions: Sessions, index: Index, tmp_path: Path
+    sessions: Sessions, index: SessionRepo, tmp_path: Path
 ) -> None:
     s = session(sessions)
     a, b = ts(s)
@@ -519,7 +534,7 @@ def test_restore_and_settle_after_a_restart(
 
 
 def test_settle_restored_ends_a_target_whose_client_said_done(
-    sessions: Sessions, index: Index, tmp_path: Path
+    sessions: Sessions, index: SessionRepo, tmp_path: Path
 ) -> None:
     s = session(sessions, target(100))
     (t,) = ts(s)
@@ -623,7 +638,8 @@ def test_cluster_wait_counts_a_node_lost_while_live_as_failed() -> None:
 @given(st.lists(NODE_STATES, min_size=1, max_size=len(states.STATES)))
 def test_the_index_sql_asks_what_the_rule_calls_ended(session_states: list[str]) -> None:
     with tempfile.TemporaryDirectory() as tmp:
-        ix = Index(Path(tmp) / "index.db")
+        db = Database(Path(tmp) / "index.db")
+        ix = SessionRepo(db)
         try:
             for i, state in enumerate(session_states):
                 ix.save_session(
@@ -636,7 +652,7 @@ def test_the_index_sql_asks_what_the_rule_calls_ended(session_states: list[str])
             opened = {s["id"] for s in ix.open_sessions()}
             owed = {s["id"] for s in ix.unwritten_manifests()}
         finally:
-            ix.close()
+            db.close()
     for i, state in enumerate(session_states):
         assert (f"s{i}" in owed) == states.is_terminal(state) == (f"s{i}" not in opened)
 
@@ -661,7 +677,7 @@ def test_no_other_module_spells_the_states_out() -> None:
 
 
 def test_processes_claiming_one_rank_are_named_apart_and_stay_so(
-    sessions: Sessions, index: Index, tmp_path: Path
+    sessions: Sessions, index: SessionRepo, tmp_path: Path
 ) -> None:
     s = session(sessions, target(100, rank=0), target(101, rank=0), target(102, rank=1))
     assert [t.stem for t in ts(s)] == ["worker-r0-p100", "worker-r0-p101", "worker-r1"]
@@ -686,10 +702,10 @@ def test_a_later_claimant_is_named_apart_from_the_one_already_armed(sessions: Se
 
 
 def test_an_older_daemons_target_row_keeps_the_plain_name(
-    sessions: Sessions, index: Index, tmp_path: Path
+    sessions: Sessions, index: SessionRepo, tmp_path: Path
 ) -> None:
     session(sessions, target(100, rank=0))
     sessions.flush()
-    index.db.execute("UPDATE targets SET stem = NULL")
+    index.conn.execute("UPDATE targets SET stem = NULL")
     (r,) = Sessions(index, tmp_path / "spool", SpoolPerms(None), "node-a").restore()
     assert [t.stem for t in r.targets.values()] == ["worker-r0"]

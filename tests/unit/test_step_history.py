@@ -20,7 +20,7 @@ from profd.daemon.clients import history as H
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import SEED_MAX_AGE_S, Ledgers, MinuteSummary
 from profd.daemon.spool.storage import Storage
-from profd.store.index import Index
+from profd.store.index import Database, StepMinuteRepo
 from profd_client import protocol as P
 
 T0 = 1_800_000_000  # a minute start (divisible by 60)
@@ -38,18 +38,22 @@ def minute(rank: int, p50: float | None, *, at: int = T0, role: str = "trainer",
     )  # fmt: skip
 
 
-def add(idx: Index, *ms: MinuteSummary) -> None:
+def minutes_at(path: Path) -> StepMinuteRepo:
+    return StepMinuteRepo(Database(path))
+
+
+def add(idx: StepMinuteRepo, *ms: MinuteSummary) -> None:
     idx.add_step_minutes([m.__dict__ for m in ms])
 
 
-def hist(idx: Index, since: float, until: float) -> list[dict[str, Any]]:
+def hist(idx: StepMinuteRepo, since: float, until: float) -> list[dict[str, Any]]:
     rows, covered = idx.step_history("j", since, until)
     assert covered == since
     return rows
 
 
 def test_a_minute_per_role_median_over_ranks_and_the_slowest_three(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     add(
         idx,
         *(minute(r, p) for r, p in enumerate([30.0, 31.0, 29.0, 45.0, 33.0])),
@@ -85,7 +89,7 @@ def test_a_minute_per_role_median_over_ranks_and_the_slowest_three(tmp_path: Pat
 
 
 def test_a_rank_that_came_back_within_a_minute_counts_once(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     # Rank 0 left and attached again (a restarted daemon): two rows for one minute.
     add(idx, minute(0, 30.0, steps=300), minute(0, 90.0, steps=100, pid=2000), minute(1, 40.0))
     (row,) = hist(idx, T0, T0 + 60)
@@ -95,7 +99,7 @@ def test_a_rank_that_came_back_within_a_minute_counts_once(tmp_path: Path) -> No
 
 
 def test_rows_without_quantiles_are_counted_and_not_medianed(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     add(idx, minute(0, None, steps=3), minute(1, 20.0))
     (row,) = hist(idx, T0, T0 + 60)
     assert row["ranks"] == 2 and row["steps"] == 103 and row["p50_ms"] == 20.0
@@ -105,7 +109,7 @@ def test_rows_without_quantiles_are_counted_and_not_medianed(tmp_path: Path) -> 
 def test_a_range_with_too_many_rows_is_answered_for_its_newest_whole_minutes(
     tmp_path: Path,
 ) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     add(idx, *(minute(r, 30.0, at=T0 + 60 * i) for i in range(5) for r in range(4)))
     rows, since = idx.step_history("j", T0, T0 + 300, max_rows=10)
     # 10 rows reach into minute T0 + 120, which would be half there: it is left out.
@@ -116,7 +120,7 @@ def test_a_range_with_too_many_rows_is_answered_for_its_newest_whole_minutes(
 
 
 def test_retention_deletes_old_minutes_in_chunks(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     add(idx, *(minute(0, 30.0, at=T0 + 60 * i) for i in range(10)))
     assert idx.prune_step_minutes(T0 + 60 * 7, chunk=3) == 7
     assert [r["minute"] for r in hist(idx, 0, T0 + 3600)] == [
@@ -127,7 +131,7 @@ def test_retention_deletes_old_minutes_in_chunks(tmp_path: Path) -> None:
 
 
 def test_the_writer_prunes_at_start_then_hourly(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     clock = Clock(T0 + 3600.0)
     w = StepHistory(idx, Storage({"index": tmp_path}), keep_s=1800.0, clock=clock)
     add(idx, minute(0, 30.0, at=T0))  # older than keep_history when the daemon starts
@@ -149,8 +153,8 @@ def _locked(path: Path) -> sqlite3.Connection:
 
 def test_a_failed_write_keeps_its_minutes_for_the_next_tick(tmp_path: Path) -> None:
     path = tmp_path / "index.db"
-    idx = Index(path)
-    idx.db.execute("PRAGMA busy_timeout = 20")  # a locked index fails fast, not in 30 s
+    idx = minutes_at(path)
+    idx.conn.execute("PRAGMA busy_timeout = 20")  # a locked index fails fast, not in 30 s
     storage = Storage({"index": tmp_path})
     w = StepHistory(idx, storage, keep_s=1e9, clock=Clock(T0 + 60.0))
     w.tick([])  # the start's retention pass, while the index is free
@@ -169,8 +173,8 @@ def test_minutes_waiting_on_an_unwritable_index_are_bounded(
 ) -> None:
     monkeypatch.setattr(H, "MAX_PENDING", 10)
     path = tmp_path / "index.db"
-    idx = Index(path)
-    idx.db.execute("PRAGMA busy_timeout = 20")
+    idx = minutes_at(path)
+    idx.conn.execute("PRAGMA busy_timeout = 20")
     w = StepHistory(idx, Storage({"index": tmp_path}), keep_s=1e9, clock=Clock(T0 + 60.0))
     w.tick([])
     other = _locked(path)
@@ -187,7 +191,7 @@ def test_minutes_waiting_on_an_unwritable_index_are_bounded(
 
 
 def test_1024_ranks_minute_is_one_transaction(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     w = StepHistory(idx, Storage({"index": tmp_path}), keep_s=1e9, clock=Clock(T0 + 60.0))
     w.tick([minute(r, 30.0 + r % 7) for r in range(1024)])
     (row,) = hist(idx, T0, T0 + 60)
@@ -196,7 +200,7 @@ def test_1024_ranks_minute_is_one_transaction(tmp_path: Path) -> None:
 
 # --- the seed of a restarted daemon's ledger ------------------------------------------------
 def test_a_rank_shows_its_last_indexed_minute_until_its_ledger_comes(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     clock = Clock(T0 + 100.0)
     w = StepHistory(idx, Storage({"index": tmp_path}), keep_s=1e9, clock=clock)
     # The daemon before the restart wrote rank 0's minute T0 (and an older, faster one).
@@ -212,7 +216,7 @@ def test_a_rank_shows_its_last_indexed_minute_until_its_ledger_comes(tmp_path: P
 
 
 def test_a_stale_or_missing_minute_seeds_nothing(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     clock = Clock(T0 + 60.0 + SEED_MAX_AGE_S + 1.0)  # minute T0 ended just too long ago
     w = StepHistory(idx, Storage({"index": tmp_path}), keep_s=1e9, clock=clock)
     w.tick([minute(0, 42.0, at=T0)])
@@ -226,7 +230,7 @@ def test_a_stale_or_missing_minute_seeds_nothing(tmp_path: Path) -> None:
 
 
 def test_a_seed_ages_out_while_the_rank_sends_no_ledger(tmp_path: Path) -> None:
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     clock = Clock(T0 + 61.0)
     w = StepHistory(idx, Storage({"index": tmp_path}), keep_s=1e9, clock=clock)
     w.tick([minute(0, 42.0, at=T0)])
@@ -302,7 +306,7 @@ def test_ledger_minutes_close_into_rows_the_index_aggregates(tmp_path: Path) -> 
             ds = [0.03 * slow * (1 + rng.uniform(-0.05, 0.05)) for _ in range(10)]
             led.heartbeat(c, 10 * (i + 1), ledger(ds, 10 * (i + 1)), 1000.0 + i)
     led.tick([])  # all left
-    idx = Index(tmp_path / "index.db")
+    idx = minutes_at(tmp_path / "index.db")
     StepHistory(idx, Storage({"index": tmp_path}), keep_s=1e9, clock=clock).tick(led.take_minutes())
     (row,) = hist(idx, T0, T0 + 60)
     assert row["ranks"] == 3 and row["steps"] == 150

@@ -3,7 +3,6 @@ error on that capture, not a second row (nor a silent replacement of the first).
 
 from __future__ import annotations
 
-import sqlite3
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,15 @@ from profd.daemon.spool.incoming import Incoming
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.pipeline.files import ProcessedFile
 from profd.pipeline.process import ProcessedTrace
-from profd.store.index import SCHEMA, Index, PathTaken
+from profd.store.index import (
+    Database,
+    FileRepo,
+    InboxRepo,
+    PathTaken,
+    SessionRepo,
+    TraceRepo,
+    UploadQueueRepo,
+)
 
 
 def trace_row(pid: int, path: str, cycle: int = 0, session: str = "s1") -> dict[str, Any]:
@@ -36,7 +43,8 @@ def file_row(path: str, kind: str = "trace") -> dict[str, Any]:
 
 
 def test_add_trace_refuses_another_captures_file(tmp_path: Path) -> None:
-    ix = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
+    ix = TraceRepo(db)
     ix.add_trace(trace_row(1, "/c0/main-r0.gz"), [file_row("/c0/main-r0.gz")])
     with pytest.raises(PathTaken, match=r"main-r0.gz is already the capture of main rank 0"):
         ix.add_trace(trace_row(2, "/c0/main-r0.gz"), [file_row("/c0/main-r0.gz")])
@@ -47,30 +55,27 @@ def test_add_trace_refuses_another_captures_file(tmp_path: Path) -> None:
     ix.add_trace(trace_row(1, "/c0/main-r0.gz"), [file_row("/c0/main-r0.gz")])
     # An nsys report of several ranks is indexed once for each, by design.
     ix.add_trace(trace_row(3, "/c0/main-r0.gz"), [file_row("/c0/main-r0.gz")], shared=True)
-    paths = ix.db.execute("SELECT pid FROM traces ORDER BY pid").fetchall()
+    paths = db.conn.execute("SELECT pid FROM traces ORDER BY pid").fetchall()
     assert [p[0] for p in paths] == [1, 3]
-    ix.close()
-
-
-def test_an_older_index_gets_the_stem_column(tmp_path: Path) -> None:
-    old = SCHEMA.replace("    stem TEXT, ", "    -- ").replace("traces_path ON traces(path)", "x")
-    assert old != SCHEMA
-    db = sqlite3.connect(tmp_path / "index.db")
-    db.executescript(old.replace("CREATE INDEX IF NOT EXISTS x;", ""))
     db.close()
-    ix = Index(tmp_path / "index.db")
-    cols = {r[1] for r in ix.db.execute("PRAGMA table_info(targets)")}
-    assert "stem" in cols
-    ix.close()
 
 
 def test_a_capture_whose_file_is_taken_fails_saying_whose(tmp_path: Path) -> None:
     spool = tmp_path / "spool"
     spool.mkdir()
-    index = Index(tmp_path / "index.db")
+    db = Database(tmp_path / "index.db")
     perms = SpoolPerms(None)
-    sessions = Sessions(index, spool, perms, "node-a")
-    results = Results(sessions, index, Incoming(spool, perms), None, "node-a")
+    sessions = Sessions(SessionRepo(db), spool, perms, "node-a")
+    results = Results(
+        sessions,
+        TraceRepo(db),
+        FileRepo(db),
+        InboxRepo(db),
+        UploadQueueRepo(db),
+        Incoming(spool, perms),
+        None,
+        "node-a",
+    )
     s = Session("s1", "job", {"next": True}, [(1, 1, 2)], "torch", {}, None, None)
     a, b = (Target("h", pid, "job", "main", 0, 1) for pid in (1, 2))
     s.targets = {a.key: a, b.key: b}
@@ -89,6 +94,6 @@ def test_a_capture_whose_file_is_taken_fails_saying_whose(tmp_path: Path) -> Non
         "not indexed: same.pt.trace.json.gz is already the capture of main rank 0 (pid 1)"
         " in session s1 cycle 0"
     )
-    rows = index.db.execute("SELECT pid FROM traces").fetchall()
+    rows = db.conn.execute("SELECT pid FROM traces").fetchall()
     assert [r[0] for r in rows] == [1]
-    index.close()
+    db.close()

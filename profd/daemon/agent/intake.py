@@ -21,7 +21,7 @@ from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.state import Session, Sessions, Target
 from profd.daemon.spool.incoming import Incoming
 from profd.daemon.spool.storage import Storage, is_disk_full
-from profd.store.index import Index
+from profd.store.index import InboxRepo
 from profd_client import protocol as P
 
 log = logging.getLogger("profd.agents")
@@ -31,7 +31,7 @@ class Intake:
     def __init__(
         self,
         sessions: Sessions,
-        index: Index,
+        inbox: InboxRepo,
         captures: Captures,
         incoming: Incoming,
         nsys: NsysRuns,
@@ -39,7 +39,7 @@ class Intake:
         send: Send,
     ) -> None:
         self.sessions = sessions
-        self.index = index
+        self.inbox = inbox
         self.captures = captures
         self.incoming = incoming
         self.nsys = nsys
@@ -118,7 +118,7 @@ class Intake:
         """Put a report in the inbox: whether it is new there, or None when a full disk
         refused it (any other error is a bug, and raises)."""
         try:
-            fresh = self.index.inbox_put(capture.key, capture.to_row())
+            fresh = self.inbox.inbox_put(capture.key, capture.to_row())
         except Exception as exc:
             if not is_disk_full(exc):
                 raise

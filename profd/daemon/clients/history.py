@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable
 
 from profd.daemon.clients.ledger import MinuteSummary
 from profd.daemon.spool.storage import Storage
-from profd.store.index import Index
+from profd.store.index import StepMinuteRepo
 
 log = logging.getLogger("profd.history")
 
@@ -34,12 +34,12 @@ class StepHistory:
 
     def __init__(
         self,
-        index: Index,
+        minutes: StepMinuteRepo,
         storage: Storage,
         keep_s: float,
         clock: Callable[[], float] = time.time,
     ) -> None:
-        self.index = index
+        self.minutes = minutes
         self.storage = storage
         self.keep_s = keep_s
         self._clock = clock
@@ -63,7 +63,7 @@ class StepHistory:
     def _write(self) -> None:
         rows = [vars(m) for m in self.pending]  # asdict's deep copy: 30 ms at 1,024
         try:
-            self.index.add_step_minutes(rows)
+            self.minutes.add_step_minutes(rows)
         except Exception as exc:  # unwritable now (full, locked): the rows wait, bounded
             self.storage.failed("index", exc, f"{len(rows)} step-time minutes")
             self.failing = True
@@ -84,7 +84,7 @@ class StepHistory:
 
     def _prune(self, now: float) -> None:
         try:
-            n = self.index.prune_step_minutes(now - self.keep_s)
+            n = self.minutes.prune_step_minutes(now - self.keep_s)
         except sqlite3.Error as exc:
             log.warning("cannot delete old step-time minutes: %s; trying again in a minute", exc)
             self._next_prune = now + 60.0
@@ -97,7 +97,7 @@ class StepHistory:
         """The ``Ledgers`` seed lookup: a rank's newest minute since ``since`` in the index;
         None when there is none or the index cannot be read (``top`` then says less)."""
         try:
-            return self.index.last_step_minute(job, role, rank, since)
+            return self.minutes.last_step_minute(job, role, rank, since)
         except sqlite3.Error as exc:
             log.debug("no seed for %s/%s/%d: %s", job, role, rank, exc)
             return None

@@ -28,7 +28,14 @@ from profd.daemon.sessions.state import Sessions
 from profd.daemon.watch.incidents import Incidents
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
-from profd.store.index import Index, TraceFilter
+from profd.store.index import (
+    FileRepo,
+    SessionRepo,
+    StepMinuteRepo,
+    TraceFilter,
+    TraceRepo,
+    UploadQueueRepo,
+)
 from profd.watch.incident import seen_by
 from profd.watch.stats import mark_vs_role, slowest_first
 from profd_client import protocol as P
@@ -77,7 +84,11 @@ class ControlHandler:
         registry: Registry,
         ledgers: Ledgers,
         sessions: Sessions,
-        index: Index,
+        session_rows: SessionRepo,
+        traces: TraceRepo,
+        files: FileRepo,
+        queue: UploadQueueRepo,
+        minutes: StepMinuteRepo,
         starter: Starter,
         flush: Callable[[], None],
         send: SendFrames,
@@ -90,7 +101,11 @@ class ControlHandler:
         self.registry = registry
         self.ledgers = ledgers
         self.sessions = sessions
-        self.index = index
+        self.session_rows = session_rows
+        self.traces = traces
+        self.files = files
+        self.queue = queue
+        self.minutes = minutes
         self.starter = starter
         self.flush = flush
         self.send = send
@@ -216,7 +231,7 @@ class ControlHandler:
 
     def _sessions(self, m: dict[str, Any], by: Requester) -> Any:
         self.flush()
-        rows = self.index.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
+        rows = self.session_rows.sessions(m.get("state"), m.get("job"), m.get("limit") or 50)
         self._stamp(rows)
         return rows
 
@@ -228,7 +243,7 @@ class ControlHandler:
             # From memory: right even while the index cannot be written (a full disk).
             s = live.summary()
         else:
-            row = self.index.session(sid)
+            row = self.session_rows.session(sid)
             if row is None:
                 raise Refused("unknown_session", f"no session {m['session']!r}")
             s = row
@@ -247,7 +262,7 @@ class ControlHandler:
             flt = TraceFilter.from_map(m["filters"])
         except (TypeError, ValueError) as exc:
             raise Refused("bad_request", str(exc)) from None
-        rows = self.index.traces(flt)
+        rows = self.traces.traces(flt)
         self._stamp(rows)
         return rows
 
@@ -261,7 +276,7 @@ class ControlHandler:
         until = now if until is None else until
         if since >= until:
             raise Refused("bad_request", "history: since must be before until")
-        minutes, since = self.index.step_history(m["job"], since, until)
+        minutes, since = self.minutes.step_history(m["job"], since, until)
         return {
             "job": m["job"],
             "since": since,  # later than asked when the range held too many rows
@@ -293,7 +308,7 @@ class ControlHandler:
         live = self.sessions.exact(sid)
         if live is not None:
             return live.state
-        row = self.index.session(sid)
+        row = self.session_rows.session(sid)
         return None if row is None else str(row["state"])
 
     def _retry(self, m: dict[str, Any], by: Requester) -> Any:
@@ -336,7 +351,7 @@ class ControlHandler:
 
     def status(self) -> dict[str, Any]:
         f = self.facts
-        total, unsafe = self.index.spool_usage()
+        total, unsafe = self.files.spool_usage()
         live = self.sessions.live()
         out: dict[str, Any] = {
             "version": __version__,
@@ -361,7 +376,7 @@ class ControlHandler:
                 "bytes_not_uploaded": unsafe,
                 "max_bytes": f.max_spool_bytes,
             },
-            "queue": self.index.queue_stats(),
+            "queue": self.queue.queue_stats(),
         }
         live_status = self.live_status()
         live_status["rejected_messages"] = live_status.get("rejected_messages", 0) + self.rejected
@@ -435,7 +450,7 @@ class ControlHandler:
             raise Refused(
                 "permission", f"profctl as uid {by.uid} may retry only its own sessions: name one"
             )
-        row = self.index.session(session_id)
+        row = self.session_rows.session(session_id)
         if row is not None and not by.may_act_on(row.get("owner")):
             raise Refused(
                 "permission", f"session {row['id']} is not uid {by.uid}'s; ask root to retry it"
@@ -445,7 +460,7 @@ class ControlHandler:
         sid = self.session_id(session_id)
         s = self.starter.stop(sid, keep, by)
         if s is None:
-            row = self.index.session(sid)
+            row = self.session_rows.session(sid)
             if row is None:
                 raise Refused("unknown_session", f"no session {session_id!r}")
             raise Refused("finished", f"session {row['id']} already ended: {row['state']}")
@@ -454,11 +469,11 @@ class ControlHandler:
     def session_id(self, text: str) -> str:
         """The session ``text`` names: the one with that id, else the one whose id contains
         it (Refused when none does, or several do: a guess could stop the wrong one)."""
-        if self.sessions.exact(text) is not None or self.index.has_session(text):
+        if self.sessions.exact(text) is not None or self.session_rows.has_session(text):
             return text
         # Live sessions may not be in the index yet (its writes are behind).
         hits = set(self.sessions.containing(text))
-        hits.update(self.index.session_ids(text, SHOWN_AMBIGUOUS + 1))
+        hits.update(self.session_rows.session_ids(text, SHOWN_AMBIGUOUS + 1))
         if len(hits) == 1:
             return hits.pop()
         if not hits:

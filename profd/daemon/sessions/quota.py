@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Protocol
 
 from profd.scheduling.refusal import Refused
-from profd.store.index import Index
+from profd.store.index import FileRepo
 from profd.textfmt import human_bytes
 
 
@@ -14,9 +14,9 @@ class Pruner(Protocol):
 
 
 class Quota:
-    def __init__(self, max_bytes: int | None, index: Index, uploads: Pruner | None) -> None:
+    def __init__(self, max_bytes: int | None, files: FileRepo, uploads: Pruner | None) -> None:
         self.max_bytes = max_bytes
-        self.index = index
+        self.files = files
         self.uploads = uploads
 
     def check(self) -> None:
@@ -25,7 +25,7 @@ class Quota:
             return
         if self.uploads is not None:
             self.uploads.prune()
-        _, unsafe = self.index.spool_usage()
+        _, unsafe = self.files.spool_usage()
         if unsafe >= cap:
             raise Refused(
                 "spool_full",

@@ -35,7 +35,7 @@ from profd.daemon.sessions.starts import Starter, StartRequest, target_state
 from profd.daemon.sessions.state import Session, Sessions
 from profd.report.model import Report, build_report
 from profd.scheduling.refusal import Refused
-from profd.store.index import Index
+from profd.store.index import FileRepo, SessionRepo
 from profd.watch import sampling
 from profd.watch.incident import Incident, Suspect
 from profd.watch.sampling import LABEL, SampleRules
@@ -256,9 +256,9 @@ class SampleStragglers:
     """The ``straggler`` detector: the report's rule over every processed sample."""
 
     def __init__(
-        self, index: Index, open_incident: OpenIncident, clear_incident: ClearIncident
+        self, session_rows: SessionRepo, open_incident: OpenIncident, clear_incident: ClearIncident
     ) -> None:
-        self.index = index
+        self.session_rows = session_rows
         self.open_incident = open_incident
         self.clear_incident = clear_incident
 
@@ -266,7 +266,7 @@ class SampleStragglers:
         """A sample session ended: the incidents its statistics open; the open straggler
         incidents of each of its roles whose ranks it no longer names are resolved (a clean
         sample is the condition clearing)."""
-        s = self.index.session(session_id)
+        s = self.session_rows.session(session_id)
         if s is None or s["id"] != session_id:
             return []
         opened = []
@@ -288,8 +288,8 @@ class SampleAging:
     EVERY = 60.0
     BATCH = 20
 
-    def __init__(self, index: Index, keep_s: float, referenced: Referenced) -> None:
-        self.index = index
+    def __init__(self, files: FileRepo, keep_s: float, referenced: Referenced) -> None:
+        self.files = files
         self.keep_s = keep_s
         self.referenced = referenced
         self._after: tuple[float, str] = (0.0, "")
@@ -300,7 +300,7 @@ class SampleAging:
         if wall < self._due:
             return 0
         self._due = wall + self.EVERY
-        rows = self.index.labelled_with_files(LABEL, wall - self.keep_s, self._after, self.BATCH)
+        rows = self.files.labelled_with_files(LABEL, wall - self.keep_s, self._after, self.BATCH)
         # A short batch reached the end: the next sweep starts over, so the samples skipped
         # (files still uploading) are looked at again.
         self._after = rows[-1] if len(rows) == self.BATCH else (0.0, "")
@@ -314,7 +314,7 @@ class SampleAging:
         return removed
 
     def _age(self, session_id: str) -> int:
-        files = self.index.capture_files(session_id)
+        files = self.files.capture_files(session_id)
         # A file on its way to S3 is deleted once it is there, at a later sweep.
         if any(f["upload_state"] in ("pending", "uploading") for f in files):
             return 0
@@ -329,9 +329,9 @@ class SampleAging:
             gone.append(f["id"])
             with contextlib.suppress(OSError):
                 path.parent.rmdir()  # the cycle dir, once its last file is gone
-        with self.index.transaction():
+        with self.files.transaction():
             for fid in gone:
-                self.index.mark_deleted(fid)
+                self.files.mark_deleted(fid)
         return len(gone)
 
 
@@ -345,15 +345,16 @@ class Samples:
         registry: Registry,
         sessions: Sessions,
         starter: Starter,
-        index: Index,
+        session_rows: SessionRepo,
+        files: FileRepo,
         open_incident: OpenIncident,
         referenced: Referenced,
         clear_incident: ClearIncident,
     ) -> None:
         self.arming = SampleArming(rules, registry, sessions, starter)
         self.bound = SampleBound(rules, registry, sessions, starter.arms.disarm)
-        self.stragglers = SampleStragglers(index, open_incident, clear_incident)
-        self.aging = SampleAging(index, rules.keep_samples, referenced)
+        self.stragglers = SampleStragglers(session_rows, open_incident, clear_incident)
+        self.aging = SampleAging(files, rules.keep_samples, referenced)
 
     def set_rules(self, rules: SampleRules) -> None:
         """``[watch]`` read again (SIGHUP): the next tick arms by the new rules."""

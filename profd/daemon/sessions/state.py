@@ -26,7 +26,7 @@ from profd.fsutil import atomic_write
 from profd.scheduling.schedule import Cycle, steps_of
 from profd.states import REPORT_TERMINAL, TARGET_TERMINAL, combine, is_terminal
 from profd.store import layout
-from profd.store.index import Index
+from profd.store.index import SessionRepo
 
 #: The error of a target stopped (``profctl stop``) before its capture began.
 STOPPED_EARLY = "stopped before its capture began"
@@ -312,9 +312,9 @@ class Sessions:
     A 1024-rank session thus costs one commit per burst of acks, not one per ack.
     """
 
-    def __init__(self, index: Index, spool: Path, perms: SpoolPerms, node: str) -> None:
+    def __init__(self, rows: SessionRepo, spool: Path, perms: SpoolPerms, node: str) -> None:
         self.node = node  # this daemon's node name, in every manifest it writes
-        self.index = index
+        self.rows = rows
         self.spool = spool
         self.perms = perms
         self.by_id: dict[str, Session] = {}
@@ -344,7 +344,7 @@ class Sessions:
 
     def taken(self, session_id: str) -> bool:
         """A live or finished session has this id (a coordinator's id must be new)."""
-        return session_id in self.by_id or self.index.has_session(session_id)
+        return session_id in self.by_id or self.rows.has_session(session_id)
 
     def live(self) -> list[Session]:
         return [s for s in self.by_id.values() if not s.terminal]
@@ -398,7 +398,7 @@ class Sessions:
         before = (t.state, t.error, t.traces, t.outstanding, list(t.results))
         t._processed(result, traced, error)
         try:
-            self.index.save_target(t.stored(s.id))
+            self.rows.save_target(t.stored(s.id))
         except Exception:
             # Not written (a full disk): the caller retries the whole result later.
             t.state, t.error, t.traces, t.outstanding, t.results = before
@@ -455,14 +455,14 @@ class Sessions:
         finished = []
         states = {sid: s.state for sid, (s, _) in dirty.items()}
         try:
-            with self.index.transaction():
+            with self.rows.transaction():
                 for s, keys in dirty.values():
                     was_terminal = s.terminal
                     s.recompute()
                     targets = s.targets.values() if keys is None else [s.targets[k] for k in keys]
                     for t in targets:
-                        self.index.save_target(t.stored(s.id))
-                    self.index.save_session(s.row())
+                        self.rows.save_target(t.stored(s.id))
+                    self.rows.save_session(s.row())
                     if s.terminal and not was_terminal:
                         finished.append(s)
         except Exception:
@@ -520,14 +520,14 @@ class Sessions:
         """Sessions left open by a previous daemon, with their targets; finished sessions
         whose manifest it never wrote become owed again."""
         out = []
-        for row in self.index.open_sessions():
+        for row in self.rows.open_sessions():
             s = _session_of(row)
             self.by_id[s.id] = s
             # Its state is derived again at the first flush: the previous daemon may have
             # died between a target's last result and the session row.
             self.save(s)
             out.append(s)
-        for row in self.index.unwritten_manifests():
+        for row in self.rows.unwritten_manifests():
             self._owed[row["id"]] = _session_of(row)
         return out
 

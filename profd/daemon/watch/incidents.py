@@ -38,7 +38,7 @@ from profd.fsutil import atomic_path
 from profd.report.incident_compare import comparison_from_index
 from profd.scheduling.refusal import Refused
 from profd.store import layout
-from profd.store.index import Index
+from profd.store.index import FileRepo, IncidentRepo, SessionRepo
 from profd.watch.incident import KINDS, OPEN, Incident, Suspect, figures, has_stacks, new_id
 
 log = logging.getLogger("profd.watch")
@@ -63,19 +63,21 @@ class UploadQueue(Protocol):
     def kick(self) -> None: ...
 
 
-def on_capture_processed(index: Index, incident: Incident, session: Session) -> None:
+def on_capture_processed(sessions: SessionRepo, incident: Incident, session: Session) -> None:
     """An incident's capture ended and its traces are processed (``session`` is terminal):
     what differs, suspect against peer per operator and per step, and for a regression the
     capture against the job's last sample before it (the ``diff`` engine, reading the index
     only). :meth:`Incidents.capture_ended` calls this from the loop's flush for every
     finished session labelled ``incident:ID`` and saves the incident again."""
-    incident.comparison = comparison_from_index(index, incident, session.id)
+    incident.comparison = comparison_from_index(sessions, incident, session.id)
 
 
 class Incidents:
     def __init__(
         self,
-        index: Index,
+        store: IncidentRepo,
+        files: FileRepo,
+        session_rows: SessionRepo,
         spool: Path,
         perms: SpoolPerms,
         host: str,
@@ -84,7 +86,9 @@ class Incidents:
         clock: Callable[[], float] = time.time,
         owner_of: OwnerOf | None = None,
     ) -> None:
-        self.index = index
+        self.store = store
+        self.files = files
+        self.session_rows = session_rows
         self.owner_of = owner_of
         self.spool = spool
         self.perms = perms
@@ -288,7 +292,7 @@ class Incidents:
         index. An open one stays open long enough for its rule, starting afresh, to report
         it again (twice a window and a hold; a regression's half baseline more)."""
         now = self._clock()
-        rows = self.index.recent_incidents(now - self.cfg.cooldown)
+        rows = self.store.recent_incidents(now - self.cfg.cooldown)
         for row in rows:
             inc = Incident.from_dict(row)
             self.held[inc.id] = inc
@@ -313,12 +317,12 @@ class Incidents:
         iid = s.label[len(LABEL) :] if s.label else ""
         inc = self.held.get(iid)
         if inc is None:
-            row = self.index.incident(iid)
+            row = self.store.incident(iid)
             if row is None:
                 return
             inc = Incident.from_dict(row)
         before = inc.comparison
-        on_capture_processed(self.index, inc, s)
+        on_capture_processed(self.session_rows, inc, s)
         if inc.comparison != before:
             self._save(inc)
 
@@ -329,7 +333,7 @@ class Incidents:
         if not wanted:
             return set()
         found: set[str] = set()
-        for d in self.index.incidents(limit=1_000_000):
+        for d in self.store.incidents(limit=1_000_000):
             comparison = d.get("comparison") or {}
             for sid in (
                 (d.get("evidence") or {}).get("session"),
@@ -350,7 +354,7 @@ class Incidents:
     ) -> list[dict[str, Any]]:
         """Incidents, newest first, from the index (what memory holds is written there as it
         changes; one that could not be written yet is taken from memory)."""
-        rows = self.index.incidents(job=job, kind=kind, since=since, limit=limit)
+        rows = self.store.incidents(job=job, kind=kind, since=since, limit=limit)
         if self._unsaved:
             mine = {iid: self.held[iid].to_dict() for iid in self._unsaved if iid in self.held}
             rows = [mine.pop(r["id"], r) for r in rows]
@@ -369,16 +373,16 @@ class Incidents:
         inc = self.held.get(text)
         if inc is not None:
             return inc.to_dict()
-        row = self.index.incident(text)
+        row = self.store.incident(text)
         if row is not None:
             return row
-        ids = self.index.incident_ids(text, 6)
+        ids = self.store.incident_ids(text, 6)
         if not ids:
             raise Refused("not_found", f"no incident {text!r}")
         if len(ids) > 1:
             shown = ", ".join(ids[:5])
             raise Refused("ambiguous", f"incident {text!r} is ambiguous: {shown}")
-        found = self.index.incident(ids[0])
+        found = self.store.incident(ids[0])
         if found is None:
             raise Refused("not_found", f"no incident {text!r}")
         return found
@@ -389,9 +393,9 @@ class Incidents:
         doc = inc.to_dict()
         try:
             path = self._write(inc, doc)
-            with self.index.transaction():
-                self.index.save_incident(doc)
-                self.index.add_file(
+            with self.store.transaction():
+                self.store.save_incident(doc)
+                self.files.add_file(
                     {
                         "session": inc.id,
                         "job": inc.job,
