@@ -48,6 +48,7 @@ from profd.daemon.sessions.samples import SampleStragglers
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.detectors import Detectors
 from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.sinks import record_sinks
 from profd.store.index import Index
 from profd.watch.sampling import LABEL, sample_id
 from profd_client.protocol import STEP_BUCKETS
@@ -98,9 +99,8 @@ def run(n: int, per_job: int, ticks: int, tmp: Path) -> dict[str, list[float]]:
     cfg = WatchConfig()
     spool = tmp / f"spool-{per_job}"
     spool.mkdir()
-    incidents = Incidents(
-        Index(tmp / f"index-{per_job}.db"), spool, SpoolPerms(None), "n", cfg, None
-    )
+    index = Index(tmp / f"index-{per_job}.db")
+    incidents = Incidents(index, "n", cfg, record_sinks(index, spool, SpoolPerms(None), None))
     det = Detectors(ledgers, registry(cs), incidents, cfg.rules())
     rng = random.Random(1)
     mono = time.monotonic()
@@ -172,7 +172,8 @@ def detect(
     spool = run_dir / "spool"
     spool.mkdir()
     index = Index(run_dir / "index.db")
-    incidents = Incidents(index, spool, SpoolPerms(None), "n", cfg, None, clock=lambda: clock[0])
+    sinks = record_sinks(index, spool, SpoolPerms(None), None)
+    incidents = Incidents(index, "n", cfg, sinks, clock=lambda: clock[0])
     det = Detectors(ledgers, registry(cs), incidents, cfg.rules())
     rng = random.Random(n * 7 + (change_at or 0))
     mono = 1000.0
@@ -233,7 +234,7 @@ def straggler_samples(n: int, tmp: Path) -> dict[str, Any]:
     spool = run_dir / "spool"
     spool.mkdir()
     index = Index(run_dir / "index.db")
-    incidents = Incidents(index, spool, SpoolPerms(None), "n", cfg, None)
+    incidents = Incidents(index, "n", cfg, record_sinks(index, spool, SpoolPerms(None), None))
     det = SampleStragglers(index, incidents.open, incidents.clear_ranks)
     slow = n // 3
     clean, named_at, named = 3, None, []

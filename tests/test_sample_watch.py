@@ -15,6 +15,7 @@ from profd.config import WatchConfig
 from profd.daemon.sessions.samples import SampleAging, SampleStragglers, straggler_findings
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.sinks import record_sinks
 from profd.report.incident_compare import compare, comparison_from_index, comparison_text
 from profd.report.model import build_report
 from profd.report.renderers import renderers
@@ -32,7 +33,9 @@ def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path
     # The daemon's own incidents store on the same index (no capture armed: none is wired).
     spool = tmp_path / "spool"
     spool.mkdir()
-    incidents = Incidents(idx, spool, SpoolPerms(None), "n1", WatchConfig(), None)
+    incidents = Incidents(
+        idx, "n1", WatchConfig(), record_sinks(idx, spool, SpoolPerms(None), None)
+    )
     det = SampleStragglers(idx, incidents.open, incidents.clear_ranks)
     assert det.processed("sample-synthetic-101") == [] and incidents.rows() == []
     [opened] = det.processed("sample-synthetic-201")

@@ -14,6 +14,7 @@ from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.detectors import Detectors
 from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.sinks import record_sinks
 from profd.store.index import Index
 
 CFG = WatchConfig(window=20.0, baseline=60.0, hold=10.0, cooldown=600.0)
@@ -27,9 +28,9 @@ class Rig:
         self.ledgers = Ledgers(self.unix)
         spool = tmp_path / "spool"
         spool.mkdir()
-        self.incidents = Incidents(
-            Index(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, self.unix
-        )
+        index = Index(tmp_path / "index.db")
+        sinks = record_sinks(index, spool, SpoolPerms(None), None)
+        self.incidents = Incidents(index, "n1", cfg, sinks, clock=self.unix)
         self.registry = Registry()
         for c in clients:
             self.registry.add(c)

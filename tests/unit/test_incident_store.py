@@ -1,6 +1,6 @@
 """Incidents (profd.daemon.watch.incidents) on a real SQLite index and a real spool: dedup,
 resolution after the hold, the cooldown of a flapping job, and a restart that keeps them and
-fires nothing again. The capture is the injection point the loop fills with the Starter;
+fires nothing again. The capture is what the loop passes in (its Starter);
 here a recorder stands in for it."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import pytest
 from profd.config import WatchConfig
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.sinks import IncidentCounts, record_sinks
 from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import Index
@@ -48,10 +49,16 @@ class Recorder:
 def make(tmp_path: Path, clock: Clock, cfg: WatchConfig = CFG) -> tuple[Incidents, Recorder]:
     spool = tmp_path / "spool"
     spool.mkdir(exist_ok=True)
-    inc = Incidents(Index(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, clock)
+    index = Index(tmp_path / "index.db")
     rec = Recorder()
-    inc.capture = rec
-    return inc, rec
+    sinks = [IncidentCounts(), *record_sinks(index, spool, SpoolPerms(None), None)]
+    return Incidents(index, "n1", cfg, sinks, capture=rec, clock=clock), rec
+
+
+def counts(incidents: Incidents) -> dict[str, int]:
+    """What ``/metrics`` counts: the store's counting sink."""
+    (counter,) = [s for s in incidents.sinks if isinstance(s, IncidentCounts)]
+    return counter.counts
 
 
 def slow(incidents: Incidents, rank: int = 1, job: str = "j") -> Incident | None:
@@ -79,7 +86,7 @@ def test_one_open_incident_per_kind_job_and_rank(tmp_path: Path) -> None:
     reg = regression(incidents)
     assert reg is not None and reg.suspects == []
     assert regression(incidents) is None  # job-wide: one per job
-    assert incidents.counts["slow_rank"] == 3 and incidents.counts["regression"] == 1
+    assert counts(incidents)["slow_rank"] == 3 and counts(incidents)["regression"] == 1
     # One capture per job inside the cooldown: j's first incident's, and k's.
     assert len(rec.asked) == 2 and other.session is None and reg.session is None
     rows = incidents.rows()
@@ -138,7 +145,7 @@ def test_a_flapping_job_yields_one_incident_and_one_capture_per_cooldown(tmp_pat
         clock.t += 1.0
         assert slow(incidents) is None
         assert first.state == OPEN  # the same incident, open again
-    assert incidents.counts["slow_rank"] == 1 and rec.asked == [first.id]
+    assert counts(incidents)["slow_rank"] == 1 and rec.asked == [first.id]
     assert sum("open again" in n for n in first.notes) == 8
     # Another kind in the same job inside the cooldown: an incident, but no capture.
     reg = regression(incidents)
@@ -186,7 +193,7 @@ def test_a_restart_keeps_incidents_and_fires_nothing_again(tmp_path: Path) -> No
     again.tick()
     assert again.held[inc.id].state == OPEN
     assert slow(again) is None and regression(again, job="k") is None
-    assert again.counts["slow_rank"] == 0 and rec2.asked == []
+    assert counts(again)["slow_rank"] == 0 and rec2.asked == []
     assert len(again.rows()) == 2
     # No longer reported: resolved once its grace passed.
     clock.t += grace + 1.0
@@ -204,10 +211,9 @@ def test_a_hangs_stacks_are_the_owners_file_and_withheld_from_other_users(
     spool.mkdir()
     clock = Clock()
     # A group-mode spool: files are group-readable, but not stacks.
-    incidents = Incidents(
-        Index(tmp_path / "index.db"), spool, SpoolPerms(os.getgid()), "n1", CFG, None, clock,
-        owner_of={"j": 4242}.get,
-    )  # fmt: skip
+    index = Index(tmp_path / "index.db")
+    sinks = record_sinks(index, spool, SpoolPerms(os.getgid()), None)
+    incidents = Incidents(index, "n1", CFG, sinks, clock=clock, owner_of={"j": 4242}.get)
     frames = [{"function": "secret_fn", "file": "/home/b/train.py", "line": 3}]
     evidence = {
         "stalled_s": 61.0,
