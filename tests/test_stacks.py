@@ -76,7 +76,7 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
         stackgroups.mark_training(threads, helper_tid)
         assert [t["name"] for t in threads if t["training"]] == ["helper"]
 
-        row = read_one(pyspy, StackTarget("h", "worker", 0, p.pid, p.pid, None))
+        row = read_one(pyspy, StackTarget("h", "worker", 0, p.pid, p.pid, None)).to_dict()
         assert row["source"] == "py-spy" and "error" not in row
         assert [t["name"] for t in row["threads"] if t["training"]] == ["MainThread"]
 
@@ -104,7 +104,7 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
 def test_a_process_that_is_gone_is_reported_not_raised() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    row = read_one(find_pyspy(), StackTarget("h", "worker", 3, p.pid, p.pid, None))
+    row = read_one(find_pyspy(), StackTarget("h", "worker", 3, p.pid, p.pid, None)).to_dict()
     assert row["source"] is None and row["threads"] == []
     assert row["error"] == "the process exited while its stacks were read"
 
