@@ -246,3 +246,38 @@ def test_a_hangs_stacks_are_the_owners_file_and_withheld_from_other_users(
     assert incidents.open("hang", "j", "w", [], 9, evidence) is None
     notes = incidents.find(hang.id)["notes"]
     assert notes and "stalled_s" in notes[0] and "secret_fn" not in json.dumps(notes), notes
+
+
+class FailsOnce:
+    """A sink before the record that cannot keep the first incident it is given (a full
+    disk where it writes)."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[str, bool]] = []
+
+    def save(self, inc: Incident, new: bool) -> None:
+        self.saved.append((inc.id, new))
+        if len(self.saved) == 1:
+            raise OSError(28, "No space left on device")
+
+
+def test_a_sink_that_fails_stops_those_after_it_and_all_are_tried_again_next_tick(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    index = Index(tmp_path / "index.db")
+    clock = Clock()
+    counter, failing = IncidentCounts(), FailsOnce()
+    sinks = [counter, failing, *record_sinks(index, spool, SpoolPerms(None), None)]
+    incidents = Incidents(index, "n1", CFG, sinks, clock=clock)
+    first = slow(incidents)
+    assert first is not None
+    path = spool.joinpath(*layout.incident_parts("j", first.id))
+    assert not path.exists() and index.incident(first.id) is None
+    assert [r["id"] for r in incidents.rows()] == [first.id]  # from memory meanwhile
+    clock.t += 1.0
+    incidents.tick()
+    assert path.exists() and index.incident(first.id) is not None
+    assert failing.saved == [(first.id, True), (first.id, False)]
+    assert counter.counts["slow_rank"] == 1  # counted once, when it opened
