@@ -39,16 +39,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
+from incidentstore import incidents_on
 from stats_synth import store_session, synthetic_session  # tests/, on sys.path through benchlib
 
 from profd.config import Config, WatchConfig
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.samples import SampleStragglers
-from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.detectors import Detectors
-from profd.daemon.watch.incidents import Incidents
-from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
+from profd.store.index import Database, SessionRepo
 from profd.watch.sampling import LABEL, sample_id
 from profd_client.protocol import STEP_BUCKETS
 
@@ -99,9 +98,7 @@ def run(n: int, per_job: int, ticks: int, tmp: Path) -> dict[str, list[float]]:
     spool = tmp / f"spool-{per_job}"
     spool.mkdir()
     db = Database(tmp / f"index-{per_job}.db")
-    incidents = Incidents(
-        IncidentRepo(db), FileRepo(db), SessionRepo(db), spool, SpoolPerms(None), "n", cfg, None
-    )
+    incidents = incidents_on(db, spool, cfg, host="n")
     det = Detectors(ledgers, registry(cs), incidents, cfg.rules())
     rng = random.Random(1)
     mono = time.monotonic()
@@ -173,10 +170,7 @@ def detect(
     spool = run_dir / "spool"
     spool.mkdir()
     index = Database(run_dir / "index.db")
-    incidents = Incidents(
-        IncidentRepo(index), FileRepo(index), SessionRepo(index), spool, SpoolPerms(None), "n",
-        cfg, None, clock=lambda: clock[0],
-    )  # fmt: skip
+    incidents = incidents_on(index, spool, cfg, host="n", clock=lambda: clock[0])
     det = Detectors(ledgers, registry(cs), incidents, cfg.rules())
     rng = random.Random(n * 7 + (change_at or 0))
     mono = 1000.0
@@ -238,9 +232,7 @@ def straggler_samples(n: int, tmp: Path) -> dict[str, Any]:
     spool.mkdir()
     index = Database(run_dir / "index.db")
     sessions = SessionRepo(index)
-    incidents = Incidents(
-        IncidentRepo(index), FileRepo(index), sessions, spool, SpoolPerms(None), "n", cfg, None
-    )
+    incidents = incidents_on(index, spool, cfg, host="n")
     det = SampleStragglers(sessions, incidents.open, incidents.clear_ranks)
     slow = n // 3
     clean, named_at, named = 3, None, []

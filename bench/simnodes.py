@@ -30,6 +30,7 @@ import zmq.auth
 from profd.daemon.clients.rankstacks import target
 from profd.daemon.clients.registry import Client
 from profd.daemon.clients.stacks import job_doc
+from profd.watch.rankrow import ReadStatus, Source, threads_of
 from profd_client import protocol as P
 
 
@@ -113,7 +114,8 @@ def stacks_doc(node: str, clients: list[Client], stuck: bool) -> dict[str, Any]:
             {"name": name, "tid": c.pid + 1 + i, "training": False, "frames": frames}
             for i, (name, frames) in enumerate(OTHER_THREADS)
         ]
-        rows.append({**target(c).row(), "source": "py-spy", "threads": threads, "read_ms": 6.0})
+        read = target(c).row(ReadStatus.READ, Source.PYSPY, threads_of(threads), read_ms=6.0)
+        rows.append(read)
     doc = job_doc(clients[0].job, rows)
     doc["node"] = node
     return doc

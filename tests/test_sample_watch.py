@@ -8,24 +8,23 @@ import time
 from pathlib import Path
 from typing import Any
 
+from incidentstore import incidents_on
 from stats_synth import OPS, synthetic_session
 from stats_synth import store_session as store
 
 from profd.config import WatchConfig
 from profd.daemon.sessions.samples import SampleAging, SampleStragglers, straggler_findings
-from profd.daemon.spool.spoolperms import SpoolPerms
-from profd.daemon.watch.incidents import Incidents
 from profd.report.incident_compare import compare, comparison_from_index, comparison_text
 from profd.report.model import build_report
 from profd.report.renderers import renderers
-from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
+from profd.store.index import Database, FileRepo, SessionRepo
 from profd.watch.incident import Incident, Suspect
 from profd.watch.sampling import LABEL
 
 
 def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path) -> None:
     db = Database(tmp_path / "index.db")
-    idx, file_repo = SessionRepo(db), FileRepo(db)
+    idx = SessionRepo(db)
     calm = synthetic_session(4, steps=4, session="sample-synthetic-101")
     slow = synthetic_session(4, steps=4, straggler=2, session="sample-synthetic-201")
     store(idx, calm, LABEL, 1.0)
@@ -33,9 +32,7 @@ def test_a_processed_sample_naming_a_straggler_opens_one_incident(tmp_path: Path
     # The daemon's own incidents store on the same index (no capture armed: none is wired).
     spool = tmp_path / "spool"
     spool.mkdir()
-    incidents = Incidents(
-        IncidentRepo(db), file_repo, idx, spool, SpoolPerms(None), "n1", WatchConfig(), None
-    )
+    incidents = incidents_on(db, spool, WatchConfig())
     det = SampleStragglers(idx, incidents.open, incidents.clear_ranks)
     assert det.processed("sample-synthetic-101") == [] and incidents.rows() == []
     [opened] = det.processed("sample-synthetic-201")

@@ -24,6 +24,7 @@ from users import group_daemon
 
 from profd.daemon.clients.stacks import StackTarget, find_pyspy, read_one
 from profd.watch import stackgroups
+from profd.watch.rankrow import ReadStatus
 
 #: The torchrun jobs make these end-to-end; the py-spy parsing ones are quick.
 slow = pytest.mark.slow
@@ -76,7 +77,7 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
         stackgroups.mark_training(threads, helper_tid)
         assert [t["name"] for t in threads if t["training"]] == ["helper"]
 
-        row = read_one(pyspy, StackTarget("h", "worker", 0, p.pid, p.pid, None))
+        row = read_one(pyspy, StackTarget("h", "worker", 0, p.pid, p.pid, None)).to_dict()
         assert row["source"] == "py-spy" and "error" not in row
         assert [t["name"] for t in row["threads"] if t["training"]] == ["MainThread"]
 
@@ -104,7 +105,9 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
 def test_a_process_that_is_gone_is_reported_not_raised() -> None:
     p = subprocess.Popen([sys.executable, "-c", "pass"])
     p.wait()
-    row = read_one(find_pyspy(), StackTarget("h", "worker", 3, p.pid, p.pid, None))
+    got = read_one(find_pyspy(), StackTarget("h", "worker", 3, p.pid, p.pid, None))
+    assert got.status is ReadStatus.EXITED  # no agent thread is asked for a gone process
+    row = got.to_dict()
     assert row["source"] is None and row["threads"] == []
     assert row["error"] == "the process exited while its stacks were read"
 

@@ -36,7 +36,7 @@ from profd.daemon.clients.sampler import Sampler
 from profd.daemon.clients.stacks import StackReader
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
 from profd.daemon.control.tcp import TcpControl
-from profd.daemon.metrics import INCIDENT_KINDS, MetricsServer
+from profd.daemon.metrics import MetricsServer
 from profd.daemon.results import Results
 from profd.daemon.runtime import faults
 from profd.daemon.runtime import rundir as runtime
@@ -58,6 +58,7 @@ from profd.daemon.watch.capture import IncidentCapture
 from profd.daemon.watch.detectors import Detectors
 from profd.daemon.watch.hangs import Hangs
 from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.sinks import IncidentCounts, record_sinks
 from profd.reactor import Reactor
 from profd.scheduling.refusal import Refused
 from profd.states import LIVE
@@ -169,19 +170,21 @@ class Daemon:
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, file_repo, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
+        self.incident_counts = IncidentCounts()
+        incident_repo = IncidentRepo(self.index)
         self.incidents = Incidents(
-            IncidentRepo(self.index),
-            file_repo,
+            incident_repo,
             session_repo,
-            spool,
-            perms,
             host,
             cfg.watch,
-            self.uploads,
+            [
+                self.incident_counts,
+                *record_sinks(incident_repo, file_repo, spool, perms, self.uploads),
+            ],
+            capture=IncidentCapture(
+                self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
+            ),
             owner_of=self.registry.owner,
-        )
-        self.incidents.capture = IncidentCapture(
-            self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
         )
         self.detectors = Detectors(
             self.ledgers, self.registry, self.incidents, cfg.watch.rules(), cfg.watch.enabled
@@ -537,7 +540,7 @@ class Daemon:
                 ranks=self.ledgers.series(self.registry),
                 attached=len(self.registry),
                 sessions=tuple(by_state.items()),
-                incidents=tuple((k, self.incidents.counts.get(k, 0)) for k in INCIDENT_KINDS),
+                incidents=self.incident_counts.published(),
                 upload_queue_bytes=self._queue_bytes,
             )
         )

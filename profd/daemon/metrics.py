@@ -31,6 +31,7 @@ from prometheus_client.metrics_core import (
 )
 from prometheus_client.utils import floatToGoString
 
+from profd.watch.kinds import registry as kinds
 from profd.watch.snapshot import RankSeries, Snapshot
 from profd_client.protocol import STEP_BUCKETS
 
@@ -66,8 +67,8 @@ FAMILIES: Final = (
         "Seconds each attached rank spent inside each profd_client.region().",
     ),
 )
-#: Incident kinds (docs/design.md, Watch): each is on the page, at 0 until one happens.
-INCIDENT_KINDS: Final = ("regression", "slow_rank", "straggler", "hang")
+#: Incident kinds' labels (docs/design.md, Watch): each is on the page, at 0 until one happens.
+INCIDENT_KINDS: Final = kinds.labels()
 #: The text format :func:`render` writes (prometheus-client's 0.0.4 output).
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 #: ``le`` of each bucket as prometheus-client spells it, ``+Inf`` last.

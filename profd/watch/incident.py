@@ -11,8 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-#: What the detectors notice (``hang`` comes with the hang diagnosis).
-KINDS = ("regression", "slow_rank", "straggler", "hang")
 OPEN, RESOLVED = "open", "resolved"
 STATES = (OPEN, RESOLVED)
 #: Evidence that shows what the job's processes run (function names, file paths, native

@@ -6,15 +6,14 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+from incidentstore import incidents_on
 from test_ledger_daemon import Clock, client, ledger
 
 from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
-from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.detectors import Detectors
-from profd.daemon.watch.incidents import Incidents
-from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
+from profd.store.index import Database
 
 CFG = WatchConfig(window=20.0, baseline=60.0, hold=10.0, cooldown=600.0)
 
@@ -28,17 +27,7 @@ class Rig:
         spool = tmp_path / "spool"
         spool.mkdir()
         db = Database(tmp_path / "index.db")
-        self.incidents = Incidents(
-            IncidentRepo(db),
-            FileRepo(db),
-            SessionRepo(db),
-            spool,
-            SpoolPerms(None),
-            "n1",
-            cfg,
-            None,
-            self.unix,
-        )
+        self.incidents = incidents_on(db, spool, cfg, clock=self.unix)
         self.registry = Registry()
         for c in clients:
             self.registry.add(c)

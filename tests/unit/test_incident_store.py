@@ -1,6 +1,6 @@
 """Incidents (profd.daemon.watch.incidents) on a real SQLite index and a real spool: dedup,
 resolution after the hold, the cooldown of a flapping job, and a restart that keeps them and
-fires nothing again. The capture is the injection point the loop fills with the Starter;
+fires nothing again. The capture is what the loop passes in (its Starter);
 here a recorder stands in for it."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import os
 from pathlib import Path
 
 import pytest
+from incidentstore import incidents_on
 
 from profd.config import WatchConfig
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.sinks import IncidentCounts, record_sinks
 from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
@@ -54,10 +56,16 @@ def repos(path: Path) -> tuple[IncidentRepo, FileRepo, SessionRepo]:
 def make(tmp_path: Path, clock: Clock, cfg: WatchConfig = CFG) -> tuple[Incidents, Recorder]:
     spool = tmp_path / "spool"
     spool.mkdir(exist_ok=True)
-    inc = Incidents(*repos(tmp_path / "index.db"), spool, SpoolPerms(None), "n1", cfg, None, clock)
     rec = Recorder()
-    inc.capture = rec
-    return inc, rec
+    return incidents_on(
+        tmp_path / "index.db", spool, cfg, capture=rec, clock=clock, counts=True
+    ), rec
+
+
+def counts(incidents: Incidents) -> dict[str, int]:
+    """What ``/metrics`` counts: the store's counting sink."""
+    (counter,) = [s for s in incidents.sinks if isinstance(s, IncidentCounts)]
+    return counter.counts
 
 
 def slow(incidents: Incidents, rank: int = 1, job: str = "j") -> Incident | None:
@@ -85,7 +93,7 @@ def test_one_open_incident_per_kind_job_and_rank(tmp_path: Path) -> None:
     reg = regression(incidents)
     assert reg is not None and reg.suspects == []
     assert regression(incidents) is None  # job-wide: one per job
-    assert incidents.counts["slow_rank"] == 3 and incidents.counts["regression"] == 1
+    assert counts(incidents)["slow_rank"] == 3 and counts(incidents)["regression"] == 1
     # One capture per job inside the cooldown: j's first incident's, and k's.
     assert len(rec.asked) == 2 and other.session is None and reg.session is None
     rows = incidents.rows()
@@ -103,7 +111,7 @@ def test_it_is_kept_in_the_index_and_as_a_file_queued_like_any_other(tmp_path: P
     doc = json.loads(path.read_text())
     assert doc == inc.to_dict() == incidents.store.incident(inc.id)
     assert doc["suspects"] == [{"host": "h", "role": "worker", "rank": 1}]
-    row = incidents.files.conn.execute(
+    row = incidents.store.conn.execute(
         "SELECT kind, rel, upload_state FROM files WHERE path = ?", (str(path),)
     ).fetchone()
     assert tuple(row) == ("incident", f"j/incidents/{inc.id}.json", "local")
@@ -144,7 +152,7 @@ def test_a_flapping_job_yields_one_incident_and_one_capture_per_cooldown(tmp_pat
         clock.t += 1.0
         assert slow(incidents) is None
         assert first.state == OPEN  # the same incident, open again
-    assert incidents.counts["slow_rank"] == 1 and rec.asked == [first.id]
+    assert counts(incidents)["slow_rank"] == 1 and rec.asked == [first.id]
     assert sum("open again" in n for n in first.notes) == 8
     # Another kind in the same job inside the cooldown: an incident, but no capture.
     reg = regression(incidents)
@@ -192,7 +200,7 @@ def test_a_restart_keeps_incidents_and_fires_nothing_again(tmp_path: Path) -> No
     again.tick()
     assert again.held[inc.id].state == OPEN
     assert slow(again) is None and regression(again, job="k") is None
-    assert again.counts["slow_rank"] == 0 and rec2.asked == []
+    assert counts(again)["slow_rank"] == 0 and rec2.asked == []
     assert len(again.rows()) == 2
     # No longer reported: resolved once its grace passed.
     clock.t += grace + 1.0
@@ -210,8 +218,8 @@ def test_a_hangs_stacks_are_the_owners_file_and_withheld_from_other_users(
     spool.mkdir()
     clock = Clock()
     # A group-mode spool: files are group-readable, but not stacks.
-    incidents = Incidents(
-        *repos(tmp_path / "index.db"), spool, SpoolPerms(os.getgid()), "n1", CFG, None, clock,
+    incidents = incidents_on(
+        tmp_path / "index.db", spool, CFG, SpoolPerms(os.getgid()), clock=clock,
         owner_of={"j": 4242}.get,
     )  # fmt: skip
     frames = [{"function": "secret_fn", "file": "/home/b/train.py", "line": 3}]
@@ -246,3 +254,38 @@ def test_a_hangs_stacks_are_the_owners_file_and_withheld_from_other_users(
     assert incidents.open("hang", "j", "w", [], 9, evidence) is None
     notes = incidents.find(hang.id)["notes"]
     assert notes and "stalled_s" in notes[0] and "secret_fn" not in json.dumps(notes), notes
+
+
+class FailsOnce:
+    """A sink before the record that cannot keep the first incident it is given (a full
+    disk where it writes)."""
+
+    def __init__(self) -> None:
+        self.saved: list[tuple[str, bool]] = []
+
+    def save(self, inc: Incident, new: bool) -> None:
+        self.saved.append((inc.id, new))
+        if len(self.saved) == 1:
+            raise OSError(28, "No space left on device")
+
+
+def test_a_sink_that_fails_stops_those_after_it_and_all_are_tried_again_next_tick(
+    tmp_path: Path,
+) -> None:
+    spool = tmp_path / "spool"
+    spool.mkdir()
+    store, files, sessions = repos(tmp_path / "index.db")
+    clock = Clock()
+    counter, failing = IncidentCounts(), FailsOnce()
+    sinks = [counter, failing, *record_sinks(store, files, spool, SpoolPerms(None), None)]
+    incidents = Incidents(store, sessions, "n1", CFG, sinks, clock=clock)
+    first = slow(incidents)
+    assert first is not None
+    path = spool.joinpath(*layout.incident_parts("j", first.id))
+    assert not path.exists() and store.incident(first.id) is None
+    assert [r["id"] for r in incidents.rows()] == [first.id]  # from memory meanwhile
+    clock.t += 1.0
+    incidents.tick()
+    assert path.exists() and store.incident(first.id) is not None
+    assert failing.saved == [(first.id, True), (first.id, False)]
+    assert counter.counts["slow_rank"] == 1  # counted once, when it opened

@@ -13,6 +13,7 @@ from profd.ctl.main import Env, command
 from profd.ctl.render import Column, ago, emit_json, line_block, opt, say, table
 from profd.report.incident_compare import comparison_text
 from profd.watch import hang
+from profd.watch.kinds import registry as kinds
 from profd_client import protocol as P
 
 
@@ -48,7 +49,7 @@ COLUMNS: list[Column] = [
 
 @click.command()
 @click.option("--job", help="Only this job (its exact name).")
-@click.option("--kind", type=click.Choice(["regression", "slow_rank", "straggler", "hang"]))
+@click.option("--kind", type=click.Choice(kinds.names()))
 @click.option(
     "--since", help="Detected since: a duration ago (90s, 30m, 2h, 7d) or a time (local)."
 )

@@ -15,11 +15,13 @@ from collections.abc import Callable
 from typing import Any
 
 from profd.daemon.clients.agentstacks import AgentStacks
+from profd.daemon.clients.fanin import FanIn
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.clients.stacks import StackReader, StackTarget
 from profd.watch import stackgroups
+from profd.watch.rankrow import RankRow, ReadStatus, threads_of
 
-Rows = list[dict[str, Any]]
+Rows = list[RankRow]
 
 
 def target(c: Client) -> StackTarget:
@@ -39,45 +41,44 @@ class RankStacks:
         native: bool = False,
         answer_s: float | None = None,
     ) -> None:
-        """Every client's rank row (``stackgroups``), in the order of ``clients``; py-spy
-        adds native frames when ``native``; agent threads have ``answer_s`` seconds to
-        answer (default: ``AgentStacks``').
+        """Every client's rank row, in the order of ``clients``; py-spy adds native frames
+        when ``native``; agent threads have ``answer_s`` seconds to answer (default:
+        ``AgentStacks``').
 
         Flight recorders are asked for first, beside py-spy's reads, not after them: a read
         that pauses a process past three heartbeats makes its agent reconnect, and a
         question sent meanwhile to its old routing id is lost."""
-        flights: dict[int, dict[str, Any]] = {}
+        agent = self.agent
+        flying = [i for i, c in enumerate(clients) if c.flight] if agent is not None else []
+        flights: dict[int, tuple[dict[str, Any] | None, str | None]] = {}
         read: list[Rows] = []
-        left = [1]
 
-        def one_done() -> None:
-            left[0] -= 1
-            if left[0] == 0:
-                rows = read[0]
-                for i, got in flights.items():
-                    rows[i].update(got)
-                done(rows)
+        def all_in() -> None:
+            rows = read[0]
+            for i, (flight, error) in flights.items():
+                rows[i] = rows[i].with_flight(flight, error)
+            done(rows)
+
+        # py-spy's reads (with the agents' for what py-spy could not read), and each flight.
+        parts = FanIn(1 + len(flying), all_in)
 
         def flight_of(i: int) -> Callable[..., None]:
             def got(answer: dict[str, Any] | None, why: str | None) -> None:
                 if answer is None:
-                    flights[i] = {"flight_error": f"no flight recorder: {why}"}
+                    flights[i] = (None, f"no flight recorder: {why}")
                 else:
-                    flights[i] = {k: answer[k] for k in ("flight", "flight_error") if k in answer}
-                one_done()
+                    flights[i] = (answer.get("flight"), answer.get("flight_error"))
+                parts.arrived()
 
             return got
 
-        agent = self.agent
         if agent is not None:
-            for i, c in enumerate(clients):
-                if c.flight:
-                    left[0] += 1
-                    agent.ask(c, flight_of(i), stacks=False, flight=True, timeout=answer_s)
+            for i in flying:
+                agent.ask(clients[i], flight_of(i), stacks=False, flight=True, timeout=answer_s)
 
         def stacks_read(rows: Rows) -> None:
             read.append(rows)
-            one_done()
+            parts.arrived()
 
         self.reader.read(
             [target(c) for c in clients],
@@ -96,35 +97,29 @@ class RankStacks:
         unless they are gone."""
         agent = self.agent
         ask = []
-        for row, was in zip(rows, clients, strict=True):
+        for i, (row, was) in enumerate(zip(rows, clients, strict=True)):
             # The same process, re-registered or not (a long read pauses it past three
             # heartbeats, and its agent then reconnects under a new routing id).
             c = self.registry.lookup(was.key)
-            if c is None:
-                continue
-            if row["source"] is None and not str(row.get("error", "")).startswith(
-                "the process exited"
-            ):
-                ask.append((row, c))
+            if c is not None and row.status is ReadStatus.UNREAD:
+                ask.append((i, c))
         if agent is None or not ask:
             done(rows)
             return
-        left = [len(ask)]
+        out = list(rows)
+        answers = FanIn(len(ask), lambda: done(out))
 
-        def answered(row: dict[str, Any], c: Client) -> Callable[..., None]:
+        def answered(i: int, c: Client) -> Callable[..., None]:
             def got(answer: dict[str, Any] | None, why: str | None) -> None:
                 if answer is None:
-                    row["error"] = f"{row['error']}; {why}"
+                    out[i] = out[i].unanswered(str(why))
                 else:
                     threads = answer["threads"]
                     stackgroups.mark_training(threads, c.training_tid)
-                    row["source"], row["threads"] = "agent", threads
-                    row["error"] = f"read by its agent thread ({row['error']})"
-                left[0] -= 1
-                if left[0] == 0:
-                    done(rows)
+                    out[i] = out[i].read_by_agent(threads_of(threads))
+                answers.arrived()
 
             return got
 
-        for row, c in ask:
-            agent.ask(c, answered(row, c), timeout=answer_s)
+        for i, c in ask:
+            agent.ask(c, answered(i, c), timeout=answer_s)

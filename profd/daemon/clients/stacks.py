@@ -26,15 +26,16 @@ import re
 import shutil
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profd.daemon.clients.fanin import FanIn
 from profd.watch import flightrec, stackgroups
+from profd.watch.rankrow import RankRow, ReadStatus, Source, StackThread, threads_of
 
 log = logging.getLogger("profd.stacks")
 
@@ -63,8 +64,21 @@ class StackTarget:
     node_pid: int  # in the daemon's pid namespace: what py-spy attaches to
     training_tid: int | None  # the thread that counts steps (hello ``training_tid``)
 
-    def row(self) -> dict[str, Any]:
-        return {"host": self.host, "role": self.role, "rank": self.rank, "pid": self.pid}
+    def unread(self, why: str, read_ms: float | None = None) -> RankRow:
+        """Its row when py-spy gave no stacks (its agent thread may)."""
+        return self.row(ReadStatus.UNREAD, error=why, read_ms=read_ms)
+
+    def row(
+        self,
+        status: ReadStatus,
+        source: Source | None = None,
+        threads: tuple[StackThread, ...] = (),
+        error: str | None = None,
+        read_ms: float | None = None,
+    ) -> RankRow:
+        return RankRow(
+            self.host, self.role, self.rank, self.pid, status, source, threads, error, read_ms
+        )
 
 
 #: The py-spy the daemon runs, when set; set and empty: none, so stacks come only from the
@@ -85,14 +99,11 @@ def find_pyspy() -> str | None:
 
 def read_one(
     pyspy: str | None, t: StackTarget, timeout: float = READ_TIMEOUT_S, native: bool = False
-) -> dict[str, Any]:
-    """One process's stacks as a rank row (``stackgroups``), with ``error`` instead of
-    threads when py-spy could not read them."""
-    row = t.row()
-    row["source"], row["threads"] = None, []
+) -> RankRow:
+    """One process's stacks as a rank row, with ``error`` instead of threads when py-spy
+    could not read them."""
     if pyspy is None:
-        row["error"] = "py-spy not found (or turned off: PROFD_PYSPY empty)"
-        return row
+        return t.unread("py-spy not found (or turned off: PROFD_PYSPY empty)")
     argv = [pyspy, "dump", "--pid", str(t.node_pid), "--json"]
     if native:
         argv.append("--native")
@@ -110,25 +121,23 @@ def read_one(
             # Unwinding native stacks is what took long (a loaded host, many threads):
             # the Python stacks alone still say where it is.
             return read_one(pyspy, t, timeout, native=False)
-        row["error"] = f"py-spy gave no stacks in {timeout:g}s"
-        return row
+        return t.unread(f"py-spy gave no stacks in {timeout:g}s")
     except OSError as exc:
-        row["error"] = f"py-spy did not run: {exc}"
-        return row
-    row["read_ms"] = round((time.monotonic() - started) * 1000, 1)
+        return t.unread(f"py-spy did not run: {exc}")
+    read_ms = round((time.monotonic() - started) * 1000, 1)
     if done.returncode != 0:
-        if native and _alive(t.node_pid):
+        alive = _alive(t.node_pid)
+        if native and alive:
             return read_one(pyspy, t, timeout, native=False)
-        row["error"] = _why(done, t.node_pid)
-        return row
+        if not alive:
+            return t.row(ReadStatus.EXITED, error=EXITED, read_ms=read_ms)
+        return t.unread(_why(done, t.node_pid), read_ms)
     try:
         threads = stackgroups.parse_pyspy(json.loads(done.stdout))
     except ValueError as exc:  # json.JSONDecodeError is one
-        row["error"] = f"py-spy's output unreadable: {exc}"[:ERROR_CHARS]
-        return row
+        return t.unread(f"py-spy's output unreadable: {exc}"[:ERROR_CHARS], read_ms)
     stackgroups.mark_training(threads, t.training_tid, t.node_pid)
-    row["source"], row["threads"] = "py-spy", threads
-    return row
+    return t.row(ReadStatus.READ, source=Source.PYSPY, threads=threads_of(threads), read_ms=read_ms)
 
 
 #: py-spy's environment: RUST_BACKTRACE set in the daemon's would append py-spy's own Rust
@@ -139,9 +148,12 @@ _CAP_SYS_PTRACE = 19
 _YAMA = Path("/proc/sys/kernel/yama/ptrace_scope")
 
 
+#: A rank's ``error`` when its process was gone by the time py-spy read it.
+EXITED = "the process exited while its stacks were read"
+
+
 def _why(done: subprocess.CompletedProcess[bytes], pid: int) -> str:
-    if not _alive(pid):
-        return "the process exited while its stacks were read"
+    """What py-spy said, for a process that still lives."""
     text = (done.stderr or done.stdout).decode("utf-8", "replace").strip()
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     # py-spy's last line is its reason ("Permission denied", "No such process", ...).
@@ -196,7 +208,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-Done = Callable[[list[dict[str, Any]]], None]
+Done = Callable[[list[RankRow]], None]
 CallSoon = Callable[..., None]
 
 
@@ -224,30 +236,23 @@ class StackReader:
         if not targets:
             self.call_soon(done, [])
             return
-        rows: list[dict[str, Any] | None] = [None] * len(targets)
-        left = [len(targets)]
-        lock = threading.Lock()
+        rows: list[RankRow | None] = [None] * len(targets)
         deadline = time.monotonic() + self.budget
+        all_read = FanIn(
+            len(targets), lambda: self.call_soon(done, [r for r in rows if r is not None])
+        )
 
         def one(i: int, t: StackTarget) -> None:
             try:
                 if time.monotonic() > deadline:
-                    row = t.row()
-                    row.update(
-                        source=None, threads=[], error="not read: the request's time ran out"
-                    )
+                    row = t.unread("not read: the request's time ran out")
                 else:
                     row = read_one(self.pyspy, t, self.timeout, native)
             except Exception as exc:  # one process's failure must not lose the others'
                 log.exception("reading the stacks of pid %s", t.node_pid)
-                row = t.row()
-                row.update(source=None, threads=[], error=f"{type(exc).__name__}: {exc}")
-            with lock:
-                rows[i] = row
-                left[0] -= 1
-                last = left[0] == 0
-            if last:
-                self.call_soon(done, [r for r in rows if r is not None])
+                row = t.unread(f"{type(exc).__name__}: {exc}")
+            rows[i] = row
+            all_read.arrived()
 
         for i, t in enumerate(targets):
             self._pool.submit(one, i, t)
@@ -256,12 +261,12 @@ class StackReader:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def job_doc(job: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
+def job_doc(job: str, rows: Sequence[RankRow]) -> dict[str, Any]:
     """One job's reply (``P.STACKS_DOC``): its ranks in rank order and their groups, and
     where their flight recorders part when they sent any."""
-    rows = sorted(rows, key=lambda r: (r["role"], r["rank"], r["host"], r["pid"]))
-    doc: dict[str, Any] = {"job": job, "groups": stackgroups.group(rows), "ranks": rows}
-    flight = flightrec.divergence(rows)
+    ranks = [r.to_dict() for r in sorted(rows, key=lambda r: (r.role, r.rank, r.host, r.pid))]
+    doc: dict[str, Any] = {"job": job, "groups": stackgroups.group(ranks), "ranks": ranks}
+    flight = flightrec.divergence(ranks)
     if flight is not None:
         doc["flight"] = flight
     return doc

@@ -17,7 +17,7 @@ from typing import Any
 
 from profd import __version__, claims
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.rankstacks import RankStacks
+from profd.daemon.clients.rankstacks import RankStacks, Rows
 from profd.daemon.clients.registry import Client, Registry, step_now
 from profd.daemon.clients.stacks import job_doc
 from profd.daemon.control import servable
@@ -325,8 +325,8 @@ class ControlHandler:
         jobs = [c.job for c in clients]
 
         def start(reply: Callable[[Any], None]) -> None:
-            def finish(rows: list[dict[str, Any]]) -> None:
-                per_job: dict[str, list[dict[str, Any]]] = {}
+            def finish(rows: Rows) -> None:
+                per_job: dict[str, Rows] = {}
                 for job, row in zip(jobs, rows, strict=True):
                     per_job.setdefault(job, []).append(row)
                 docs = [job_doc(j, per_job[j]) for j in sorted(per_job)]

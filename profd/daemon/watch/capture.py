@@ -17,9 +17,10 @@ from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.starts import Starter, StartRequest
-from profd.daemon.watch.incidents import JOB_WIDE, LABEL
+from profd.daemon.watch.incidents import LABEL
 from profd.scheduling.refusal import Refused
 from profd.watch.incident import Incident
+from profd.watch.kinds import registry as kinds
 
 #: Steps an incident's capture records.
 ACTIVE_STEPS = 2
@@ -62,7 +63,7 @@ class IncidentCapture:
         reg = self.registry
         mine = [c for c in reg if c.job == inc.job and c.allowed and reg.owned(c)]
         mine.sort(key=lambda c: (c.role, c.rank, c.host, c.pid))
-        if inc.kind in JOB_WIDE or not inc.suspects:
+        if kinds.job_wide(inc.kind) or not inc.suspects:
             return mine[: self.cfg().capture_ranks]
         named = {(s.host, s.role, s.rank) for s in inc.suspects}
         suspects = [c for c in mine if (c.host, c.role, c.rank) in named]

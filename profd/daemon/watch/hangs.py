@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from profd.daemon.clients.rankstacks import RankStacks
+from profd.daemon.clients.rankstacks import RankStacks, Rows
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.incidents import Incidents
 from profd.watch import hang
@@ -112,7 +112,7 @@ class Hangs:
         steps: dict[tuple[str, int], int],
         quiet: float,
         limit: float,
-        rows: list[dict[str, Any]],
+        rows: Rows,
     ) -> None:
         """The stalled job's stacks, read: the incident (unless it stepped meanwhile)."""
         self.reading.discard(job)
@@ -124,12 +124,10 @@ class Hangs:
         ):
             return  # it left, or stepped while its stacks were read: not stalled after all
         node = self.incidents.host
-        for row in rows:
-            # Named by this node, as profctl --cluster names rows, so every node's ranks
-            # of one job group together (a pod's own hostname stays as client_host).
-            if row["host"] != node:
-                row["client_host"], row["host"] = row["host"], node
-        found = hang.diagnose(rows)
+        # Named by this node, as profctl --cluster names rows, so every node's ranks of one
+        # job group together (a pod's own hostname stays as client_host). As the incident's
+        # evidence keeps them: its JSON.
+        found = hang.diagnose([row.on_node(node).to_dict() for row in rows])
         roles = {c.role for c in clients}
         suspects = [Suspect(node, m["role"], int(m["rank"])) for m in found.pop("suspects")]
         step_s = clock.step_s

@@ -2,16 +2,13 @@
 
 A detector calls :meth:`Incidents.open` each tick its rule reports something; the first call
 opens an incident, later ones only say it still holds. At most one incident is open per
-kind, job and rank (per kind and job for job-wide kinds: ``regression``); an incident is
-resolved once its rule has not reported it for ``hold`` seconds. An incident is kept in the
-index, as ``{job}/incidents/{id}.json`` in the spool (queued for S3 like any file), logged at
-warning level and counted for ``/metrics``.
+kind, job and rank (per kind and job for job-wide kinds, ``Kind.job_wide``); an incident is
+resolved once its rule has not reported it for ``hold`` seconds. Each change goes to the
+sinks it was given (:mod:`profd.daemon.watch.sinks`: the spool file
+``{job}/incidents/{id}.json``, the index, the upload queue, the count on ``/metrics``), and
+is logged at warning level.
 
-An incident belongs to its job's owner (``Registry.owner``). One whose evidence holds stacks
-(a hang's: function names, file paths, native frames, flight records) is a file of the
-owner's alone (0600, the owner's uid), not the group's like other spool files: the group
-shares traces on purpose, but ``profctl stacks`` shows a member only their own processes,
-and an incident must not be a way around that. Its log line names no frame.
+An incident belongs to its job's owner (``Registry.owner``). Its log line names no frame.
 
 A cooldown per job (``[watch] cooldown``) bounds what a flapping job costs: a detection of a
 kind, job and rank whose last incident was detected less than ``cooldown`` ago opens that
@@ -22,32 +19,23 @@ index): its detectors, starting afresh, find the open ones still open and fire n
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import time
 from collections.abc import Callable, Sequence
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from profd.config import WatchConfig
 from profd.daemon.sessions.state import Session
-from profd.daemon.spool.clientfiles import made_dir
-from profd.daemon.spool.spoolperms import SpoolPerms
-from profd.fsutil import atomic_path
+from profd.daemon.watch.sinks import Sink
 from profd.report.incident_compare import comparison_from_index
 from profd.scheduling.refusal import Refused
-from profd.store import layout
-from profd.store.index import FileRepo, IncidentRepo, SessionRepo
-from profd.watch.incident import KINDS, OPEN, Incident, Suspect, figures, has_stacks, new_id
+from profd.store.index import IncidentRepo, SessionRepo
+from profd.watch.incident import OPEN, Incident, Suspect, figures, new_id
+from profd.watch.kinds import registry as kinds
+from profd.watch.kinds.kind import plain_text, rule_grace
 
 log = logging.getLogger("profd.watch")
 
-#: Kinds that name a whole job: one open incident per job, whatever ranks it lists.
-JOB_WIDE = frozenset({"regression", "hang"})
-#: Kinds with no automatic capture: a stalled job makes no step a capture could start at;
-#: its stacks are the evidence.
-NO_CAPTURE = frozenset({"hang"})
 #: The label of an incident's automatic capture: this, then the incident's id.
 LABEL = "incident:"
 
@@ -57,10 +45,6 @@ Key = tuple[str, str, str | None, int | None]
 Capture = Callable[[Incident], str]
 #: The uid that owns a job now (None: none of its processes is attached).
 OwnerOf = Callable[[str], "int | None"]
-
-
-class UploadQueue(Protocol):
-    def kick(self) -> None: ...
 
 
 def on_capture_processed(sessions: SessionRepo, incident: Incident, session: Session) -> None:
@@ -73,31 +57,28 @@ def on_capture_processed(sessions: SessionRepo, incident: Incident, session: Ses
 
 
 class Incidents:
+    """``index``: where incidents are read back from (``sinks`` write them there);
+    ``capture``: arms an incident's capture (None: incidents capture nothing)."""
+
     def __init__(
         self,
         store: IncidentRepo,
-        files: FileRepo,
         session_rows: SessionRepo,
-        spool: Path,
-        perms: SpoolPerms,
         host: str,
         cfg: WatchConfig,
-        uploads: UploadQueue | None,
+        sinks: Sequence[Sink],
+        capture: Capture | None = None,
         clock: Callable[[], float] = time.time,
         owner_of: OwnerOf | None = None,
     ) -> None:
         self.store = store
-        self.files = files
         self.session_rows = session_rows
         self.owner_of = owner_of
-        self.spool = spool
-        self.perms = perms
         self.host = host
         self.cfg = cfg
-        self.uploads = uploads
+        self.sinks = tuple(sinks)
+        self.capture = capture
         self._clock = clock
-        #: Arms an incident's capture (set by the loop; None: incidents capture nothing).
-        self.capture: Capture | None = None
         #: Open incidents, and resolved ones still inside their job's cooldown, by id.
         self.held: dict[str, Incident] = {}
         #: Each key's newest incident (open, or resolved inside the cooldown).
@@ -108,8 +89,6 @@ class Incidents:
         self._keep: dict[str, float] = {}
         #: When each job's last automatic capture was armed (unix time).
         self._captured: dict[str, float] = {}
-        #: Incidents opened since the daemon started, by kind (``/metrics``).
-        self.counts: dict[str, int] = dict.fromkeys(KINDS, 0)
         #: Incidents whose record could not be written (a full disk): tried again each tick.
         self._unsaved: set[str] = set()
 
@@ -130,7 +109,7 @@ class Incidents:
         again). ``keep_for``: seconds the incident stays open without being reported again
         (default ``[watch] hold``; a rule that reports only now and then, on samples, says
         how long it waits between two)."""
-        if kind not in KINDS:
+        if kinds.get(kind) is None:
             raise ValueError(f"unknown incident kind {kind!r}")
         now = self._clock()
         fresh: list[Suspect] = []
@@ -145,7 +124,7 @@ class Incidents:
                 held = True
             elif suspect is not None:
                 fresh.append(suspect)
-        if kind in JOB_WIDE or not suspects:
+        if kinds.job_wide(kind) or not suspects:
             if held:
                 return None
             fresh = list(suspects)
@@ -168,9 +147,8 @@ class Incidents:
             self._by_key[key] = inc.id
         self._seen[inc.id] = now
         self._keep[inc.id] = self.cfg.hold if keep_for is None else keep_for
-        self.counts[kind] += 1
         self._arm_capture(inc, now)
-        self._save(inc)
+        self._save(inc, new=True)
         log.warning("incident %s: %s", inc.id, describe(inc))
         return inc
 
@@ -212,7 +190,7 @@ class Incidents:
         return cleared
 
     def _arm_capture(self, inc: Incident, now: float) -> None:
-        if self.capture is None or not self.cfg.capture or inc.kind in NO_CAPTURE:
+        if self.capture is None or not self.cfg.capture or not kinds.captures(inc.kind):
             return
         last = self._captured.get(inc.job)
         if last is not None and now - last < self.cfg.cooldown:
@@ -248,7 +226,7 @@ class Incidents:
 
     @staticmethod
     def _keys(kind: str, job: str, suspects: Sequence[Suspect]) -> list[tuple[Key, Suspect | None]]:
-        if kind in JOB_WIDE or not suspects:
+        if kinds.job_wide(kind) or not suspects:
             return [((kind, job, None, None), None)]
         return [((kind, job, s.role, s.rank), s) for s in suspects]
 
@@ -301,13 +279,9 @@ class Incidents:
             if inc.session is not None:
                 self._captured[inc.job] = max(self._captured.get(inc.job, 0.0), inc.detected_at)
             if inc.state == OPEN:
-                # Twice a window and a hold: its ranks attach again first (three missed
-                # heartbeats), and a window of their steps must come before any judgement.
-                grace = 2 * (self.cfg.window + self.cfg.hold)
-                if inc.kind in JOB_WIDE:
-                    grace += self.cfg.baseline / 2
+                kind = kinds.get(inc.kind)
                 self._seen[inc.id] = now
-                self._keep[inc.id] = grace
+                self._keep[inc.id] = (kind.grace if kind else rule_grace)(self.cfg)
         return sum(1 for i in self.held.values() if i.state == OPEN)
 
     def capture_ended(self, s: Session) -> None:
@@ -388,78 +362,29 @@ class Incidents:
         return found
 
     # --- the record --------------------------------------------------------------------------
-    def _save(self, inc: Incident) -> None:
-        """The incident into the index and ``{job}/incidents/{id}.json``, queued for S3."""
-        doc = inc.to_dict()
+    def _save(self, inc: Incident, new: bool = False) -> None:
+        """The incident to every sink, in order; one that fails is tried again each tick."""
         try:
-            path = self._write(inc, doc)
-            with self.store.transaction():
-                self.store.save_incident(doc)
-                self.files.add_file(
-                    {
-                        "session": inc.id,
-                        "job": inc.job,
-                        "kind": "incident",
-                        "path": str(path),
-                        "rel": layout.incident_key(inc.job, inc.id),
-                        "bytes": path.stat().st_size,
-                        "upload_state": "pending" if self.uploads is not None else "local",
-                    }
-                )
+            for sink in self.sinks:
+                sink.save(inc, new)
         except Exception as exc:
             if inc.id not in self._unsaved:
                 log.error("incident %s: cannot write its record (tried each tick): %s", inc.id, exc)
             self._unsaved.add(inc.id)
             return
         self._unsaved.discard(inc.id)
-        if self.uploads is not None:
-            self.uploads.kick()
-
-    def _write(self, inc: Incident, doc: dict[str, Any]) -> Path:
-        parts = layout.incident_parts(inc.job, inc.id)
-        with made_dir(self.spool, [self.perms.shared(inc.job), self.perms.final(parts[1])]):
-            pass
-        path = self.spool.joinpath(*parts)
-        private = has_stacks(inc.evidence)
-        with atomic_path(path, 0o600 if private else self.perms.file_mode) as tmp:
-            tmp.write_text(json.dumps(doc, indent=2, sort_keys=True))
-            if private and inc.owner is not None and inc.owner >= 0 and os.geteuid() == 0:
-                os.chown(tmp, inc.owner, -1)
-        return path
 
 
 def describe(inc: Incident) -> str:
     """One line: what was noticed, where, and the capture."""
-    ev = inc.evidence
     who = ", ".join(f"{s.role} rank {s.rank} on {s.host}" for s in inc.suspects)
-    if inc.kind == "regression":
-        what = (
-            f"job {inc.job} slowed down: step {ev.get('window_ms', 0):.1f} ms against"
-            f" {ev.get('baseline_ms', 0):.1f} ms before ({_pct(ev.get('ratio'))})"
-        )
-    elif inc.kind == "slow_rank":
-        what = (
-            f"job {inc.job}: {who} steps in {ev.get('step_ms', 0):.1f} ms against"
-            f" {ev.get('peers_ms', 0):.1f} ms of its role ({_pct(ev.get('ratio'))})"
-        )
-    elif inc.kind == "hang":
-        # Not its verdict: that names the job's functions, which the log's readers may not
-        # see (``profctl incident`` shows them to whom it may).
-        what = (
-            f"job {inc.job} stalled for {ev.get('stalled_s', 0):.0f}s, {ev.get('ranks_here', 0)}"
-            f" rank(s) here; suspects: {who or 'none'}"
-        )
-    else:
-        what = f"{inc.kind} in job {inc.job}" + (f": {who}" if who else "")
+    kind = kinds.get(inc.kind)
+    what = (kind.text if kind else plain_text)(inc, who)
     if inc.step is not None:
         what += f" at step {inc.step}"
     if inc.session is not None:
         what += f"; capture {inc.session}"
     return what
-
-
-def _pct(ratio: object) -> str:
-    return f"{(float(ratio) - 1.0) * 100:+.0f}%" if isinstance(ratio, int | float) else "?"
 
 
 def _clock(t: float) -> str:

@@ -1,0 +1,49 @@
+"""What makes an incident kind (docs/design.md "Watch", "Incidents"): everything the daemon
+and profctl need to know about one kind, together, so no other module lists kinds."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from profd.config import WatchConfig
+from profd.watch.incident import Incident
+
+
+@dataclass(frozen=True)
+class Kind:
+    #: The incident's ``kind``, and what ``profctl incidents --kind`` accepts.
+    name: str
+    #: The ``kind`` label of ``profd_incidents_total``.
+    label: str
+    #: One open incident per job, whatever ranks it lists (else one per job and rank).
+    job_wide: bool
+    #: An incident of this kind arms an automatic capture (a stalled job makes no step a
+    #: capture could start at: its stacks are its evidence instead).
+    captures: bool
+    #: The rule's hook after a restart: seconds an open incident restored from the index
+    #: stays open for its rule, starting afresh, to report it again.
+    grace: Callable[[WatchConfig], float]
+    #: The human text: what was noticed, from the incident and its suspects named
+    #: (``"worker rank 3 on n1, ..."``, empty when none); the log line and ``describe``.
+    text: Callable[[Incident, str], str]
+
+
+def rule_grace(cfg: WatchConfig) -> float:
+    """Twice a window and a hold: the ranks attach again first (three missed heartbeats), and
+    a window of their steps must come before any judgement."""
+    return 2 * (cfg.window + cfg.hold)
+
+
+def baseline_grace(cfg: WatchConfig) -> float:
+    """:func:`rule_grace` and half a baseline: a job-wide rule compares against one."""
+    return rule_grace(cfg) + cfg.baseline / 2
+
+
+def plain_text(inc: Incident, who: str) -> str:
+    """The text of a kind with no figures of its own to show (and of an unknown kind)."""
+    return f"{inc.kind} in job {inc.job}" + (f": {who}" if who else "")
+
+
+def pct(ratio: object) -> str:
+    return f"{(float(ratio) - 1.0) * 100:+.0f}%" if isinstance(ratio, int | float) else "?"
