@@ -36,7 +36,25 @@ from profd.daemon.clients.sampler import Sampler
 from profd.daemon.clients.stacks import StackReader
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
 from profd.daemon.control.tcp import TcpControl
-from profd.daemon.metrics import INCIDENT_KINDS, MetricsServer
+from profd.daemon.metrics import MetricsServer
+from profd.daemon.parts import (
+    DeferredReports,
+    Detecting,
+    Housekeeping,
+    IncidentKeeping,
+    LedgerMinutes,
+    MetricsPublisher,
+    MinuteWriter,
+    NsysPolling,
+    OwedManifests,
+    ParkedCaptures,
+    Part,
+    Parts,
+    Sampling,
+    StackExpiry,
+    StallWatch,
+    guarded,
+)
 from profd.daemon.results import Results
 from profd.daemon.runtime import faults
 from profd.daemon.runtime import rundir as runtime
@@ -48,7 +66,7 @@ from profd.daemon.sessions.autorules import check as check_rules
 from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.quota import Quota
 from profd.daemon.sessions.samples import Samples, rules_of
-from profd.daemon.sessions.starts import Starter
+from profd.daemon.sessions.starts import Starter, StartRequest
 from profd.daemon.sessions.state import Sessions
 from profd.daemon.spool import leftovers
 from profd.daemon.spool.incoming import Incoming
@@ -59,12 +77,9 @@ from profd.daemon.watch.detectors import Detectors
 from profd.daemon.watch.hangs import Hangs
 from profd.daemon.watch.incidents import Incidents
 from profd.reactor import Reactor
-from profd.scheduling.refusal import Refused
-from profd.states import LIVE
 from profd.store import layout
 from profd.store.index import Index
 from profd.watch.incident import Incident, Suspect
-from profd.watch.snapshot import Snapshot
 from profd_client import protocol as P
 
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
@@ -79,23 +94,17 @@ BATCH = 512
 #: per heartbeat (docs/benchmarks.md). Operators (control.sock, TCP) and workers (the
 #: reactor) still wake it at once, so a start is never delayed; a client's reply may be.
 AGENT_LINGER_S = 0.02
-#: Seconds between two reads of the upload queue's size for ``/metrics``: a query of the
-#: queued files (~2 ms for 1,000 of them), too much for every tick.
-QUEUE_BYTES_EVERY = 10.0
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
 class Daemon:
+    """Reads as its parts: the collaborators each builder makes, then :meth:`_parts`, the
+    periodic work the loop runs each tick, in order."""
+
     def __init__(self, cfg: Config, make_uploads: Callable[[Reactor], Uploads] | None) -> None:
         self.cfg = cfg
         self.stopping = False
         self.sd = Notifier()  # systemd's READY/WATCHDOG/STOPPING; a no-op outside systemd
-        host = cfg.node_name
-        perms = SpoolPerms(runtime.group_id(cfg.group))
-        cfg.spool_dir.mkdir(parents=True, exist_ok=True)
-        spool = cfg.spool_dir.resolve()
-        perms.prepare_root(spool)
-        rules = check_rules(cfg.auto)
         self.ctx: Any = zmq.Context.instance()
         self.agent_sock: Any = None
         self.control_sock: Any = None
@@ -103,14 +112,31 @@ class Daemon:
         self.tcp = TcpControl(self.ctx, cfg.cluster) if cfg.cluster.listen else None
         m = cfg.metrics
         self.metrics = MetricsServer(m.host, m.port, time.time) if m.listen else None
-        self._queue_bytes = 0
-        self._queue_bytes_due = 0.0
-
         self.reactor = Reactor()
-        self.storage = Storage({"index": cfg.state_dir, "spool": spool})
         self.temp_files_removed = 0  # left in the spool by a killed daemon, removed at start
+        spool, perms = _prepare_spool(cfg)
+        rules = check_rules(cfg.auto)
+        self._build_store(spool, perms, make_uploads)
+        self._build_clients()
+        self._build_sessions(spool, perms)
+        self._build_watch(spool, perms)
+        self._build_agents(spool, rules)
+        self.control = self._build_control(spool)
+        self.publisher = self._build_publisher()
+        self.parts = Parts(self._parts())
+
+    # --- construction ---------------------------------------------------------------------------
+    def _build_store(
+        self, spool: Path, perms: SpoolPerms, make_uploads: Callable[[Reactor], Uploads] | None
+    ) -> None:
+        cfg = self.cfg
+        self.storage = Storage({"index": cfg.state_dir, "spool": spool})
         self.index = Index(cfg.index_path)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
+        self.incoming = Incoming(spool, perms)
+
+    def _build_clients(self) -> None:
+        cfg = self.cfg
         self.registry = Registry()
         self.history = StepHistory(self.index, self.storage, cfg.watch.keep_history)
         # A rank re-attaching after a restart shows its last minute until its ledger comes.
@@ -119,8 +145,14 @@ class Daemon:
             max_regions=cfg.limits.max_regions_per_rank,
             rate=cfg.limits.heartbeat_rate(cfg.heartbeat_interval),
         )
+        self.agent_stacks = AgentStacks(self._send_agent)
+        self.rank_stacks = RankStacks(
+            StackReader(self.reactor.call_soon), self.agent_stacks, self.registry
+        )
+
+    def _build_sessions(self, spool: Path, perms: SpoolPerms) -> None:
+        cfg, host = self.cfg, self.cfg.node_name
         self.sessions = Sessions(self.index, spool, perms, host)
-        self.incoming = Incoming(spool, perms)
         self.results = Results(self.sessions, self.index, self.incoming, self.uploads, host)
         self.captures = Captures(
             self.incoming,
@@ -144,11 +176,20 @@ class Daemon:
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, self.index, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
+
+    def _build_watch(self, spool: Path, perms: SpoolPerms) -> None:
+        cfg = self.cfg
         self.incidents = Incidents(
-            self.index, spool, perms, host, cfg.watch, self.uploads, owner_of=self.registry.owner
-        )
-        self.incidents.capture = IncidentCapture(
-            self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
+            self.index,
+            spool,
+            perms,
+            cfg.node_name,
+            cfg.watch,
+            self.uploads,
+            owner_of=self.registry.owner,
+            capture=IncidentCapture(
+                self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
+            ),
         )
         self.detectors = Detectors(
             self.ledgers, self.registry, self.incidents, cfg.watch.rules(), cfg.watch.enabled
@@ -163,6 +204,16 @@ class Daemon:
             referenced=self.incidents.referenced_sessions,
             clear_incident=self.incidents.clear_ranks,
         )
+        self.hangs = Hangs(
+            self.registry,
+            self.rank_stacks,
+            self.incidents,
+            cfg.watch.stall_after,
+            cfg.watch.enabled,
+        )
+
+    def _build_agents(self, spool: Path, rules: list[StartRequest]) -> None:
+        cfg = self.cfg
         self.intake = Intake(
             self.sessions,
             self.index,
@@ -191,21 +242,13 @@ class Daemon:
             self.intake,
             self._send_agent,
             self.ledgers,
+            stacks_result=self.agent_stacks.result,
         )
-        self.agent_stacks = AgentStacks(self._send_agent)
-        self.agents.stacks_result = self.agent_stacks.result
-        self.rank_stacks = RankStacks(
-            StackReader(self.reactor.call_soon), self.agent_stacks, self.registry
-        )
-        self.hangs = Hangs(
-            self.registry,
-            self.rank_stacks,
-            self.incidents,
-            cfg.watch.stall_after,
-            cfg.watch.enabled,
-        )
+
+    def _build_control(self, spool: Path) -> ControlHandler:
+        cfg = self.cfg
         facts = DaemonFacts(
-            host,
+            cfg.node_name,
             time.time(),
             cfg.runtime_dir,
             cfg.state_dir,
@@ -215,7 +258,7 @@ class Daemon:
             runtime.group_id(cfg.admin_group),
             cfg.heartbeat_interval,
         )
-        self.control = ControlHandler(
+        return ControlHandler(
             facts,
             self.registry,
             self.ledgers,
@@ -229,6 +272,32 @@ class Daemon:
             self.incidents,
             stacks=self.rank_stacks,
         )
+
+    def _build_publisher(self) -> MetricsPublisher | None:
+        if self.metrics is None:
+            return None
+        return MetricsPublisher(
+            self.metrics, self.index, self.sessions, self.ledgers, self.registry, self.incidents
+        )
+
+    def _parts(self) -> list[Part]:
+        """Each tick's work, in this order; then the loop flushes the session changes."""
+        publishing: list[Part] = [self.publisher] if self.publisher is not None else []
+        return [
+            Housekeeping(self.liveness),
+            StackExpiry(self.agent_stacks),
+            LedgerMinutes(self.ledgers, self.registry),
+            MinuteWriter(self.history, self.ledgers),
+            Detecting(self.detectors),
+            StallWatch(self.hangs),
+            IncidentKeeping(self.incidents),
+            NsysPolling(self.nsys),
+            Sampling(self.samples),
+            *publishing,
+            DeferredReports(self.intake),
+            ParkedCaptures(self.captures),
+            OwedManifests(self.sessions, self.write_manifests),
+        ]
 
     # --- wiring -----------------------------------------------------------------------------
     def _send_agent(self, ident: bytes, frame: bytes) -> None:
@@ -328,7 +397,8 @@ class Daemon:
             self.cfg.state_dir,
             self.sessions.spool,
         )
-        self.publish_metrics()  # a scrape before the first tick finds the daemon as it is
+        if self.publisher is not None:  # a scrape before the first tick finds the daemon as it is
+            guarded("publishing metrics", self.publisher.tick, time.monotonic(), time.time())
         self.sd.ready(f"listening on {self.cfg.runtime_dir}")
         try:
             self._loop()
@@ -356,11 +426,7 @@ class Daemon:
             log.info("reload: [watch] unchanged")
             return
         self.cfg = dataclasses.replace(self.cfg, watch=watch)
-        self.history.keep_s = watch.keep_history
-        self.incidents.reconfigure(watch)
-        self.detectors.reconfigure(watch.rules(), watch.enabled)
-        self.hangs.reconfigure(watch.stall_after, watch.enabled)
-        self.samples.set_rules(rules_of(watch))
+        self.parts.reconfigure(watch)
         log.info("reload: [watch] now %s", watch)
 
     def stop(self, why: str = "") -> None:
@@ -389,8 +455,8 @@ class Daemon:
             pass
         self.flush()
         # Every rank's open minute, so far: a restarted daemon's history has no gap.
-        _guarded("closing step-ledger minutes", self.ledgers.tick, ())
-        _guarded("writing step-ledger minutes", self._write_minutes)
+        guarded("closing step-ledger minutes", self.ledgers.tick, ())
+        guarded("writing step-ledger minutes", self._write_minutes)
         self.index.close()
         log.info("stopped")
 
@@ -404,9 +470,9 @@ class Daemon:
             else:
                 self.liveness.restored(s.targets)
         for _key, row in self.index.inbox_raw_left():
-            _guarded("deleting an indexed raw trace", self._delete_raw, row)
+            guarded("deleting an indexed raw trace", self._delete_raw, row)
         for _key, row in self.index.inbox_pending():
-            _guarded("resubmitting a capture", self._resubmit, row)
+            guarded("resubmitting a capture", self._resubmit, row)
         self.sessions.settle_restored()
         held = self.incidents.restore()
         if held:
@@ -452,9 +518,9 @@ class Daemon:
                 self._drain(self.control_sock, self.control.handle)
             if tcp is not None:
                 if tcp.zap in events:
-                    _guarded("answering ZAP", tcp.handle_zap)
+                    guarded("answering ZAP", tcp.handle_zap)
                 if tcp.monitor in events:
-                    _guarded("reading the TCP monitor", tcp.handle_monitor)
+                    guarded("reading the TCP monitor", tcp.handle_monitor)
                 if tcp.sock in events:
                     self._drain(tcp.sock, self._handle_tcp)
             if self.agent_sock in events:
@@ -464,45 +530,9 @@ class Daemon:
             now = time.monotonic()
             self.sd.watchdog(now)  # from this thread: a wedged loop stops pinging
             if now >= next_tick:
-                _guarded("housekeeping", self.liveness.tick, now)
-                _guarded("expiring stack requests", self.agent_stacks.expire, now)
-                _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
-                _guarded("writing step-ledger minutes", self._write_minutes)
-                _guarded("running the detectors", self.detectors.tick, now)
-                _guarded("watching for stalls", self.hangs.tick, now)
-                _guarded("keeping incidents", self.incidents.tick)
-                _guarded("polling nsys", self.nsys.poll, now)
-                _guarded("sampling", self.samples.tick, now, time.time())
-                _guarded("publishing metrics", self.publish_metrics)
-                self._retry_writes()
+                self.parts.tick(now, time.time())
                 self.flush()
                 next_tick = now + hb
-
-    # --- /metrics -------------------------------------------------------------------------------
-    def publish_metrics(self) -> None:
-        """Hand ``/metrics`` a new snapshot of this daemon (nothing without ``[metrics]``)."""
-        if self.metrics is None:
-            return
-        wall = time.time()
-        if wall >= self._queue_bytes_due:
-            self._queue_bytes_due = wall + QUEUE_BYTES_EVERY
-            try:
-                self._queue_bytes = self.index.queue_bytes()
-            except sqlite3.Error as exc:  # the page goes on, with the last size read
-                log.warning("metrics: cannot read the upload queue's size: %s", exc)
-        by_state = dict.fromkeys(LIVE, 0)
-        for s in self.sessions.live():
-            by_state[s.state] = by_state.get(s.state, 0) + 1
-        self.metrics.publish(
-            Snapshot(
-                at=wall,
-                ranks=self.ledgers.series(self.registry),
-                attached=len(self.registry),
-                sessions=tuple(by_state.items()),
-                incidents=tuple((k, self.incidents.counts.get(k, 0)) for k in INCIDENT_KINDS),
-                upload_queue_bytes=self._queue_bytes,
-            )
-        )
 
     def _sample_incident(
         self,
@@ -532,17 +562,10 @@ class Daemon:
                     frames.append(last.bytes)
             except zmq.Again:
                 return
-            _guarded("handling a message", handle, frames, _peer(last))
+            guarded("handling a message", handle, frames, _peer(last))
 
     def _write_minutes(self) -> None:
         self.history.tick(self.ledgers.take_minutes())
-
-    def _retry_writes(self) -> None:
-        """What a full disk stopped, tried again: the first success is the recovery."""
-        _guarded("storing deferred reports", self.intake.retry_deferred)
-        _guarded("retrying captures", self.captures.retry_parked)
-        if self.sessions.manifests_owed:
-            self.write_manifests()
 
     def flush(self) -> None:
         """Persist this iteration's session changes; write finished sessions' manifests."""
@@ -558,10 +581,10 @@ class Daemon:
             log.info("session %s %s", s.id, s.state)
             self.arms.ended(s.id)
             if s.backend == "nsys":
-                _guarded("ending an nsys session", self.nsys.session_ended, s)
-            _guarded("ending an incident's capture", self.incidents.capture_ended, s)
+                guarded("ending an nsys session", self.nsys.session_ended, s)
+            guarded("ending an incident's capture", self.incidents.capture_ended, s)
             self.incoming.remove_incoming(s.job, s.id)
-            _guarded("watching a sample", self.samples.finished, s)
+            guarded("watching a sample", self.samples.finished, s)
         if finished:
             faults.point("session-ended")
             self.write_manifests()
@@ -580,18 +603,16 @@ class Daemon:
             self.storage.failed(area, exc, f"{self.sessions.manifests_owed} session.json")
 
 
+def _prepare_spool(cfg: Config) -> tuple[Path, SpoolPerms]:
+    perms = SpoolPerms(runtime.group_id(cfg.group))
+    cfg.spool_dir.mkdir(parents=True, exist_ok=True)
+    spool = cfg.spool_dir.resolve()
+    perms.prepare_root(spool)
+    return spool, perms
+
+
 def _peer(frame: Any) -> PeerCred | None:
     try:
         return PeerCred.parse(frame.get("Peer-Address"))
     except zmq.ZMQError:  # no such property: not an IPC connection, or an old libzmq
         return None
-
-
-def _guarded(what: str, fn: Callable[..., Any], *args: Any) -> None:
-    """Run one unit of work; a bug in it is logged once with context and the loop goes on."""
-    try:
-        fn(*args)
-    except Refused as exc:
-        log.warning("%s: %s", what, exc)
-    except Exception:
-        log.exception("error %s", what)

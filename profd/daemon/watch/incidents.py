@@ -83,6 +83,7 @@ class Incidents:
         uploads: UploadQueue | None,
         clock: Callable[[], float] = time.time,
         owner_of: OwnerOf | None = None,
+        capture: Capture | None = None,
     ) -> None:
         self.index = index
         self.owner_of = owner_of
@@ -92,8 +93,8 @@ class Incidents:
         self.cfg = cfg
         self.uploads = uploads
         self._clock = clock
-        #: Arms an incident's capture (set by the loop; None: incidents capture nothing).
-        self.capture: Capture | None = None
+        #: Arms an incident's capture (None: incidents capture nothing).
+        self.capture = capture
         #: Open incidents, and resolved ones still inside their job's cooldown, by id.
         self.held: dict[str, Incident] = {}
         #: Each key's newest incident (open, or resolved inside the cooldown).
