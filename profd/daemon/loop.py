@@ -454,9 +454,10 @@ class Daemon:
         while self.reactor.run_pending():
             pass
         self.flush()
-        # Every rank's open minute, so far: a restarted daemon's history has no gap.
-        guarded("closing step-ledger minutes", self.ledgers.tick, ())
-        guarded("writing step-ledger minutes", self._write_minutes)
+        # Every rank's open minute, so far, as if all had left: a restarted daemon's history
+        # has no gap.
+        closing = [LedgerMinutes(self.ledgers, ()), MinuteWriter(self.history, self.ledgers)]
+        Parts(closing).tick(time.monotonic(), time.time())
         self.index.close()
         log.info("stopped")
 
@@ -563,9 +564,6 @@ class Daemon:
             except zmq.Again:
                 return
             guarded("handling a message", handle, frames, _peer(last))
-
-    def _write_minutes(self) -> None:
-        self.history.tick(self.ledgers.take_minutes())
 
     def flush(self) -> None:
         """Persist this iteration's session changes; write finished sessions' manifests."""

@@ -20,7 +20,7 @@ from profd.daemon.captures.lanes import Captures
 from profd.daemon.clients.agentstacks import AgentStacks
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.registry import Registry
+from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.metrics import INCIDENT_KINDS, MetricsServer
 from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.samples import Samples, rules_of
@@ -111,16 +111,17 @@ class StackExpiry(Part):
 
 
 class LedgerMinutes(Part):
-    """Closes each attached rank's ended minutes (and those of ranks that left)."""
+    """Closes the ended minutes of ``clients`` (the registry: those attached), and every
+    open minute of the ranks not among them."""
 
     what = "closing step-ledger minutes"
 
-    def __init__(self, ledgers: Ledgers, registry: Registry) -> None:
+    def __init__(self, ledgers: Ledgers, clients: Iterable[Client]) -> None:
         self.ledgers = ledgers
-        self.registry = registry
+        self.clients = clients
 
     def tick(self, mono: float, wall: float) -> None:
-        self.ledgers.tick(self.registry)
+        self.ledgers.tick(self.clients)
 
 
 class MinuteWriter(Part):
