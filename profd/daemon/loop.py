@@ -15,7 +15,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import zmq
 
@@ -37,6 +37,24 @@ from profd.daemon.clients.stacks import StackReader
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
 from profd.daemon.control.tcp import TcpControl
 from profd.daemon.metrics import MetricsServer
+from profd.daemon.parts import (
+    DeferredReports,
+    Detecting,
+    Housekeeping,
+    IncidentKeeping,
+    LedgerMinutes,
+    MetricsPublisher,
+    MinuteWriter,
+    NsysPolling,
+    OwedManifests,
+    ParkedCaptures,
+    Part,
+    Parts,
+    Sampling,
+    StackExpiry,
+    StallWatch,
+    guarded,
+)
 from profd.daemon.results import Results
 from profd.daemon.runtime import faults
 from profd.daemon.runtime import rundir as runtime
@@ -48,7 +66,7 @@ from profd.daemon.sessions.autorules import check as check_rules
 from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.quota import Quota
 from profd.daemon.sessions.samples import Samples, rules_of
-from profd.daemon.sessions.starts import Starter
+from profd.daemon.sessions.starts import Starter, StartRequest
 from profd.daemon.sessions.state import Sessions
 from profd.daemon.spool import leftovers
 from profd.daemon.spool.incoming import Incoming
@@ -60,8 +78,6 @@ from profd.daemon.watch.hangs import Hangs
 from profd.daemon.watch.incidents import Incidents
 from profd.daemon.watch.sinks import IncidentCounts, record_sinks
 from profd.reactor import Reactor
-from profd.scheduling.refusal import Refused
-from profd.states import LIVE
 from profd.store import layout
 from profd.store.index import (
     Database,
@@ -74,7 +90,6 @@ from profd.store.index import (
     UploadQueueRepo,
 )
 from profd.watch.incident import Incident, Suspect
-from profd.watch.snapshot import Snapshot
 from profd_client import protocol as P
 
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
@@ -89,23 +104,27 @@ BATCH = 512
 #: per heartbeat (docs/benchmarks.md). Operators (control.sock, TCP) and workers (the
 #: reactor) still wake it at once, so a start is never delayed; a client's reply may be.
 AGENT_LINGER_S = 0.02
-#: Seconds between two reads of the upload queue's size for ``/metrics``: a query of the
-#: queued files (~2 ms for 1,000 of them), too much for every tick.
-QUEUE_BYTES_EVERY = 10.0
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
+class _Repos(NamedTuple):
+    """The index's areas the builders hand out, each to the components that use it."""
+
+    sessions: SessionRepo
+    traces: TraceRepo
+    files: FileRepo
+    minutes: StepMinuteRepo
+    incidents: IncidentRepo
+
+
 class Daemon:
+    """Reads as its parts: the collaborators each builder makes, then :meth:`_parts`, the
+    periodic work the loop runs each tick, in order."""
+
     def __init__(self, cfg: Config, make_uploads: Callable[[Reactor], Uploads] | None) -> None:
         self.cfg = cfg
         self.stopping = False
         self.sd = Notifier()  # systemd's READY/WATCHDOG/STOPPING; a no-op outside systemd
-        host = cfg.node_name
-        perms = SpoolPerms(runtime.group_id(cfg.group))
-        cfg.spool_dir.mkdir(parents=True, exist_ok=True)
-        spool = cfg.spool_dir.resolve()
-        perms.prepare_root(spool)
-        rules = check_rules(cfg.auto)
         self.ctx: Any = zmq.Context.instance()
         self.agent_sock: Any = None
         self.control_sock: Any = None
@@ -113,35 +132,58 @@ class Daemon:
         self.tcp = TcpControl(self.ctx, cfg.cluster) if cfg.cluster.listen else None
         m = cfg.metrics
         self.metrics = MetricsServer(m.host, m.port, time.time) if m.listen else None
-        self._queue_bytes = 0
-        self._queue_bytes_due = 0.0
-
         self.reactor = Reactor()
-        self.storage = Storage({"index": cfg.state_dir, "spool": spool})
         self.temp_files_removed = 0  # left in the spool by a killed daemon, removed at start
+        spool, perms = _prepare_spool(cfg)
+        rules = check_rules(cfg.auto)
+        repos = self._build_store(spool, perms, make_uploads)
+        self._build_clients(repos)
+        self._build_sessions(spool, perms, repos)
+        self._build_watch(spool, perms, repos)
+        self._build_agents(spool, rules)
+        self.control = self._build_control(spool, repos)
+        self.publisher = self._build_publisher()
+        self.parts = Parts(self._parts())
+
+    # --- construction ---------------------------------------------------------------------------
+    def _build_store(
+        self, spool: Path, perms: SpoolPerms, make_uploads: Callable[[Reactor], Uploads] | None
+    ) -> _Repos:
+        cfg = self.cfg
+        self.storage = Storage({"index": cfg.state_dir, "spool": spool})
         # One connection for the event loop; each component gets the repositories it uses.
         self.index = Database(cfg.index_path)
         self.inbox = InboxRepo(self.index)
         self.upload_queue = UploadQueueRepo(self.index)
-        session_repo = SessionRepo(self.index)
-        trace_repo = TraceRepo(self.index)
-        file_repo = FileRepo(self.index)
-        minute_repo = StepMinuteRepo(self.index)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
+        self.incoming = Incoming(spool, perms)
+        db = self.index
+        return _Repos(
+            SessionRepo(db), TraceRepo(db), FileRepo(db), StepMinuteRepo(db), IncidentRepo(db)
+        )
+
+    def _build_clients(self, repos: _Repos) -> None:
+        cfg = self.cfg
         self.registry = Registry()
-        self.history = StepHistory(minute_repo, self.storage, cfg.watch.keep_history)
+        self.history = StepHistory(repos.minutes, self.storage, cfg.watch.keep_history)
         # A rank re-attaching after a restart shows its last minute until its ledger comes.
         self.ledgers = Ledgers(
             seed=self.history.seed,
             max_regions=cfg.limits.max_regions_per_rank,
             rate=cfg.limits.heartbeat_rate(cfg.heartbeat_interval),
         )
-        self.sessions = Sessions(session_repo, spool, perms, host)
-        self.incoming = Incoming(spool, perms)
+        self.agent_stacks = AgentStacks(self._send_agent)
+        self.rank_stacks = RankStacks(
+            StackReader(self.reactor.call_soon), self.agent_stacks, self.registry
+        )
+
+    def _build_sessions(self, spool: Path, perms: SpoolPerms, repos: _Repos) -> None:
+        cfg, host = self.cfg, self.cfg.node_name
+        self.sessions = Sessions(repos.sessions, spool, perms, host)
         self.results = Results(
             self.sessions,
-            trace_repo,
-            file_repo,
+            repos.traces,
+            repos.files,
             self.inbox,
             self.upload_queue,
             self.incoming,
@@ -168,18 +210,20 @@ class Daemon:
             self.results.commit,
         )
         self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
-        quota = Quota(cfg.max_spool_bytes, file_repo, self.uploads)
+        quota = Quota(cfg.max_spool_bytes, repos.files, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
+
+    def _build_watch(self, spool: Path, perms: SpoolPerms, repos: _Repos) -> None:
+        cfg = self.cfg
         self.incident_counts = IncidentCounts()
-        incident_repo = IncidentRepo(self.index)
         self.incidents = Incidents(
-            incident_repo,
-            session_repo,
-            host,
+            repos.incidents,
+            repos.sessions,
+            cfg.node_name,
             cfg.watch,
             [
                 self.incident_counts,
-                *record_sinks(incident_repo, file_repo, spool, perms, self.uploads),
+                *record_sinks(repos.incidents, repos.files, spool, perms, self.uploads),
             ],
             capture=IncidentCapture(
                 self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
@@ -194,12 +238,22 @@ class Daemon:
             self.registry,
             self.sessions,
             self.starter,
-            session_repo,
-            file_repo,
+            repos.sessions,
+            repos.files,
             open_incident=self._sample_incident,
             referenced=self.incidents.referenced_sessions,
             clear_incident=self.incidents.clear_ranks,
         )
+        self.hangs = Hangs(
+            self.registry,
+            self.rank_stacks,
+            self.incidents,
+            cfg.watch.stall_after,
+            cfg.watch.enabled,
+        )
+
+    def _build_agents(self, spool: Path, rules: list[StartRequest]) -> None:
+        cfg = self.cfg
         self.intake = Intake(
             self.sessions,
             self.inbox,
@@ -228,21 +282,13 @@ class Daemon:
             self.intake,
             self._send_agent,
             self.ledgers,
+            stacks_result=self.agent_stacks.result,
         )
-        self.agent_stacks = AgentStacks(self._send_agent)
-        self.agents.stacks_result = self.agent_stacks.result
-        self.rank_stacks = RankStacks(
-            StackReader(self.reactor.call_soon), self.agent_stacks, self.registry
-        )
-        self.hangs = Hangs(
-            self.registry,
-            self.rank_stacks,
-            self.incidents,
-            cfg.watch.stall_after,
-            cfg.watch.enabled,
-        )
+
+    def _build_control(self, spool: Path, repos: _Repos) -> ControlHandler:
+        cfg = self.cfg
         facts = DaemonFacts(
-            host,
+            cfg.node_name,
             time.time(),
             cfg.runtime_dir,
             cfg.state_dir,
@@ -252,16 +298,16 @@ class Daemon:
             runtime.group_id(cfg.admin_group),
             cfg.heartbeat_interval,
         )
-        self.control = ControlHandler(
+        return ControlHandler(
             facts,
             self.registry,
             self.ledgers,
             self.sessions,
-            session_repo,
-            trace_repo,
-            file_repo,
+            repos.sessions,
+            repos.traces,
+            repos.files,
             self.upload_queue,
-            minute_repo,
+            repos.minutes,
             self.starter,
             self.flush,
             self._send_control,
@@ -270,6 +316,37 @@ class Daemon:
             self.incidents,
             stacks=self.rank_stacks,
         )
+
+    def _build_publisher(self) -> MetricsPublisher | None:
+        if self.metrics is None:
+            return None
+        return MetricsPublisher(
+            self.metrics,
+            self.upload_queue,
+            self.sessions,
+            self.ledgers,
+            self.registry,
+            self.incident_counts,
+        )
+
+    def _parts(self) -> list[Part]:
+        """Each tick's work, in this order; then the loop flushes the session changes."""
+        publishing: list[Part] = [self.publisher] if self.publisher is not None else []
+        return [
+            Housekeeping(self.liveness),
+            StackExpiry(self.agent_stacks),
+            LedgerMinutes(self.ledgers, self.registry),
+            MinuteWriter(self.history, self.ledgers),
+            Detecting(self.detectors),
+            StallWatch(self.hangs),
+            IncidentKeeping(self.incidents),
+            NsysPolling(self.nsys),
+            Sampling(self.samples),
+            *publishing,
+            DeferredReports(self.intake),
+            ParkedCaptures(self.captures),
+            OwedManifests(self.sessions, self.write_manifests),
+        ]
 
     # --- wiring -----------------------------------------------------------------------------
     def _send_agent(self, ident: bytes, frame: bytes) -> None:
@@ -369,7 +446,8 @@ class Daemon:
             self.cfg.state_dir,
             self.sessions.spool,
         )
-        self.publish_metrics()  # a scrape before the first tick finds the daemon as it is
+        if self.publisher is not None:  # a scrape before the first tick finds the daemon as it is
+            guarded("publishing metrics", self.publisher.tick, time.monotonic(), time.time())
         self.sd.ready(f"listening on {self.cfg.runtime_dir}")
         try:
             self._loop()
@@ -397,11 +475,7 @@ class Daemon:
             log.info("reload: [watch] unchanged")
             return
         self.cfg = dataclasses.replace(self.cfg, watch=watch)
-        self.history.keep_s = watch.keep_history
-        self.incidents.reconfigure(watch)
-        self.detectors.reconfigure(watch.rules(), watch.enabled)
-        self.hangs.reconfigure(watch.stall_after, watch.enabled)
-        self.samples.set_rules(rules_of(watch))
+        self.parts.reconfigure(watch)
         log.info("reload: [watch] now %s", watch)
 
     def stop(self, why: str = "") -> None:
@@ -429,9 +503,10 @@ class Daemon:
         while self.reactor.run_pending():
             pass
         self.flush()
-        # Every rank's open minute, so far: a restarted daemon's history has no gap.
-        _guarded("closing step-ledger minutes", self.ledgers.tick, ())
-        _guarded("writing step-ledger minutes", self._write_minutes)
+        # Every rank's open minute, so far, as if all had left: a restarted daemon's history
+        # has no gap.
+        closing = [LedgerMinutes(self.ledgers, ()), MinuteWriter(self.history, self.ledgers)]
+        Parts(closing).tick(time.monotonic(), time.time())
         self.index.close()
         log.info("stopped")
 
@@ -445,9 +520,9 @@ class Daemon:
             else:
                 self.liveness.restored(s.targets)
         for _key, row in self.inbox.inbox_raw_left():
-            _guarded("deleting an indexed raw trace", self._delete_raw, row)
+            guarded("deleting an indexed raw trace", self._delete_raw, row)
         for _key, row in self.inbox.inbox_pending():
-            _guarded("resubmitting a capture", self._resubmit, row)
+            guarded("resubmitting a capture", self._resubmit, row)
         self.sessions.settle_restored()
         held = self.incidents.restore()
         if held:
@@ -493,9 +568,9 @@ class Daemon:
                 self._drain(self.control_sock, self.control.handle)
             if tcp is not None:
                 if tcp.zap in events:
-                    _guarded("answering ZAP", tcp.handle_zap)
+                    guarded("answering ZAP", tcp.handle_zap)
                 if tcp.monitor in events:
-                    _guarded("reading the TCP monitor", tcp.handle_monitor)
+                    guarded("reading the TCP monitor", tcp.handle_monitor)
                 if tcp.sock in events:
                     self._drain(tcp.sock, self._handle_tcp)
             if self.agent_sock in events:
@@ -505,45 +580,9 @@ class Daemon:
             now = time.monotonic()
             self.sd.watchdog(now)  # from this thread: a wedged loop stops pinging
             if now >= next_tick:
-                _guarded("housekeeping", self.liveness.tick, now)
-                _guarded("expiring stack requests", self.agent_stacks.expire, now)
-                _guarded("closing step-ledger minutes", self.ledgers.tick, self.registry)
-                _guarded("writing step-ledger minutes", self._write_minutes)
-                _guarded("running the detectors", self.detectors.tick, now)
-                _guarded("watching for stalls", self.hangs.tick, now)
-                _guarded("keeping incidents", self.incidents.tick)
-                _guarded("polling nsys", self.nsys.poll, now)
-                _guarded("sampling", self.samples.tick, now, time.time())
-                _guarded("publishing metrics", self.publish_metrics)
-                self._retry_writes()
+                self.parts.tick(now, time.time())
                 self.flush()
                 next_tick = now + hb
-
-    # --- /metrics -------------------------------------------------------------------------------
-    def publish_metrics(self) -> None:
-        """Hand ``/metrics`` a new snapshot of this daemon (nothing without ``[metrics]``)."""
-        if self.metrics is None:
-            return
-        wall = time.time()
-        if wall >= self._queue_bytes_due:
-            self._queue_bytes_due = wall + QUEUE_BYTES_EVERY
-            try:
-                self._queue_bytes = self.upload_queue.queue_bytes()
-            except sqlite3.Error as exc:  # the page goes on, with the last size read
-                log.warning("metrics: cannot read the upload queue's size: %s", exc)
-        by_state = dict.fromkeys(LIVE, 0)
-        for s in self.sessions.live():
-            by_state[s.state] = by_state.get(s.state, 0) + 1
-        self.metrics.publish(
-            Snapshot(
-                at=wall,
-                ranks=self.ledgers.series(self.registry),
-                attached=len(self.registry),
-                sessions=tuple(by_state.items()),
-                incidents=self.incident_counts.published(),
-                upload_queue_bytes=self._queue_bytes,
-            )
-        )
 
     def _sample_incident(
         self,
@@ -573,17 +612,7 @@ class Daemon:
                     frames.append(last.bytes)
             except zmq.Again:
                 return
-            _guarded("handling a message", handle, frames, _peer(last))
-
-    def _write_minutes(self) -> None:
-        self.history.tick(self.ledgers.take_minutes())
-
-    def _retry_writes(self) -> None:
-        """What a full disk stopped, tried again: the first success is the recovery."""
-        _guarded("storing deferred reports", self.intake.retry_deferred)
-        _guarded("retrying captures", self.captures.retry_parked)
-        if self.sessions.manifests_owed:
-            self.write_manifests()
+            guarded("handling a message", handle, frames, _peer(last))
 
     def flush(self) -> None:
         """Persist this iteration's session changes; write finished sessions' manifests."""
@@ -599,10 +628,10 @@ class Daemon:
             log.info("session %s %s", s.id, s.state)
             self.arms.ended(s.id)
             if s.backend == "nsys":
-                _guarded("ending an nsys session", self.nsys.session_ended, s)
-            _guarded("ending an incident's capture", self.incidents.capture_ended, s)
+                guarded("ending an nsys session", self.nsys.session_ended, s)
+            guarded("ending an incident's capture", self.incidents.capture_ended, s)
             self.incoming.remove_incoming(s.job, s.id)
-            _guarded("watching a sample", self.samples.finished, s)
+            guarded("watching a sample", self.samples.finished, s)
         if finished:
             faults.point("session-ended")
             self.write_manifests()
@@ -621,18 +650,16 @@ class Daemon:
             self.storage.failed(area, exc, f"{self.sessions.manifests_owed} session.json")
 
 
+def _prepare_spool(cfg: Config) -> tuple[Path, SpoolPerms]:
+    perms = SpoolPerms(runtime.group_id(cfg.group))
+    cfg.spool_dir.mkdir(parents=True, exist_ok=True)
+    spool = cfg.spool_dir.resolve()
+    perms.prepare_root(spool)
+    return spool, perms
+
+
 def _peer(frame: Any) -> PeerCred | None:
     try:
         return PeerCred.parse(frame.get("Peer-Address"))
     except zmq.ZMQError:  # no such property: not an IPC connection, or an old libzmq
         return None
-
-
-def _guarded(what: str, fn: Callable[..., Any], *args: Any) -> None:
-    """Run one unit of work; a bug in it is logged once with context and the loop goes on."""
-    try:
-        fn(*args)
-    except Refused as exc:
-        log.warning("%s: %s", what, exc)
-    except Exception:
-        log.exception("error %s", what)

@@ -160,7 +160,7 @@ RATE_S = 1.0
 #: Seconds a rank that jumped must step on from there, never going back, before its new steps
 #: count (``step(n)`` in a resumed run that had been stepping already, or a job whose steps
 #: became far faster than its warm-up's); its rate is then measured afresh from the jump.
-SETTLE_S = 10.0
+SETTLE_S = 30.0
 
 
 @dataclass

@@ -12,7 +12,7 @@ DAEMON = PROFD / "daemon"
 
 #: Bottom to top: a daemon package may import only the packages before it in this list.
 DAEMON_LAYERS = ["runtime", "metrics", "spool", "clients", "captures", "sessions", "watch", "agent",
-                 "control", "results", "loop"]  # fmt: skip
+                 "control", "results", "parts", "loop"]  # fmt: skip
 
 #: Packages that never reach into the daemon (profctl, storage and pure logic).
 NEVER_DAEMON = ["ctl", "store", "pipeline", "report", "scheduling", "reactor", "states",

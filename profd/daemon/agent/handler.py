@@ -40,6 +40,7 @@ class AgentHandler:
         intake: Intake,
         send: Send,
         ledgers: Ledgers,
+        stacks_result: Callable[[Client, dict[str, Any]], None] | None = None,
     ) -> None:
         self.registry = registry
         self.sessions = sessions
@@ -50,8 +51,8 @@ class AgentHandler:
         self.send = send
         self.ledgers = ledgers
         self.rejected = 0  # malformed frames seen, for status
-        #: Where a client's own stacks go (``stacks_result``); set by the loop.
-        self.stacks_result: Callable[[Client, dict[str, Any]], None] | None = None
+        #: Where a client's own stacks go (``stacks_result``).
+        self.stacks_result = stacks_result
         self._heartbeats: dict[int, bytes] = {}  # the same reply bytes for every client
 
     def handle(self, frames: list[bytes], peer: PeerCred | None) -> None:

@@ -48,6 +48,10 @@ class StepHistory:
         self.failing = False  # the last write failed (and Storage was told)
         self._next_prune = 0.0  # the first tick prunes
 
+    def reconfigure(self, keep_s: float) -> None:
+        """A new ``keep_history`` (SIGHUP): rows older than it go at the next prune."""
+        self.keep_s = keep_s
+
     def tick(self, minutes: Iterable[MinuteSummary]) -> None:
         """Write ``minutes`` and any left from a failed write; prune when it is time."""
         for m in minutes:

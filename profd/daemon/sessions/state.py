@@ -335,7 +335,7 @@ class Sessions:
 
     def exact(self, session_id: str) -> Session | None:
         """The live session with this id (what a user typed is resolved to one first:
-        ``ControlHandler.session_id``)."""
+        ``control.requests.sessions.session_id``)."""
         return self.by_id.get(session_id)
 
     def containing(self, part: str) -> list[str]:

@@ -1,0 +1,92 @@
+"""``ps`` and ``top``: the processes attached to this daemon, as they are now."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from profd import claims
+from profd.daemon.clients.registry import step_now
+from profd.daemon.control.requests.context import Context, Handler, by_identity
+from profd.daemon.runtime.peers import Requester
+from profd.daemon.sessions.selector import Selector
+from profd.watch.stats import mark_vs_role, slowest_first
+from profd_client import protocol as P
+
+
+def ps(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any]]:
+    job: str | None = m.get("job")
+    role: str | None = m.get("role")
+    sel = Selector(job=job, roles=(role,) if role else ())
+    served = by_identity(ctx.registry)
+    # Processes that claim one identity are marked, whatever the filter shows of them.
+    shared = claims.claimants(((c.job, c.role, c.rank), c.pid) for c in served)
+    rows = []
+    now, hb = time.monotonic(), ctx.facts.heartbeat_interval
+    for c in served if job is None and role is None else filter(sel.matches, served):
+        pids = shared.get((c.job, c.role, c.rank))
+        row = c.row()  # a fresh dict: extended in place, not copied (1,024 rows per ps)
+        row["duplicate"] = pids is not None
+        row["claimed_by"] = pids or [c.pid]
+        row["step"], row["step_extrapolated"], age = step_now(c, now, hb)
+        row["age_s"] = round(age, 3)
+        rows.append(row)
+    # Peers of another protocol version are listed so nobody wonders where a job went.
+    rows += [
+        r
+        for r in (p.row() for p in ctx.registry.incompatible.values())
+        if (job is None or r["job"] == job)
+    ]
+    ctx.stamp(rows)
+    return rows
+
+
+def top(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any]]:
+    """One row per served rank (``P.TOP_ROW``), slowest against its role first."""
+    job: str | None = m.get("job")
+    role: str | None = m.get("role")
+    clients: Any = ctx.registry
+    if job is not None or role is not None:
+        clients = filter(Selector(job=job, roles=(role,) if role else ()).matches, clients)
+    now, hb = time.monotonic(), ctx.facts.heartbeat_interval
+    figures = ctx.ledgers.figures
+    rows = []
+    for c in clients:
+        f = figures(c, now)
+        step, extrapolated, age = step_now(c, now, hb)
+        rows.append(
+            {
+                "host": c.host,
+                "pid": c.pid,
+                "job": c.job,
+                "role": c.role,
+                "rank": c.rank,
+                "world_size": c.world_size,
+                "step": step,
+                "step_extrapolated": extrapolated,
+                "age_s": round(age, 3),
+                "sps": round(c.sps, 2),
+                "step_ms_p50": _ms(f.p50_ms),
+                "step_ms_p99": _ms(f.p99_ms),
+                "window_s": None if f.window_s is None else round(f.window_s, 1),
+                "source": f.source,
+                "regions": f.regions,
+                "cpu_percent": c.cpu,
+                "rss_bytes": c.rss,
+                "gpu_util": c.gpu_util,
+                "gpu_mem_bytes": c.gpu_mem,
+            }
+        )
+    # A role's ranks are all here whatever the filter (it selects whole jobs and roles),
+    # so each is compared with its whole role on this node.
+    mark_vs_role(rows)
+    rows = slowest_first(rows)
+    ctx.stamp(rows)
+    return rows
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)
+
+
+HANDLERS: dict[str, Handler] = {P.C_PS: ps, P.C_TOP: top}
