@@ -36,6 +36,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from statistics import NormalDist, median
 
+from profd.watch.stats import others_medians
+
 #: The chance, under normal noise, that a job without a straggler gets one named.
 ALPHA = 1e-3
 REL_FLOOR = 0.10
@@ -74,20 +76,11 @@ class Verdict:
 
 
 def leave_one_out_medians(values: Sequence[float]) -> list[float]:
-    """For each value, the median of all the others (one sort for all of them)."""
-    n = len(values)
-    order = sorted(range(n), key=values.__getitem__)
-    s = [values[i] for i in order]
-    m = n - 1  # how many remain once one is left out
-    h = m // 2
-    out = [0.0] * n
-    for p, i in enumerate(order):
-        # Without s[p], the j-th remaining value is s[j] below p and s[j + 1] from p on.
-        hi = s[h] if h < p else s[h + 1]
-        if m % 2:
-            out[i] = hi
-        else:
-            out[i] = ((s[h - 1] if h - 1 < p else s[h]) + hi) / 2
+    """For each of two or more values, the median of all the others (the detectors' own
+    leave-one-out, so a report and a live incident compare a rank with the same peers)."""
+    out = [m for m in others_medians(values) if m is not None]
+    if len(out) != len(values):
+        raise ValueError("leave-one-out medians need two values or more")
     return out
 
 

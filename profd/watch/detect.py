@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
 
-from profd.watch.stats import others_medians
+from profd.watch.stats import others_medians, sorted_median
 
 #: The noise floor is this many times the job's own relative spread (median absolute
 #: deviation over the median): a threshold below the job's jitter would fire on jitter.
@@ -151,7 +151,7 @@ class RegressionRule:
         if now - oldest < r.window + r.baseline / 2:
             return None  # a baseline of less than half its length: too young to judge
         base_ms = self._base_ms
-        b = _sorted_median(base_ms)
+        b = sorted_median(base_ms)
         ws = self._win_ms
         w = ws[min(len(ws) - 1, int(WINDOW_Q * len(ws)))]
         if b <= 0 or w < b * (1.0 + KEEP * r.regression):
@@ -160,12 +160,6 @@ class RegressionRule:
         if w >= b * (1.0 + KEEP * threshold):
             return Regression(w, b, threshold)
         return None
-
-
-def _sorted_median(xs: Sequence[float]) -> float:
-    n = len(xs)
-    m = n // 2
-    return float(xs[m]) if n % 2 else (xs[m - 1] + xs[m]) / 2.0
 
 
 @dataclass(frozen=True)

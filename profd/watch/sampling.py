@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import statistics
 from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 
@@ -140,8 +141,8 @@ def typical_step_s(rates: Sequence[float]) -> float | None:
     """A job's typical step (seconds) from its ranks' rates (steps/s; 0: unknown), or None.
     The lower median: a rank that stopped (rate 0) does not count, and fewer than half of
     the ranks claiming slow steps cannot lengthen what the job is given."""
-    steps = sorted(1.0 / r for r in rates if r > 0)
-    return steps[(len(steps) - 1) // 2] if steps else None
+    steps = [1.0 / r for r in rates if r > 0]
+    return statistics.median_low(steps) if steps else None
 
 
 def time_limit(rules: SampleRules, step_s: float | None) -> float:

@@ -30,7 +30,8 @@ def weighted_quantile(pairs: Iterable[tuple[float, float]], q: float) -> float |
     return items[-1][0]
 
 
-def _median(xs: Sequence[float]) -> float:
+def sorted_median(xs: Sequence[float]) -> float:
+    """The median of values already sorted (no copy, no sort)."""
     n = len(xs)
     m = n // 2
     return xs[m] if n % 2 else (xs[m - 1] + xs[m]) / 2.0
