@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from profd import control_schema as C
 from profd.config import WatchConfig
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.incidents import Incidents
@@ -104,8 +105,8 @@ def test_it_is_kept_in_the_index_and_as_a_file_queued_like_any_other(tmp_path: P
     assert incidents.find(inc.id[-6:])["id"] == inc.id  # any unique part of its id
     # What the control requests answer with passes their reply schemas.
     rows = [{**r, "node": "n1"} for r in incidents.rows()]
-    P.reply({"v": P.VERSION, "t": P.C_INCIDENTS}, rows)
-    P.reply({"v": P.VERSION, "t": P.C_INCIDENT}, {**rows[0], "session_state": "armed"})
+    C.reply({"v": P.VERSION, "t": C.C_INCIDENTS}, rows)
+    C.reply({"v": P.VERSION, "t": C.C_INCIDENT}, {**rows[0], "session_state": "armed"})
     with pytest.raises(Refused, match="no incident"):
         incidents.find("nope")
 

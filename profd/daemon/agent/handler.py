@@ -83,7 +83,7 @@ class AgentHandler:
             self.rejected += 1
             c = None
         if c is None:
-            self.send(ident, P.error("unknown_client", "say hello first", v=msg["v"]))
+            self.send(ident, P.error(P.ErrorCode.UNKNOWN_CLIENT, "say hello first", v=msg["v"]))
             return
         HANDLERS[t](self, c, msg, time.monotonic())
 
@@ -117,12 +117,12 @@ class AgentHandler:
         if problem is not None:
             self.rejected += 1
             log.warning("refused a hello (job %r): %s", m["job"], problem)
-            self.send(ident, P.error("identity", problem, v=m["v"]))
+            self.send(ident, P.error(P.ErrorCode.IDENTITY, problem, v=m["v"]))
             return
         assert peer is not None
         limit = self.attach.over_limit(m, peer)
         if limit is not None:
-            self.send(ident, P.error("limit", limit, v=m["v"]))
+            self.send(ident, P.error(P.ErrorCode.LIMIT, limit, v=m["v"]))
             return
         self.attach.hello(ident, m, peer)
 

@@ -257,8 +257,8 @@ class StackReader:
 
 
 def job_doc(job: str, rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """One job's reply (``P.STACKS_DOC``): its ranks in rank order and their groups, and
-    where their flight recorders part when they sent any."""
+    """One job's reply (``profd.control_schema.STACKS_DOC``): its ranks in rank order and
+    their groups, and where their flight recorders part when they sent any."""
     rows = sorted(rows, key=lambda r: (r["role"], r["rank"], r["host"], r["pid"]))
     doc: dict[str, Any] = {"job": job, "groups": stackgroups.group(rows), "ranks": rows}
     flight = flightrec.divergence(rows)

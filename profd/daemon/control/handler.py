@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from profd import __version__, claims
+from profd import control_schema as C
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.rankstacks import RankStacks
 from profd.daemon.clients.registry import Client, Registry, step_now
@@ -132,7 +133,7 @@ class ControlHandler:
         """The one reply to a request, in the request's protocol version; None when a
         handler answers :class:`Later` (its reply goes to ``later`` when ready)."""
         try:
-            msg = P.decode(frame, P.CONTROL_INBOUND)
+            msg = P.decode(frame, C.CONTROL_INBOUND)
         except P.ProtocolError as exc:
             self.rejected += 1
             if exc.code == "version":
@@ -152,7 +153,7 @@ class ControlHandler:
             return P.error(exc.code, str(exc), v=v)
         except Exception as exc:
             log.exception("control request failed")
-            return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
+            return P.error(P.ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", v=v)
 
     def _late_reply(self, msg: dict[str, Any], data: Any) -> bytes:
         """A :class:`Later` result as the reply, on the loop, errors answered as at once."""
@@ -161,7 +162,7 @@ class ControlHandler:
             return bounded_reply(self._reply(msg, data), v)
         except Exception as exc:
             log.exception("control request failed")
-            return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
+            return P.error(P.ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", v=v)
 
     @staticmethod
     def _reply(msg: dict[str, Any], data: Any) -> bytes:
@@ -170,12 +171,12 @@ class ControlHandler:
         them sendable, so one bad value costs its own row's field, not the listing. Any other
         reply that breaks its schema is a bug here (ProtocolError: "internal")."""
         try:
-            return P.reply(msg, data)
+            return C.reply(msg, data)
         except servable.UNSENDABLE:
             repaired = servable.repair(msg["t"], data)
             if repaired is data:
                 raise
-        return P.reply(msg, repaired)
+        return C.reply(msg, repaired)
 
     def dispatch(self, m: dict[str, Any], by: Requester) -> Any:
         return HANDLERS[m["t"]](self, m, by)
@@ -212,7 +213,7 @@ class ControlHandler:
         return out
 
     def _stop(self, m: dict[str, Any], by: Requester) -> Any:
-        return self.stop(m["session"], keep=m["t"] == P.C_STOP, by=by)
+        return self.stop(m["session"], keep=m["t"] == C.C_STOP, by=by)
 
     def _sessions(self, m: dict[str, Any], by: Requester) -> Any:
         self.flush()
@@ -392,7 +393,7 @@ class ControlHandler:
         return rows
 
     def top(self, job: str | None, role: str | None) -> list[dict[str, Any]]:
-        """One row per served rank (``P.TOP_ROW``), slowest against its role first."""
+        """One row per served rank (``C.TOP_ROW``), slowest against its role first."""
         clients: Any = self.registry
         if job is not None or role is not None:
             clients = filter(Selector(job=job, roles=(role,) if role else ()).matches, clients)
@@ -472,23 +473,23 @@ class ControlHandler:
         )
 
 
-#: The handler of each request type: every type in ``P.CONTROL_INBOUND``, so a decoded
+#: The handler of each request type: every type in ``C.CONTROL_INBOUND``, so a decoded
 #: request always has one.
 HANDLERS: dict[str, Callable[[ControlHandler, dict[str, Any], Requester], Any]] = {
-    P.C_STATUS: ControlHandler._status,
-    P.C_PS: ControlHandler._ps,
-    P.C_START: ControlHandler._start,
-    P.C_STOP: ControlHandler._stop,
-    P.C_CANCEL: ControlHandler._stop,
-    P.C_SESSIONS: ControlHandler._sessions,
-    P.C_SHOW: ControlHandler._show,
-    P.C_TRACES: ControlHandler._traces,
-    P.C_RETRY: ControlHandler._retry,
-    P.C_TOP: ControlHandler._top,
-    P.C_HISTORY: ControlHandler._history,
-    P.C_INCIDENTS: ControlHandler._incidents,
-    P.C_INCIDENT: ControlHandler._incident,
-    P.C_STACKS: ControlHandler._stacks,
+    C.C_STATUS: ControlHandler._status,
+    C.C_PS: ControlHandler._ps,
+    C.C_START: ControlHandler._start,
+    C.C_STOP: ControlHandler._stop,
+    C.C_CANCEL: ControlHandler._stop,
+    C.C_SESSIONS: ControlHandler._sessions,
+    C.C_SHOW: ControlHandler._show,
+    C.C_TRACES: ControlHandler._traces,
+    C.C_RETRY: ControlHandler._retry,
+    C.C_TOP: ControlHandler._top,
+    C.C_HISTORY: ControlHandler._history,
+    C.C_INCIDENTS: ControlHandler._incidents,
+    C.C_INCIDENT: ControlHandler._incident,
+    C.C_STACKS: ControlHandler._stacks,
 }
 
 
@@ -499,7 +500,7 @@ def bounded_reply(reply: bytes, v: int, limit: int = P.MAX_REPLY_BYTES) -> bytes
         return reply
     log.warning("control reply of %d bytes not sent (at most %d)", len(reply), limit)
     return P.error(
-        "too_large",
+        P.ErrorCode.TOO_LARGE,
         f"the reply is {len(reply)} bytes, over the {limit} bytes profctl accepts:"
         " ask for less (filters, --limit)",
         v=v,
