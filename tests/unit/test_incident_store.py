@@ -41,7 +41,7 @@ class Recorder:
 
     def __call__(self, inc: Incident) -> str:
         if self.refuse:
-            raise Refused("quota", self.refuse)
+            raise Refused("spool_full", self.refuse)
         self.asked.append(inc.id)
         return f"sess-{len(self.asked)}"
 
