@@ -212,6 +212,7 @@ def main() -> None:
         compare("hb with ledger (daemon)", lambda: hb_old(HB), lambda: hb_new(HB), rounds),
         compare("arm (client)", lambda: arm_old(ARM), lambda: arm_new(ARM), rounds),
     ]
+
     def spread(x: dict[str, float], fmt: str) -> str:
         return f"{x['median']:{fmt}} (p10..p90 {x['p10']:{fmt}}..{x['p90']:{fmt}})"
 
