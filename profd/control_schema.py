@@ -151,7 +151,7 @@ def _msg(**fields: tuple[Field, bool]) -> Struct:
 _R, _O = True, False  # required, optional
 
 SCHEMAS: Final[dict[str, Struct]] = {
-    ERROR: agent.SCHEMAS[ERROR],
+    ERROR: agent.ERROR_SCHEMA,
     OK: _msg(data=(AnyValue(), _O)),
     C_STATUS: _msg(),
     C_PS: _msg(job=(Nullable(Str(MAX_TEXT)), _O), role=(Nullable(Str(MAX_TEXT)), _O)),

@@ -417,26 +417,27 @@ class Agent(threading.Thread):
             return
         self._send(frame)
 
-    def _arm(self, msg: dict[str, Any]) -> None:
-        session = msg["session"]
+    def _arm(self, msg: P.Arm) -> None:
+        session = msg.session
+        me = P.Peer(self.who.host, self.who.pid)
         try:
             if not self.allowed:
                 raise P.ProtocolError(P.ErrorCode.NOT_ALLOWED, "rank excluded by PROFD_RANKS")
             armed = ArmedSession(
                 session=session,
-                job=msg["job"],
-                backend=msg["backend"],
-                cycles=[(w, a, b) for w, a, b in msg["cycles"]],
-                options=msg["options"],
-                incoming=Path(P.adapter.home(msg, P.Peer(self.who.host, self.who.pid))),
-                region=msg.get("region"),
-                revision=msg.get("plan", 0),
+                job=msg.job,
+                backend=msg.backend,
+                cycles=[(w, a, b) for w, a, b in msg.cycles],
+                options=P.fields_of(msg.options),
+                incoming=Path(P.adapter.home(msg.incoming, msg.v, me)),
+                region=msg.region,
+                revision=msg.plan,
                 # The identity of our last hello: the one the daemon armed, or one it is about
                 # to see and then disarm this session for.
                 stem=f"{self.who.role}-r{self.who.rank}",
             )
         except P.ProtocolError as exc:
-            self._arm_failed(session, str(exc), msg.get("plan", 0))
+            self._arm_failed(session, str(exc), msg.plan)
             return
         self.stepper.post("arm", armed)
         self._send(

@@ -40,7 +40,15 @@ def test_a_training_job_loads_no_control_schemas() -> None:
     assert seen["profd"] == [], seen  # profd.control_schema above all
     assert seen["control_names"] == [], seen
     # The client's own dependencies only (torch is imported lazily, zmq when it connects).
-    assert set(seen["third_party"]) <= {"profd_client", "msgpack", "zmq", "torch", "cython_runtime"}
+    assert set(seen["third_party"]) <= {
+        "profd_client",
+        "msgpack",
+        "msgspec",
+        "typing_extensions",
+        "zmq",
+        "torch",
+        "cython_runtime",
+    }
 
 
 def _documented_codes() -> list[str]:
@@ -67,7 +75,7 @@ def test_a_bad_field_is_named_in_one_line() -> None:
     bad = msgpack.packb({"v": P.VERSION, "t": "hb", "step": 1, "ledger": ledger})
     with pytest.raises(P.ProtocolError) as exc:
         P.decode(bad, P.AGENT_INBOUND)
-    assert str(exc.value) == "hb.ledger.n: must be an integer, got str"
+    assert str(exc.value) == "hb.ledger.n: Expected `int`, got `str`"
     assert exc.value.code == P.ErrorCode.BAD_REQUEST
 
 
@@ -105,7 +113,7 @@ def test_a_version_1_arm_names_the_process_own_dir_and_is_read_back_so() -> None
         msg = P.decode(P.encode(P.ARM, v=v, peer=peer, **fields), P.CLIENT_INBOUND)
         assert msg["incoming"] == (own if v < 2 else fields["incoming"])
         # Either way the process writes into the same directory.
-        assert P.adapter.home(msg, peer) == own
+        assert P.adapter.home(msg["incoming"], msg["v"], peer) == own
     with pytest.raises(ValueError, match="peer"):
         P.encode(P.ARM, v=1, **fields)
 

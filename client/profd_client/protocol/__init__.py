@@ -5,6 +5,7 @@
 - :mod:`.schema`: the field types messages are checked with, and the limits;
 - :mod:`.vocabulary`: message type names, option and state names, shared field types;
 - :mod:`.agent`: the agent messages, one definition each (:data:`SCHEMAS`), and ``encode``;
+- :mod:`.typed`: typed messages (msgspec), decoded and validated in one pass;
 - :mod:`.adapter`: an older peer's version of a message, and back.
 
 profctl's requests and the daemon's replies are not here: ``profd.control_schema`` has
@@ -14,10 +15,15 @@ them, so a training job that imports this package never loads them.
 
 from __future__ import annotations
 
+from msgspec import UNSET as UNSET
+
 from . import adapter as adapter
 from .adapter import Peer as Peer
 from .agent import *  # noqa: F403
 from .envelope import *  # noqa: F403
 from .schema import *  # noqa: F403
 from .schema import cycles as cycles
+from .typed import Message as Message
+from .typed import Typed as Typed
+from .typed import fields_of as fields_of
 from .vocabulary import *  # noqa: F403

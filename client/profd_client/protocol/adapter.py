@@ -19,7 +19,6 @@ from collections.abc import Callable
 from pathlib import PurePosixPath
 from typing import Any, Final, NamedTuple
 
-from .envelope import VERSION
 from .schema import target_dir
 from .vocabulary import ARM, HEARTBEAT, WELCOME
 
@@ -86,10 +85,10 @@ def per_peer(t: str, v: int) -> bool:
     return any(v < step.version and t in step.per_peer for step in _STEPS)
 
 
-def home(arm: Fields, peer: Peer) -> str:
-    """The directory ``peer`` writes an ``arm``'s captures into, as the arm's version means
-    its ``incoming``: its own directory below it from version 2, ``incoming`` itself before."""
-    incoming: str = arm["incoming"]
-    if arm.get("v", VERSION) < 2:
+def home(incoming: str, v: int, peer: Peer) -> str:
+    """The directory ``peer`` writes an ``arm``'s captures into, as the arm's version ``v``
+    means its ``incoming``: its own directory below it from version 2, ``incoming`` itself
+    before."""
+    if v < 2:
         return incoming
     return str(PurePosixPath(incoming) / target_dir(peer.host, peer.pid))

@@ -9,13 +9,14 @@ version's shape and lets :mod:`.adapter` turn it into the peer's version.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
-from types import MappingProxyType
-from typing import Any, Final
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
 
 from . import adapter
-from .envelope import MAX_ERROR_TEXT, VERSION, encode_with
+from .envelope import MAX_ERROR_TEXT, VERSION, Inbound, encode_with
 from .envelope import bad as _bad
 from .schema import (
     MAX_CYCLE_STEPS,
@@ -23,8 +24,10 @@ from .schema import (
     MAX_FILES,
     MAX_NAME,
     MAX_PATH,
+    MAX_PID,
     MAX_RANK,
     MAX_RATE,
+    MAX_REVISION,
     MAX_SECONDS,
     MAX_STEP,
     MAX_TEXT,
@@ -38,11 +41,11 @@ from .schema import (
     Str,
     Struct,
 )
+from .typed import Message, Typed, Version
 from .vocabulary import (
     ACK,
     ARM,
     ARMED,
-    BACKENDS,
     BYE,
     CAPTURED,
     DISARM,
@@ -53,7 +56,6 @@ from .vocabulary import (
     IDENTITY_SOURCE,
     MSG_ID,
     NAME,
-    OPTIONS,
     PATH,
     PID,
     PROGRESS,
@@ -132,6 +134,89 @@ LEDGER: Final = Struct(
 )
 
 
+# --- typed messages (msgspec): decoded and validated from msgpack in one pass -------------------
+# Same bounds as the field types above; ``bench/bench_protocol.py`` measured each against its
+# hand-written schema (docs/benchmarks.md, "Typed messages").
+_Step = Annotated[int, Meta(ge=0, le=MAX_STEP)]
+_Seconds = Annotated[float, Meta(ge=0.0, le=MAX_SECONDS)]
+#: The name rule (``schema._SAFE_NAME``), anchored: msgspec searches.
+_NAME_RE: Final = r"^[A-Za-z0-9_+=@:-][A-Za-z0-9._+=@:-]*$"
+_BUCKETS: Final = len(STEP_BUCKETS) + 1
+_Region = tuple[
+    Annotated[str, Meta(min_length=1, max_length=MAX_NAME)],
+    _Seconds,
+    _Step,
+]
+
+
+class Ledger(msgspec.Struct, forbid_unknown_fields=False):
+    """``hb``'s ``ledger`` (see :data:`LEDGER`, its shape for a sender)."""
+
+    at: _Step
+    n: _Step
+    sum: _Seconds
+    q: Annotated[list[_Seconds], Meta(min_length=4, max_length=4)]
+    b: Annotated[list[_Step], Meta(min_length=_BUCKETS, max_length=_BUCKETS)]
+    r: Annotated[list[_Region], Meta(max_length=MAX_LEDGER_REGIONS)] = msgspec.field(
+        default_factory=list
+    )
+    epoch: Annotated[int, Meta(ge=0, le=1 << 31)] = 0
+
+
+class Heartbeat(Message, tag=HEARTBEAT):
+    """Client -> daemon: alive, at ``step``; daemon -> client: the answer (no fields)."""
+
+    v: Annotated[int, Version]
+    step: _Step | UnsetType = UNSET
+    sps: Annotated[float, Meta(ge=0.0, le=MAX_RATE)] | UnsetType = UNSET
+    state: Annotated[str, Meta(max_length=64)] | UnsetType = UNSET
+    # v3: the steps since the last heartbeat; a client sends it only to a daemon that speaks
+    # version 3 (``adapter`` drops it for an older one).
+    ledger: Ledger | UnsetType = UNSET
+    training_tid: Annotated[int, Meta(ge=0, le=MAX_PID)] | UnsetType | None = UNSET  # as in hello
+
+
+class Options(msgspec.Struct, forbid_unknown_fields=True):
+    """An ``arm``'s ``options``: closed, since a misspelt option silently ignored would
+    capture something else than asked."""
+
+    activities: (
+        Annotated[list[Literal["cpu", "cuda"]], Meta(min_length=1, max_length=2)] | UnsetType
+    ) = UNSET
+    record_shapes: bool | UnsetType = UNSET
+    profile_memory: bool | UnsetType = UNSET
+    with_stack: bool | UnsetType = UNSET
+    with_flops: bool | UnsetType = UNSET
+    with_modules: bool | UnsetType = UNSET
+    memory_snapshot: bool | UnsetType = UNSET
+
+
+_CYCLES: Final = Cycles()
+
+
+class Arm(Message, tag=ARM):
+    """Daemon -> client: capture ``cycles`` (``[warmup_start, start, stop]``, absolute steps)."""
+
+    v: Annotated[int, Version]
+    session: Annotated[str, Meta(pattern=_NAME_RE, min_length=1, max_length=MAX_NAME)]
+    job: Annotated[str, Meta(pattern=_NAME_RE, max_length=MAX_NAME)]
+    backend: Literal["torch", "nsys"]
+    cycles: Annotated[
+        list[Annotated[list[_Step], Meta(min_length=3, max_length=3)]],
+        Meta(min_length=1, max_length=MAX_CYCLES),
+    ]
+    options: Options
+    incoming: Annotated[str, Meta(min_length=1, max_length=MAX_PATH)]
+    region: Annotated[str, Meta(min_length=1, max_length=MAX_NAME)] | None = None
+    # The revision of ``cycles``: bumped each time the daemon moves a --next session's steps
+    # (a rank got the first ones too late); a client replaces a session it holds only with a
+    # higher revision. The wire keeps the name ``plan`` (docs/protocol.md).
+    plan: Annotated[int, Meta(ge=0, le=MAX_REVISION)] = 0
+
+    def __post_init__(self) -> None:
+        _CYCLES.check(self.cycles, "arm.cycles")  # ordered, each span bounded
+
+
 def _msg(open_: bool = True, **fields: tuple[Field, bool]) -> Struct:
     # Top-level messages are open: a newer peer may add fields an older one ignores.
     return Struct(fields, open=open_)
@@ -181,7 +266,10 @@ AGENT_STACK_THREAD: Final = _msg(
     frames=(ListOf(STACK_FRAME, AGENT_MAX_FRAMES), _R),
 )
 
-SCHEMAS: Final[dict[str, Struct]] = {
+#: Both directions, both sockets.
+ERROR_SCHEMA: Final = _msg(code=(SHORT, _R), msg=(Str(MAX_ERROR_TEXT), _R))
+
+SCHEMAS: Final[dict[str, Struct | Typed]] = {
     HELLO: _msg(
         pid=(PID, _R),
         host=(HOST, _R),
@@ -214,15 +302,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # Its flight recorder is on (``TORCH_FR_BUFFER_SIZE``): ``dump_stacks`` may ask for it.
         flight=(Bool(), _O),
     ),
-    HEARTBEAT: _msg(
-        step=(STEP, _O),
-        sps=(Num(0.0, MAX_RATE), _O),
-        state=(SHORT, _O),
-        # v3: the steps since the last heartbeat (``LEDGER``); a client sends it only to a
-        # daemon that speaks version 3, and a version-2 daemon would ignore it anyway.
-        ledger=(LEDGER, _O),
-        training_tid=(Nullable(TID), _O),  # as in ``hello``, when it changed
-    ),
+    HEARTBEAT: Typed(Heartbeat),
     # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).
     ARMED: _msg(session=(SESSION_ID, _R), cycles=(Cycles(), _R), plan=(REVISION, _O)),
     PROGRESS: _msg(
@@ -258,22 +338,10 @@ SCHEMAS: Final[dict[str, Struct]] = {
         # v2: the daemon's supported protocol versions, [oldest, newest].
         protocol=(ListOf(Int(0, 1 << 16), 2, 2), _O),
     ),
-    ARM: _msg(
-        session=(SESSION_ID, _R),
-        job=(NAME, _R),
-        backend=(Str(16, choices=BACKENDS), _R),
-        cycles=(Cycles(), _R),
-        options=(OPTIONS, _R),
-        region=(Nullable(Str(MAX_NAME, 1)), _O),
-        incoming=(PATH, _R),
-        # The revision of ``cycles``: bumped each time the daemon moves a --next session's
-        # steps (a rank got the first ones too late); a client replaces a session it holds
-        # only with a higher revision. The wire keeps the name ``plan`` (docs/protocol.md).
-        plan=(REVISION, _O),
-    ),
+    ARM: Typed(Arm),
     DISARM: _msg(session=(SESSION_ID, _R), keep=(Bool(), _R)),
     ACK: _msg(id=(MSG_ID, _R)),
-    ERROR: _msg(code=(SHORT, _R), msg=(Str(MAX_ERROR_TEXT), _R)),
+    ERROR: ERROR_SCHEMA,
     STACKS_REQUEST: _msg(id=(MSG_ID, _R), stacks=(Bool(), _O), flight=(Bool(), _O)),
     STACKS_RESULT: _msg(
         id=(MSG_ID, _R),
@@ -285,10 +353,10 @@ SCHEMAS: Final[dict[str, Struct]] = {
 
 #: Which types each end of agent.sock accepts, with their schemas: a daemon takes only what
 #: a process reports about itself, a client only what its daemon says.
-AGENT_INBOUND: Final[Mapping[str, Struct]] = MappingProxyType(
+AGENT_INBOUND: Final[Inbound] = Inbound(
     {t: SCHEMAS[t] for t in (HELLO, HEARTBEAT, ARMED, PROGRESS, CAPTURED, BYE, STACKS_RESULT)}
 )
-CLIENT_INBOUND: Final[Mapping[str, Struct]] = MappingProxyType(
+CLIENT_INBOUND: Final[Inbound] = Inbound(
     {t: SCHEMAS[t] for t in (WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR, STACKS_REQUEST)}
 )
 
