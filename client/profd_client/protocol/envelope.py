@@ -126,11 +126,23 @@ class Inbound(dict[str, Schema]):
 
     def __init__(self, schemas: Mapping[str, Schema]) -> None:
         super().__init__(schemas)
-        types = [s.type for s in schemas.values() if hasattr(s, "type")]
+        typed = {t: s.type for t, s in schemas.items() if hasattr(s, "type")}
         self.fast: Any = None
-        if types:
-            union: Any = types[0] if len(types) == 1 else Union[tuple(types)]  # noqa: UP007
+        #: The typed types' names as a frame spells them (see :meth:`typed`).
+        self._tags = frozenset(t.encode() for t in typed)
+        if typed:
+            types = tuple(typed.values())
+            union: Any = types[0] if len(types) == 1 else Union[types]  # noqa: UP007
             self.fast = msgspec.msgpack.Decoder(union)
+
+    def typed(self, frame: bytes) -> bool:
+        """Whether ``frame`` may be of a typed type, from its first bytes: every sender here
+        writes ``v`` (a small int) then ``t`` (a short string) first. A frame laid out
+        otherwise may be anything (True): the typed decoder decides. This only saves the
+        other types a typed decoder's refusal (an exception), never decides what is valid."""
+        if frame[1:3] == b"\xa1v" and frame[4:6] == b"\xa1t" and 0xA0 <= frame[6] <= 0xBF:
+            return frame[7 : 7 + (frame[6] & 0x1F)] in self._tags
+        return True
 
 
 # --- envelopes, encoding, decoding --------------------------------------------------------------
@@ -203,10 +215,10 @@ def decode(frame: bytes, accept: Mapping[str, Schema], reply: bool = False) -> A
     The message is a map, or for a typed type (``typed.Message``) its ``Struct``, which
     also answers ``msg["t"]``, ``msg["v"]`` and ``key in msg``.
     """
-    fast = getattr(accept, "fast", None)
-    if fast is not None and len(frame) <= MAX_FRAME_BYTES:
+    typed = accept if isinstance(accept, Inbound) and accept.fast is not None else None
+    if typed is not None and len(frame) <= MAX_FRAME_BYTES and typed.typed(frame):
         try:
-            return fast.decode(frame)
+            return typed.fast.decode(frame)
         except (msgspec.ValidationError, msgspec.DecodeError):
             pass  # read again below, which says why in the usual words
     raw: object = None
