@@ -124,3 +124,41 @@ def test_control_messages_are_framed_by_the_same_envelope() -> None:
     with pytest.raises(P.ProtocolError) as exc:
         P.decode(frame, P.AGENT_INBOUND)
     assert exc.value.code == P.ErrorCode.TYPE
+
+
+def test_typed_messages_are_read_by_attribute_however_the_frame_is_laid_out() -> None:
+    ours = P.encode(P.HEARTBEAT, step=7, ledger=_ledger())
+    theirs = msgpack.packb({"ledger": _ledger(), "step": 7, "t": "hb", "v": 3, "new": [1]})
+    for frame in (ours, theirs):
+        m = P.decode(frame, P.AGENT_INBOUND)
+        assert isinstance(m, P.Heartbeat) and m.t == m["t"] == "hb" and m.v == 3
+        assert m.step == 7 and m.ledger.at == 9 and m.sps is P.UNSET and "sps" not in m
+    # A type that is not typed is still a map.
+    armed = P.decode(P.encode(P.ARMED, session="s", cycles=[[1, 2, 3]]), P.AGENT_INBOUND)
+    assert armed == {"v": 3, "t": "armed", "session": "s", "cycles": [[1, 2, 3]]}
+
+
+@pytest.mark.parametrize(
+    ("fields", "why"),
+    [
+        ({"options": {"x": True}}, "arm.options: Object contains unknown field `x`"),
+        ({"cycles": [[1, 2, 3], [2, 3, 4]]}, "arm.cycles[1]: overlaps the cycle before it"),
+        ({"backend": "perf"}, "arm.backend: Invalid enum value 'perf'"),
+        ({"plan": 1001}, "arm.plan: Expected `int` <= 1000"),
+    ],
+)
+def test_a_bad_typed_field_is_named_in_one_line(fields: dict[str, object], why: str) -> None:
+    arm = {
+        "v": 3,
+        "t": "arm",
+        "session": "s",
+        "job": "j",
+        "backend": "torch",
+        "cycles": [[1, 2, 3]],
+        "options": {},
+        "incoming": "/x",
+    }
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode(msgpack.packb({**arm, **fields}), P.CLIENT_INBOUND)
+    assert str(exc.value) == why and exc.value.code == P.ErrorCode.BAD_REQUEST
+    assert exc.value.reply_v == 3
