@@ -128,8 +128,8 @@ class Inbound(dict[str, Schema]):
         super().__init__(schemas)
         typed = {t: s.type for t, s in schemas.items() if hasattr(s, "type")}
         self.fast: Any = None
-        #: The typed types' names as a frame spells them (see :meth:`typed`).
-        self._tags = frozenset(t.encode() for t in typed)
+        #: How a frame of a typed type goes on after ``v``: ``t`` and its name, as msgpack.
+        self._typed_t = tuple(b"\xa1t" + bytes([0xA0 | len(t)]) + t.encode() for t in typed)
         if typed:
             types = tuple(typed.values())
             union: Any = types[0] if len(types) == 1 else Union[types]  # noqa: UP007
@@ -139,9 +139,10 @@ class Inbound(dict[str, Schema]):
         """Whether ``frame`` may be of a typed type, from its first bytes: every sender here
         writes ``v`` (a small int) then ``t`` (a short string) first. A frame laid out
         otherwise may be anything (True): the typed decoder decides. This only saves the
-        other types a typed decoder's refusal (an exception), never decides what is valid."""
-        if frame[1:3] == b"\xa1v" and frame[4:6] == b"\xa1t" and 0xA0 <= frame[6] <= 0xBF:
-            return frame[7 : 7 + (frame[6] & 0x1F)] in self._tags
+        other types a typed decoder's refusal (an exception), never decides what is valid:
+        a typed frame sent the other way is checked, and typed, by its schema all the same."""
+        if frame.startswith(b"\xa1v", 1) and frame.startswith(b"\xa1t", 4):
+            return frame.startswith(self._typed_t, 4)
         return True
 
 
