@@ -25,7 +25,7 @@ from typing import Any
 
 import benchlib as B
 
-from profd_client import protocol as P
+from profd import control_schema as C
 
 
 def profctl(env: dict[str, str], *args: str, timeout: float = 300) -> tuple[float, Any]:
@@ -99,7 +99,7 @@ def main() -> int:
         t0w = time.time()
         for p in ports:
             with Fanout(ck, 30) as f:
-                f.ask([parse_node(f"127.0.0.1:{p}")], P.C_START, {"spec": spec})
+                f.ask([parse_node(f"127.0.0.1:{p}")], C.C_START, {"spec": spec})
         serial = [a[2] - t0w for a in arms(workers) if a[0] == "serial-baseline"]
         serial_inproc_s = max(serial)
     finally:

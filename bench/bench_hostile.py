@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
 
+from profd import control_schema as C
 from profd_client import protocol as P
 
 HB_RATE = 20.0
@@ -110,7 +111,7 @@ def top_bytes(ctx: zmq.Context[Any], d: B.Daemon) -> int:
     s = ctx.socket(zmq.REQ)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(f"ipc://{d.runtime_dir / 'control.sock'}")
-    s.send(msgpack.packb({"v": P.VERSION, "t": P.C_TOP}))
+    s.send(msgpack.packb({"v": P.VERSION, "t": C.C_TOP}))
     assert s.poll(60_000), "no top reply"
     n = len(s.recv())
     s.close()

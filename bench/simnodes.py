@@ -27,6 +27,7 @@ from typing import Any
 import zmq
 import zmq.auth
 
+from profd import control_schema as C
 from profd.daemon.clients.rankstacks import target
 from profd.daemon.clients.registry import Client
 from profd.daemon.clients.stacks import job_doc
@@ -157,7 +158,7 @@ class Nodes:
                 node = self.socks[s]
                 try:
                     data = self.answer(node, msg)
-                    reply = P.encode(P.OK, data=data)
+                    reply = C.encode(C.OK, data=data)
                 except Exception as exc:  # a bench bug: say so to the coordinator
                     reply = P.error("internal", repr(exc))
                 s.send_multipart(P.join_envelope(envelope, reply))
@@ -166,11 +167,11 @@ class Nodes:
         t = m["t"]
         clients = self.clients[node]
         name = f"sim{node:04d}"
-        if t == P.C_PS:
+        if t == C.C_PS:
             return [{**c.row(), "node": name} for c in clients]
-        if t == P.C_STATUS:
+        if t == C.C_STATUS:
             return {"host": name, "version": "sim", "clients": len(clients)}
-        if t == P.C_START:
+        if t == C.C_START:
             spec = m["spec"]
             now = time.monotonic()
             if spec.get("probe"):
@@ -206,7 +207,7 @@ class Nodes:
                     for c in clients
                 ],
             }
-        if t == P.C_STACKS:
+        if t == C.C_STACKS:
             return [stacks_doc(name, clients, node == self.stuck_node)]
         raise ValueError(f"simulated node does not answer {t!r}")
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import msgpack
+import msgspec
 import zmq
 from daemonproc import BIN
 from rawpeer import pack
@@ -88,7 +89,7 @@ def _run_against(tmp_path: Path, serves: tuple[int, int]) -> tuple[list[dict[str
                     [ident, P.encode(P.WELCOME, v=v, protocol=[lo, hi], **welcome)]
                 )
             elif m["t"] == P.HEARTBEAT:
-                beats.append(m)
+                beats.append(msgspec.to_builtins(m))  # a typed message, as a map
                 router.send_multipart([ident, P.encode(P.HEARTBEAT, v=v)])
         out, err = proc.communicate(timeout=30)
     finally:

@@ -20,6 +20,7 @@ from clusters import Cluster, free_port
 from daemonproc import BIN, wait_for
 from rawpeer import HELLO, TracePeer, pack, small_trace, spawn_peer
 
+from profd import control_schema as C
 from profd_client import protocol as P
 
 DOUBLES = Path(__file__).resolve().parent / "doubles"
@@ -325,7 +326,7 @@ def test_a_fan_out_to_more_nodes_than_libzmq_allows_sockets_by_default_answers_f
     nodes = [parse_node(f"127.0.0.1:{h.getsockname()[1]}") for h in held]
     try:
         with Fanout(keys, timeout=1.0) as f:
-            answers = f.ask(nodes, P.C_PS, {})
+            answers = f.ask(nodes, C.C_PS, {})
     finally:
         for h in held:
             h.close()
@@ -333,6 +334,6 @@ def test_a_fan_out_to_more_nodes_than_libzmq_allows_sockets_by_default_answers_f
     assert {a.failure for a in answers} == {"timeout"}
     # A node listed twice is asked once, and answered in both places.
     with Fanout(keys, timeout=0.5) as f:
-        twice = f.ask([nodes[0], nodes[1], nodes[0]], P.C_PS, {})
+        twice = f.ask([nodes[0], nodes[1], nodes[0]], C.C_PS, {})
     assert [a.node for a in twice] == [nodes[0], nodes[1], nodes[0]]
     assert {a.failure for a in twice} == {"timeout"}

@@ -10,6 +10,7 @@ steps, across a restart.
 from __future__ import annotations
 
 import random
+from collections.abc import Mapping
 from typing import Any
 
 import zmq
@@ -19,6 +20,7 @@ from rawpeer import HELLO, TracePeer, dealer, pack, req
 from test_pipeline_faults import wait_end
 from test_trace_values import poisoned_trace
 
+from profd import control_schema as C
 from profd_client import protocol as P
 
 SEED = 20261122
@@ -77,17 +79,17 @@ def value(rnd: random.Random, depth: int = 0) -> Any:
     return {rnd.choice(keys): value(rnd, depth + 1) for _ in range(rnd.randint(0, 4))}
 
 
-def message(rnd: random.Random, types: frozenset[str]) -> dict[str, Any]:
+def message(rnd: random.Random, types: Mapping[str, P.Struct]) -> dict[str, Any]:
     t = rnd.choice(sorted(types))
     msg: dict[str, Any] = {"v": P.VERSION, "t": t}
-    fields = P.SCHEMAS[t].fields
+    fields = types[t].fields
     for name in fields:
         if rnd.random() < 0.7:
             msg[name] = value(rnd)
-    if t == P.C_START and rnd.random() < 0.5:
-        keys = sorted(P.START_KEYS)
+    if t == C.C_START and rnd.random() < 0.5:
+        keys = sorted(C.START_KEYS)
         msg["spec"] = {rnd.choice(keys): value(rnd) for _ in range(rnd.randint(0, 5))}
-    elif t == P.C_START and rnd.random() < 0.3:
+    elif t == C.C_START and rnd.random() < 0.3:
         msg["spec"] = dict(rnd.choice(HUGE_SPECS))
     if t == P.HEARTBEAT and rnd.random() < 0.3:
         msg["sps"] = MAX_RATE
@@ -115,10 +117,10 @@ def test_fuzzed_messages_on_both_sockets(daemon: Daemon, ctx: zmq.Context, torch
             agent.send(pack(message(rnd, P.AGENT_INBOUND)))
         if i < N_CONTROL:
             valid = VALID_CONTROL[i // 5 % len(VALID_CONTROL)]
-            m = valid if i % 5 == 0 else message(rnd, P.CONTROL_INBOUND)
+            m = valid if i % 5 == 0 else message(rnd, C.CONTROL_INBOUND)
             ctl.send(pack({"v": P.VERSION, **m}))
             assert ctl.poll(10_000), f"control request {i} not answered: {m}"
-            r = P.decode(ctl.recv(), P.REPLY_INBOUND, reply=True)
+            r = P.decode(ctl.recv(), C.REPLY_INBOUND, reply=True)
             answered += 1
             if i % 5 == 0:
                 assert r["t"] == "ok", (m, r)

@@ -19,6 +19,7 @@ from daemonproc import wait_for
 from harness import JOBS, Daemon, Job
 from rawpeer import pack, req
 
+from profd import control_schema as C
 from profd.scheduling.schedule import SESSION_STEPS
 from profd_client import protocol as P
 
@@ -66,12 +67,12 @@ def test_a_huge_schedule_is_refused_and_the_largest_stays_small(
 
     # The largest session allowed: small on the wire, in show and in session.json.
     size, res = raw_request(
-        ctx, daemon, P.C_START, spec={"job": "big", "next": True, "repeat": 10, "active": 1000}
+        ctx, daemon, C.C_START, spec={"job": "big", "next": True, "repeat": 10, "active": 1000}
     )
     assert res["t"] == "ok", res
     sid = res["data"]["session"]
     assert len(res["data"]["cycles"]) == 10 and size < 100_000, size
-    size, show = raw_request(ctx, daemon, P.C_SHOW, session=sid)
+    size, show = raw_request(ctx, daemon, C.C_SHOW, session=sid)
     assert show["t"] == "ok" and len(show["data"]["steps"]) == SESSION_STEPS and size < 100_000
     assert daemon.ctl("show", sid).returncode == 0
     assert daemon.ctl("cancel", sid).returncode == 0
@@ -88,9 +89,9 @@ def test_a_huge_schedule_is_refused_and_the_largest_stays_small(
 def test_a_reply_over_the_transport_limit_is_an_error() -> None:
     from profd.daemon.control.handler import bounded_reply
 
-    small = P.encode(P.OK, data={"x": 1})
+    small = C.encode(C.OK, data={"x": 1})
     assert bounded_reply(small, P.VERSION) is small
-    big = P.encode(P.OK, data="x" * 5000)
-    err = P.decode(bounded_reply(big, P.VERSION, limit=4096), P.REPLY_INBOUND, reply=True)
+    big = C.encode(C.OK, data="x" * 5000)
+    err = P.decode(bounded_reply(big, P.VERSION, limit=4096), C.REPLY_INBOUND, reply=True)
     assert err["t"] == P.ERROR and err["code"] == "too_large", err
     assert str(len(big)) in err["msg"] and "4096" in err["msg"], err

@@ -11,7 +11,7 @@ read into a preallocated ring (the step ledger), an integer increment and a comp
 in this package raises into training code because the daemon is absent, slow, restarted or
 misbehaving.
 
-This package imports only the standard library, pyzmq, msgpack and (lazily) torch. It looks
+This package imports only the standard library, pyzmq, msgpack, msgspec and (lazily) torch. It looks
 at ``ray`` only when the process has already imported it.
 """
 

@@ -200,6 +200,7 @@ class Agent(threading.Thread):
         tv, dev = torch_info()
         # Whoever reads this hello learns of us now: the next ledger covers what follows.
         self._ledger.restart()
+        extra: dict[str, Any] = {"flight": True} if flight.enabled() else {}
         return P.encode(
             P.HELLO,
             v=self.proto,
@@ -221,7 +222,7 @@ class Agent(threading.Thread):
             waiting=self.attaching,
             identity_source=dict(i.sources),
             training_tid=self._told_tid(),
-            **({"flight": True} if flight.enabled() else {}),
+            **extra,
         )
 
     def _told_tid(self) -> int:
@@ -261,13 +262,6 @@ class Agent(threading.Thread):
         )
         return True
 
-    def _own_dir(self, incoming: Path) -> Path:
-        # A protocol-1 daemon's arm names a directory shared by every rank; from protocol 2
-        # each process has its own below it, made for it by the daemon.
-        if self.proto >= 2:
-            return incoming / P.target_dir(self.who.host, self.who.pid)
-        return incoming
-
     def _heartbeat(self) -> dict[str, Any]:
         step = self.stepper.count
         now = time.monotonic()
@@ -282,14 +276,14 @@ class Agent(threading.Thread):
         }
         if self.stepper.training_tid != self._sent_tid:
             hb["training_tid"] = self._told_tid()
-        if self.proto >= 3:  # a version-2 daemon never sees a ledger
-            try:
-                ledger = self._ledger.take()
-            except Exception as exc:  # never let the ledger cost the heartbeat
-                log.debug("profd_client: ledger not read: %r", exc)
-                ledger = None
-            if ledger is not None:
-                hb["ledger"] = ledger
+        # Taken whatever the daemon's version (``adapter`` drops it for one before 3).
+        try:
+            ledger = self._ledger.take()
+        except Exception as exc:  # never let the ledger cost the heartbeat
+            log.debug("profd_client: ledger not read: %r", exc)
+            ledger = None
+        if ledger is not None:
+            hb["ledger"] = ledger
         return hb
 
     def _heartbeat_frame(self) -> bytes:
@@ -337,17 +331,21 @@ class Agent(threading.Thread):
             self._unacked.pop(msg["id"], None)
         elif t == P.STACKS_REQUEST:
             self._send_stacks(msg["id"], msg.get("stacks", True), msg.get("flight", False))
-        elif t == P.ERROR and msg["code"] == "unknown_client":
+        elif t == P.ERROR and msg["code"] == P.ErrorCode.UNKNOWN_CLIENT:
             self._welcomed = False
             self._send(self._hello())
-        elif t == P.ERROR and msg["code"] == "version" and msg["v"] <= self.proto:
+        elif t == P.ERROR and msg["code"] == P.ErrorCode.VERSION and msg["v"] <= self.proto:
             # Also once welcomed: the daemon was replaced by one that no longer speaks our
             # version (a rollback). Its error says so; say hello again in one it may speak.
             # (An error in a higher version is about a message sent before we stepped down.)
             self._welcomed = False
             self.connected.clear()
             self._version_refused(msg["msg"])
-        elif t == P.ERROR and msg["code"] in ("identity", "limit") and not self._warned_identity:
+        elif (
+            t == P.ERROR
+            and msg["code"] in (P.ErrorCode.IDENTITY, P.ErrorCode.LIMIT)
+            and not self._warned_identity
+        ):
             # Not ours to fix from here (a daemon that cannot see our pid, one run by another
             # user, or this process or user has as many ranks attached as the daemon takes):
             # say so once and train on; hellos go on in case it changes.
@@ -419,26 +417,27 @@ class Agent(threading.Thread):
             return
         self._send(frame)
 
-    def _arm(self, msg: dict[str, Any]) -> None:
-        session = msg["session"]
+    def _arm(self, msg: P.Arm) -> None:
+        session = msg.session
+        me = P.Peer(self.who.host, self.who.pid)
         try:
             if not self.allowed:
-                raise P.ProtocolError("not_allowed", "rank excluded by PROFD_RANKS")
+                raise P.ProtocolError(P.ErrorCode.NOT_ALLOWED, "rank excluded by PROFD_RANKS")
             armed = ArmedSession(
                 session=session,
-                job=msg["job"],
-                backend=msg["backend"],
-                cycles=[(w, a, b) for w, a, b in msg["cycles"]],
-                options=msg["options"],
-                incoming=self._own_dir(Path(msg["incoming"])),
-                region=msg.get("region"),
-                revision=msg.get("plan", 0),
+                job=msg.job,
+                backend=msg.backend,
+                cycles=[(w, a, b) for w, a, b in msg.cycles],
+                options=P.fields_of(msg.options),
+                incoming=Path(P.adapter.home(msg.incoming, msg.v, me)),
+                region=msg.region,
+                revision=msg.plan,
                 # The identity of our last hello: the one the daemon armed, or one it is about
                 # to see and then disarm this session for.
                 stem=f"{self.who.role}-r{self.who.rank}",
             )
         except P.ProtocolError as exc:
-            self._arm_failed(session, str(exc), msg.get("plan", 0))
+            self._arm_failed(session, str(exc), msg.plan)
             return
         self.stepper.post("arm", armed)
         self._send(

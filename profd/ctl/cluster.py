@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profd import control_schema as C
 from profd.config import DEFAULT_CLUSTER_PORT
 from profd.ctl.connection import decode_reply
 from profd.ctl.errors import BadUsage, CtlError
@@ -351,7 +352,7 @@ class Fanout:
         for i, n in enumerate(nodes):
             f = fields(n) if callable(fields) else fields
             try:
-                frames[i] = P.encode(t, **f)
+                frames[i] = C.encode(t, **f)
             except P.ProtocolError as exc:
                 # The daemons would refuse it the same way: say so without a round trip.
                 raise CtlError(str(exc), code=exc.code) from None

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from profd import control_schema as C
 from profd.ctl.cluster import Node
 from profd.ctl.commands.wait import Followed
 from profd.ctl.errors import CtlError, unmatched_refusal
@@ -118,7 +119,7 @@ def start_everywhere(env: Env, spec: dict[str, Any], strict: bool = False) -> di
             }
         }
 
-    started = env.gather(P.C_START, nodes=list(p.targets), each=node_spec)
+    started = env.gather(C.C_START, nodes=list(p.targets), each=node_spec)
     nodes: list[dict[str, Any]] = []
     targets: list[dict[str, Any]] = []
     duplicates: list[dict[str, Any]] = []
@@ -163,7 +164,7 @@ def final_everywhere(res: dict[str, Any], followed: Followed) -> dict[str, Any]:
 def _probe(env: Env, spec: dict[str, Any]) -> list[Answer]:
     """Every node's matching targets, as fresh as the slowest answering node allows."""
     probe = {**spec, "probe": True}
-    answers = env.gather(P.C_START, spec=probe).answers
+    answers = env.gather(C.C_START, spec=probe).answers
     answered = [a.node for a in answers if a.ok]
     if answered and any(a.failure == "timeout" for a in answers):
         # The plan extrapolates each rank's step from its node's answer at the rank's last
@@ -171,7 +172,7 @@ def _probe(env: Env, spec: dict[str, Any]) -> list[Answer]:
         # and a rank that sped up since would be past the steps before they reach it. Ask
         # the answering nodes again, over the connections just made, and plan from now.
         say(f"profctl: asking the {len(answered)} answering node(s) again", err=True)
-        again = env.nodes.ask(P.C_START, {"spec": probe}, answered)
+        again = env.nodes.ask(C.C_START, {"spec": probe}, answered)
         fresh = {a.node: a for a in again if a.ok}
         answers = [fresh.get(a.node, a) for a in answers]
     return answers

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from profd import control_schema as C
 from profd.ctl.errors import CtlError, NoDaemon
 from profd.ctl.nodes import Answer, Fields, NodeLike
 from profd_client import protocol as P
@@ -79,7 +80,7 @@ class Connection:
             self._sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_REPLY_BYTES)
             self._sock.connect(f"ipc://{self.path}")
         try:
-            request = P.encode(t, **fields)
+            request = C.encode(t, **fields)
         except P.ProtocolError as exc:
             # The daemon would refuse it the same way: say so without a round trip.
             raise CtlError(str(exc), code=exc.code) from None
@@ -151,7 +152,7 @@ def decode_reply(frame: bytes, where: str) -> Any:
     """A control reply's ``data``; the daemon's refusal or an unreadable reply as CtlError.
     ``where`` names the daemon in messages: ``profd at /run/profd/control.sock``."""
     try:
-        msg = P.decode(frame, P.REPLY_INBOUND, reply=True)
+        msg = P.decode(frame, C.REPLY_INBOUND, reply=True)
     except P.ProtocolError as exc:
         if exc.code == "version":
             raise CtlError(

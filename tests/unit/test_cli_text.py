@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from profd import control_schema as C
 from profd.ctl.flags import FLAGS, human, user_text
 from profd.store.index import Database, SessionRepo
 from profd_client import protocol as P
@@ -55,7 +56,7 @@ def test_every_flagged_field_is_a_request_field() -> None:
     """A renamed field would silently fall back to its path: the table follows the protocol."""
     for path in FLAGS:
         t, *names = path.split(".")
-        field: object = P.SCHEMAS[t]
+        field: object = C.SCHEMAS[t]
         for name in names:
             while isinstance(field, P.Nullable):
                 field = field.inner

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from incidentstore import incidents_on
 
+from profd import control_schema as C
 from profd.config import WatchConfig
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.watch.incidents import Incidents
@@ -42,7 +43,7 @@ class Recorder:
 
     def __call__(self, inc: Incident) -> str:
         if self.refuse:
-            raise Refused("quota", self.refuse)
+            raise Refused("spool_full", self.refuse)
         self.asked.append(inc.id)
         return f"sess-{len(self.asked)}"
 
@@ -118,8 +119,8 @@ def test_it_is_kept_in_the_index_and_as_a_file_queued_like_any_other(tmp_path: P
     assert incidents.find(inc.id[-6:])["id"] == inc.id  # any unique part of its id
     # What the control requests answer with passes their reply schemas.
     rows = [{**r, "node": "n1"} for r in incidents.rows()]
-    P.reply({"v": P.VERSION, "t": P.C_INCIDENTS}, rows)
-    P.reply({"v": P.VERSION, "t": P.C_INCIDENT}, {**rows[0], "session_state": "armed"})
+    C.reply({"v": P.VERSION, "t": C.C_INCIDENTS}, rows)
+    C.reply({"v": P.VERSION, "t": C.C_INCIDENT}, {**rows[0], "session_state": "armed"})
     with pytest.raises(Refused, match="no incident"):
         incidents.find("nope")
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import msgspec
 import pytest
 
 from profd_client import api
@@ -44,7 +45,9 @@ def steps(st: Stepper, clock: Clock, n: int, dt: float) -> None:
 def valid(ledger: dict[str, Any]) -> dict[str, Any]:
     """The ledger as a daemon receives it: checked against the wire schema."""
     frame = P.encode(P.HEARTBEAT, step=ledger["at"], sps=1.0, state="idle", ledger=ledger)
-    return dict(P.decode(frame, P.AGENT_INBOUND)["ledger"])
+    ledger: dict[str, Any] = msgspec.to_builtins(P.decode(frame, P.AGENT_INBOUND)["ledger"])
+    ledger["r"] = [list(region) for region in ledger["r"]]  # typed: each region a tuple
+    return ledger
 
 
 # --- pure summary --------------------------------------------------------------------------------

@@ -6,10 +6,12 @@ import math
 from typing import Any
 
 import msgpack
+import msgspec
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from profd import control_schema as C
 from profd_client import protocol as P
 
 # Any value msgpack can carry, nested: what a hostile peer can put in a field.
@@ -28,11 +30,13 @@ anything = st.recursive(
     ),
     max_leaves=20,
 )
-ALL_TYPES = sorted(P.SCHEMAS)
+#: Every message type, agent and control, with its schema.
+ALL_SCHEMAS = P.Inbound({**P.SCHEMAS, **C.SCHEMAS})
+ALL_TYPES = sorted(ALL_SCHEMAS)
 
 
 def _fields(t: str) -> list[str]:
-    return list(P.SCHEMAS[t].fields)
+    return list(ALL_SCHEMAS[t].fields)
 
 
 @st.composite
@@ -50,17 +54,19 @@ def hostile_message(draw: st.DrawFn) -> dict[str, Any]:
 @given(hostile_message())
 def test_random_field_values_raise_only_protocol_errors(msg: dict[str, Any]) -> None:
     frame = msgpack.packb(msg, use_bin_type=True)
-    accept = frozenset(P.SCHEMAS)
     try:
-        out = P.decode(frame, accept)
+        out = P.decode(frame, ALL_SCHEMAS)
     except P.ProtocolError as exc:
         assert exc.code in ("bad_request", "malformed", "type", "version"), exc.code
         return
+    if isinstance(out, P.Message):  # a typed message: its fields as a map
+        out = msgspec.to_builtins(out)
     # Whatever passed is inside the declared bounds (a reply's payload is the request's
     # business) and re-encodes (outbound validation).
-    if out["t"] != P.OK:
+    if out["t"] != C.OK:
         _assert_bounded(out)
-    P.encode(**{k: v for k, v in out.items() if k != "v"}, v=out["v"])
+    encode = P.encode if out["t"] in P.SCHEMAS else C.encode
+    encode(**{k: v for k, v in out.items() if k != "v"}, v=out["v"])
 
 
 def _assert_bounded(value: Any) -> None:
@@ -84,10 +90,10 @@ def test_random_bytes_raise_only_protocol_errors(frame: bytes) -> None:
 
 
 @settings(max_examples=400, deadline=None)
-@given(st.dictionaries(st.sampled_from(sorted(P.START_KEYS)), anything, max_size=8))
+@given(st.dictionaries(st.sampled_from(sorted(C.START_KEYS)), anything, max_size=8))
 def test_start_specs_validate_or_name_the_field(spec: dict[str, Any]) -> None:
     try:
-        P.start_spec(spec)
+        C.start_spec(spec)
     except P.ProtocolError as exc:
         assert str(exc).startswith("spec"), str(exc)
 
@@ -159,7 +165,7 @@ def test_heartbeat_rates_must_be_finite_and_sane(sps: float) -> None:
 )
 def test_start_specs_name_the_bad_field(spec: dict[str, Any], where: str) -> None:
     with pytest.raises(P.ProtocolError) as exc:
-        P.start_spec(spec)
+        C.start_spec(spec)
     assert exc.value.code == "bad_request"
     assert where in str(exc.value)
 
@@ -224,10 +230,10 @@ def test_envelopes() -> None:
 
 
 def test_reply_limits_are_larger_than_request_limits() -> None:
-    big = P.encode(P.OK, data=["x"] * ((1 << 17) + 1))
+    big = C.encode(C.OK, data=["x"] * ((1 << 17) + 1))
     with pytest.raises(P.ProtocolError):
-        P.decode(big, P.REPLY_INBOUND)
-    assert len(P.decode(big, P.REPLY_INBOUND, reply=True)["data"]) == (1 << 17) + 1
+        P.decode(big, C.REPLY_INBOUND)
+    assert len(P.decode(big, C.REPLY_INBOUND, reply=True)["data"]) == (1 << 17) + 1
 
 
 # --- the envelope: what every receiver does with a frame (both daemon sockets, the client) -----
@@ -252,7 +258,7 @@ def test_a_refused_frame_carries_its_answer_in_the_peers_version() -> None:
     assert answer["v"] == 1 and answer["code"] == "bad_request" and "hello.rank" in answer["msg"]
     # A type this socket does not take.
     with pytest.raises(P.ProtocolError) as exc:
-        P.decode(P.encode(P.C_STATUS), P.AGENT_INBOUND)
+        P.decode(C.encode(C.C_STATUS), P.AGENT_INBOUND)
     assert exc.value.code == "type"
 
 
@@ -280,8 +286,8 @@ def test_ps_rows_of_served_and_incompatible_peers_pass() -> None:
 
     odd = Incompatible(b"y", 99, {"pid": 1 << 40, "host": 5, "rank": -3}).row()
     rows = [_ps_row(), {**odd, "node": "n1"}] * 20  # long enough for the column check
-    frame = P.reply({"v": 1, "t": P.C_PS}, rows)
-    msg = P.decode(frame, P.REPLY_INBOUND, reply=True)
+    frame = C.reply({"v": 1, "t": C.C_PS}, rows)
+    msg = P.decode(frame, C.REPLY_INBOUND, reply=True)
     assert msg["v"] == 1 and msg["data"] == rows
 
 
@@ -301,29 +307,29 @@ def test_a_reply_that_breaks_its_schema_does_not_leave(over: dict[str, Any], fie
         rows = [_ps_row() for _ in range(n)]
         rows[n - 1] = _ps_row(**over)
         with pytest.raises(P.ProtocolError) as exc:
-            P.reply({"v": P.VERSION, "t": P.C_PS}, rows)
+            C.reply({"v": P.VERSION, "t": C.C_PS}, rows)
         assert str(exc.value).startswith(f"ps.data[{n - 1}].{field}:"), str(exc.value)
     row = _ps_row()
     del row["host"]
     with pytest.raises(P.ProtocolError, match="missing field 'host'"):
-        P.reply({"v": P.VERSION, "t": P.C_PS}, [row])
+        C.reply({"v": P.VERSION, "t": C.C_PS}, [row])
 
 
 def test_replies_without_a_schema_are_any_map() -> None:
-    assert set(P.REPLIES) == {
-        P.C_STATUS,
-        P.C_PS,
-        P.C_TRACES,
-        P.C_SHOW,
-        P.C_SESSIONS,
-        P.C_TOP,
-        P.C_HISTORY,
-        P.C_INCIDENTS,
-        P.C_INCIDENT,
-        P.C_STACKS,
+    assert set(C.REPLIES) == {
+        C.C_STATUS,
+        C.C_PS,
+        C.C_TRACES,
+        C.C_SHOW,
+        C.C_SESSIONS,
+        C.C_TOP,
+        C.C_HISTORY,
+        C.C_INCIDENTS,
+        C.C_INCIDENT,
+        C.C_STACKS,
     }
-    frame = P.reply({"v": P.VERSION, "t": P.C_RETRY}, {"requeued": 3})
-    assert P.decode(frame, P.REPLY_INBOUND)["data"] == {"requeued": 3}
+    frame = C.reply({"v": P.VERSION, "t": C.C_RETRY}, {"requeued": 3})
+    assert P.decode(frame, C.REPLY_INBOUND)["data"] == {"requeued": 3}
 
 
 def test_session_and_trace_documents_from_memory_and_from_the_index(tmp_path: Any) -> None:
@@ -340,7 +346,7 @@ def test_session_and_trace_documents_from_memory_and_from_the_index(tmp_path: An
     live = s.summary()
     for r in [live, *live["targets"]]:
         r["node"] = "n1"
-    P.reply({"v": P.VERSION, "t": P.C_SHOW}, live)
+    C.reply({"v": P.VERSION, "t": C.C_SHOW}, live)
 
     db = Database(tmp_path / "index.db")
     idx, trace_repo = SessionRepo(db), TraceRepo(db)
@@ -393,19 +399,19 @@ def test_session_and_trace_documents_from_memory_and_from_the_index(tmp_path: An
         db.close()
     for r in [stored, *stored["targets"], *sessions, *traces]:
         r["node"] = "n1"
-    P.reply({"v": P.VERSION, "t": P.C_SHOW}, stored)
-    P.reply({"v": P.VERSION, "t": P.C_SESSIONS}, sessions)
-    P.reply({"v": P.VERSION, "t": P.C_TRACES}, traces)
+    C.reply({"v": P.VERSION, "t": C.C_SHOW}, stored)
+    C.reply({"v": P.VERSION, "t": C.C_SESSIONS}, sessions)
+    C.reply({"v": P.VERSION, "t": C.C_TRACES}, traces)
     traces[7]["files"][1]["deleted"] = 2
     with pytest.raises(P.ProtocolError, match=r"traces\.data\[7\]\.files\[1\]\.deleted"):
-        P.reply({"v": P.VERSION, "t": P.C_TRACES}, traces)
+        C.reply({"v": P.VERSION, "t": C.C_TRACES}, traces)
 
 
 # The column check must accept exactly what the value-by-value check accepts.
 COLUMN_FIELDS = [
     P.Int(0, 10),
     P.Num(0.0, 10.0),
-    P.FINITE,
+    C.FINITE,
     P.Str(3),
     P.Str(3, min_len=1),
     P.Str(8, choices=frozenset({"a", "bb"})),
@@ -415,7 +421,7 @@ COLUMN_FIELDS = [
     P.ListOf(P.Int(0, 10), 3, 1),
     P.Struct({"a": (P.Int(0, 10), True), "b": (P.Str(3), False)}),
     P.Struct({"a": (P.Int(0, 10), True)}, open=True),
-    P.FILE_ROW,
+    C.FILE_ROW,
 ]
 
 
@@ -431,14 +437,14 @@ def test_column_checks_accept_exactly_what_value_checks_accept(i: int, values: l
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(sorted(P.PS_ROW.fields)), max_size=3), anything)
+@given(st.lists(st.sampled_from(sorted(C.PS_ROW.fields)), max_size=3), anything)
 def test_ps_rows_with_any_value_in_any_field(fields: list[str], value: Any) -> None:
     rows = [_ps_row() for _ in range(20)]
     for name in fields:
         rows[5][name] = value
-    ok = not _refused(P.PS_ROW, rows[5])
-    assert ok == (not _refused(P.REPLIES[P.C_PS], rows))
-    assert P.PS_ROW.all_valid(rows) in (ok, False)
+    ok = not _refused(C.PS_ROW, rows[5])
+    assert ok == (not _refused(C.REPLIES[C.C_PS], rows))
+    assert C.PS_ROW.all_valid(rows) in (ok, False)
 
 
 def _refused(f: P.Field, value: Any) -> bool:
@@ -453,9 +459,9 @@ def test_every_accepted_type_has_its_handler() -> None:
     from profd.daemon.agent import handler as agent
     from profd.daemon.control import handler as control
 
-    assert set(control.HANDLERS) == P.CONTROL_INBOUND
+    assert set(control.HANDLERS) == set(C.CONTROL_INBOUND)
     # ``hello`` comes from a process not registered yet, and is handled before the table.
-    assert set(agent.HANDLERS) == P.AGENT_INBOUND - {P.HELLO}
+    assert set(agent.HANDLERS) == set(P.AGENT_INBOUND) - {P.HELLO}
 
 
 def test_session_ids_have_one_bound_the_documented_one() -> None:
@@ -468,17 +474,17 @@ def test_session_ids_have_one_bound_the_documented_one() -> None:
     hello = {"v": P.VERSION, "t": P.HELLO, **{k: v for k, v in HELLO.items()}}
     for sid, passes in ((ok, True), (long, False)):
         msgs = [
-            {"v": P.VERSION, "t": P.C_SHOW, "session": sid},
-            {"v": P.VERSION, "t": P.C_TRACES, "filters": {"session": sid}},
+            {"v": P.VERSION, "t": C.C_SHOW, "session": sid},
+            {"v": P.VERSION, "t": C.C_TRACES, "filters": {"session": sid}},
             {**hello, "sessions": [sid]},
-            {"v": P.VERSION, "t": P.C_START, "spec": {"session": sid}},
+            {"v": P.VERSION, "t": C.C_START, "spec": {"session": sid}},
         ]
         for m in msgs:
             if passes:
-                P.validate(m, P.CONTROL_INBOUND | P.AGENT_INBOUND)
+                P.validate(m, {**C.CONTROL_INBOUND, **P.AGENT_INBOUND})
             else:
                 with pytest.raises(P.ProtocolError, match=str(P.MAX_NAME)):
-                    P.validate(m, P.CONTROL_INBOUND | P.AGENT_INBOUND)
+                    P.validate(m, {**C.CONTROL_INBOUND, **P.AGENT_INBOUND})
     # A name field's own bound holds too, below the name rule's.
     with pytest.raises(P.ProtocolError, match=r"1\.\.8"):
         P.Str(8, min_len=1, name=True).check("s" * 9, "f")

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from profd import control_schema as C
 from profd.scheduling.schedule import (
     SESSION_STEPS,
     SESSION_WORK,
@@ -214,7 +215,7 @@ def test_zero_or_bool_modifiers_are_refused_before_parse(spec: dict[str, Any]) -
     # parse() takes a falsy modifier as "not given"; every start request is checked against
     # the protocol's start schema first, which refuses these with the field's name.
     with pytest.raises(P.ProtocolError, match=f"spec.{next(iter(spec))}"):
-        P.start_spec(spec)
+        C.start_spec(spec)
 
 
 def test_list_warmup_that_just_fits_between_steps() -> None:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from profd import control_schema as C
 from profd.daemon.control import servable
 from profd.daemon.control.handler import ControlHandler
 from profd_client import protocol as P
@@ -44,9 +45,9 @@ def _trace(**over: Any) -> dict[str, Any]:
 
 def test_a_clean_listing_is_served_as_it_is() -> None:
     rows = [_trace(id=i) for i in range(40)]
-    assert servable.rows(rows, P.TRACE_ROW) == rows
-    frame = ControlHandler._reply({"v": P.VERSION, "t": P.C_TRACES}, rows)
-    assert P.decode(frame, P.REPLY_INBOUND, reply=True)["data"] == rows
+    assert servable.rows(rows, C.TRACE_ROW) == rows
+    frame = ControlHandler._reply({"v": P.VERSION, "t": C.C_TRACES}, rows)
+    assert P.decode(frame, C.REPLY_INBOUND, reply=True)["data"] == rows
 
 
 def test_the_reply_repairs_only_rows_from_the_index() -> None:
@@ -54,11 +55,11 @@ def test_the_reply_repairs_only_rows_from_the_index() -> None:
     its schema stays a bug (raised, answered as "internal")."""
     rows = [_trace(id=i) for i in range(40)]
     rows[5] = _trace(id=5, stats={"step": [10**30]})  # inside a map: only msgpack refuses it
-    frame = ControlHandler._reply({"v": P.VERSION, "t": P.C_TRACES}, rows)
-    sent = P.decode(frame, P.REPLY_INBOUND, reply=True)["data"]
+    frame = ControlHandler._reply({"v": P.VERSION, "t": C.C_TRACES}, rows)
+    sent = P.decode(frame, C.REPLY_INBOUND, reply=True)["data"]
     assert len(sent) == 40 and sent[5]["stats"] is None and "stats" in sent[5]["skipped"]
     with pytest.raises(P.ProtocolError):
-        ControlHandler._reply({"v": P.VERSION, "t": P.C_PS}, [{"host": "h", "pid": "x"}])
+        ControlHandler._reply({"v": P.VERSION, "t": C.C_PS}, [{"host": "h", "pid": "x"}])
 
 
 def test_values_beyond_msgpack_or_the_schema_are_emptied_and_named() -> None:
@@ -66,18 +67,18 @@ def test_values_beyond_msgpack_or_the_schema_are_emptied_and_named() -> None:
     rows = [_trace(id=i) for i in range(40)]
     rows[3] = _trace(id=3, steps=[huge], stats={"step": [huge]})  # msgpack cannot carry it
     rows[7] = _trace(id=7, steps=[P.MAX_STEP + 1], stall_ms=float("nan"))  # the schema refuses it
-    out = servable.rows(rows, P.TRACE_ROW)
+    out = servable.rows(rows, C.TRACE_ROW)
     assert len(out) == 40
     assert out[3]["steps"] == [] and out[3]["stats"] is None
     assert "steps" in out[3]["skipped"] and "stats" in out[3]["skipped"]
     assert out[7]["steps"] == [] and out[7]["stall_ms"] is None
     assert "skipped" not in out[0]
-    P.reply({"v": P.VERSION, "t": P.C_TRACES}, out)  # and the whole listing can be sent
+    C.reply({"v": P.VERSION, "t": C.C_TRACES}, out)  # and the whole listing can be sent
 
 
 def test_a_row_that_breaks_its_schema_even_emptied_is_left_out() -> None:
     rows = [_trace(id=i) for i in range(3)]
     rows[1] = _trace(id=1, rank=10**30)  # rank cannot be null
-    out = servable.rows(rows, P.TRACE_ROW)
+    out = servable.rows(rows, C.TRACE_ROW)
     assert [r["id"] for r in out] == [0, 2]
-    P.reply({"v": P.VERSION, "t": P.C_TRACES}, out)
+    C.reply({"v": P.VERSION, "t": C.C_TRACES}, out)

@@ -659,7 +659,8 @@ def test_the_index_sql_asks_what_the_rule_calls_ended(session_states: list[str])
 
 def test_no_other_module_spells_the_states_out() -> None:
     """The terminal set and the live order are written in profd/states.py (and on the wire in
-    protocol.py) only: a literal naming three or more of them elsewhere is a second copy."""
+    profd_client/protocol/vocabulary.py) only: a literal naming three or more of them elsewhere
+    is a second copy."""
     names = states.STATES
     offenders = []
     for path in PROFD.rglob("*.py"):

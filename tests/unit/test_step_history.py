@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from test_ledger_daemon import Clock, client, ledger
 
+from profd import control_schema as C
 from profd.ctl.cluster import Node
 from profd.ctl.commands.history import _change, mark_slower, merge, parse_when
 from profd.ctl.errors import BadUsage
@@ -21,7 +22,6 @@ from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import SEED_MAX_AGE_S, Ledgers, MinuteSummary
 from profd.daemon.spool.storage import Storage
 from profd.store.index import Database, StepMinuteRepo
-from profd_client import protocol as P
 
 T0 = 1_800_000_000  # a minute start (divisible by 60)
 
@@ -63,7 +63,7 @@ def test_a_minute_per_role_median_over_ranks_and_the_slowest_three(tmp_path: Pat
     )
     rows = hist(idx, T0, T0 + 120)
     for r in rows:
-        P.HISTORY_ROW.check(r, "row")
+        C.HISTORY_ROW.check(r, "row")
     assert [(r["minute"], r["role"]) for r in rows] == [
         (T0, "rollout"),
         (T0, "trainer"),

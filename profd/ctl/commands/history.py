@@ -10,12 +10,12 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.errors import BadUsage, CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.nodes import Answer
 from profd.ctl.render import Column, emit_json, opt, say, table
 from profd.watch.stats import weighted_quantile
-from profd_client import protocol as P
 
 #: A minute whose p50 is at least this many times the first minute shown (of its role) is
 #: marked: "when did it get slower?" reads off the column.
@@ -150,7 +150,7 @@ def history(env: Env, job: str, since: str, until: str | None) -> None:
     t1 = parse_when(until, "--until", now) if until else now
     if t0 >= t1:
         raise BadUsage("--since must be before --until")
-    answers = env.gather(P.C_HISTORY, job=job, since=t0, until=t1).answered()
+    answers = env.gather(C.C_HISTORY, job=job, since=t0, until=t1).answered()
     minutes = merge(answers)
     if not minutes:
         raise CtlError(

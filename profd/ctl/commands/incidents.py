@@ -7,6 +7,7 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.commands.history import parse_when
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
@@ -14,7 +15,6 @@ from profd.ctl.render import Column, ago, emit_json, line_block, opt, say, table
 from profd.report.incident_compare import comparison_text
 from profd.watch import hang
 from profd.watch.kinds import registry as kinds
-from profd_client import protocol as P
 
 
 def suspects_text(r: dict[str, Any]) -> str:
@@ -64,7 +64,7 @@ def incidents(env: Env, job: str | None, kind: str | None, since: str | None, li
     several nodes is one row, its ranks grouped across nodes. --json: a list of
     incidents."""
     t0 = parse_when(since, "--since") if since else None
-    rows = env.rows(P.C_INCIDENTS, job=job, kind=kind, since=t0, limit=limit)
+    rows = env.rows(C.C_INCIDENTS, job=job, kind=kind, since=t0, limit=limit)
     if env.nodes.remote:
         # One job's hang seen by several nodes is one hang: its ranks grouped together.
         rows = hang.merged(rows)
@@ -88,7 +88,7 @@ def incident(env: Env, incident_id: str) -> None:
     doc = fetch_incident(env, incident_id)
     if doc["kind"] == "hang" and env.nodes.remote:
         peers = env.rows(
-            P.C_INCIDENTS,
+            C.C_INCIDENTS,
             job=doc["job"],
             kind="hang",
             since=doc["detected_at"] - 2 * hang.MERGE_S,
@@ -103,7 +103,7 @@ def incident(env: Env, incident_id: str) -> None:
 
 def fetch_incident(env: Env, incident_id: str) -> dict[str, Any]:
     """The incident ``incident_id`` names, from whichever node has it (``host`` added)."""
-    answers = env.gather(P.C_INCIDENT, id=incident_id).answered()
+    answers = env.gather(C.C_INCIDENT, id=incident_id).answered()
     ids = sorted({a.data["id"] for a in answers})
     if len(ids) > 1:
         raise CtlError(f"incident {incident_id!r} is ambiguous across nodes: {', '.join(ids)}")

@@ -8,9 +8,9 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, age_cell, control, emit_json, opt, say, size, step_cell, table
-from profd_client import protocol as P
 
 
 def _state(r: dict[str, Any]) -> str:
@@ -98,7 +98,7 @@ def ps(
     """
     while True:
         env.gathered.clear()  # --watch: only the latest round's missing nodes count
-        rows = env.rows(P.C_PS, job=job, role=role)
+        rows = env.rows(C.C_PS, job=job, role=role)
         if env.json:
             emit_json(rows)
         else:

@@ -17,6 +17,7 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd import fsutil
 from profd.ctl.commands.s3list import child_dirs, ctl_s3, read_manifests, s3_error
 from profd.ctl.errors import CtlError, NoDaemon
@@ -24,7 +25,6 @@ from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, say, size
 from profd.states import is_terminal
 from profd.store import layout, s3
-from profd_client import protocol as P
 
 _COPY_BUF = 1 << 20
 
@@ -65,8 +65,8 @@ def download_from_nodes(env: Env, session: str) -> Download:
 
     s = show_session(env, session)
     sid = s["id"]
-    statuses = {a.node: a.data for a in env.gather(P.C_STATUS).answered()}
-    listed = env.gather(P.C_TRACES, filters={"session": sid, "limit": 100000})
+    statuses = {a.node: a.data for a in env.gather(C.C_STATUS).answered()}
+    listed = env.gather(C.C_TRACES, filters={"session": sid, "limit": 100000})
     knows = {n["address"] for n in s["nodes"]}
     ended = is_terminal(s["state"])
     here = fsutil.boot_id()
@@ -256,7 +256,7 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
         if exc.code != "unknown_session":
             raise
         try:
-            urls = [a.data["s3"].get("url") for a in env.gather(P.C_STATUS).answered()]
+            urls = [a.data["s3"].get("url") for a in env.gather(C.C_STATUS).answered()]
             daemon_s3 = next((u for u in urls if u), None)
         except CtlError:
             daemon_s3 = None

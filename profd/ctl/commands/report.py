@@ -14,10 +14,10 @@ from typing import IO, Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.render import document, emit_json, say
-from profd_client import protocol as P
 
 S3_OPTION = click.option(
     "--s3", "s3_url", help="Read the session's manifests from S3 (no daemon needed)."
@@ -196,7 +196,7 @@ def _trace_rows(env: Env, session: str, s3_url: str | None) -> list[dict[str, An
 
         return list_from_s3(s3_url, session=session, limit=1_000_000)
     rows: list[dict[str, Any]] = env.rows(
-        P.C_TRACES, filters={"session": session, "limit": 100_000}
+        C.C_TRACES, filters={"session": session, "limit": 100_000}
     )
     return rows
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, say
-from profd_client import protocol as P
 
 
 @click.command()
@@ -20,7 +20,7 @@ def retry(env: Env, session: str | None) -> None:
         from profd.ctl.commands.sessions import show_session
 
         session = show_session(env, session)["id"]  # accepts short ids
-    rows = [a.node.named(dict(a.data)) for a in env.gather(P.C_RETRY, session=session).answered()]
+    rows = [a.node.named(dict(a.data)) for a in env.gather(C.C_RETRY, session=session).answered()]
     if env.json:
         emit_json(env.per_node(rows))
     else:

@@ -6,12 +6,12 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.nodes import Answer
 from profd.ctl.render import Column, ago, emit_json, line_block, opt, say, steps_text, table
 from profd.states import combine
-from profd_client import protocol as P
 
 COLUMNS: list[Column] = [
     ("SESSION", lambda r: r["id"]),
@@ -42,7 +42,7 @@ TARGET_COLUMNS: list[Column] = [
 def sessions(env: Env, state: str | None, job: str | None, limit: int) -> None:
     """List sessions, newest first (--cluster: the newest LIMIT rows of all nodes, one row
     per session per node)."""
-    rows = env.rows(P.C_SESSIONS, state=state, job=job, limit=limit)
+    rows = env.rows(C.C_SESSIONS, state=state, job=job, limit=limit)
     # Each daemon's rows come newest first: this puts every node's in that order.
     rows = sorted(rows, key=lambda r: -(r.get("created_at") or 0))[:limit]
     columns = [("HOST", lambda r: r["host"]), *COLUMNS] if env.nodes.remote else COLUMNS
@@ -81,7 +81,7 @@ def show(env: Env, session: str) -> None:
 
 def show_session(env: Env, session: str) -> dict[str, Any]:
     """The session as every node that knows it has it (see :func:`merge_shown`)."""
-    return merge_shown(env.gather(P.C_SHOW, session=session).answered(), session)
+    return merge_shown(env.gather(C.C_SHOW, session=session).answered(), session)
 
 
 def merge_shown(known: list[Answer], session: str) -> dict[str, Any]:

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.errors import BadUsage
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, line_block, say
@@ -23,7 +24,7 @@ def gather(
     """Every node's ranks merged per job and grouped again across nodes (a node's own
     groups saw only its ranks); one document per job, in job order."""
     env.node_timeout = max(env.node_timeout, NODE_TIMEOUT_S)
-    g = env.gather(P.C_STACKS, job=job, rank=rank, native=native)
+    g = env.gather(C.C_STACKS, job=job, rank=rank, native=native)
     ranks: dict[str, list[dict[str, Any]]] = {}
     for a in g.answered():
         for doc in a.data:

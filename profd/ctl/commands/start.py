@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from profd import claims
+from profd import control_schema as C
 from profd.ctl.commands.wait import Followed, echo_end, follow
 from profd.ctl.errors import ranks_text, unmatched_refusal
 from profd.ctl.main import Env, command
@@ -128,13 +129,13 @@ def start_here(env: Env, spec: dict[str, Any], strict: bool = False) -> dict[str
     a cluster start's (``nodes``, ``missing_ranks``: --ranks that matched no process).
     ``strict``: such ranks refuse the start; the daemon is asked who matches first."""
     if strict and spec.get("ranks") is not None:
-        [probe] = env.gather(P.C_START, spec={**spec, "probe": True}).answered()
+        [probe] = env.gather(C.C_START, spec={**spec, "probe": True}).answered()
         found = [c["rank"] for c in probe.data["candidates"]]
         # No match at all: the start below refuses it, naming what is attached.
         missing = unmatched(spec["ranks"], found) if found else []
         if missing:
             raise unmatched_refusal(missing, "matched no attached process")
-    [a] = env.gather(P.C_START, spec=spec).answered()
+    [a] = env.gather(C.C_START, spec=spec).answered()
     res: dict[str, Any] = dict(a.data)
     res["targets"] = [a.node.named(t) for t in res["targets"]]
     name = next((t["node"] for t in a.data["targets"] if t.get("node")), None)

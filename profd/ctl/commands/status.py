@@ -6,9 +6,9 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, ago, emit_json, say, size, table
-from profd_client import protocol as P
 
 
 @click.command()
@@ -17,7 +17,7 @@ from profd_client import protocol as P
 def status(env: Env) -> None:
     """Daemon health: version, uptime, clients, sessions, upload queue, spool, S3 (with
     --cluster: one row per node that answered)."""
-    rows = [{**a.data, "address": a.node.address} for a in env.gather(P.C_STATUS).answered()]
+    rows = [{**a.data, "address": a.node.address} for a in env.gather(C.C_STATUS).answered()]
     if env.json:
         emit_json(env.per_node(rows))
     elif env.nodes.remote:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, say
-from profd_client import protocol as P
 
 
 def _end(env: Env, request: str, session: str, verb: str) -> None:
@@ -31,7 +31,7 @@ def stop(env: Env, session: str) -> None:
 
     Ranks whose capture had not begun end cancelled ("stopped before its capture began").
     SESSION: the id or any unique part of it."""
-    _end(env, P.C_STOP, session, "stopping")
+    _end(env, C.C_STOP, session, "stopping")
 
 
 @click.command()
@@ -41,4 +41,4 @@ def stop(env: Env, session: str) -> None:
 def cancel(env: Env, session: str) -> None:
     """Cancel SESSION (the id or any unique part of it); a capture in progress is
     discarded."""
-    _end(env, P.C_CANCEL, session, "cancelling")
+    _end(env, C.C_CANCEL, session, "cancelling")

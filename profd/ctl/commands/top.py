@@ -13,10 +13,10 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, age_cell, control, emit_json, opt, say, size, step_cell, table
 from profd.watch.stats import mark_vs_role, slowest_first
-from profd_client import protocol as P
 
 #: Each frame redraws in place, like top(1): cursor home, every line cleared to its end,
 #: the screen cleared below the last (no blank flash between frames, as a full clear has).
@@ -63,7 +63,7 @@ def ranks(env: Env, job: str | None, role: str | None) -> list[dict[str, Any]]:
     """Every node's rows as one listing: a role may span nodes, so each rank is compared with
     its whole role again here (one node's daemon saw only its own ranks), slowest first."""
     env.gathered.clear()  # only this frame's missing nodes count
-    rows = env.rows(P.C_TOP, job=job, role=role)
+    rows = env.rows(C.C_TOP, job=job, role=role)
     mark_vs_role(rows)
     return slowest_first(rows)
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import click
 
+from profd import control_schema as C
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.nodes import NodeLike
 from profd.ctl.render import Column, ago, emit_json, opt, say, size, steps_text, table
-from profd_client import protocol as P
 
 COLUMNS: list[Column] = [
     ("SESSION", lambda r: r["session"]),
@@ -81,6 +81,6 @@ def node_traces(env: Env, filters: dict[str, Any]) -> list[dict[str, Any]]:
     def each(node: NodeLike) -> dict[str, Any]:
         return {"filters": filters if node.local else without_host}
 
-    rows = env.gather(P.C_TRACES, each=each).rows()
+    rows = env.gather(C.C_TRACES, each=each).rows()
     rows = [r for r in rows if host is None or host in (r["host"], r.get("client_host"))]
     return sorted(rows, key=lambda r: -(r.get("created_at") or 0))[: filters["limit"]]

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from profd import control_schema as C
 from profd.ctl.errors import StillLive
 from profd.ctl.main import Env
 from profd.ctl.nodes import Answer, NodeLike
@@ -45,7 +46,7 @@ def follow(
     last: dict[NodeLike, Answer] = {}
     line = ""
     while True:
-        for a in env.nodes.ask(P.C_SHOW, {"session": session}, nodes):
+        for a in env.nodes.ask(C.C_SHOW, {"session": session}, nodes):
             if a.error is not None:
                 raise a.error
             if a.ok:

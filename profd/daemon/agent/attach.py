@@ -166,9 +166,6 @@ class Attach:
         finally:
             # Whatever went wrong with the rules, the process must not wait for nothing.
             self.registry.welcomed(c)
-            extra: dict[str, Any] = {}
-            if c.version >= 2:
-                extra["protocol"] = [P.MIN_VERSION, P.VERSION]
             self.send(
                 ident,
                 P.encode(
@@ -177,7 +174,7 @@ class Attach:
                     spool=self.welcome.spool,
                     hb_interval=self.welcome.hb_interval,
                     daemon=__version__,
-                    **extra,
+                    protocol=[P.MIN_VERSION, P.VERSION],
                 ),
             )
 

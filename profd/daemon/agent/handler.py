@@ -84,16 +84,20 @@ class AgentHandler:
             self.rejected += 1
             c = None
         if c is None:
-            self.send(ident, P.error("unknown_client", "say hello first", v=msg["v"]))
+            self.send(ident, P.error(P.ErrorCode.UNKNOWN_CLIENT, "say hello first", v=msg["v"]))
             return
         HANDLERS[t](self, c, msg, time.monotonic())
 
     # --- one handler per message type from a registered client (``HANDLERS``) ------------
-    def heartbeat(self, c: Client, m: dict[str, Any], now: float) -> None:
-        self.registry.heartbeat(c, now, m.get("step"), m.get("sps"), m.get("state"))
-        self.ledgers.heartbeat(c, m.get("step"), m.get("ledger"), now)
-        if "training_tid" in m:
-            self.registry.training_thread(c, m["training_tid"])
+    def heartbeat(self, c: Client, m: P.Heartbeat, now: float) -> None:
+        step = None if m.step is P.UNSET else m.step
+        sps = None if m.sps is P.UNSET else m.sps
+        state = None if m.state is P.UNSET else m.state
+        self.registry.heartbeat(c, now, step, sps, state)
+        ledger = None if m.ledger is P.UNSET else P.fields_of(m.ledger)
+        self.ledgers.heartbeat(c, step, ledger, now)
+        if m.training_tid is not P.UNSET:
+            self.registry.training_thread(c, m.training_tid)
         self.send(c.ident, self._heartbeat(c.version))
 
     def _armed(self, c: Client, m: dict[str, Any], now: float) -> None:
@@ -118,12 +122,12 @@ class AgentHandler:
         if problem is not None:
             self.rejected += 1
             log.warning("refused a hello (job %r): %s", m["job"], problem)
-            self.send(ident, P.error("identity", problem, v=m["v"]))
+            self.send(ident, P.error(P.ErrorCode.IDENTITY, problem, v=m["v"]))
             return
         assert peer is not None
         limit = self.attach.over_limit(m, peer)
         if limit is not None:
-            self.send(ident, P.error("limit", limit, v=m["v"]))
+            self.send(ident, P.error(P.ErrorCode.LIMIT, limit, v=m["v"]))
             return
         self.attach.hello(ident, m, peer)
 
@@ -178,7 +182,8 @@ class AgentHandler:
 
 #: The handler of each message type a registered client sends (``hello`` comes first, from a
 #: process not registered yet: :meth:`AgentHandler.hello_from`).
-HANDLERS: dict[str, Callable[[AgentHandler, Client, dict[str, Any], float], None]] = {
+#: A typed message (``P.Heartbeat``) is its ``Struct``, any other a map.
+HANDLERS: dict[str, Callable[[AgentHandler, Client, Any, float], None]] = {
     P.HEARTBEAT: AgentHandler.heartbeat,
     P.ARMED: AgentHandler._armed,
     P.PROGRESS: AgentHandler._progress,

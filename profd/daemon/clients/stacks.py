@@ -262,8 +262,8 @@ class StackReader:
 
 
 def job_doc(job: str, rows: Sequence[RankRow]) -> dict[str, Any]:
-    """One job's reply (``P.STACKS_DOC``): its ranks in rank order and their groups, and
-    where their flight recorders part when they sent any."""
+    """One job's reply (``profd.control_schema.STACKS_DOC``): its ranks in rank order and
+    their groups, and where their flight recorders part when they sent any."""
     ranks = [r.to_dict() for r in sorted(rows, key=lambda r: (r.role, r.rank, r.host, r.pid))]
     doc: dict[str, Any] = {"job": job, "groups": stackgroups.group(ranks), "ranks": ranks}
     flight = flightrec.divergence(ranks)

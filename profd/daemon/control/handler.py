@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from profd import control_schema as C
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.rankstacks import RankStacks
 from profd.daemon.clients.registry import Registry
@@ -113,7 +114,7 @@ class ControlHandler:
         """The one reply to a request, in the request's protocol version; None when a
         handler answers :class:`Later` (its reply goes to ``later`` when ready)."""
         try:
-            msg = P.decode(frame, P.CONTROL_INBOUND)
+            msg = P.decode(frame, C.CONTROL_INBOUND)
         except P.ProtocolError as exc:
             self.rejected += 1
             if exc.code == "version":
@@ -133,7 +134,7 @@ class ControlHandler:
             return P.error(exc.code, str(exc), v=v)
         except Exception as exc:
             log.exception("control request failed")
-            return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
+            return P.error(P.ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", v=v)
 
     def _late_reply(self, msg: dict[str, Any], data: Any) -> bytes:
         """A :class:`Later` result as the reply, on the loop, errors answered as at once."""
@@ -142,7 +143,7 @@ class ControlHandler:
             return bounded_reply(self._reply(msg, data), v)
         except Exception as exc:
             log.exception("control request failed")
-            return P.error("internal", f"{type(exc).__name__}: {exc}", v=v)
+            return P.error(P.ErrorCode.INTERNAL, f"{type(exc).__name__}: {exc}", v=v)
 
     @staticmethod
     def _reply(msg: dict[str, Any], data: Any) -> bytes:
@@ -151,12 +152,12 @@ class ControlHandler:
         them sendable, so one bad value costs its own row's field, not the listing. Any other
         reply that breaks its schema is a bug here (ProtocolError: "internal")."""
         try:
-            return P.reply(msg, data)
+            return C.reply(msg, data)
         except servable.UNSENDABLE:
             repaired = servable.repair(msg["t"], data)
             if repaired is data:
                 raise
-        return P.reply(msg, repaired)
+        return C.reply(msg, repaired)
 
     def dispatch(self, m: dict[str, Any], by: Requester) -> Any:
         return HANDLERS[m["t"]](self.context, m, by)
@@ -169,7 +170,7 @@ def bounded_reply(reply: bytes, v: int, limit: int = P.MAX_REPLY_BYTES) -> bytes
         return reply
     log.warning("control reply of %d bytes not sent (at most %d)", len(reply), limit)
     return P.error(
-        "too_large",
+        P.ErrorCode.TOO_LARGE,
         f"the reply is {len(reply)} bytes, over the {limit} bytes profctl accepts:"
         " ask for less (filters, --limit)",
         v=v,

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgpack
 
+from profd import control_schema as C
 from profd.scheduling.refusal import Refused
 from profd_client import protocol as P
 
@@ -49,12 +50,12 @@ UNSENDABLE = (P.ProtocolError, OverflowError, TypeError, ValueError)
 def repair(t: str, data: Any) -> Any:
     """``data`` of a ``t`` reply that could not be sent, made sendable; the same ``data``
     back for a reply type whose rows are not read from the index (nothing to repair)."""
-    if t == P.C_SESSIONS:
-        return rows(data, P.SESSION_ROW)
-    if t == P.C_TRACES:
-        return rows(data, P.TRACE_ROW)
-    if t == P.C_SHOW:
-        doc = row({**data, "targets": rows(data["targets"], P.TARGET_ROW)}, P.SESSION_DOC)
+    if t == C.C_SESSIONS:
+        return rows(data, C.SESSION_ROW)
+    if t == C.C_TRACES:
+        return rows(data, C.TRACE_ROW)
+    if t == C.C_SHOW:
+        doc = row({**data, "targets": rows(data["targets"], C.TARGET_ROW)}, C.SESSION_DOC)
         if doc is None:
             why = f"session {data['id']!r} holds values beyond the protocol's"
             raise Refused("unservable", why)

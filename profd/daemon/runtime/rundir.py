@@ -8,6 +8,7 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from profd import control_schema as C
 from profd_client import protocol as P
 
 
@@ -87,7 +88,7 @@ def daemon_alive(path: Path, timeout_ms: int = 500) -> bool:
     s.setsockopt(zmq.LINGER, 0)
     try:
         s.connect(f"ipc://{sock_path}")
-        s.send(P.encode(P.C_STATUS))
+        s.send(C.encode(C.C_STATUS))
         return bool(s.poll(timeout_ms))
     finally:
         s.close(0)

@@ -53,11 +53,11 @@ class Arms:
             log.error("session %s: no incoming dir for pid %s: %s", s.id, c.pid, exc)
 
     def _send_arm(self, s: Session, c: Client) -> None:
-        if c.version < 2:
-            # Protocol 1 writes straight into the arm's dir: this process gets its own.
+        if P.adapter.per_peer(P.ARM, c.version):
+            # The peer's version names this process's own dir in its arm: one frame each.
             fields = s.arm_fields(self._homes.incoming_dir(s.job, s.id))
-            fields["incoming"] = str(self._homes.home(s.job, s.id, s.revision, c.host, c.pid))
-            self._send(c.ident, P.encode(P.ARM, v=c.version, **fields))
+            peer = P.Peer(c.host, c.pid)
+            self._send(c.ident, P.encode(P.ARM, v=c.version, peer=peer, **fields))
             return
         key = (s.id, s.revision, c.version)
         frame = self._frames.get(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
+from profd import control_schema as C
 from profd.config import AutoRule, ConfigError
 from profd.daemon.clients.registry import Client
 from profd.daemon.sessions.arming import Arms
@@ -13,7 +14,6 @@ from profd.daemon.sessions.state import Sessions, Target
 from profd.scheduling import planner
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
-from profd_client import protocol as P
 
 log = logging.getLogger("profd.auto")
 
@@ -27,7 +27,7 @@ def check(rules: Sequence[AutoRule]) -> list[StartRequest]:
         except Refused as exc:
             raise ConfigError(f"[[auto]] rule {i}: {exc}") from None
         why = None
-        coordinator = sorted(P.COORDINATOR_KEYS & set(rule.spec))
+        coordinator = sorted(C.COORDINATOR_KEYS & set(rule.spec))
         if coordinator:
             why = f"{', '.join(coordinator)}: only a cluster coordinator sends these"
         elif not req.schedule.explicit:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from profd import claims
+from profd import control_schema as C
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.arming import Arms
@@ -48,7 +49,7 @@ class StartRequest:
     def parse(cls, raw: Mapping[str, Any], validated: bool = False) -> StartRequest:
         """``validated``: ``raw`` comes from a message the protocol already checked."""
         try:
-            spec = dict(raw) if validated else P.start_spec(dict(raw))
+            spec = dict(raw) if validated else C.start_spec(dict(raw))
             return cls(
                 spec=spec,
                 selector=Selector.from_spec(spec),

@@ -6,12 +6,12 @@ import time
 from typing import Any
 
 from profd import claims
+from profd import control_schema as C
 from profd.daemon.clients.registry import step_now
 from profd.daemon.control.requests.context import Context, Handler, by_identity
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.selector import Selector
 from profd.watch.stats import mark_vs_role, slowest_first
-from profd_client import protocol as P
 
 
 def ps(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any]]:
@@ -89,4 +89,4 @@ def _ms(v: float | None) -> float | None:
     return None if v is None else round(v, 3)
 
 
-HANDLERS: dict[str, Handler] = {P.C_PS: ps, P.C_TOP: top}
+HANDLERS: dict[str, Handler] = {C.C_PS: ps, C.C_TOP: top}

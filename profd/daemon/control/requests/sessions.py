@@ -6,12 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 from profd import claims
+from profd import control_schema as C
 from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.starts import StartRequest, started
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
-from profd_client import protocol as P
 
 #: Ids an ambiguous session name lists.
 SHOWN_AMBIGUOUS = 5
@@ -30,7 +30,7 @@ def start(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
 def stop(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
     """``stop`` keeps what was captured; ``cancel`` does not."""
     sid = session_id(ctx, m["session"])
-    s = ctx.starter.stop(sid, m["t"] == P.C_STOP, by)
+    s = ctx.starter.stop(sid, m["t"] == C.C_STOP, by)
     if s is None:
         row = ctx.session_rows.session(sid)
         if row is None:
@@ -106,10 +106,10 @@ def session_id(ctx: Context, text: str) -> str:
 
 
 HANDLERS: dict[str, Handler] = {
-    P.C_START: start,
-    P.C_STOP: stop,
-    P.C_CANCEL: stop,
-    P.C_SESSIONS: sessions,
-    P.C_SHOW: show,
-    P.C_RETRY: retry,
+    C.C_START: start,
+    C.C_STOP: stop,
+    C.C_CANCEL: stop,
+    C.C_SESSIONS: sessions,
+    C.C_SHOW: show,
+    C.C_RETRY: retry,
 }

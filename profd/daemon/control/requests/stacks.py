@@ -5,13 +5,13 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from profd import control_schema as C
 from profd.daemon.clients.rankstacks import Rows
 from profd.daemon.clients.registry import Client
 from profd.daemon.clients.stacks import job_doc
 from profd.daemon.control.requests.context import Context, Handler, Later, by_identity
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
-from profd_client import protocol as P
 
 
 def stacks(ctx: Context, m: dict[str, Any], by: Requester) -> Later:
@@ -49,4 +49,4 @@ def stack_clients(ctx: Context, job: str | None, rank: int | None, by: Requester
     ]
 
 
-HANDLERS: dict[str, Handler] = {P.C_STACKS: stacks}
+HANDLERS: dict[str, Handler] = {C.C_STACKS: stacks}

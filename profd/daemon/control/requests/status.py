@@ -7,6 +7,7 @@ import time
 from typing import Any
 
 from profd import __version__
+from profd import control_schema as C
 from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd_client import protocol as P
@@ -45,4 +46,4 @@ def status(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
     return out
 
 
-HANDLERS: dict[str, Handler] = {P.C_STATUS: status}
+HANDLERS: dict[str, Handler] = {C.C_STATUS: status}

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from profd import control_schema as C
 from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
 from profd.store.index import TraceFilter
-from profd_client import protocol as P
 
 
 def traces(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any]]:
@@ -22,4 +22,4 @@ def traces(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any
     return rows
 
 
-HANDLERS: dict[str, Handler] = {P.C_TRACES: traces}
+HANDLERS: dict[str, Handler] = {C.C_TRACES: traces}

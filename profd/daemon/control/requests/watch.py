@@ -6,11 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from profd import control_schema as C
 from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
 from profd.watch.incident import seen_by
-from profd_client import protocol as P
 
 #: What ``history`` covers when the request gives no ``since``: the last hour.
 HISTORY_DEFAULT_S = 3600.0
@@ -64,7 +64,7 @@ def _session_state(ctx: Context, sid: str | None) -> str | None:
 
 
 HANDLERS: dict[str, Handler] = {
-    P.C_HISTORY: history,
-    P.C_INCIDENTS: incidents,
-    P.C_INCIDENT: incident,
+    C.C_HISTORY: history,
+    C.C_INCIDENTS: incidents,
+    C.C_INCIDENT: incident,
 }

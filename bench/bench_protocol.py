@@ -1,0 +1,215 @@
+"""Decode + validate cost of one agent message: hand-written schemas against typed msgspec
+definitions, paired.
+
+Two messages the daemon and the client decode most: a heartbeat with a step ledger (every
+rank, every second, on the daemon) and an ``arm`` (every armed rank, on the client). For
+each, the old path (``msgpack.unpackb`` with limits, then the
+hand-written ``Struct`` checks these messages had, kept here) and the typed path they have now
+(``profd_client.protocol.decode``: msgspec ``Struct``s with the same bounds, decoded and
+validated from msgpack in one pass) run in alternating short batches, so
+both see the same machine load; each batch's time per message is kept, and the result is
+the median of each side and of the per-pair ratio (new / old), with p10..p90. ``armed``
+(not typed) shows what the typed decoder's refusal costs the other types.
+
+Both sides must accept the frames measured and refuse the same bad ones (checked first), or
+the comparison is void. ``--quick``: a few rounds. Prints one line per message.
+
+    PYTHONPATH=.:client python bench/bench_protocol.py [--rounds 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgpack
+import msgspec
+
+from profd_client import protocol as P
+
+# --- the hand-written schemas these messages had before they were typed ----------------------
+_R, _O = True, False
+OLD_LEDGER = P.Struct(
+    {
+        "at": (P.Int(0, P.MAX_STEP), _R),
+        "n": (P.Int(0, P.MAX_STEP), _R),
+        "sum": (P.Num(0.0, P.MAX_SECONDS), _R),
+        "q": (P.ListOf(P.Num(0.0, P.MAX_SECONDS), 4, 4), _R),
+        "b": (P.ListOf(P.Int(0, P.MAX_STEP), len(P.STEP_BUCKETS) + 1, len(P.STEP_BUCKETS) + 1), _R),
+        "r": (P.RegionTimes(), _O),
+        "epoch": (P.Int(0, 1 << 31), _O),
+    },
+    open=True,
+)
+OLD = {
+    P.HEARTBEAT: P.Struct(
+        {
+            "step": (P.STEP, _O),
+            "sps": (P.Num(0.0, P.MAX_RATE), _O),
+            "state": (P.SHORT, _O),
+            "ledger": (OLD_LEDGER, _O),
+            "training_tid": (P.Nullable(P.TID), _O),
+        },
+        open=True,
+    ),
+    P.ARM: P.Struct(
+        {
+            "session": (P.SESSION_ID, _R),
+            "job": (P.NAME, _R),
+            "backend": (P.Str(16, choices=P.BACKENDS), _R),
+            "cycles": (P.Cycles(), _R),
+            "options": (P.OPTIONS, _R),
+            "region": (P.Nullable(P.Str(P.MAX_NAME, 1)), _O),
+            "incoming": (P.PATH, _R),
+            "plan": (P.REVISION, _O),
+        },
+        open=True,
+    ),
+    # Not typed: what the typed decoder's refusal adds to every other type's decode.
+    P.ARMED: P.AGENT_INBOUND[P.ARMED],
+}
+
+
+def old_decode(frame: bytes) -> object:
+    """The path before: unpack with the limits, then the hand-written checks."""
+    return P.validate(P.unpack(frame), OLD)
+
+
+# --- the frames ------------------------------------------------------------------------------
+LEDGER = {
+    "at": 120_000,
+    "n": 12,
+    "sum": 1.21,
+    "q": [0.1, 0.102, 0.11, 0.13],
+    "b": [0] * 6 + [12] + [0] * 12,
+    "r": [["forward", 0.41, 12], ["backward", 0.62, 12], ["optimizer", 0.08, 12]],
+    "epoch": 0,
+}
+HB = P.encode(P.HEARTBEAT, step=120_000, sps=9.9, state="idle", ledger=LEDGER)
+ARM = P.encode(
+    P.ARM,
+    session="s-20270101-120000-ab12",
+    job="llama-70b-pretrain",
+    backend="torch",
+    cycles=[[120_010, 120_012, 120_014]],
+    options={"activities": ["cpu", "cuda"], "record_shapes": True, "with_stack": False},
+    region=None,
+    incoming="/var/lib/profd/spool/incoming/llama-70b-pretrain/s-20270101-120000-ab12",
+    plan=0,
+)
+ARMED = P.encode(
+    P.ARMED, session="s-20270101-120000-ab12", cycles=[[120_010, 120_012, 120_014]], plan=0
+)
+
+
+def _bad_frames() -> list[tuple[str, bytes]]:
+    hb = msgpack.unpackb(HB)
+    arm = msgpack.unpackb(ARM)
+    bad: list[tuple[str, dict[str, Any]]] = [
+        ("hb", {**hb, "step": -1}),
+        ("hb", {**hb, "sps": float("nan")}),
+        ("hb", {**hb, "step": True}),
+        ("hb", {**hb, "ledger": {**LEDGER, "n": "3"}}),
+        ("hb", {**hb, "ledger": {**LEDGER, "q": [0.1] * 3}}),
+        ("hb", {**hb, "ledger": {**LEDGER, "r": [["", 0.1, 1]]}}),
+        ("hb", {**hb, "v": 9}),
+        ("arm", {**arm, "backend": "perf"}),
+        ("arm", {**arm, "job": "../etc"}),
+        ("arm", {**arm, "cycles": [[1, 2, 3], [2, 3, 4]]}),
+        ("arm", {**arm, "options": {"record_shapes": 1}}),
+        ("arm", {**arm, "options": {"recordshapes": True}}),
+    ]
+    return [(t, msgpack.packb(m)) for t, m in bad]
+
+
+def _refuses(f: Callable[[bytes], object], frame: bytes) -> bool:
+    try:
+        f(frame)
+    except (P.ProtocolError, msgspec.ValidationError):
+        return True
+    return False
+
+
+def _per_message(f: Callable[[], object], n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        f()
+    return (time.perf_counter() - t0) / n * 1e6
+
+
+def _quantiles(xs: list[float]) -> tuple[float, float, float]:
+    qs = statistics.quantiles(xs, n=10)
+    return statistics.median(xs), qs[0], qs[-1]
+
+
+def compare(
+    name: str, old: Callable[[], object], new: Callable[[], object], rounds: int
+) -> dict[str, Any]:
+    n = 2000
+    for f in (old, new):  # warm
+        _per_message(f, n)
+    olds: list[float] = []
+    news: list[float] = []
+    for i in range(rounds):
+        # Alternate which goes first, so neither always follows the other's cache state.
+        if i % 2:
+            b = _per_message(new, n)
+            a = _per_message(old, n)
+        else:
+            a = _per_message(old, n)
+            b = _per_message(new, n)
+        olds.append(a)
+        news.append(b)
+    ratios = [b / a for a, b in zip(olds, news, strict=True)]
+    (om, o10, o90), (nm, n10, n90), (rm, r10, r90) = map(_quantiles, (olds, news, ratios))
+    return {
+        "message": name,
+        "old_us": {"median": om, "p10": o10, "p90": o90, "min": min(olds)},
+        "new_us": {"median": nm, "p10": n10, "p90": n90, "min": min(news)},
+        "ratio": {"median": rm, "p10": r10, "p90": r90},
+        "rounds": rounds,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=200)
+    ap.add_argument("--quick", action="store_true")
+    args = ap.parse_args()
+    rounds = 10 if args.quick else args.rounds
+
+    def daemon(frame: bytes) -> object:
+        return P.decode(frame, P.AGENT_INBOUND)
+
+    def client(frame: bytes) -> object:
+        return P.decode(frame, P.CLIENT_INBOUND)
+
+    for new, frame in ((daemon, HB), (client, ARM), (daemon, ARMED)):
+        assert not _refuses(old_decode, frame) and not _refuses(new, frame)
+    for t, frame in _bad_frames():
+        new = daemon if t == "hb" else client
+        assert _refuses(old_decode, frame) and _refuses(new, frame), (t, msgpack.unpackb(frame))
+
+    rows = [
+        compare("hb with ledger (daemon)", lambda: old_decode(HB), lambda: daemon(HB), rounds),
+        compare("arm (client)", lambda: old_decode(ARM), lambda: client(ARM), rounds),
+        compare(
+            "armed, not typed (daemon)", lambda: old_decode(ARMED), lambda: daemon(ARMED), rounds
+        ),
+    ]
+
+    def spread(x: dict[str, float], fmt: str) -> str:
+        return f"{x['median']:{fmt}} (p10..p90 {x['p10']:{fmt}}..{x['p90']:{fmt}})"
+
+    for r in rows:
+        print(
+            f"{r['message']:24} old {spread(r['old_us'], '.2f')} µs,"
+            f" new {spread(r['new_us'], '.2f')} µs, new/old {spread(r['ratio'], '.3f')}"
+        )
+
+
+if __name__ == "__main__":
+    main()

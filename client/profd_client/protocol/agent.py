@@ -1,0 +1,374 @@
+"""The agent messages: what a training process and its node's daemon say on ``agent.sock``.
+
+Client to daemon: ``hello``, ``hb``, ``armed``, ``progress``, ``captured``, ``bye``,
+``stacks_result``; daemon to client: ``welcome``, ``hb``, ``arm``, ``disarm``, ``ack``,
+``error``, ``dump_stacks``. One definition per type, in :data:`SCHEMAS`, checks a message
+both when it is sent and when it is received. :func:`encode` writes a message in the current
+version's shape and lets :mod:`.adapter` turn it into the peer's version.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Literal
+
+import msgspec
+from msgspec import UNSET, Meta, UnsetType
+
+from . import adapter
+from .envelope import MAX_ERROR_TEXT, VERSION, Inbound, encode_with
+from .envelope import bad as _bad
+from .schema import (
+    MAX_CYCLE_STEPS,
+    MAX_CYCLES,
+    MAX_FILES,
+    MAX_NAME,
+    MAX_PATH,
+    MAX_PID,
+    MAX_RANK,
+    MAX_RATE,
+    MAX_REVISION,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_TEXT,
+    Bool,
+    Cycles,
+    Field,
+    Int,
+    ListOf,
+    Nullable,
+    Num,
+    Str,
+    Struct,
+)
+from .typed import Message, Typed, Version
+from .vocabulary import (
+    ACK,
+    ARM,
+    ARMED,
+    BYE,
+    CAPTURED,
+    DISARM,
+    ERROR,
+    HEARTBEAT,
+    HELLO,
+    HOST,
+    IDENTITY_SOURCE,
+    MSG_ID,
+    NAME,
+    PATH,
+    PID,
+    PROGRESS,
+    RANK,
+    REPORT_STATES,
+    REVISION,
+    SECONDS,
+    SESSION_ID,
+    SHORT,
+    STACKS_REQUEST,
+    STACKS_RESULT,
+    STEP,
+    TID,
+    WELCOME,
+)
+
+FILE_ENTRY: Final = Struct({"kind": (Str(32, 1), True), "path": (PATH, True)}, open=True)
+
+# --- the step ledger (protocol 3) ----------------------------------------------------------------
+#: Upper bounds (seconds) of the step-time histogram buckets a client counts its steps into,
+#: the same as ``profd_step_duration_seconds``' buckets: 1 ms to 10 min. A ledger's ``b``
+#: holds one count per bound plus one for the steps above the last (Prometheus' ``+Inf``).
+STEP_BUCKETS: Final = (
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0,
+)  # fmt: skip
+#: Regions a ledger names at most; a process with more sends the ones with most time.
+MAX_LEDGER_REGIONS: Final = 32
+#: The client's ring of step-end times: the steps a ledger's statistics are computed over
+#: when more than this many steps ended between two heartbeats (``n`` counts them all).
+LEDGER_RING: Final = 4096
+
+
+@dataclass(frozen=True)
+class RegionTimes(Field):
+    """A ledger's ``r``: ``[[name, seconds, entries], ...]``, time spent inside each
+    ``region(name)`` since the last heartbeat."""
+
+    def check(self, value: object, where: str) -> Any:
+        if type(value) is not list or len(value) > MAX_LEDGER_REGIONS:
+            raise _bad(where, f"must be a list of at most {MAX_LEDGER_REGIONS} regions")
+        for i, item in enumerate(value):
+            if (
+                type(item) is not list
+                or len(item) != 3
+                or type(item[0]) is not str
+                or not 1 <= len(item[0]) <= MAX_NAME
+                or type(item[1]) not in (int, float)
+                or not 0.0 <= item[1] <= MAX_SECONDS  # also refuses NaN
+                or type(item[2]) is not int
+                or not 0 <= item[2] <= MAX_STEP
+            ):
+                raise _bad(f"{where}[{i}]", "must be [name, seconds, entries]")
+        return value
+
+    def describe(self) -> str:
+        return "list of [name, seconds, entries]"
+
+
+#: ``hb``'s ``ledger``: the steps that ended since the previous heartbeat. ``n`` steps, the
+#: last of them step ``at``, taking ``sum`` seconds in all; ``q`` = [p50, p90, p99, max]
+#: seconds and ``b`` the histogram counts (see :data:`STEP_BUCKETS`) over those steps, or
+#: over the last :data:`LEDGER_RING` of them when more ended. ``epoch`` changes when the
+#: process set its step count (``step(n)``): steps across that jump are not timed.
+LEDGER: Final = Struct(
+    {
+        "at": (Int(0, MAX_STEP), True),
+        "n": (Int(0, MAX_STEP), True),
+        "sum": (Num(0.0, MAX_SECONDS), True),
+        "q": (ListOf(Num(0.0, MAX_SECONDS), 4, 4), True),
+        "b": (ListOf(Int(0, MAX_STEP), len(STEP_BUCKETS) + 1, len(STEP_BUCKETS) + 1), True),
+        "r": (RegionTimes(), False),
+        "epoch": (Int(0, 1 << 31), False),
+    },
+    open=True,
+)
+
+
+# --- typed messages (msgspec): decoded and validated from msgpack in one pass -------------------
+# Same bounds as the field types above; ``bench/bench_protocol.py`` measured each against its
+# hand-written schema (docs/benchmarks.md, "Typed messages").
+_Step = Annotated[int, Meta(ge=0, le=MAX_STEP)]
+_Seconds = Annotated[float, Meta(ge=0.0, le=MAX_SECONDS)]
+#: The name rule (``schema._SAFE_NAME``), anchored: msgspec searches.
+_NAME_RE: Final = r"^[A-Za-z0-9_+=@:-][A-Za-z0-9._+=@:-]*$"
+_BUCKETS: Final = len(STEP_BUCKETS) + 1
+_Region = tuple[
+    Annotated[str, Meta(min_length=1, max_length=MAX_NAME)],
+    _Seconds,
+    _Step,
+]
+
+
+class Ledger(msgspec.Struct, forbid_unknown_fields=False):
+    """``hb``'s ``ledger`` (see :data:`LEDGER`, its shape for a sender)."""
+
+    at: _Step
+    n: _Step
+    sum: _Seconds
+    q: Annotated[list[_Seconds], Meta(min_length=4, max_length=4)]
+    b: Annotated[list[_Step], Meta(min_length=_BUCKETS, max_length=_BUCKETS)]
+    r: Annotated[list[_Region], Meta(max_length=MAX_LEDGER_REGIONS)] = msgspec.field(
+        default_factory=list
+    )
+    epoch: Annotated[int, Meta(ge=0, le=1 << 31)] = 0
+
+
+class Heartbeat(Message, tag=HEARTBEAT):
+    """Client -> daemon: alive, at ``step``; daemon -> client: the answer (no fields)."""
+
+    v: Annotated[int, Version]
+    step: _Step | UnsetType = UNSET
+    sps: Annotated[float, Meta(ge=0.0, le=MAX_RATE)] | UnsetType = UNSET
+    state: Annotated[str, Meta(max_length=64)] | UnsetType = UNSET
+    # v3: the steps since the last heartbeat; a client sends it only to a daemon that speaks
+    # version 3 (``adapter`` drops it for an older one).
+    ledger: Ledger | UnsetType = UNSET
+    training_tid: Annotated[int, Meta(ge=0, le=MAX_PID)] | UnsetType | None = UNSET  # as in hello
+
+
+class Options(msgspec.Struct, forbid_unknown_fields=True):
+    """An ``arm``'s ``options``: closed, since a misspelt option silently ignored would
+    capture something else than asked."""
+
+    activities: (
+        Annotated[list[Literal["cpu", "cuda"]], Meta(min_length=1, max_length=2)] | UnsetType
+    ) = UNSET
+    record_shapes: bool | UnsetType = UNSET
+    profile_memory: bool | UnsetType = UNSET
+    with_stack: bool | UnsetType = UNSET
+    with_flops: bool | UnsetType = UNSET
+    with_modules: bool | UnsetType = UNSET
+    memory_snapshot: bool | UnsetType = UNSET
+
+
+_CYCLES: Final = Cycles()
+
+
+class Arm(Message, tag=ARM):
+    """Daemon -> client: capture ``cycles`` (``[warmup_start, start, stop]``, absolute steps)."""
+
+    v: Annotated[int, Version]
+    session: Annotated[str, Meta(pattern=_NAME_RE, min_length=1, max_length=MAX_NAME)]
+    job: Annotated[str, Meta(pattern=_NAME_RE, max_length=MAX_NAME)]
+    backend: Literal["torch", "nsys"]
+    cycles: Annotated[
+        list[Annotated[list[_Step], Meta(min_length=3, max_length=3)]],
+        Meta(min_length=1, max_length=MAX_CYCLES),
+    ]
+    options: Options
+    incoming: Annotated[str, Meta(min_length=1, max_length=MAX_PATH)]
+    region: Annotated[str, Meta(min_length=1, max_length=MAX_NAME)] | None = None
+    # The revision of ``cycles``: bumped each time the daemon moves a --next session's steps
+    # (a rank got the first ones too late); a client replaces a session it holds only with a
+    # higher revision. The wire keeps the name ``plan`` (docs/protocol.md).
+    plan: Annotated[int, Meta(ge=0, le=MAX_REVISION)] = 0
+
+    def __post_init__(self) -> None:
+        _CYCLES.check(self.cycles, "arm.cycles")  # ordered, each span bounded
+
+
+def _msg(open_: bool = True, **fields: tuple[Field, bool]) -> Struct:
+    # Top-level messages are open: a newer peer may add fields an older one ignores.
+    return Struct(fields, open=open_)
+
+
+_R, _O = True, False  # required, optional
+
+# The stack schemas ``stacks_result`` is made of. A process sends its own stacks innermost
+# frames first, so what is cut is the outermost (an agent frame is at most
+# ``MAX_FRAME_BYTES``).
+AGENT_MAX_FRAMES: Final = 128
+AGENT_MAX_THREADS: Final = 64
+STACK_FRAME: Final = _msg(
+    function=(Str(MAX_TEXT), _R),
+    file=(Str(MAX_PATH), _R),
+    line=(Int(0, 1 << 31), _R),
+    native=(Bool(), _O),  # a C/C++ frame (py-spy --native): not part of a group's key
+)
+#: A flight recorder's summary (``profd_client.flight``): what a rank's last collectives were.
+FLIGHT_MAX_PGS: Final = 64
+FLIGHT_MAX_ENTRIES: Final = 256
+FLIGHT_SEQ: Final = Int(-1, MAX_STEP)  # -1: none yet
+FLIGHT_PG: Final = _msg(
+    pg=(Str(MAX_NAME), _R),
+    desc=(Str(MAX_NAME), _R),
+    enqueued=(FLIGHT_SEQ, _R),
+    started=(FLIGHT_SEQ, _R),
+    completed=(FLIGHT_SEQ, _R),
+)
+FLIGHT_ENTRY: Final = _msg(
+    pg=(Str(MAX_NAME), _R),
+    seq=(FLIGHT_SEQ, _R),
+    p2p=(Bool(), _R),
+    op=(Str(MAX_NAME), _R),
+    state=(Str(16), _R),
+    sizes=(ListOf(ListOf(FLIGHT_SEQ, 8), 4), _R),
+)
+FLIGHT: Final = _msg(
+    version=(Str(32), _R),
+    pgs=(ListOf(FLIGHT_PG, FLIGHT_MAX_PGS), _R),
+    entries=(ListOf(FLIGHT_ENTRY, FLIGHT_MAX_ENTRIES), _R),
+)
+#: A process's own threads (``stacks_result``), bounded to fit one agent frame.
+AGENT_STACK_THREAD: Final = _msg(
+    name=(Str(MAX_NAME), _R),
+    tid=(TID, _R),
+    frames=(ListOf(STACK_FRAME, AGENT_MAX_FRAMES), _R),
+)
+
+#: Both directions, both sockets.
+ERROR_SCHEMA: Final = _msg(code=(SHORT, _R), msg=(Str(MAX_ERROR_TEXT), _R))
+
+SCHEMAS: Final[dict[str, Struct | Typed]] = {
+    HELLO: _msg(
+        pid=(PID, _R),
+        host=(HOST, _R),
+        job=(NAME, _R),
+        role=(NAME, _R),
+        rank=(RANK, _R),
+        local_rank=(RANK, _R),
+        world_size=(Int(1, MAX_RANK + 1), _R),
+        step=(STEP, _R),
+        step_mode=(Str(16), _R),
+        allowed=(Bool(), _R),
+        client_version=(SHORT, _R),
+        torch=(Nullable(SHORT), _O),
+        device=(Nullable(SHORT), _O),
+        # Sessions this process is still working on (armed), so a restarted daemon
+        # knows the target is alive and busy.
+        sessions=(ListOf(Str(MAX_NAME), MAX_CYCLES), _O),
+        # The Nsight Systems session the process runs under (``profctl run --nsys``), if any.
+        nsys_session=(Nullable(NAME), _O),
+        # attach() is blocked until the welcome (``attach(wait=...)``): step 1 has not begun,
+        # so ``[[auto]]`` rules may arm it; their ``arm`` is sent before the ``welcome``.
+        waiting=(Bool(), _O),
+        # Where each identity field came from, for ``profctl ps --sources``. A ``hello`` from
+        # a registered process with another job, role, rank or world size re-registers it.
+        identity_source=(IDENTITY_SOURCE, _O),
+        # The native id (``threading.get_native_id()``) of the thread that counts steps,
+        # so ``stacks`` marks it; a heartbeat sends it again when the first step shows
+        # another thread counts.
+        training_tid=(Nullable(TID), _O),
+        # Its flight recorder is on (``TORCH_FR_BUFFER_SIZE``): ``dump_stacks`` may ask for it.
+        flight=(Bool(), _O),
+    ),
+    HEARTBEAT: Typed(Heartbeat),
+    # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).
+    ARMED: _msg(session=(SESSION_ID, _R), cycles=(Cycles(), _R), plan=(REVISION, _O)),
+    PROGRESS: _msg(
+        id=(MSG_ID, _R),
+        session=(SESSION_ID, _R),
+        state=(Str(16, choices=REPORT_STATES), _R),
+        step=(STEP, _R),
+        error=(Nullable(Str(MAX_ERROR_TEXT)), _O),
+        plan=(REVISION, _O),
+    ),
+    CAPTURED: _msg(
+        id=(MSG_ID, _R),
+        session=(SESSION_ID, _R),
+        job=(NAME, _R),
+        cycle=(Int(0, 1 << 31), _R),
+        steps=(ListOf(STEP, MAX_CYCLE_STEPS), _R),
+        files=(ListOf(FILE_ENTRY, MAX_FILES), _R),
+        started_at=(SECONDS, _R),
+        ended_at=(SECONDS, _R),
+        stall_ms=(SECONDS, _R),
+        error=(Nullable(Str(MAX_ERROR_TEXT)), _O),
+        region=(Nullable(Str(MAX_NAME)), _O),
+        torch=(Nullable(SHORT), _O),
+        device=(Nullable(SHORT), _O),
+        notes=(ListOf(Str(MAX_TEXT), 64), _O),
+        plan=(REVISION, _O),
+    ),
+    BYE: _msg(),
+    WELCOME: _msg(
+        spool=(PATH, _R),
+        hb_interval=(Num(0.01, 3600.0), _R),
+        daemon=(SHORT, _R),
+        # v2: the daemon's supported protocol versions, [oldest, newest].
+        protocol=(ListOf(Int(0, 1 << 16), 2, 2), _O),
+    ),
+    ARM: Typed(Arm),
+    DISARM: _msg(session=(SESSION_ID, _R), keep=(Bool(), _R)),
+    ACK: _msg(id=(MSG_ID, _R)),
+    ERROR: ERROR_SCHEMA,
+    STACKS_REQUEST: _msg(id=(MSG_ID, _R), stacks=(Bool(), _O), flight=(Bool(), _O)),
+    STACKS_RESULT: _msg(
+        id=(MSG_ID, _R),
+        threads=(ListOf(AGENT_STACK_THREAD, AGENT_MAX_THREADS), _R),
+        flight=(FLIGHT, _O),
+        flight_error=(Str(MAX_TEXT), _O),
+    ),
+}
+
+#: Which types each end of agent.sock accepts, with their schemas: a daemon takes only what
+#: a process reports about itself, a client only what its daemon says.
+AGENT_INBOUND: Final[Inbound] = Inbound(
+    {t: SCHEMAS[t] for t in (HELLO, HEARTBEAT, ARMED, PROGRESS, CAPTURED, BYE, STACKS_RESULT)}
+)
+CLIENT_INBOUND: Final[Inbound] = Inbound(
+    {t: SCHEMAS[t] for t in (WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR, STACKS_REQUEST)}
+)
+
+
+def encode(t: str, *, v: int = VERSION, peer: adapter.Peer | None = None, **fields: Any) -> bytes:
+    """Pack one agent message of type ``t`` for a peer speaking version ``v``.
+
+    ``fields`` are in the current version's shape; :func:`.adapter.downgrade` makes them the
+    shape version ``v`` has (``peer``: the process the message is for, which a version-1
+    ``arm`` names its directory after). The result is validated: a message this side would
+    refuse to receive is a bug here, and must not leave (``ProtocolError``).
+    """
+    if v != VERSION:
+        fields = adapter.downgrade(t, fields, v, peer)
+    return encode_with(SCHEMAS, t, v, fields)

@@ -1,0 +1,104 @@
+"""The vocabulary both sides share: message type names, option and state names, and the
+field types messages are built from."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from .envelope import ERROR as ERROR  # both directions, both sockets
+from .schema import (
+    MAX_HOST,
+    MAX_ID,
+    MAX_NAME,
+    MAX_PATH,
+    MAX_PID,
+    MAX_RANK,
+    MAX_REVISION,
+    MAX_SECONDS,
+    MAX_STEP,
+    MAX_TEXT,
+    Bool,
+    Int,
+    ListOf,
+    Num,
+    Str,
+    Struct,
+)
+
+# --- message types ------------------------------------------------------------------------------
+# Client -> daemon, on agent.sock.
+HELLO: Final = "hello"
+HEARTBEAT: Final = "hb"
+ARMED: Final = "armed"
+PROGRESS: Final = "progress"
+CAPTURED: Final = "captured"
+BYE: Final = "bye"
+STACKS_RESULT: Final = "stacks_result"  # the answer to ``stacks``: this process's threads
+# Daemon -> client, on agent.sock.
+WELCOME: Final = "welcome"
+ARM: Final = "arm"
+DISARM: Final = "disarm"
+ACK: Final = "ack"
+#: Daemon -> client: send every thread's stack (when the daemon may not trace the process);
+#: not named ``stacks``, which is the control request.
+STACKS_REQUEST: Final = "dump_stacks"
+
+# --- names -------------------------------------------------------------------------------------
+ACTIVITIES: Final = frozenset({"cpu", "cuda"})
+BOOL_OPTIONS: Final = frozenset(
+    {
+        "record_shapes",
+        "profile_memory",
+        "with_stack",
+        "with_flops",
+        "with_modules",
+        "memory_snapshot",
+    }
+)
+BACKENDS: Final = frozenset({"torch", "nsys"})
+DEFAULT_BACKEND: Final = "torch"
+#: Set by ``profctl run --nsys`` for the launched job: the nsys session to drive.
+NSYS_SESSION_ENV: Final = "PROFD_NSYS_SESSION"
+
+#: Session states; a session ends in one of the terminal ones.
+SESSION_STATES: Final = frozenset(
+    {"pending", "armed", "capturing", "processing", "done", "partial", "failed", "cancelled"}
+)
+SESSION_TERMINAL: Final = frozenset({"done", "partial", "failed", "cancelled"})
+#: Per-target states (a target is one process in a session).
+TARGET_TERMINAL: Final = frozenset({"done", "failed", "cancelled"})
+#: What a client reports in ``progress``; the terminal ones end its part of a session.
+REPORT_STATES: Final = frozenset(
+    {"capturing", "done", "failed", "stopped", "cancelled", "missed", "late"}
+)
+REPORT_TERMINAL: Final = frozenset({"done", "failed", "stopped", "cancelled"})
+
+# Reusable field types.
+STEP: Final = Int(0, MAX_STEP)
+RANK: Final = Int(0, MAX_RANK)
+PID: Final = Int(1, MAX_PID)
+#: A native thread id (Linux: at most pid_max, like a pid).
+TID: Final = Int(0, MAX_PID)
+MSG_ID: Final = Int(0, MAX_ID)
+REVISION: Final = Int(0, MAX_REVISION)
+NAME: Final = Str(MAX_NAME, name=True)
+#: One bound for session ids wherever they appear: the name rule's (docs/protocol.md).
+SESSION_ID: Final = Str(MAX_NAME, min_len=1, name=True)
+HOST: Final = Str(MAX_HOST, min_len=1)
+PATH: Final = Str(MAX_PATH, min_len=1)
+TEXT: Final = Str(MAX_TEXT)
+SHORT: Final = Str(64)
+SECONDS: Final = Num(0.0, MAX_SECONDS)
+
+OPTIONS: Final = Struct(
+    {
+        "activities": (ListOf(Str(8, choices=ACTIVITIES), len(ACTIVITIES), 1), False),
+        **{k: (Bool(), False) for k in sorted(BOOL_OPTIONS)},
+    }
+)
+
+
+#: Where each identity field of a ``hello`` came from (``env:RANK``, ``torch.distributed``,
+#: ``ray``, ...); open, so a newer client may name more fields.
+IDENTITY_FIELDS: Final = ("job", "role", "rank", "local_rank", "world_size")
+IDENTITY_SOURCE: Final = Struct({k: (Str(64), False) for k in IDENTITY_FIELDS}, open=True)
