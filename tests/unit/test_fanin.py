@@ -79,9 +79,7 @@ def test_ranks_py_spy_cannot_read_are_asked_of_their_agent_and_flights_beside(
     reactor = Reactor()
     sent: list[tuple[bytes, dict[str, Any]]] = []
     agent = AgentStacks(
-        lambda ident, frame: sent.append(
-            (ident, P.decode(frame, frozenset({P.STACKS_REQUEST}), reply=True))
-        )
+        lambda ident, frame: sent.append((ident, P.decode(frame, P.CLIENT_INBOUND, reply=True)))
     )
     registry = Registry()
     clients = [_client(0), _client(1, flight=True), _client(2)]
