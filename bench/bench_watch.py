@@ -46,7 +46,7 @@ from profd.config import Config, WatchConfig
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.samples import SampleStragglers
-from profd.daemon.watch.detectors import Detectors
+from profd.daemon.watch.detector_runs import Detectors
 from profd.store.index import Database, SessionRepo
 from profd.watch.sampling import LABEL, sample_id
 from profd_client.protocol import STEP_BUCKETS

@@ -28,9 +28,9 @@ import zmq
 import zmq.auth
 
 from profd import control_schema as C
-from profd.daemon.clients.rankstacks import target
+from profd.daemon.clients.pyspy_reader import job_doc
 from profd.daemon.clients.registry import Client
-from profd.daemon.clients.stacks import job_doc
+from profd.daemon.clients.stack_sources import target
 from profd.watch.rankrow import ReadStatus, Source, threads_of
 from profd_client import protocol as P
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from profd.watch import sampling
-from profd.watch.detect import WatchRules
+from profd.watch.slowdown_rules import WatchRules
 from profd_client.locations import runtime_dir as resolve_runtime_dir
 from profd_client.locations import under_systemd
 from profd_client.protocol import MAX_CYCLE_STEPS, MAX_PIDS

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from profd.config import WatchConfig
 from profd.daemon.spool.spoolperms import SpoolPerms
-from profd.daemon.watch.incidents import Capture, Incidents, OwnerOf
+from profd.daemon.watch.incident_store import Capture, Incidents, OwnerOf
 from profd.daemon.watch.sinks import IncidentCounts, Sink, record_sinks
 from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
 

@@ -18,7 +18,7 @@ from profd.report.incident_compare import compare, comparison_from_index, compar
 from profd.report.model import build_report
 from profd.report.renderers import renderers
 from profd.store.index import Database, FileRepo, SessionRepo
-from profd.watch.incident import Incident, Suspect
+from profd.watch.incident_record import Incident, Suspect
 from profd.watch.sampling import LABEL
 
 

@@ -22,7 +22,7 @@ from daemonproc import free_port
 from harness import BIN, JOBS, Daemon, Job, wait_for
 from users import group_daemon
 
-from profd.daemon.clients.stacks import StackTarget, find_pyspy, read_one
+from profd.daemon.clients.pyspy_reader import StackTarget, find_pyspy, read_one
 from profd.watch import stackgroups
 from profd.watch.rankrow import ReadStatus
 

@@ -1,7 +1,7 @@
 """The daemon's event loop: wires the collaborators, binds the sockets, runs the poller.
 
 Everything that mutates the registry or a session runs on this thread. Workers (pipeline,
-sampler, uploaders, nsys commands) report back through the :class:`Reactor`. No handler
+process statistics, uploaders, nsys commands) report back through the :class:`Reactor`. No handler
 sees this object: each gets the collaborators it needs.
 """
 
@@ -27,13 +27,13 @@ from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
 from profd.daemon.captures.record import CaptureReport
-from profd.daemon.clients.agentstacks import AgentStacks
+from profd.daemon.clients.agent_dumps import AgentStacks
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.rankstacks import RankStacks
+from profd.daemon.clients.procstats import ProcStats
+from profd.daemon.clients.pyspy_reader import StackReader
 from profd.daemon.clients.registry import Registry
-from profd.daemon.clients.sampler import Sampler
-from profd.daemon.clients.stacks import StackReader
+from profd.daemon.clients.stack_sources import RankStacks
 from profd.daemon.control.handler import ControlHandler, DaemonFacts
 from profd.daemon.control.tcp import TcpControl
 from profd.daemon.metrics import MetricsServer
@@ -73,10 +73,10 @@ from profd.daemon.spool.incoming import Incoming
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.spool.storage import Storage
 from profd.daemon.watch.capture import IncidentCapture
-from profd.daemon.watch.detectors import Detectors
-from profd.daemon.watch.hangs import Hangs
-from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.detector_runs import Detectors
+from profd.daemon.watch.incident_store import Incidents
 from profd.daemon.watch.sinks import IncidentCounts, record_sinks
+from profd.daemon.watch.stall_watch import Hangs
 from profd.reactor import Reactor
 from profd.store import layout
 from profd.store.index import (
@@ -89,7 +89,7 @@ from profd.store.index import (
     TraceRepo,
     UploadQueueRepo,
 )
-from profd.watch.incident import Incident, Suspect
+from profd.watch.incident_record import Incident, Suspect
 from profd_client import protocol as P
 
 if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
@@ -428,13 +428,13 @@ class Daemon:
         self._install_signals()
         self._restore()
         liveness = self.liveness
-        sampler = Sampler(
+        procstats = ProcStats(
             self.cfg.sample_interval,
-            # The sampler thread reads a snapshot the loop publishes, never the registry.
+            # The process-statistics thread reads a snapshot the loop publishes, never the registry.
             pids=lambda: list(liveness.sample_pids),
             report=lambda samples: self.reactor.call_soon(liveness.on_samples, samples),
         )
-        sampler.start()
+        procstats.start()
         if self.uploads is not None:
             self.uploads.start()
         log.info(
@@ -452,7 +452,7 @@ class Daemon:
         try:
             self._loop()
         finally:
-            sampler.stop()
+            procstats.stop()
             self._shutdown()
 
     def _install_signals(self) -> None:

@@ -17,7 +17,7 @@ from profd.config import WatchConfig
 from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
-from profd.daemon.clients.agentstacks import AgentStacks
+from profd.daemon.clients.agent_dumps import AgentStacks
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
@@ -25,10 +25,10 @@ from profd.daemon.metrics import MetricsServer
 from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.samples import Samples, rules_of
 from profd.daemon.sessions.state import Sessions
-from profd.daemon.watch.detectors import Detectors
-from profd.daemon.watch.hangs import Hangs
-from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.detector_runs import Detectors
+from profd.daemon.watch.incident_store import Incidents
 from profd.daemon.watch.sinks import IncidentCounts
+from profd.daemon.watch.stall_watch import Hangs
 from profd.scheduling.refusal import Refused
 from profd.states import LIVE
 from profd.store.index import UploadQueueRepo

@@ -23,7 +23,7 @@ from typing import Any
 from profd.report.diff import diff_reports, diff_text
 from profd.report.model import build_report
 from profd.store.index import SessionRepo
-from profd.watch.incident import Incident
+from profd.watch.incident_record import Incident
 from profd.watch.sampling import LABEL as SAMPLE_LABEL
 
 Who = tuple[str, str, int]

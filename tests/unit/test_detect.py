@@ -1,4 +1,4 @@
-"""The detectors' rules (profd.watch.detect) on synthetic step times, 2 to 8,192 ranks.
+"""The detectors' rules (profd.watch.slowdown_rules) on synthetic step times, 2 to 8,192 ranks.
 
 Every false-alarm figure here is measured on steady jobs with ±10 % uniform step jitter (the
 docs/design.md target: no incident over 10,000 steps), every detection on a change of exactly the
@@ -13,7 +13,7 @@ from statistics import median
 
 import pytest
 
-from profd.watch.detect import (
+from profd.watch.slowdown_rules import (
     MIN_STEPS,
     RegressionRule,
     SlowRankRule,

@@ -1,4 +1,4 @@
-"""The detectors on the loop (profd.daemon.watch.detectors) fed by a real step ledger from
+"""The detectors on the loop (profd.daemon.watch.detector_runs) fed by a real step ledger from
 synthetic heartbeats, one a second per rank, opening real incidents (SQLite, spool)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from test_ledger_daemon import Clock, client, ledger
 from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
-from profd.daemon.watch.detectors import Detectors
+from profd.daemon.watch.detector_runs import Detectors
 from profd.store.index import Database
 
 CFG = WatchConfig(window=20.0, baseline=60.0, hold=10.0, cooldown=600.0)

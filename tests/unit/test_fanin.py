@@ -1,5 +1,5 @@
 """One fan-in for every "act once the last answer is in" (profd.daemon.clients.fanin), and
-the stacks read through it (profd.daemon.clients.rankstacks) with no py-spy: every rank
+the stacks read through it (profd.daemon.clients.stack_sources) with no py-spy: every rank
 asked of its agent thread, one answering, one silent, one sending its flight recorder too,
 on a real Reactor, AgentStacks and Registry; the rows that come out keep the wire's shape."""
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import pytest
 
-from profd.daemon.clients.agentstacks import AgentStacks
+from profd.daemon.clients.agent_dumps import AgentStacks
 from profd.daemon.clients.fanin import FanIn
-from profd.daemon.clients.rankstacks import RankStacks
+from profd.daemon.clients.pyspy_reader import StackReader, job_doc
 from profd.daemon.clients.registry import Client, Registry
-from profd.daemon.clients.stacks import StackReader, job_doc
+from profd.daemon.clients.stack_sources import RankStacks
 from profd.reactor import Reactor
 from profd.watch.rankrow import RankRow, ReadStatus, Source
 from profd_client import protocol as P

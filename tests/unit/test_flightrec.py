@@ -10,7 +10,8 @@ from typing import Any
 
 import pytest
 
-from profd.watch import flightrec, hang
+from profd.watch import flightrec
+from profd.watch import hang_diagnosis as hang
 from profd_client import flight
 from profd_client import protocol as P
 

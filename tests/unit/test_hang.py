@@ -1,4 +1,4 @@
-"""The hang rule and diagnosis (profd.watch.hang) on synthetic data from 2 to 8,192 ranks:
+"""The hang rule and diagnosis (profd.watch.hang_diagnosis) on synthetic data from 2 to 8,192 ranks:
 the stall clock's false alarms on steady jittery jobs and its detection latency, the verdict
 of grouped stacks, and one job's hang merged across nodes."""
 
@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 from test_stackgroups import IN_ALLREDUCE, IN_CHECKPOINT, IN_LOAD, TORCH, fr, rank
 
-from profd.watch import hang
-from profd.watch.incident import seen_by
+from profd.watch import hang_diagnosis as hang
+from profd.watch.incident_record import seen_by
 
 
 def test_stall_after_is_the_config_else_the_larger_of_60s_and_20_steps() -> None:

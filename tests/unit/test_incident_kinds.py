@@ -11,9 +11,9 @@ import click
 import profd.watch.kinds
 from profd.ctl.commands.incidents import incidents as incidents_command
 from profd.daemon import metrics
-from profd.daemon.watch.incidents import describe
+from profd.daemon.watch.incident_store import describe
 from profd.daemon.watch.sinks import IncidentCounts
-from profd.watch.incident import Incident, Suspect
+from profd.watch.incident_record import Incident, Suspect
 from profd.watch.kinds import registry as kinds
 
 

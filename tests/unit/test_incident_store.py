@@ -1,4 +1,4 @@
-"""Incidents (profd.daemon.watch.incidents) on a real SQLite index and a real spool: dedup,
+"""Incidents (profd.daemon.watch.incident_store) on a real SQLite index and a real spool: dedup,
 resolution after the hold, the cooldown of a flapping job, and a restart that keeps them and
 fires nothing again. The capture is what the loop passes in (its Starter);
 here a recorder stands in for it."""
@@ -15,12 +15,12 @@ from incidentstore import incidents_on
 from profd import control_schema as C
 from profd.config import WatchConfig
 from profd.daemon.spool.spoolperms import SpoolPerms
-from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.incident_store import Incidents
 from profd.daemon.watch.sinks import IncidentCounts, record_sinks
 from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import Database, FileRepo, IncidentRepo, SessionRepo
-from profd.watch.incident import OPEN, RESOLVED, Incident, Suspect, seen_by
+from profd.watch.incident_record import OPEN, RESOLVED, Incident, Suspect, seen_by
 from profd_client import protocol as P
 
 CFG = WatchConfig(window=6.0, baseline=12.0, hold=3.0, cooldown=60.0)

@@ -13,7 +13,7 @@ from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, ago, emit_json, line_block, opt, say, table
 from profd.report.incident_compare import comparison_text
-from profd.watch import hang
+from profd.watch import hang_diagnosis as hang
 from profd.watch.kinds import registry as kinds
 
 

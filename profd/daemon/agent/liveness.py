@@ -8,8 +8,8 @@ from collections.abc import Iterable
 
 import psutil
 
+from profd.daemon.clients.procstats import Sample
 from profd.daemon.clients.registry import Client, Registry
-from profd.daemon.clients.sampler import Sample
 from profd.daemon.sessions.arming import Arms
 from profd.daemon.sessions.state import Sessions
 

@@ -14,15 +14,15 @@ from typing import Any
 
 from profd import control_schema as C
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.rankstacks import RankStacks
 from profd.daemon.clients.registry import Registry
+from profd.daemon.clients.stack_sources import RankStacks
 from profd.daemon.control import servable
 from profd.daemon.control.requests import HANDLERS
 from profd.daemon.control.requests.context import Context, DaemonFacts, Later
 from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.starts import Starter
 from profd.daemon.sessions.state import Sessions
-from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.incident_store import Incidents
 from profd.scheduling.refusal import Refused
 from profd.store.index import (
     FileRepo,

@@ -37,7 +37,7 @@ from profd.report.model import Report, build_report
 from profd.scheduling.refusal import Refused
 from profd.store.index import FileRepo, SessionRepo
 from profd.watch import sampling
-from profd.watch.incident import Incident, Suspect
+from profd.watch.incident_record import Incident, Suspect
 from profd.watch.sampling import LABEL, SampleRules
 
 log = logging.getLogger("profd.samples")

@@ -17,9 +17,9 @@ from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.starts import Starter, StartRequest
-from profd.daemon.watch.incidents import LABEL
+from profd.daemon.watch.incident_store import LABEL
 from profd.scheduling.refusal import Refused
-from profd.watch.incident import Incident
+from profd.watch.incident_record import Incident
 from profd.watch.kinds import registry as kinds
 
 #: Steps an incident's capture records.

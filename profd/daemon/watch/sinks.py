@@ -1,5 +1,5 @@
 """Where an incident goes each time it changes (docs/design.md "Incidents"): each a
-:class:`Sink`, passed to :class:`~profd.daemon.watch.incidents.Incidents` in the order they
+:class:`Sink`, passed to :class:`~profd.daemon.watch.incident_store.Incidents` in the order they
 run. A sink that raises stops the ones after it, and the incident is saved again at the next
 tick (``new`` False then): the record first, its upload only once it is written.
 
@@ -21,7 +21,7 @@ from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.fsutil import atomic_path
 from profd.store import layout
 from profd.store.index import FileRepo, IncidentRepo
-from profd.watch.incident import Incident, has_stacks
+from profd.watch.incident_record import Incident, has_stacks
 from profd.watch.kinds import registry as kinds
 
 

@@ -41,7 +41,7 @@ CREATE INDEX IF NOT EXISTS step_minutes_minute ON step_minutes(minute);
 
 #: Schema 7: what the detectors noticed.
 INCIDENTS = """
--- What the detectors noticed (profd.watch.incident.Incident); the record itself as json.
+-- What the detectors noticed (profd.watch.incident_record.Incident); the record itself as json.
 CREATE TABLE IF NOT EXISTS incidents (
     id TEXT PRIMARY KEY,
     kind TEXT NOT NULL,

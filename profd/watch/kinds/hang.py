@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from profd.watch.incident import Incident
+from profd.watch.incident_record import Incident
 from profd.watch.kinds.kind import Kind, baseline_grace
 
 

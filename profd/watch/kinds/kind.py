@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from profd.config import WatchConfig
-from profd.watch.incident import Incident
+from profd.watch.incident_record import Incident
 
 
 @dataclass(frozen=True)

@@ -9,12 +9,12 @@ from pathlib import Path
 from typing import Any
 
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.rankstacks import RankStacks
 from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.stack_sources import RankStacks
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.starts import Starter
 from profd.daemon.sessions.state import Sessions
-from profd.daemon.watch.incidents import Incidents
+from profd.daemon.watch.incident_store import Incidents
 from profd.store.index import (
     FileRepo,
     SessionRepo,

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from typing import Any
 
 from profd import control_schema as C
-from profd.daemon.clients.rankstacks import Rows
+from profd.daemon.clients.pyspy_reader import job_doc
 from profd.daemon.clients.registry import Client
-from profd.daemon.clients.stacks import job_doc
+from profd.daemon.clients.stack_sources import Rows
 from profd.daemon.control.requests.context import Context, Handler, Later, by_identity
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused

@@ -10,7 +10,7 @@ from profd import control_schema as C
 from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
-from profd.watch.incident import seen_by
+from profd.watch.incident_record import seen_by
 
 #: What ``history`` covers when the request gives no ``since``: the last hour.
 HISTORY_DEFAULT_S = 3600.0

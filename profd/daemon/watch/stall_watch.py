@@ -19,11 +19,11 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from profd.daemon.clients.rankstacks import RankStacks, Rows
 from profd.daemon.clients.registry import Client, Registry
-from profd.daemon.watch.incidents import Incidents
-from profd.watch import hang
-from profd.watch.incident import Suspect
+from profd.daemon.clients.stack_sources import RankStacks, Rows
+from profd.daemon.watch.incident_store import Incidents
+from profd.watch import hang_diagnosis as hang
+from profd.watch.incident_record import Suspect
 
 log = logging.getLogger("profd.watch")
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from profd.daemon.clients.agentstacks import AgentStacks
+from profd.daemon.clients.agent_dumps import AgentStacks
 from profd.daemon.clients.fanin import FanIn
+from profd.daemon.clients.pyspy_reader import StackReader, StackTarget
 from profd.daemon.clients.registry import Client, Registry
-from profd.daemon.clients.stacks import StackReader, StackTarget
 from profd.watch import stackgroups
 from profd.watch.rankrow import RankRow, ReadStatus, threads_of
 

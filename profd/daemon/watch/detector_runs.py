@@ -22,9 +22,9 @@ from statistics import median
 
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
-from profd.daemon.watch.incidents import Incidents
-from profd.watch.detect import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
-from profd.watch.incident import Suspect
+from profd.daemon.watch.incident_store import Incidents
+from profd.watch.incident_record import Suspect
+from profd.watch.slowdown_rules import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
 
 #: A rank's key in the registry and the ledgers, and its ledger's epoch (None: no ledger).
 _Members = dict[tuple[str, int], "int | None"]

@@ -30,7 +30,7 @@ from profd.daemon.watch.sinks import Sink
 from profd.report.incident_compare import comparison_from_index
 from profd.scheduling.refusal import Refused
 from profd.store.index import IncidentRepo, SessionRepo
-from profd.watch.incident import OPEN, Incident, Suspect, figures, new_id
+from profd.watch.incident_record import OPEN, Incident, Suspect, figures, new_id
 from profd.watch.kinds import registry as kinds
 from profd.watch.kinds.kind import plain_text, rule_grace
 

@@ -64,14 +64,14 @@ class _Nvml:
         return mem, util
 
 
-class Sampler(threading.Thread):
+class ProcStats(threading.Thread):
     def __init__(
         self,
         interval: float,
         pids: Callable[[], list[int]],
         report: Callable[[list[Sample]], None],
     ) -> None:
-        super().__init__(name="profd-sampler", daemon=True)
+        super().__init__(name="profd-procstats", daemon=True)
         self.interval = interval
         self.pids = pids
         self.report = report

@@ -16,7 +16,7 @@ from typing import Any
 
 from profd.watch import flightrec
 from profd.watch import stackgroups as sg
-from profd.watch.incident import WITHHELD
+from profd.watch.incident_record import WITHHELD
 
 #: The least ``stall_after`` may be by default, and how many of the job's typical steps it
 #: waits (docs/design.md: "the larger of 60 s and 20 x the job's median step time").
