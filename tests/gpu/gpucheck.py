@@ -547,7 +547,10 @@ checks and showed four more problems; each is fixed, and the run above checks th
   ships `manylinux1`). Fixed: every manylinux tag up to 2_28 is asked for.
 - **The run took 417 s**, 305 of them waiting on nsys. Fixed: each check is time-boxed (nsys
   90 s) and prints its line as it ends; the run takes under a minute once `.gpu-venv` exists
-  (2.5 min with its set-up)."""
+  (2.5 min with its set-up).
+- **After the typed-messages change** (2026-11-26, H100, profd 1651f5d: the protocol a
+  package, `hb` and `arm` decoded by msgspec, the control schemas out of the client, the
+  daemon's loop and index split): 8 of 8 passed, the client's CUDA paths unchanged."""
 
 
 TWO_GPUS = """## Two GPUs (manual)
