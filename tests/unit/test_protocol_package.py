@@ -207,3 +207,13 @@ def test_a_bad_typed_field_is_named_in_one_line(fields: dict[str, object], why: 
         P.decode(msgpack.packb({**arm, **fields}), P.CLIENT_INBOUND)
     assert str(exc.value) == why and exc.value.code == P.ErrorCode.BAD_REQUEST
     assert exc.value.reply_v == 3
+
+
+@pytest.mark.parametrize("field", ["newer", "threads"])
+def test_a_frame_nested_too_deep_is_malformed_wherever_it_nests(field: str) -> None:
+    head = msgpack.packb({"v": 3, "t": P.STACKS_RESULT, "id": 1})
+    deep = b"\x91" * 200_000 + b"\xc0"  # [[[...]]], in a field read or one ignored
+    frame = b"\x84" + head[1:] + msgpack.packb(field) + deep
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode(frame, P.AGENT_INBOUND)
+    assert exc.value.code == P.ErrorCode.MALFORMED

@@ -208,8 +208,10 @@ def decode(frame: bytes, accept: Mapping[str, Schema], reply: bool = False) -> A
     if fast is not None and len(frame) <= MAX_FRAME_BYTES:
         try:
             return fast.decode(frame)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            pass  # read again below, which says why in the usual words
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            # Read again below, which says why in the usual words (a frame nested too deep,
+            # even in a field nobody reads, is ``malformed``, never an escaping exception).
+            pass
     raw: object = None
     try:
         raw = unpack(frame, reply)
