@@ -160,6 +160,8 @@ def test_every_agent_message_is_typed_and_read_by_one_decoder() -> None:
         (P.CAPTURED, {"files": [{"kind": "", "path": "/x"}]}, "captured.files[0].kind:"),
         (P.STACKS_RESULT, {"threads": [{"name": "m", "tid": 1, "frames": [{}]}]},
          "stacks_result.threads[0].frames[0]: missing field 'function'"),
+        (P.STACKS_RESULT, {"flight": {"version": "2.10"}}, "stacks_result.flight: missing field"),
+        (P.STACKS_RESULT, {"flight_error": 5}, "stacks_result.flight_error: Expected `str`"),
     ],
 )  # fmt: skip
 def test_a_bad_field_of_any_agent_message_is_named_in_one_line(

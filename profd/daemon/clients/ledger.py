@@ -361,9 +361,7 @@ class Ledgers:
         return len(self.by_key)
 
     # --- transitions ---------------------------------------------------------------------
-    def heartbeat(
-        self, c: Client, step: int | None, ledger: P.Ledger | None, now: float
-    ) -> None:
+    def heartbeat(self, c: Client, step: int | None, ledger: P.Ledger | None, now: float) -> None:
         """A heartbeat from ``c`` at monotonic ``now``: its step and, from protocol 3, its
         ledger (validated by the protocol: every number within its bounds)."""
         led = self._own(c, now)
@@ -386,9 +384,7 @@ class Ledgers:
             led.held = None
         self._apply(led, ledger, regions, now)
 
-    def _apply(
-        self, led: Ledger, ledger: P.Ledger, regions: dict[str, float], now: float
-    ) -> None:
+    def _apply(self, led: Ledger, ledger: P.Ledger, regions: dict[str, float], now: float) -> None:
         # A new epoch: the process set its step count (or began timing after its untimed
         # first step). The client times only the steps after the jump, so the ledger counts
         # as it is; the steps jumped over are not steps it ran.
