@@ -33,6 +33,32 @@ from profd_client import protocol as P
 
 # --- the hand-written schemas these messages had before they were typed ----------------------
 _R, _O = True, False
+
+
+class RegionTimes(P.Field):
+    """A ledger's ``r`` as it was checked by hand: ``[[name, seconds, entries], ...]``."""
+
+    def check(self, value: object, where: str) -> Any:
+        if type(value) is not list or len(value) > P.MAX_LEDGER_REGIONS:
+            raise P.bad(where, f"must be a list of at most {P.MAX_LEDGER_REGIONS} regions")
+        for i, item in enumerate(value):
+            if (
+                type(item) is not list
+                or len(item) != 3
+                or type(item[0]) is not str
+                or not 1 <= len(item[0]) <= P.MAX_NAME
+                or type(item[1]) not in (int, float)
+                or not 0.0 <= item[1] <= P.MAX_SECONDS  # also refuses NaN
+                or type(item[2]) is not int
+                or not 0 <= item[2] <= P.MAX_STEP
+            ):
+                raise P.bad(f"{where}[{i}]", "must be [name, seconds, entries]")
+        return value
+
+    def describe(self) -> str:
+        return "list of [name, seconds, entries]"
+
+
 OLD_LEDGER = P.Struct(
     {
         "at": (P.Int(0, P.MAX_STEP), _R),
@@ -40,7 +66,7 @@ OLD_LEDGER = P.Struct(
         "sum": (P.Num(0.0, P.MAX_SECONDS), _R),
         "q": (P.ListOf(P.Num(0.0, P.MAX_SECONDS), 4, 4), _R),
         "b": (P.ListOf(P.Int(0, P.MAX_STEP), len(P.STEP_BUCKETS) + 1, len(P.STEP_BUCKETS) + 1), _R),
-        "r": (P.RegionTimes(), _O),
+        "r": (RegionTimes(), _O),
         "epoch": (P.Int(0, 1 << 31), _O),
     },
     open=True,

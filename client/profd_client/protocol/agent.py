@@ -9,7 +9,6 @@ version's shape and lets :mod:`.adapter` turn it into the peer's version.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -17,7 +16,6 @@ from msgspec import UNSET, Meta, UnsetType
 
 from . import adapter
 from .envelope import MAX_ERROR_TEXT, VERSION, Inbound, encode_with
-from .envelope import bad as _bad
 from .schema import (
     MAX_CYCLE_STEPS,
     MAX_CYCLES,
@@ -38,7 +36,6 @@ from .schema import (
     Field,
     Int,
     ListOf,
-    Num,
     Str,
     Struct,
 )
@@ -78,51 +75,6 @@ MAX_LEDGER_REGIONS: Final = 32
 LEDGER_RING: Final = 4096
 
 
-@dataclass(frozen=True)
-class RegionTimes(Field):
-    """A ledger's ``r``: ``[[name, seconds, entries], ...]``, time spent inside each
-    ``region(name)`` since the last heartbeat."""
-
-    def check(self, value: object, where: str) -> Any:
-        if type(value) is not list or len(value) > MAX_LEDGER_REGIONS:
-            raise _bad(where, f"must be a list of at most {MAX_LEDGER_REGIONS} regions")
-        for i, item in enumerate(value):
-            if (
-                type(item) is not list
-                or len(item) != 3
-                or type(item[0]) is not str
-                or not 1 <= len(item[0]) <= MAX_NAME
-                or type(item[1]) not in (int, float)
-                or not 0.0 <= item[1] <= MAX_SECONDS  # also refuses NaN
-                or type(item[2]) is not int
-                or not 0 <= item[2] <= MAX_STEP
-            ):
-                raise _bad(f"{where}[{i}]", "must be [name, seconds, entries]")
-        return value
-
-    def describe(self) -> str:
-        return "list of [name, seconds, entries]"
-
-
-#: ``hb``'s ``ledger``: the steps that ended since the previous heartbeat. ``n`` steps, the
-#: last of them step ``at``, taking ``sum`` seconds in all; ``q`` = [p50, p90, p99, max]
-#: seconds and ``b`` the histogram counts (see :data:`STEP_BUCKETS`) over those steps, or
-#: over the last :data:`LEDGER_RING` of them when more ended. ``epoch`` changes when the
-#: process set its step count (``step(n)``): steps across that jump are not timed.
-LEDGER: Final = Struct(
-    {
-        "at": (Int(0, MAX_STEP), True),
-        "n": (Int(0, MAX_STEP), True),
-        "sum": (Num(0.0, MAX_SECONDS), True),
-        "q": (ListOf(Num(0.0, MAX_SECONDS), 4, 4), True),
-        "b": (ListOf(Int(0, MAX_STEP), len(STEP_BUCKETS) + 1, len(STEP_BUCKETS) + 1), True),
-        "r": (RegionTimes(), False),
-        "epoch": (Int(0, 1 << 31), False),
-    },
-    open=True,
-)
-
-
 # --- typed messages (msgspec): decoded and validated from msgpack in one pass -------------------
 # Same bounds as the field types above; ``bench/bench_protocol.py`` measured each against its
 # hand-written schema (docs/benchmarks.md, "Typed messages").
@@ -139,7 +91,12 @@ _Region = tuple[
 
 
 class Ledger(msgspec.Struct, forbid_unknown_fields=False):
-    """``hb``'s ``ledger`` (see :data:`LEDGER`, its shape for a sender)."""
+    """``hb``'s ``ledger``: the steps that ended since the previous heartbeat. ``n`` steps, the
+    last of them step ``at``, taking ``sum`` seconds in all; ``q`` = [p50, p90, p99, max]
+    seconds and ``b`` the histogram counts (see :data:`STEP_BUCKETS`) over those steps, or over
+    the last :data:`LEDGER_RING` of them when more ended; ``r``: ``[[name, seconds, entries],
+    ...]``, time spent inside each ``region(name)``. ``epoch`` changes when the process set its
+    step count (``step(n)``): steps across that jump are not timed."""
 
     at: _Step
     n: _Step
