@@ -1,15 +1,16 @@
 """Decode + validate cost of one agent message: hand-written schemas against typed msgspec
 definitions, paired.
 
-Two messages the daemon and the client decode most: a heartbeat with a step ledger (every
-rank, every second, on the daemon) and an ``arm`` (every armed rank, on the client). For
-each, the old path (``msgpack.unpackb`` with limits, then the
-hand-written ``Struct`` checks these messages had, kept here) and the typed path they have now
-(``profd_client.protocol.decode``: msgspec ``Struct``s with the same bounds, decoded and
-validated from msgpack in one pass) run in alternating short batches, so
-both see the same machine load; each batch's time per message is kept, and the result is
-the median of each side and of the per-pair ratio (new / old), with p10..p90. ``armed``
-(not typed) shows what the typed decoder's refusal costs the other types.
+A heartbeat with a step ledger (every rank, every second, on the daemon), an ``arm`` (every
+armed rank, on the client), a ``hello`` (every attach) and an ``armed`` (every armed rank, on
+the daemon). For each, the old path (``msgpack.unpackb`` with limits, then the hand-written
+``Struct`` checks these messages had, kept here) and the typed path they have now
+(``profd_client.protocol.decode``: one msgspec decoder over the tagged union of every type
+the receiver takes, with the same bounds, decoded and validated from msgpack in one pass) run
+in alternating short batches, so both see the same machine load; each batch's time per
+message is kept, and the result is the median of each side and of the per-pair ratio
+(new / old), with p10..p90. The last row weighs the one union decoder against a decoder per
+type picked from the frame's first bytes (``v`` then ``t`` as every sender here lays them out).
 
 Both sides must accept the frames measured and refuse the same bad ones (checked first), or
 the comparison is void. ``--quick``: a few rounds. Prints one line per message.
@@ -32,6 +33,32 @@ from profd_client import protocol as P
 
 # --- the hand-written schemas these messages had before they were typed ----------------------
 _R, _O = True, False
+
+
+class RegionTimes(P.Field):
+    """A ledger's ``r`` as it was checked by hand: ``[[name, seconds, entries], ...]``."""
+
+    def check(self, value: object, where: str) -> Any:
+        if type(value) is not list or len(value) > P.MAX_LEDGER_REGIONS:
+            raise P.bad(where, f"must be a list of at most {P.MAX_LEDGER_REGIONS} regions")
+        for i, item in enumerate(value):
+            if (
+                type(item) is not list
+                or len(item) != 3
+                or type(item[0]) is not str
+                or not 1 <= len(item[0]) <= P.MAX_NAME
+                or type(item[1]) not in (int, float)
+                or not 0.0 <= item[1] <= P.MAX_SECONDS  # also refuses NaN
+                or type(item[2]) is not int
+                or not 0 <= item[2] <= P.MAX_STEP
+            ):
+                raise P.bad(f"{where}[{i}]", "must be [name, seconds, entries]")
+        return value
+
+    def describe(self) -> str:
+        return "list of [name, seconds, entries]"
+
+
 OLD_LEDGER = P.Struct(
     {
         "at": (P.Int(0, P.MAX_STEP), _R),
@@ -39,7 +66,7 @@ OLD_LEDGER = P.Struct(
         "sum": (P.Num(0.0, P.MAX_SECONDS), _R),
         "q": (P.ListOf(P.Num(0.0, P.MAX_SECONDS), 4, 4), _R),
         "b": (P.ListOf(P.Int(0, P.MAX_STEP), len(P.STEP_BUCKETS) + 1, len(P.STEP_BUCKETS) + 1), _R),
-        "r": (P.RegionTimes(), _O),
+        "r": (RegionTimes(), _O),
         "epoch": (P.Int(0, 1 << 31), _O),
     },
     open=True,
@@ -68,8 +95,34 @@ OLD = {
         },
         open=True,
     ),
-    # Not typed: what the typed decoder's refusal adds to every other type's decode.
-    P.ARMED: P.AGENT_INBOUND[P.ARMED],
+    P.HELLO: P.Struct(
+        {
+            "pid": (P.PID, _R),
+            "host": (P.HOST, _R),
+            "job": (P.NAME, _R),
+            "role": (P.NAME, _R),
+            "rank": (P.RANK, _R),
+            "local_rank": (P.RANK, _R),
+            "world_size": (P.Int(1, P.MAX_RANK + 1), _R),
+            "step": (P.STEP, _R),
+            "step_mode": (P.Str(16), _R),
+            "allowed": (P.Bool(), _R),
+            "client_version": (P.SHORT, _R),
+            "torch": (P.Nullable(P.SHORT), _O),
+            "device": (P.Nullable(P.SHORT), _O),
+            "sessions": (P.ListOf(P.Str(P.MAX_NAME), P.MAX_CYCLES), _O),
+            "nsys_session": (P.Nullable(P.NAME), _O),
+            "waiting": (P.Bool(), _O),
+            "identity_source": (P.IDENTITY_SOURCE, _O),
+            "training_tid": (P.Nullable(P.TID), _O),
+            "flight": (P.Bool(), _O),
+        },
+        open=True,
+    ),
+    P.ARMED: P.Struct(
+        {"session": (P.SESSION_ID, _R), "cycles": (P.Cycles(), _R), "plan": (P.REVISION, _O)},
+        open=True,
+    ),
 }
 
 
@@ -103,11 +156,61 @@ ARM = P.encode(
 ARMED = P.encode(
     P.ARMED, session="s-20270101-120000-ab12", cycles=[[120_010, 120_012, 120_014]], plan=0
 )
+HELLO = P.encode(
+    P.HELLO,
+    pid=48213,
+    host="gpu-node-0417.cluster.example.com",
+    job="llama-70b-pretrain",
+    role="trainer",
+    rank=1234,
+    local_rank=2,
+    world_size=2048,
+    step=0,
+    step_mode="optimizer",
+    allowed=True,
+    client_version=P.RELEASE,
+    torch="2.13.0+cu128",
+    device="cuda:2",
+    sessions=[],
+    nsys_session=None,
+    waiting=True,
+    identity_source={
+        "job": "env:TORCHELASTIC_RUN_ID",
+        "role": "default",
+        "rank": "env:RANK",
+        "local_rank": "env:LOCAL_RANK",
+        "world_size": "env:WORLD_SIZE",
+    },
+    training_tid=48213,
+    flight=True,
+)
+
+
+class PerType:
+    """The alternative to one union decoder: a decoder per type, picked by the frame's first
+    bytes (``{v: <fixint>, t: <fixstr>`` as every sender here writes them), the union for any
+    frame laid out otherwise."""
+
+    def __init__(self, inbound: P.Inbound) -> None:
+        self.union = inbound.fast
+        self.by_prefix = {
+            b"\xa1t" + bytes([0xA0 | len(t)]) + t.encode(): msgspec.msgpack.Decoder(s.type)
+            for t, s in inbound.items()
+        }
+
+    def decode(self, frame: bytes) -> object:
+        if frame.startswith(b"\xa1v", 1) and frame.startswith(b"\xa1t", 4):
+            dec = self.by_prefix.get(frame[4 : 7 + (frame[6] & 0x1F)])
+            if dec is not None:
+                return dec.decode(frame)
+        return self.union.decode(frame)
 
 
 def _bad_frames() -> list[tuple[str, bytes]]:
     hb = msgpack.unpackb(HB)
     arm = msgpack.unpackb(ARM)
+    hello = msgpack.unpackb(HELLO)
+    armed = msgpack.unpackb(ARMED)
     bad: list[tuple[str, dict[str, Any]]] = [
         ("hb", {**hb, "step": -1}),
         ("hb", {**hb, "sps": float("nan")}),
@@ -121,6 +224,15 @@ def _bad_frames() -> list[tuple[str, bytes]]:
         ("arm", {**arm, "cycles": [[1, 2, 3], [2, 3, 4]]}),
         ("arm", {**arm, "options": {"record_shapes": 1}}),
         ("arm", {**arm, "options": {"recordshapes": True}}),
+        ("hello", {**hello, "rank": -1}),
+        ("hello", {**hello, "pid": 0}),
+        ("hello", {**hello, "job": "../etc"}),
+        ("hello", {**hello, "host": ""}),
+        ("hello", {**hello, "allowed": 1}),
+        ("hello", {**hello, "identity_source": {"rank": 5}}),
+        ("armed", {**armed, "cycles": [[3, 2, 1]]}),
+        ("armed", {**armed, "plan": 1001}),
+        ("armed", {**armed, "session": ""}),
     ]
     return [(t, msgpack.packb(m)) for t, m in bad]
 
@@ -187,17 +299,26 @@ def main() -> None:
     def client(frame: bytes) -> object:
         return P.decode(frame, P.CLIENT_INBOUND)
 
-    for new, frame in ((daemon, HB), (client, ARM), (daemon, ARMED)):
+    for new, frame in ((daemon, HB), (client, ARM), (daemon, HELLO), (daemon, ARMED)):
         assert not _refuses(old_decode, frame) and not _refuses(new, frame)
     for t, frame in _bad_frames():
-        new = daemon if t == "hb" else client
+        new = client if t == "arm" else daemon
         assert _refuses(old_decode, frame) and _refuses(new, frame), (t, msgpack.unpackb(frame))
+    per_type = PerType(P.AGENT_INBOUND)
+    frames = (HB, HELLO, ARMED)
+    for frame in frames:
+        assert per_type.decode(frame) == daemon(frame)
 
     rows = [
         compare("hb with ledger (daemon)", lambda: old_decode(HB), lambda: daemon(HB), rounds),
         compare("arm (client)", lambda: old_decode(ARM), lambda: client(ARM), rounds),
+        compare("hello (daemon)", lambda: old_decode(HELLO), lambda: daemon(HELLO), rounds),
+        compare("armed (daemon)", lambda: old_decode(ARMED), lambda: daemon(ARMED), rounds),
         compare(
-            "armed, not typed (daemon)", lambda: old_decode(ARMED), lambda: daemon(ARMED), rounds
+            "per-type vs union, hb+hello+armed",
+            lambda: [per_type.decode(f) for f in frames],
+            lambda: [daemon(f) for f in frames],
+            rounds,
         ),
     ]
 
@@ -206,7 +327,7 @@ def main() -> None:
 
     for r in rows:
         print(
-            f"{r['message']:24} old {spread(r['old_us'], '.2f')} µs,"
+            f"{r['message']:34} old {spread(r['old_us'], '.2f')} µs,"
             f" new {spread(r['new_us'], '.2f')} µs, new/old {spread(r['ratio'], '.3f')}"
         )
 

@@ -33,7 +33,7 @@ DATA, FWD = 0.25, 0.40  # each region's share of every step
 
 #: A peer that steps: hello, then every 0.2 s a heartbeat with the steps that fit in the time
 #: since the last one, each ``step_s`` long (±5 %), a quarter of it in ``data`` and 40 % in
-#: ``fwd``; from protocol 3 with the ledger a client sends (``protocol.LEDGER``).
+#: ``fwd``; from protocol 3 with the ledger a client sends (``protocol.Ledger``).
 _STEPPER = """
 import bisect, os, random, sys, time
 import msgpack, zmq

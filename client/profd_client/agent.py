@@ -305,10 +305,9 @@ class Agent(threading.Thread):
             self._refuse(exc)
             return
         self._last_rx = time.monotonic()
-        t = msg["t"]
-        if t == P.WELCOME:
+        if type(msg) is P.Welcome:
             # The daemon drops clients after missing *its* heartbeat interval: follow it.
-            self.hb_interval = max(0.05, float(msg["hb_interval"]))
+            self.hb_interval = max(0.05, msg.hb_interval)
             self._welcomed = True
             self.connected.set()
             refused, self._refused = self._refused, None
@@ -323,33 +322,33 @@ class Agent(threading.Thread):
                 self._warned_step_down = True
             for m in list(self._unacked.values()):
                 self._send_report(m)
-        elif t == P.ARM:
+        elif type(msg) is P.Arm:
             self._arm(msg)
-        elif t == P.DISARM:
-            self.stepper.post("disarm", (msg["session"], msg["keep"]))
-        elif t == P.ACK:
-            self._unacked.pop(msg["id"], None)
-        elif t == P.STACKS_REQUEST:
-            self._send_stacks(msg["id"], msg.get("stacks", True), msg.get("flight", False))
-        elif t == P.ERROR and msg["code"] == P.ErrorCode.UNKNOWN_CLIENT:
+        elif type(msg) is P.Disarm:
+            self.stepper.post("disarm", (msg.session, msg.keep))
+        elif type(msg) is P.Ack:
+            self._unacked.pop(msg.id, None)
+        elif type(msg) is P.DumpStacks:
+            self._send_stacks(msg.id, msg.stacks, msg.flight)
+        elif type(msg) is P.Error:
+            self._error(msg)
+
+    def _error(self, msg: P.Error) -> None:
+        if msg.code == P.ErrorCode.UNKNOWN_CLIENT:
             self._welcomed = False
             self._send(self._hello())
-        elif t == P.ERROR and msg["code"] == P.ErrorCode.VERSION and msg["v"] <= self.proto:
+        elif msg.code == P.ErrorCode.VERSION and msg.v <= self.proto:
             # Also once welcomed: the daemon was replaced by one that no longer speaks our
             # version (a rollback). Its error says so; say hello again in one it may speak.
             # (An error in a higher version is about a message sent before we stepped down.)
             self._welcomed = False
             self.connected.clear()
-            self._version_refused(msg["msg"])
-        elif (
-            t == P.ERROR
-            and msg["code"] in (P.ErrorCode.IDENTITY, P.ErrorCode.LIMIT)
-            and not self._warned_identity
-        ):
+            self._version_refused(msg.msg)
+        elif msg.code in (P.ErrorCode.IDENTITY, P.ErrorCode.LIMIT) and not self._warned_identity:
             # Not ours to fix from here (a daemon that cannot see our pid, one run by another
             # user, or this process or user has as many ranks attached as the daemon takes):
             # say so once and train on; hellos go on in case it changes.
-            log.warning("profd_client: the profd daemon refused this process: %s", msg["msg"])
+            log.warning("profd_client: the profd daemon refused this process: %s", msg.msg)
             self._warned_identity = True
 
     def _version_refused(self, why: str) -> None:

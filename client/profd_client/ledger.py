@@ -1,5 +1,5 @@
 """The step ledger a heartbeat carries (protocol 3): what the agent thread reads from the
-training thread's clock ring and region timers, and the summary it ships (``protocol.LEDGER``).
+training thread's clock ring and region timers, and the summary it ships (``protocol.Ledger``).
 
 :func:`summarize` is pure: durations in, the ``ledger`` map out. :class:`Reader` runs on the
 agent thread; it never blocks or locks the training thread, it reads what the training thread

@@ -128,7 +128,7 @@ class RegionTimer:
 
 
 def _sendable(name: object) -> bool:
-    """A region name a ledger can carry (``RegionTimes``), checked once per name."""
+    """A region name a ledger can carry (``protocol.Ledger``'s ``r``), checked once per name."""
     if type(name) is not str or not 1 <= len(name) <= P.MAX_NAME:
         return False
     try:

@@ -6,6 +6,8 @@ import json
 from dataclasses import dataclass, replace
 from typing import Any
 
+import msgspec
+
 from profd.daemon.captures.record import CaptureReport
 from profd_client import protocol as P
 
@@ -23,7 +25,7 @@ class Target:
 WHO = Target("host-a", 4242, "trainer", 3, 8)
 
 
-def message(**over: Any) -> dict[str, Any]:
+def message(**over: Any) -> P.Captured:
     """A ``captured`` message as a client sends it, validated as the daemon validates it."""
     own = "/spool/.incoming/job/s1/p4242-0/c1"
     m: dict[str, Any] = {
@@ -45,7 +47,9 @@ def message(**over: Any) -> dict[str, Any]:
         "notes": ["a note"],
         "plan": 2,
     } | over
-    return dict(P.validate(P.unpack(P.encode(P.CAPTURED, **m)), P.AGENT_INBOUND))
+    got = P.decode(P.encode(P.CAPTURED, **m), P.AGENT_INBOUND)
+    assert isinstance(got, P.Captured)
+    return got
 
 
 def test_a_report_survives_the_inbox_whole() -> None:
@@ -80,7 +84,7 @@ def test_the_raw_trace_is_the_first_trace_and_the_rest_are_extras() -> None:
 
 def test_an_older_daemons_inbox_row_is_read() -> None:
     """Rows written before the record: the whole message, and no kernel uid/gid."""
-    m = message() | {"t": P.CAPTURED, "v": 2, "job": "job"}
+    m = msgspec.to_builtins(message()) | {"t": P.CAPTURED, "v": 2, "job": "job"}
     del m["plan"]
     row = {
         "report": m,

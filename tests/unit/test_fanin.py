@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import select
 import threading
-from typing import Any
 
 import pytest
 
@@ -77,7 +76,7 @@ def test_ranks_py_spy_cannot_read_are_asked_of_their_agent_and_flights_beside(
 ) -> None:
     monkeypatch.setenv("PROFD_PYSPY", "")  # no py-spy: every rank falls back to its agent
     reactor = Reactor()
-    sent: list[tuple[bytes, dict[str, Any]]] = []
+    sent: list[tuple[bytes, P.DumpStacks]] = []
     agent = AgentStacks(
         lambda ident, frame: sent.append((ident, P.decode(frame, P.CLIENT_INBOUND, reply=True)))
     )
@@ -90,20 +89,20 @@ def test_ranks_py_spy_cannot_read_are_asked_of_their_agent_and_flights_beside(
     try:
         stacks.read(clients, got.append)
         # The flight recorder is asked first, beside py-spy's reads.
-        assert [(i, m.get("stacks"), m.get("flight")) for i, m in sent] == [
-            (b"peer-1", False, True)
-        ]
+        assert [(i, m.stacks, m.flight) for i, m in sent] == [(b"peer-1", False, True)]
         while len(sent) < 4:  # py-spy's (empty) reads come back: each agent is asked
             select.select([reactor.fd], [], [], 10.0)
             reactor.run_pending()
-        asked = {ident: m["id"] for ident, m in sent[1:]}
+        asked = {ident: m.id for ident, m in sent[1:]}
         assert set(asked) == {b"peer-0", b"peer-1", b"peer-2"}
         frames = [{"function": "train_step", "file": "/home/u/train.py", "line": 41}]
         threads = [{"name": "MainThread", "tid": 4000, "frames": frames}]
-        agent.result(clients[0], {"id": asked[b"peer-0"], "threads": threads})
-        agent.result(clients[1], {"id": asked[b"peer-1"], "threads": threads})
+        agent.result(clients[0], P.StacksResult(v=3, id=asked[b"peer-0"], threads=threads))
+        agent.result(clients[1], P.StacksResult(v=3, id=asked[b"peer-1"], threads=threads))
         assert got == []  # rank 2 and rank 1's flight recorder have not answered
-        agent.result(clients[1], {"id": sent[0][1]["id"], "threads": [], "flight_error": "off"})
+        agent.result(
+            clients[1], P.StacksResult(v=3, id=sent[0][1].id, threads=[], flight_error="off")
+        )
         assert got == []
         agent.expire(float("inf"))  # rank 2's agent thread stays silent
     finally:

@@ -6,6 +6,8 @@ import random
 from bisect import bisect_left
 from typing import Any
 
+import msgspec
+
 from profd.daemon.clients.ledger import FULL, MINUTES, Ledgers
 from profd.daemon.clients.registry import Client
 from profd_client import protocol as P
@@ -26,7 +28,7 @@ def client(rank: int = 0, pid: int = 100, role: str = "main") -> Client:
     )  # fmt: skip
 
 
-def ledger(durations: list[float], at: int, regions: Any = (), epoch: int = 0) -> dict[str, Any]:
+def ledger(durations: list[float], at: int, regions: Any = (), epoch: int = 0) -> P.Ledger:
     s = sorted(durations)
 
     def q(x: float) -> float:
@@ -38,8 +40,7 @@ def ledger(durations: list[float], at: int, regions: Any = (), epoch: int = 0) -
     msg = {"at": at, "n": len(durations), "sum": sum(durations), "b": b,
            "q": [q(0.5), q(0.9), q(0.99), s[-1]], "r": [list(r) for r in regions],
            "epoch": epoch}  # fmt: skip
-    P.LEDGER.check(msg, "ledger")  # what the daemon gets is validated first
-    return msg
+    return msgspec.convert(msg, P.Ledger)  # what the daemon gets: validated, typed
 
 
 def feed(led: Ledgers, c: Client, clock: Clock, seconds: int, step_s: float, jitter: float,

@@ -66,8 +66,8 @@ def test_the_error_code_table_is_the_enum() -> None:
 def test_an_error_code_is_its_string_on_the_wire() -> None:
     frame = P.error(P.ErrorCode.UNKNOWN_CLIENT, "say hello first", v=2)
     msg = P.decode(frame, P.CLIENT_INBOUND)
-    assert msg == {"v": 2, "t": "error", "code": "unknown_client", "msg": "say hello first"}
-    assert type(msg["code"]) is str and msg["code"] == P.ErrorCode.UNKNOWN_CLIENT
+    assert msg == P.Error(v=2, code="unknown_client", msg="say hello first")
+    assert type(msg.code) is str and msg.code == P.ErrorCode.UNKNOWN_CLIENT
 
 
 def test_a_bad_field_is_named_in_one_line() -> None:
@@ -133,9 +133,56 @@ def test_typed_messages_are_read_by_attribute_however_the_frame_is_laid_out() ->
         m = P.decode(frame, P.AGENT_INBOUND)
         assert isinstance(m, P.Heartbeat) and m.t == m["t"] == "hb" and m.v == 3
         assert m.step == 7 and m.ledger.at == 9 and m.sps is P.UNSET and "sps" not in m
-    # A type that is not typed is still a map.
-    armed = P.decode(P.encode(P.ARMED, session="s", cycles=[[1, 2, 3]]), P.AGENT_INBOUND)
-    assert armed == {"v": 3, "t": "armed", "session": "s", "cycles": [[1, 2, 3]]}
+    # What an older peer leaves out reads as that version meant it.
+    armed = P.decode(P.encode(P.ARMED, v=1, session="s", cycles=[[1, 2, 3]]), P.AGENT_INBOUND)
+    assert armed == P.Armed(v=1, session="s", cycles=[[1, 2, 3]], plan=0)
+
+
+def test_every_agent_message_is_typed_and_read_by_one_decoder() -> None:
+    for inbound in (P.AGENT_INBOUND, P.CLIENT_INBOUND):
+        assert all(isinstance(s, P.Typed) for s in inbound.values())
+    # Both ends' types are the definitions senders encode with: one per type.
+    assert (
+        {*P.AGENT_INBOUND, *P.CLIENT_INBOUND}
+        == set(P.SCHEMAS)
+        == {t.__struct_config__.tag for t in P.TYPES}
+    )
+
+
+@pytest.mark.parametrize(
+    ("t", "fields", "why"),
+    [
+        (P.HELLO, {"rank": -1}, "hello.rank: Expected `int` >= 0"),
+        (P.HELLO, {"job": "../x"}, "hello.job: Expected `str` matching regex"),
+        (P.HELLO, {"identity_source": {"rank": 5}}, "hello.identity_source.rank: must be a string"),
+        (P.ARMED, {"cycles": [[3, 2, 1]]}, "armed.cycles[0]: is not 1 <= warmup_start"),
+        (P.PROGRESS, {"state": "gone"}, "progress.state: Invalid enum value 'gone'"),
+        (P.CAPTURED, {"files": [{"kind": "", "path": "/x"}]}, "captured.files[0].kind:"),
+        (P.STACKS_RESULT, {"threads": [{"name": "m", "tid": 1, "frames": [{}]}]},
+         "stacks_result.threads[0].frames[0]: missing field 'function'"),
+        (P.STACKS_RESULT, {"flight": {"version": "2.10"}}, "stacks_result.flight: missing field"),
+        (P.STACKS_RESULT, {"flight_error": 5}, "stacks_result.flight_error: Expected `str`"),
+    ],
+)  # fmt: skip
+def test_a_bad_field_of_any_agent_message_is_named_in_one_line(
+    t: str, fields: dict[str, object], why: str
+) -> None:
+    good: dict[str, dict[str, object]] = {
+        P.HELLO: {"pid": 5, "host": "h", "job": "j", "role": "r", "rank": 0, "local_rank": 0,
+                  "world_size": 1, "step": 0, "step_mode": "optimizer", "allowed": True,
+                  "client_version": "0.1.0"},
+        P.ARMED: {"session": "s", "cycles": [[1, 2, 3]]},
+        P.PROGRESS: {"id": 1, "session": "s", "state": "done", "step": 3},
+        P.CAPTURED: {"id": 1, "session": "s", "job": "j", "cycle": 0, "steps": [2], "files": [],
+                     "started_at": 1.0, "ended_at": 2.0, "stall_ms": 0.5},
+        P.STACKS_RESULT: {"id": 1, "threads": []},
+    }  # fmt: skip
+    assert P.decode(P.encode(t, **good[t]), P.AGENT_INBOUND).t == t
+    frame = msgpack.packb({"v": 3, "t": t, **good[t], **fields, "newer": {"x": 1}})
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode(frame, P.AGENT_INBOUND)
+    assert str(exc.value).startswith(why) and "\n" not in str(exc.value)
+    assert exc.value.code == P.ErrorCode.BAD_REQUEST
 
 
 @pytest.mark.parametrize(
@@ -162,3 +209,13 @@ def test_a_bad_typed_field_is_named_in_one_line(fields: dict[str, object], why: 
         P.decode(msgpack.packb({**arm, **fields}), P.CLIENT_INBOUND)
     assert str(exc.value) == why and exc.value.code == P.ErrorCode.BAD_REQUEST
     assert exc.value.reply_v == 3
+
+
+@pytest.mark.parametrize("field", ["newer", "threads"])
+def test_a_frame_nested_too_deep_is_malformed_wherever_it_nests(field: str) -> None:
+    head = msgpack.packb({"v": 3, "t": P.STACKS_RESULT, "id": 1})
+    deep = b"\x91" * 200_000 + b"\xc0"  # [[[...]]], in a field read or one ignored
+    frame = b"\x84" + head[1:] + msgpack.packb(field) + deep
+    with pytest.raises(P.ProtocolError) as exc:
+        P.decode(frame, P.AGENT_INBOUND)
+    assert exc.value.code == P.ErrorCode.MALFORMED

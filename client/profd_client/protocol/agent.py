@@ -9,7 +9,6 @@ version's shape and lets :mod:`.adapter` turn it into the peer's version.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Annotated, Any, Final, Literal
 
 import msgspec
@@ -17,11 +16,12 @@ from msgspec import UNSET, Meta, UnsetType
 
 from . import adapter
 from .envelope import MAX_ERROR_TEXT, VERSION, Inbound, encode_with
-from .envelope import bad as _bad
 from .schema import (
     MAX_CYCLE_STEPS,
     MAX_CYCLES,
     MAX_FILES,
+    MAX_HOST,
+    MAX_ID,
     MAX_NAME,
     MAX_PATH,
     MAX_PID,
@@ -36,8 +36,6 @@ from .schema import (
     Field,
     Int,
     ListOf,
-    Nullable,
-    Num,
     Str,
     Struct,
 )
@@ -52,27 +50,15 @@ from .vocabulary import (
     ERROR,
     HEARTBEAT,
     HELLO,
-    HOST,
     IDENTITY_SOURCE,
-    MSG_ID,
-    NAME,
-    PATH,
-    PID,
     PROGRESS,
-    RANK,
-    REPORT_STATES,
-    REVISION,
-    SECONDS,
-    SESSION_ID,
     SHORT,
     STACKS_REQUEST,
     STACKS_RESULT,
-    STEP,
     TID,
     WELCOME,
+    ReportState,
 )
-
-FILE_ENTRY: Final = Struct({"kind": (Str(32, 1), True), "path": (PATH, True)}, open=True)
 
 # --- the step ledger (protocol 3) ----------------------------------------------------------------
 #: Upper bounds (seconds) of the step-time histogram buckets a client counts its steps into,
@@ -87,51 +73,6 @@ MAX_LEDGER_REGIONS: Final = 32
 #: The client's ring of step-end times: the steps a ledger's statistics are computed over
 #: when more than this many steps ended between two heartbeats (``n`` counts them all).
 LEDGER_RING: Final = 4096
-
-
-@dataclass(frozen=True)
-class RegionTimes(Field):
-    """A ledger's ``r``: ``[[name, seconds, entries], ...]``, time spent inside each
-    ``region(name)`` since the last heartbeat."""
-
-    def check(self, value: object, where: str) -> Any:
-        if type(value) is not list or len(value) > MAX_LEDGER_REGIONS:
-            raise _bad(where, f"must be a list of at most {MAX_LEDGER_REGIONS} regions")
-        for i, item in enumerate(value):
-            if (
-                type(item) is not list
-                or len(item) != 3
-                or type(item[0]) is not str
-                or not 1 <= len(item[0]) <= MAX_NAME
-                or type(item[1]) not in (int, float)
-                or not 0.0 <= item[1] <= MAX_SECONDS  # also refuses NaN
-                or type(item[2]) is not int
-                or not 0 <= item[2] <= MAX_STEP
-            ):
-                raise _bad(f"{where}[{i}]", "must be [name, seconds, entries]")
-        return value
-
-    def describe(self) -> str:
-        return "list of [name, seconds, entries]"
-
-
-#: ``hb``'s ``ledger``: the steps that ended since the previous heartbeat. ``n`` steps, the
-#: last of them step ``at``, taking ``sum`` seconds in all; ``q`` = [p50, p90, p99, max]
-#: seconds and ``b`` the histogram counts (see :data:`STEP_BUCKETS`) over those steps, or
-#: over the last :data:`LEDGER_RING` of them when more ended. ``epoch`` changes when the
-#: process set its step count (``step(n)``): steps across that jump are not timed.
-LEDGER: Final = Struct(
-    {
-        "at": (Int(0, MAX_STEP), True),
-        "n": (Int(0, MAX_STEP), True),
-        "sum": (Num(0.0, MAX_SECONDS), True),
-        "q": (ListOf(Num(0.0, MAX_SECONDS), 4, 4), True),
-        "b": (ListOf(Int(0, MAX_STEP), len(STEP_BUCKETS) + 1, len(STEP_BUCKETS) + 1), True),
-        "r": (RegionTimes(), False),
-        "epoch": (Int(0, 1 << 31), False),
-    },
-    open=True,
-)
 
 
 # --- typed messages (msgspec): decoded and validated from msgpack in one pass -------------------
@@ -150,7 +91,12 @@ _Region = tuple[
 
 
 class Ledger(msgspec.Struct, forbid_unknown_fields=False):
-    """``hb``'s ``ledger`` (see :data:`LEDGER`, its shape for a sender)."""
+    """``hb``'s ``ledger``: the steps that ended since the previous heartbeat. ``n`` steps, the
+    last of them step ``at``, taking ``sum`` seconds in all; ``q`` = [p50, p90, p99, max]
+    seconds and ``b`` the histogram counts (see :data:`STEP_BUCKETS`) over those steps, or over
+    the last :data:`LEDGER_RING` of them when more ended; ``r``: ``[[name, seconds, entries],
+    ...]``, time spent inside each ``region(name)``. ``epoch`` changes when the process set its
+    step count (``step(n)``): steps across that jump are not timed."""
 
     at: _Step
     n: _Step
@@ -224,9 +170,10 @@ def _msg(open_: bool = True, **fields: tuple[Field, bool]) -> Struct:
 
 _R, _O = True, False  # required, optional
 
-# The stack schemas ``stacks_result`` is made of. A process sends its own stacks innermost
-# frames first, so what is cut is the outermost (an agent frame is at most
-# ``MAX_FRAME_BYTES``).
+# The stack schemas ``stacks_result`` is made of, shared with the control replies that carry
+# them on (``profd.control_schema``): one hand-written definition, which ``StacksResult``
+# checks its nested maps with. A process sends its own stacks innermost frames first, so
+# what is cut is the outermost (an agent frame is at most ``MAX_FRAME_BYTES``).
 AGENT_MAX_FRAMES: Final = 128
 AGENT_MAX_THREADS: Final = 64
 STACK_FRAME: Final = _msg(
@@ -265,91 +212,216 @@ AGENT_STACK_THREAD: Final = _msg(
     tid=(TID, _R),
     frames=(ListOf(STACK_FRAME, AGENT_MAX_FRAMES), _R),
 )
+_AGENT_THREADS: Final = ListOf(AGENT_STACK_THREAD, AGENT_MAX_THREADS)
 
-#: Both directions, both sockets.
+#: ``error`` on control.sock (``profd.control_schema``); on agent.sock it is :class:`Error`.
 ERROR_SCHEMA: Final = _msg(code=(SHORT, _R), msg=(Str(MAX_ERROR_TEXT), _R))
 
-SCHEMAS: Final[dict[str, Struct | Typed]] = {
-    HELLO: _msg(
-        pid=(PID, _R),
-        host=(HOST, _R),
-        job=(NAME, _R),
-        role=(NAME, _R),
-        rank=(RANK, _R),
-        local_rank=(RANK, _R),
-        world_size=(Int(1, MAX_RANK + 1), _R),
-        step=(STEP, _R),
-        step_mode=(Str(16), _R),
-        allowed=(Bool(), _R),
-        client_version=(SHORT, _R),
-        torch=(Nullable(SHORT), _O),
-        device=(Nullable(SHORT), _O),
-        # Sessions this process is still working on (armed), so a restarted daemon
-        # knows the target is alive and busy.
-        sessions=(ListOf(Str(MAX_NAME), MAX_CYCLES), _O),
-        # The Nsight Systems session the process runs under (``profctl run --nsys``), if any.
-        nsys_session=(Nullable(NAME), _O),
-        # attach() is blocked until the welcome (``attach(wait=...)``): step 1 has not begun,
-        # so ``[[auto]]`` rules may arm it; their ``arm`` is sent before the ``welcome``.
-        waiting=(Bool(), _O),
-        # Where each identity field came from, for ``profctl ps --sources``. A ``hello`` from
-        # a registered process with another job, role, rank or world size re-registers it.
-        identity_source=(IDENTITY_SOURCE, _O),
-        # The native id (``threading.get_native_id()``) of the thread that counts steps,
-        # so ``stacks`` marks it; a heartbeat sends it again when the first step shows
-        # another thread counts.
-        training_tid=(Nullable(TID), _O),
-        # Its flight recorder is on (``TORCH_FR_BUFFER_SIZE``): ``dump_stacks`` may ask for it.
-        flight=(Bool(), _O),
-    ),
-    HEARTBEAT: Typed(Heartbeat),
-    # ``plan``: the revision of the session's steps the message is about (``arm``'s ``plan``).
-    ARMED: _msg(session=(SESSION_ID, _R), cycles=(Cycles(), _R), plan=(REVISION, _O)),
-    PROGRESS: _msg(
-        id=(MSG_ID, _R),
-        session=(SESSION_ID, _R),
-        state=(Str(16, choices=REPORT_STATES), _R),
-        step=(STEP, _R),
-        error=(Nullable(Str(MAX_ERROR_TEXT)), _O),
-        plan=(REVISION, _O),
-    ),
-    CAPTURED: _msg(
-        id=(MSG_ID, _R),
-        session=(SESSION_ID, _R),
-        job=(NAME, _R),
-        cycle=(Int(0, 1 << 31), _R),
-        steps=(ListOf(STEP, MAX_CYCLE_STEPS), _R),
-        files=(ListOf(FILE_ENTRY, MAX_FILES), _R),
-        started_at=(SECONDS, _R),
-        ended_at=(SECONDS, _R),
-        stall_ms=(SECONDS, _R),
-        error=(Nullable(Str(MAX_ERROR_TEXT)), _O),
-        region=(Nullable(Str(MAX_NAME)), _O),
-        torch=(Nullable(SHORT), _O),
-        device=(Nullable(SHORT), _O),
-        notes=(ListOf(Str(MAX_TEXT), 64), _O),
-        plan=(REVISION, _O),
-    ),
-    BYE: _msg(),
-    WELCOME: _msg(
-        spool=(PATH, _R),
-        hb_interval=(Num(0.01, 3600.0), _R),
-        daemon=(SHORT, _R),
-        # v2: the daemon's supported protocol versions, [oldest, newest].
-        protocol=(ListOf(Int(0, 1 << 16), 2, 2), _O),
-    ),
-    ARM: Typed(Arm),
-    DISARM: _msg(session=(SESSION_ID, _R), keep=(Bool(), _R)),
-    ACK: _msg(id=(MSG_ID, _R)),
-    ERROR: ERROR_SCHEMA,
-    STACKS_REQUEST: _msg(id=(MSG_ID, _R), stacks=(Bool(), _O), flight=(Bool(), _O)),
-    STACKS_RESULT: _msg(
-        id=(MSG_ID, _R),
-        threads=(ListOf(AGENT_STACK_THREAD, AGENT_MAX_THREADS), _R),
-        flight=(FLIGHT, _O),
-        flight_error=(Str(MAX_TEXT), _O),
-    ),
-}
+# --- the other agent messages, typed (see ``Heartbeat`` and ``Arm`` above) ---------------------
+# Each bound is its hand-written field type's (``vocabulary``): ``_Name`` is ``NAME``, and so on.
+_Name = Annotated[str, Meta(pattern=_NAME_RE, max_length=MAX_NAME)]
+_SessionId = Annotated[str, Meta(pattern=_NAME_RE, min_length=1, max_length=MAX_NAME)]
+_Short = Annotated[str, Meta(max_length=64)]
+_Pid = Annotated[int, Meta(ge=1, le=MAX_PID)]
+_Tid = Annotated[int, Meta(ge=0, le=MAX_PID)]
+_Rank = Annotated[int, Meta(ge=0, le=MAX_RANK)]
+_MsgId = Annotated[int, Meta(ge=0, le=MAX_ID)]
+_Revision = Annotated[int, Meta(ge=0, le=MAX_REVISION)]
+_Path = Annotated[str, Meta(min_length=1, max_length=MAX_PATH)]
+_ErrorText = Annotated[str, Meta(max_length=MAX_ERROR_TEXT)]
+_Cycles = Annotated[
+    list[Annotated[list[_Step], Meta(min_length=3, max_length=3)]],
+    Meta(min_length=1, max_length=MAX_CYCLES),
+]
+
+
+class Hello(Message, tag=HELLO):
+    """Client -> daemon, first: who this process is. A ``hello`` from a registered process
+    with another job, role, rank or world size re-registers it."""
+
+    v: Annotated[int, Version]
+    pid: _Pid
+    host: Annotated[str, Meta(min_length=1, max_length=MAX_HOST)]
+    job: _Name
+    role: _Name
+    rank: _Rank
+    local_rank: _Rank
+    world_size: Annotated[int, Meta(ge=1, le=MAX_RANK + 1)]
+    step: _Step
+    step_mode: Annotated[str, Meta(max_length=16)]
+    allowed: bool
+    client_version: _Short
+    torch: _Short | None = None
+    device: _Short | None = None
+    # Sessions this process is still working on (armed), so a restarted daemon knows the
+    # target is alive and busy.
+    sessions: Annotated[
+        list[Annotated[str, Meta(max_length=MAX_NAME)]], Meta(max_length=MAX_CYCLES)
+    ] = msgspec.field(default_factory=list)
+    # The Nsight Systems session the process runs under (``profctl run --nsys``), if any.
+    nsys_session: _Name | None = None
+    # attach() is blocked until the welcome (``attach(wait=...)``): step 1 has not begun, so
+    # ``[[auto]]`` rules may arm it; their ``arm`` is sent before the ``welcome``.
+    waiting: bool = False
+    # Where each identity field came from (``profctl ps --sources``): the shape ``ps`` rows
+    # carry it in too, so it is checked by that one definition (``IDENTITY_SOURCE``).
+    identity_source: Annotated[dict[str, Any], Meta(max_length=64)] = msgspec.field(
+        default_factory=dict
+    )
+    # The native id (``threading.get_native_id()``) of the thread that counts steps, so
+    # ``stacks`` marks it; a heartbeat sends it again when the first step shows another
+    # thread counts.
+    training_tid: _Tid | None = None
+    # Its flight recorder is on (``TORCH_FR_BUFFER_SIZE``): ``dump_stacks`` may ask for it.
+    flight: bool = False
+
+    def __post_init__(self) -> None:
+        IDENTITY_SOURCE.check(self.identity_source, "hello.identity_source")
+
+
+# ``plan`` in the reports: the revision of the session's steps they are about (``arm``'s).
+class Armed(Message, tag=ARMED):
+    """Client -> daemon: armed for ``session``'s ``cycles``."""
+
+    v: Annotated[int, Version]
+    session: _SessionId
+    cycles: _Cycles
+    plan: _Revision = 0
+
+    def __post_init__(self) -> None:
+        _CYCLES.check(self.cycles, "armed.cycles")
+
+
+class Progress(Message, tag=PROGRESS):
+    """Client -> daemon: where its part of ``session`` is (acked by ``id``)."""
+
+    v: Annotated[int, Version]
+    id: _MsgId
+    session: _SessionId
+    state: ReportState
+    step: _Step
+    error: _ErrorText | None = None
+    plan: _Revision = 0
+
+
+class FileEntry(msgspec.Struct, forbid_unknown_fields=False):
+    """A file a ``captured`` names: its ``kind`` (trace, memory, ...) and ``path``."""
+
+    kind: Annotated[str, Meta(min_length=1, max_length=32)]
+    path: _Path
+
+
+class Captured(Message, tag=CAPTURED):
+    """Client -> daemon: one cycle captured, its files written (acked by ``id``)."""
+
+    v: Annotated[int, Version]
+    id: _MsgId
+    session: _SessionId
+    job: _Name
+    cycle: Annotated[int, Meta(ge=0, le=1 << 31)]
+    steps: Annotated[list[_Step], Meta(max_length=MAX_CYCLE_STEPS)]
+    files: Annotated[list[FileEntry], Meta(max_length=MAX_FILES)]
+    started_at: _Seconds
+    ended_at: _Seconds
+    stall_ms: _Seconds
+    error: _ErrorText | None = None
+    region: Annotated[str, Meta(max_length=MAX_NAME)] | None = None
+    torch: _Short | None = None
+    device: _Short | None = None
+    notes: Annotated[list[Annotated[str, Meta(max_length=MAX_TEXT)]], Meta(max_length=64)] = (
+        msgspec.field(default_factory=list)
+    )
+    plan: _Revision = 0
+
+
+class Bye(Message, tag=BYE):
+    """Client -> daemon: detaching."""
+
+    v: Annotated[int, Version]
+
+
+class StacksResult(Message, tag=STACKS_RESULT):
+    """Client -> daemon: the answer to ``dump_stacks`` ``id``. ``threads`` and ``flight`` go
+    on into control replies as maps, checked by their one definition (``AGENT_STACK_THREAD``,
+    ``FLIGHT``)."""
+
+    v: Annotated[int, Version]
+    id: _MsgId
+    threads: Annotated[list[dict[str, Any]], Meta(max_length=AGENT_MAX_THREADS)]
+    flight: dict[str, Any] | UnsetType = UNSET
+    flight_error: Annotated[str, Meta(max_length=MAX_TEXT)] | UnsetType = UNSET
+
+    def __post_init__(self) -> None:
+        _AGENT_THREADS.check(self.threads, "stacks_result.threads")
+        if self.flight is not UNSET:
+            FLIGHT.check(self.flight, "stacks_result.flight")
+
+
+class Welcome(Message, tag=WELCOME):
+    """Daemon -> client: registered; heartbeat every ``hb_interval`` seconds."""
+
+    v: Annotated[int, Version]
+    spool: _Path
+    hb_interval: Annotated[float, Meta(ge=0.01, le=3600.0)]
+    daemon: _Short
+    # v2: the daemon's supported protocol versions, [oldest, newest].
+    protocol: (
+        Annotated[list[Annotated[int, Meta(ge=0, le=1 << 16)]], Meta(min_length=2, max_length=2)]
+        | UnsetType
+    ) = UNSET
+
+
+class Disarm(Message, tag=DISARM):
+    """Daemon -> client: drop ``session`` (``keep``: what it captured so far stays)."""
+
+    v: Annotated[int, Version]
+    session: _SessionId
+    keep: bool
+
+
+class Ack(Message, tag=ACK):
+    """Daemon -> client: report ``id`` is stored; stop resending it."""
+
+    v: Annotated[int, Version]
+    id: _MsgId
+
+
+class Error(Message, tag=ERROR):
+    """Either way: a refusal (``code``: an ``ErrorCode``), and why in one line."""
+
+    v: Annotated[int, Version]
+    code: _Short
+    msg: _ErrorText
+
+
+class DumpStacks(Message, tag=STACKS_REQUEST):
+    """Daemon -> client: send your threads' stacks (``stacks``) and flight recorder's
+    summary (``flight``), answered by a ``stacks_result`` with this ``id``."""
+
+    v: Annotated[int, Version]
+    id: _MsgId
+    stacks: bool = True
+    flight: bool = False
+
+
+#: Every agent message type, both directions: one definition each, which checks a message
+#: both when it is sent (:func:`encode`) and when it is received (:func:`.envelope.decode`).
+TYPES: Final[tuple[type[Message], ...]] = (
+    Hello,
+    Heartbeat,
+    Armed,
+    Progress,
+    Captured,
+    Bye,
+    StacksResult,
+    Welcome,
+    Arm,
+    Disarm,
+    Ack,
+    Error,
+    DumpStacks,
+)
+SCHEMAS: Final[dict[str, Typed]] = {(s := Typed(k)).t: s for k in TYPES}
 
 #: Which types each end of agent.sock accepts, with their schemas: a daemon takes only what
 #: a process reports about itself, a client only what its daemon says.

@@ -119,31 +119,19 @@ class Schema(Protocol):
 
 
 class Inbound(dict[str, Schema]):
-    """The types a receiver accepts, each with its schema. Typed ones are read by one
-    msgspec decoder (a tagged union of their ``Struct``s): frame to validated message in one
-    pass. Whatever it refuses (another type, a bad field, a bad version) is read again the
-    hand-written way, which names the reason exactly as for any other type."""
+    """The types a receiver accepts, each with its schema. The typed ones are read by one
+    msgspec decoder over the tagged union of their ``Struct``s (``t`` the tag): frame to
+    validated message in one pass, whatever the order of its keys. A frame it refuses is
+    read again the hand-written way, which says why (the code and the one-line text) as
+    for any other frame; so is a frame of a type without a ``Struct``."""
 
     def __init__(self, schemas: Mapping[str, Schema]) -> None:
         super().__init__(schemas)
-        typed = {t: s.type for t, s in schemas.items() if hasattr(s, "type")}
+        types = tuple(s.type for s in schemas.values() if hasattr(s, "type"))
         self.fast: Any = None
-        #: How a frame of a typed type goes on after ``v``: ``t`` and its name, as msgpack.
-        self._typed_t = tuple(b"\xa1t" + bytes([0xA0 | len(t)]) + t.encode() for t in typed)
-        if typed:
-            types = tuple(typed.values())
+        if types:
             union: Any = types[0] if len(types) == 1 else Union[types]  # noqa: UP007
             self.fast = msgspec.msgpack.Decoder(union)
-
-    def typed(self, frame: bytes) -> bool:
-        """Whether ``frame`` may be of a typed type, from its first bytes: every sender here
-        writes ``v`` (a small int) then ``t`` (a short string) first. A frame laid out
-        otherwise may be anything (True): the typed decoder decides. This only saves the
-        other types a typed decoder's refusal (an exception), never decides what is valid:
-        a typed frame sent the other way is checked, and typed, by its schema all the same."""
-        if frame.startswith(b"\xa1v", 1) and frame.startswith(b"\xa1t", 4):
-            return frame.startswith(self._typed_t, 4)
-        return True
 
 
 # --- envelopes, encoding, decoding --------------------------------------------------------------
@@ -216,12 +204,14 @@ def decode(frame: bytes, accept: Mapping[str, Schema], reply: bool = False) -> A
     The message is a map, or for a typed type (``typed.Message``) its ``Struct``, which
     also answers ``msg["t"]``, ``msg["v"]`` and ``key in msg``.
     """
-    typed = accept if isinstance(accept, Inbound) and accept.fast is not None else None
-    if typed is not None and len(frame) <= MAX_FRAME_BYTES and typed.typed(frame):
+    fast = accept.fast if isinstance(accept, Inbound) else None
+    if fast is not None and len(frame) <= MAX_FRAME_BYTES:
         try:
-            return typed.fast.decode(frame)
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            pass  # read again below, which says why in the usual words
+            return fast.decode(frame)
+        except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
+            # Read again below, which says why in the usual words (a frame nested too deep,
+            # even in a field nobody reads, is ``malformed``, never an escaping exception).
+            pass
     raw: object = None
     try:
         raw = unpack(frame, reply)

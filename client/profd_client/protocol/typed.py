@@ -66,6 +66,8 @@ class Typed:
 
     def __init__(self, type_: type[Message]) -> None:
         self.type = type_
+        #: Its type name on the wire (``t``).
+        self.t: str = type_.__struct_config__.tag  # type: ignore[assignment]
         #: Its fields but ``v``, as a hand-written ``Struct``'s ``fields`` names them.
         self.fields: tuple[str, ...] = tuple(f for f in type_.__struct_fields__ if f != "v")
 

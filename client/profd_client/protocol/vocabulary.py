@@ -3,7 +3,7 @@ field types messages are built from."""
 
 from __future__ import annotations
 
-from typing import Final
+from typing import Final, Literal, get_args
 
 from .envelope import ERROR as ERROR  # both directions, both sockets
 from .schema import (
@@ -68,9 +68,8 @@ SESSION_TERMINAL: Final = frozenset({"done", "partial", "failed", "cancelled"})
 #: Per-target states (a target is one process in a session).
 TARGET_TERMINAL: Final = frozenset({"done", "failed", "cancelled"})
 #: What a client reports in ``progress``; the terminal ones end its part of a session.
-REPORT_STATES: Final = frozenset(
-    {"capturing", "done", "failed", "stopped", "cancelled", "missed", "late"}
-)
+ReportState = Literal["capturing", "done", "failed", "stopped", "cancelled", "missed", "late"]
+REPORT_STATES: Final = frozenset(get_args(ReportState))
 REPORT_TERMINAL: Final = frozenset({"done", "failed", "stopped", "cancelled"})
 
 # Reusable field types.

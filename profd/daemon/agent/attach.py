@@ -71,15 +71,15 @@ class Attach:
             )
         return problem
 
-    def over_limit(self, m: dict[str, Any], peer: PeerCred) -> str | None:
+    def over_limit(self, m: P.Hello, peer: PeerCred) -> str | None:
         """Why a hello would register one peer too many for its process or its user, or
         move a peer to another rank too often (and count it), or None. Saying hello again
         as a peer already registered is no new peer."""
         lim = self.limits
         now = time.monotonic()
-        old = self.registry.lookup((m["host"], m["pid"]))
+        old = self.registry.lookup((m.host, m.pid))
         if old is not None:
-            same = (m["job"], m["role"], m["rank"], m["world_size"]) == old.identity
+            same = (m.job, m.role, m.rank, m.world_size) == old.identity
             if same or len(old.recent_moves(now)) < MAX_MOVES:
                 return None
             why = (
@@ -104,36 +104,36 @@ class Attach:
             log.warning(
                 "refused %d hello(s) for the peer limits; the last (job %r): %s",
                 self.peers_refused - self._refusals_logged,
-                m["job"][:64],
+                m.job[:64],
                 why,
             )
             self._refusals_logged, self._refusal_logged_at = self.peers_refused, now
         return why
 
-    def hello(self, ident: bytes, m: dict[str, Any], peer: PeerCred) -> None:
+    def hello(self, ident: bytes, m: P.Hello, peer: PeerCred) -> None:
         c = Client(
             ident=ident,
-            host=m["host"],
-            pid=m["pid"],
-            job=m["job"],
-            role=m["role"],
-            rank=m["rank"],
-            local_rank=m["local_rank"],
-            world_size=m["world_size"],
-            step_mode=m["step_mode"],
-            allowed=m["allowed"],
-            torch=m.get("torch"),
-            device=m.get("device"),
-            nsys_session=m.get("nsys_session"),
-            step=m["step"],
-            attaching=bool(m.get("waiting")) and m["step"] == 0,
-            version=m["v"],
+            host=m.host,
+            pid=m.pid,
+            job=m.job,
+            role=m.role,
+            rank=m.rank,
+            local_rank=m.local_rank,
+            world_size=m.world_size,
+            step_mode=m.step_mode,
+            allowed=m.allowed,
+            torch=m.torch,
+            device=m.device,
+            nsys_session=m.nsys_session,
+            step=m.step,
+            attaching=m.waiting and m.step == 0,
+            version=m.v,
             node_pid=peer.pid,
             uid=peer.uid,
             gid=peer.gid,
-            identity_source=_sources(m.get("identity_source")),
-            training_tid=m.get("training_tid"),
-            flight=bool(m.get("flight")),
+            identity_source=_sources(m.identity_source),
+            training_tid=m.training_tid,
+            flight=m.flight,
         )
         old = self.registry.add(c)
         moved = old is not None and old.identity != c.identity
@@ -203,8 +203,6 @@ class Attach:
             self.arms.disarm(s, c, keep=False)
 
 
-def _sources(value: object) -> dict[str, str]:
+def _sources(value: dict[str, Any]) -> dict[str, str]:
     """The identity fields' sources a hello names (validated; other keys dropped)."""
-    if not isinstance(value, dict):
-        return {}
     return {k: v for k, v in value.items() if k in P.IDENTITY_FIELDS and isinstance(v, str)}

@@ -40,7 +40,7 @@ class AgentHandler:
         intake: Intake,
         send: Send,
         ledgers: Ledgers,
-        stacks_result: Callable[[Client, dict[str, Any]], None] | None = None,
+        stacks_result: Callable[[Client, P.StacksResult], None] | None = None,
     ) -> None:
         self.registry = registry
         self.sessions = sessions
@@ -72,8 +72,7 @@ class AgentHandler:
                 self._incompatible(ident, P.version_of(exc.raw), exc.raw)
             self.send(ident, exc.reply())
             return
-        t = msg["t"]
-        if t == P.HELLO:
+        if type(msg) is P.Hello:
             # From a process not registered yet: the kernel's word is all there is.
             self.hello_from(ident, msg, peer)
             return
@@ -84,9 +83,9 @@ class AgentHandler:
             self.rejected += 1
             c = None
         if c is None:
-            self.send(ident, P.error(P.ErrorCode.UNKNOWN_CLIENT, "say hello first", v=msg["v"]))
+            self.send(ident, P.error(P.ErrorCode.UNKNOWN_CLIENT, "say hello first", v=msg.v))
             return
-        HANDLERS[t](self, c, msg, time.monotonic())
+        HANDLERS[msg.t](self, c, msg, time.monotonic())
 
     # --- one handler per message type from a registered client (``HANDLERS``) ------------
     def heartbeat(self, c: Client, m: P.Heartbeat, now: float) -> None:
@@ -94,40 +93,39 @@ class AgentHandler:
         sps = None if m.sps is P.UNSET else m.sps
         state = None if m.state is P.UNSET else m.state
         self.registry.heartbeat(c, now, step, sps, state)
-        ledger = None if m.ledger is P.UNSET else P.fields_of(m.ledger)
-        self.ledgers.heartbeat(c, step, ledger, now)
+        self.ledgers.heartbeat(c, step, None if m.ledger is P.UNSET else m.ledger, now)
         if m.training_tid is not P.UNSET:
             self.registry.training_thread(c, m.training_tid)
         self.send(c.ident, self._heartbeat(c.version))
 
-    def _armed(self, c: Client, m: dict[str, Any], now: float) -> None:
+    def _armed(self, c: Client, m: P.Armed, now: float) -> None:
         self.registry.seen(c, now)
         self.armed(c, m)
 
-    def _progress(self, c: Client, m: dict[str, Any], now: float) -> None:
+    def _progress(self, c: Client, m: P.Progress, now: float) -> None:
         self.registry.seen(c, now)
-        self.send(c.ident, P.encode(P.ACK, v=c.version, id=m["id"]))
+        self.send(c.ident, P.encode(P.ACK, v=c.version, id=m.id))
         self.progress(c, m)
 
-    def _captured(self, c: Client, m: dict[str, Any], now: float) -> None:
+    def _captured(self, c: Client, m: P.Captured, now: float) -> None:
         self.registry.seen(c, now)
         self.intake.captured(c, m)
 
-    def bye(self, c: Client, m: dict[str, Any], now: float) -> None:
+    def bye(self, c: Client, m: P.Bye, now: float) -> None:
         self.registry.seen(c, now)
         self.liveness.drop(c, "detached")
 
-    def hello_from(self, ident: bytes, m: dict[str, Any], peer: PeerCred | None) -> None:
-        problem = self.attach.problem(m["pid"], peer)
+    def hello_from(self, ident: bytes, m: P.Hello, peer: PeerCred | None) -> None:
+        problem = self.attach.problem(m.pid, peer)
         if problem is not None:
             self.rejected += 1
-            log.warning("refused a hello (job %r): %s", m["job"], problem)
-            self.send(ident, P.error(P.ErrorCode.IDENTITY, problem, v=m["v"]))
+            log.warning("refused a hello (job %r): %s", m.job, problem)
+            self.send(ident, P.error(P.ErrorCode.IDENTITY, problem, v=m.v))
             return
         assert peer is not None
         limit = self.attach.over_limit(m, peer)
         if limit is not None:
-            self.send(ident, P.error(P.ErrorCode.LIMIT, limit, v=m["v"]))
+            self.send(ident, P.error(P.ErrorCode.LIMIT, limit, v=m.v))
             return
         self.attach.hello(ident, m, peer)
 
@@ -151,38 +149,37 @@ class AgentHandler:
                 str(fields.get("job"))[:200],
             )
 
-    def _target(self, c: Client, m: dict[str, Any]) -> tuple[Session, Any] | None:
+    def _target(self, c: Client, m: P.Armed | P.Progress) -> tuple[Session, Any] | None:
         """The session and target a report is about, if it is current."""
-        s = self.sessions.exact(m["session"])
+        s = self.sessions.exact(m.session)
         t = s.targets.get(c.key) if s is not None else None
-        if s is None or t is None or m.get("plan", 0) < s.revision:
+        if s is None or t is None or m.plan < s.revision:
             return None  # unknown, or about steps the session has since moved away from
         return s, t
 
-    def _stacks_result(self, c: Client, m: dict[str, Any], now: float) -> None:
+    def _stacks_result(self, c: Client, m: P.StacksResult, now: float) -> None:
         self.registry.seen(c, now)
         if self.stacks_result is not None:
             self.stacks_result(c, m)
 
-    def armed(self, c: Client, m: dict[str, Any]) -> None:
+    def armed(self, c: Client, m: P.Armed) -> None:
         hit = self._target(c, m)
         if hit is not None:
             self.sessions.armed(*hit)
 
-    def progress(self, c: Client, m: dict[str, Any]) -> None:
+    def progress(self, c: Client, m: P.Progress) -> None:
         hit = self._target(c, m)
         if hit is None:
             return
         s, t = hit
-        if m["state"] == "late":
-            self.starter.late(s, t, c, m["step"])
+        if m.state == "late":
+            self.starter.late(s, t, c, m.step)
             return
-        self.sessions.reported(s, t, m["state"], m.get("error"))
+        self.sessions.reported(s, t, m.state, m.error)
 
 
 #: The handler of each message type a registered client sends (``hello`` comes first, from a
 #: process not registered yet: :meth:`AgentHandler.hello_from`).
-#: A typed message (``P.Heartbeat``) is its ``Struct``, any other a map.
 HANDLERS: dict[str, Callable[[AgentHandler, Client, Any, float], None]] = {
     P.HEARTBEAT: AgentHandler.heartbeat,
     P.ARMED: AgentHandler._armed,

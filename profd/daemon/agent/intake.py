@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 from profd.daemon.agent.send import Send
 from profd.daemon.captures.lanes import Captures
@@ -49,9 +48,9 @@ class Intake:
         #: ack). Their clients keep them; :meth:`retry_deferred` stores and acks them.
         self._deferred: dict[str, tuple[bytes, CaptureReport, bytes]] = {}
 
-    def captured(self, c: Client, m: dict[str, Any]) -> None:
-        ack = P.encode(P.ACK, v=c.version, id=m["id"])
-        s = self.sessions.exact(m["session"])
+    def captured(self, c: Client, m: P.Captured) -> None:
+        ack = P.encode(P.ACK, v=c.version, id=m.id)
+        s = self.sessions.exact(m.session)
         t = s.targets.get(c.key) if s is not None else None
         if s is None or t is None:
             # Another job's session, a finished one, or none at all: a peer reports only
@@ -60,7 +59,7 @@ class Intake:
             log.warning(
                 "refused a capture report from pid %s for session %r: not one of its sessions",
                 c.pid,
-                m["session"][:64],
+                m.session[:64],
             )
             return
         # Paths come from the session, never from what the client claims.

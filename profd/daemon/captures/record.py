@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from profd import claims
 from profd.pipeline.process import ProcessedTrace
 from profd.store import layout
+from profd_client import protocol as P
 
 
 class Reporter(Protocol):
@@ -80,31 +81,31 @@ class CaptureReport:
 
     @classmethod
     def from_message(
-        cls, m: Mapping[str, Any], training_job: str, who: Reporter, uid: int, gid: int
+        cls, m: P.Captured, training_job: str, who: Reporter, uid: int, gid: int
     ) -> CaptureReport:
         """A validated ``captured`` message of process ``who`` in a session of ``training_job``."""
         return cls(
-            session_id=m["session"],
+            session_id=m.session,
             training_job=training_job,
             host=who.host,
             pid=who.pid,
             role=who.role,
             rank=who.rank,
             world_size=who.world_size,
-            cycle=m["cycle"],
-            revision=m.get("plan", 0),
+            cycle=m.cycle,
+            revision=m.plan,
             uid=uid,
             gid=gid,
-            steps=tuple(m.get("steps") or ()),
-            files=tuple((f["kind"], f["path"]) for f in m.get("files") or ()),
-            started_at=m.get("started_at", 0.0),
-            ended_at=m.get("ended_at", 0.0),
-            stall_ms=m.get("stall_ms", 0.0),
-            error=m.get("error"),
-            region=m.get("region"),
-            torch=m.get("torch"),
-            device=m.get("device"),
-            notes=tuple(m.get("notes") or ()),
+            steps=tuple(m.steps),
+            files=tuple((f.kind, f.path) for f in m.files),
+            started_at=m.started_at,
+            ended_at=m.ended_at,
+            stall_ms=m.stall_ms,
+            error=m.error,
+            region=m.region,
+            torch=m.torch,
+            device=m.device,
+            notes=tuple(m.notes),
             stem=who.stem,
         )
 
@@ -113,7 +114,27 @@ class CaptureReport:
         """The record of an inbox row (:meth:`to_row`, or an older daemon's full message)."""
         m, cl = row["report"], row["client"]
         who = _Who(**{k: cl[k] for k in _WHO}, stem=cl.get("stem") or "")
-        return cls.from_message(m, m["job"], who, cl.get("uid", -1), cl.get("gid", -1))
+        # The row is ours (a validated report, stored), so built as it is, not checked again;
+        # an older daemon's row may lack what a report says by default.
+        report = P.Captured(
+            v=P.VERSION,
+            id=0,
+            session=m["session"],
+            job=m["job"],
+            cycle=m["cycle"],
+            steps=m.get("steps") or [],
+            files=[P.FileEntry(f["kind"], f["path"]) for f in m.get("files") or ()],
+            started_at=m.get("started_at", 0.0),
+            ended_at=m.get("ended_at", 0.0),
+            stall_ms=m.get("stall_ms", 0.0),
+            error=m.get("error"),
+            region=m.get("region"),
+            torch=m.get("torch"),
+            device=m.get("device"),
+            notes=m.get("notes") or [],
+            plan=m.get("plan", 0),
+        )
+        return cls.from_message(report, m["job"], who, cl.get("uid", -1), cl.get("gid", -1))
 
     def to_row(self) -> dict[str, Any]:
         """The inbox row: the report under its wire names, and who sent it."""

@@ -46,20 +46,21 @@ class AgentStacks:
             extra["flight"] = True
         self.send(c.ident, P.encode(P.STACKS_REQUEST, v=c.version, id=rid, **extra))
 
-    def result(self, c: Client, m: dict[str, Any]) -> None:
+    def result(self, c: Client, m: P.StacksResult) -> None:
         """A client's ``stacks_result``: only the client asked may answer its request."""
-        entry = self._pending.get(m["id"])
+        entry = self._pending.get(m.id)
         if entry is None or entry[0] != c.ident:
             return
-        del self._pending[m["id"]]
+        del self._pending[m.id]
         answer: dict[str, Any] = {
             "threads": [
-                {"name": t["name"], "tid": t["tid"], "frames": t["frames"]} for t in m["threads"]
+                {"name": t["name"], "tid": t["tid"], "frames": t["frames"]} for t in m.threads
             ]
         }
-        for k in ("flight", "flight_error"):
-            if k in m:
-                answer[k] = m[k]
+        if m.flight is not P.UNSET:
+            answer["flight"] = m.flight
+        if m.flight_error is not P.UNSET:
+            answer["flight_error"] = m.flight_error
         entry[3](answer, None)
 
     def expire(self, now: float) -> None:

@@ -246,7 +246,7 @@ _NO_WINDOW = _Window(0.0, 0.0, {}, 0.0, 0.0, 0)
 class _Held(NamedTuple):
     """Ledgers over the heartbeat rate not yet applied, merged into one."""
 
-    ledger: dict[str, Any]
+    ledger: P.Ledger
     regions: dict[str, float]  # folded (see ``Ledgers._fold``)
 
 
@@ -309,22 +309,22 @@ def _merge(older: _Held, newer: _Held) -> _Held:
     sums and histograms add up, the max is the max, and p50/p90/p99 are the means of the
     two weighted by their steps (the steps themselves are not here to take them from)."""
     (a, ra), (b, rb) = older, newer
-    na, nb = a["n"], b["n"]
+    na, nb = a.n, b.n
     n = na + nb
-    qa, qb = a["q"], b["q"]
+    qa, qb = a.q, b.q
     q = [((x * na + y * nb) / n if n else max(x, y)) for x, y in zip(qa[:3], qb[:3], strict=True)]
     q.append(max(qa[3], qb[3]))
     regions = dict(ra)
     for name, sec in rb.items():
         regions[name] = regions.get(name, 0.0) + sec
-    merged = {
-        "at": b["at"],
-        "n": n,
-        "sum": a["sum"] + b["sum"],
-        "q": q,
-        "b": [x + y for x, y in zip(a["b"], b["b"], strict=True)],
-        "epoch": b.get("epoch", 0),
-    }
+    merged = P.Ledger(
+        at=b.at,
+        n=n,
+        sum=a.sum + b.sum,
+        q=q,
+        b=[x + y for x, y in zip(a.b, b.b, strict=True)],
+        epoch=b.epoch,
+    )
     return _Held(merged, regions)
 
 
@@ -361,9 +361,7 @@ class Ledgers:
         return len(self.by_key)
 
     # --- transitions ---------------------------------------------------------------------
-    def heartbeat(
-        self, c: Client, step: int | None, ledger: dict[str, Any] | None, now: float
-    ) -> None:
+    def heartbeat(self, c: Client, step: int | None, ledger: P.Ledger | None, now: float) -> None:
         """A heartbeat from ``c`` at monotonic ``now``: its step and, from protocol 3, its
         ledger (validated by the protocol: every number within its bounds)."""
         led = self._own(c, now)
@@ -373,7 +371,7 @@ class Ledgers:
                     led.steps_total += step - led.last_step
                 led.last_step = step
             return
-        regions = self._fold(led, ledger.get("r", ()))
+        regions = self._fold(led, ledger.r)
         if not self._admit(led, now):
             held = led.held
             mine = _Held(ledger, regions)
@@ -386,15 +384,13 @@ class Ledgers:
             led.held = None
         self._apply(led, ledger, regions, now)
 
-    def _apply(
-        self, led: Ledger, ledger: dict[str, Any], regions: dict[str, float], now: float
-    ) -> None:
+    def _apply(self, led: Ledger, ledger: P.Ledger, regions: dict[str, float], now: float) -> None:
         # A new epoch: the process set its step count (or began timing after its untimed
         # first step). The client times only the steps after the jump, so the ledger counts
         # as it is; the steps jumped over are not steps it ran.
-        led.epoch = ledger.get("epoch", 0)
-        led.last_step = ledger["at"]
-        n = ledger["n"]
+        led.epoch = ledger.epoch
+        led.last_step = ledger.at
+        n = ledger.n
         led.steps_total += n
         m = led.minute
         unix = self._unix()
@@ -409,15 +405,15 @@ class Ledgers:
         if n <= 0:
             return
         led.timed = True
-        total = ledger["sum"]
-        b = ledger["b"]
+        total = ledger.sum
+        b = ledger.b
         mine = led.buckets
         for i in range(_NBUCKETS):
             mine[i] += b[i]
         # The histogram's sum covers the steps its buckets count (a sample above the ring).
         counted = sum(b)
         led.sum_total += total if counted >= n else total * counted / n
-        p50, p90, p99, top = ledger["q"]  # the protocol's order (exactly 4, validated)
+        p50, p90, p99, top = ledger.q  # the protocol's order (exactly 4, validated)
         self._interval(led, now, n, total, p50, p90, p99, top)
         m.steps += n
         m.sum_s += total
@@ -474,7 +470,7 @@ class Ledgers:
             new.tokens, new.tokens_at = led.tokens, led.tokens_at
         return new
 
-    def _fold(self, led: Ledger, entries: Iterable[list[Any]]) -> dict[str, float]:
+    def _fold(self, led: Ledger, entries: Iterable[tuple[str, float, int]]) -> dict[str, float]:
         """A ledger's region times by name, a name the rank may not keep more counted as
         :data:`OTHER_REGION`: the first ``max_regions`` names it sends are the ones kept."""
         out: dict[str, float] = {}
