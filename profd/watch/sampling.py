@@ -158,6 +158,10 @@ JUMP_FACTOR = 4.0
 JUMP_SLACK = 100
 #: The shortest stretch a rank's rate is measured over (seconds).
 RATE_S = 1.0
+#: The rate (steps/s) a rank is always allowed, whatever was measured: its first stretch may
+#: include building its model and slow warm-up steps (a few steps a second) before it runs a
+#: thousand a second, which is no jump; a claimed step 10^9 still is.
+FLOOR_SPS = 1000.0
 #: Seconds a rank that jumped must step on from there, never going back, before its new steps
 #: count (``step(n)`` in a resumed run that had been stepping already, or a job whose steps
 #: became far faster than its warm-up's); its rate is then measured afresh from the jump.
@@ -170,10 +174,6 @@ class _Trusted:
     at: float
     base: tuple[int, float]  # where its rate is measured from
     sps: float | None = None  # its fastest rate over RATE_S or more; None: not measured yet
-    # Whether it had stepped when ``base`` was taken: the time a process spends building its
-    # model before its first step is not a rate, and a rate measured over it would make its
-    # first real stretch (a thousand steps a second) look like a jump.
-    moving: bool = False
     jumped: tuple[int, float] | None = None  # since its last jump: (step, when first seen)
 
 
@@ -201,10 +201,7 @@ class StepTrust:
             if r.sps is None or _plausible(r.sps, r.step, r.at, step, at):
                 r.step, r.at, r.jumped = step, at, None
                 b_step, b_at = r.base
-                if not r.moving:
-                    if step > b_step:
-                        r.base, r.moving = (step, at), True
-                elif at - b_at >= RATE_S:
+                if at - b_at >= RATE_S:
                     # Its fastest stretch: a pause (a checkpoint) must not make its next
                     # steps look like a jump.
                     r.sps = max(r.sps or 0.0, (step - b_step) / (at - b_at))
@@ -215,7 +212,7 @@ class StepTrust:
         else:
             j_step, j_at = r.jumped
             sps = (step - j_step) / (at - j_at)
-            self.ranks[key] = _Trusted(step, at, (step, at), sps or None, sps > 0)
+            self.ranks[key] = _Trusted(step, at, (step, at), sps or None)
             return True
         r.jumped = (step, at)
         self.implausible += 1
@@ -229,4 +226,5 @@ class StepTrust:
 
 
 def _plausible(sps: float, step0: int, at0: float, step: int, at: float) -> bool:
-    return step - step0 <= JUMP_SLACK + JUMP_FACTOR * sps * max(0.0, at - at0)
+    rate = max(sps, FLOOR_SPS)
+    return step - step0 <= JUMP_SLACK + JUMP_FACTOR * rate * max(0.0, at - at0)

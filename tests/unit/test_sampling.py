@@ -267,27 +267,27 @@ def test_a_step_that_jumps_beyond_the_ranks_rate_is_ignored_and_counted() -> Non
 
 def test_a_job_that_speeds_up_after_its_warm_up_is_not_a_jump() -> None:
     trust = sampling.StepTrust()
-    # Attached at step 0, a second building its model, then 50 slow warm-up steps: the
-    # time before its first step is not its rate, so 1,400 steps a second after is no jump.
+    # Attached at step 0, a second building its model, then 50 slow warm-up steps: its first
+    # measured rate is 50 steps/s, yet 1,400 steps a second after is no jump (FLOOR_SPS).
     assert trust.observe("r", 0, 0.0)
     assert trust.observe("r", 50, 1.0)
     for i in range(1, 6):
         assert trust.observe("r", 50 + 1400 * i, 1.0 + i)
     assert trust.implausible == 0
-    # A job measured at 10 steps/s that becomes 100 times faster (a compiled graph is
-    # ready): a jump at first, trusted once it has stepped on from there for SETTLE_S,
-    # with the new rate measured from the jump.
+    # A job measured at 10 steps/s that becomes far faster than the floor allows (10,000
+    # steps/s): a jump at first, trusted once it has stepped on from there for SETTLE_S,
+    # with its new rate measured from the jump.
     trust = sampling.StepTrust()
     at, step = 0.0, 0
     for _ in range(10):
         at, step = at + 1.0, step + 10
         assert trust.observe("r", step, at)
-    at, step = at + 1.0, step + 1000
+    at, step = at + 1.0, step + 10_000
     assert not trust.observe("r", step, at)
     settled = at + sampling.SETTLE_S
     while at < settled:
-        at, step = at + 1.0, step + 1000
+        at, step = at + 1.0, step + 10_000
         assert trust.observe("r", step, at) == (at >= settled)
-    at, step = at + 1.0, step + 1000
+    at, step = at + 1.0, step + 10_000
     assert trust.observe("r", step, at)
     assert trust.implausible == 1
