@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 
-log = logging.getLogger("profd.sampler")
+log = logging.getLogger("profd.procstats")
 
 
 @dataclass(frozen=True)
