@@ -23,6 +23,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
+import msgspec
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -30,6 +31,7 @@ from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.metrics import INCIDENT_KINDS, MetricsServer, SnapshotCollector
 from profd.watch.snapshot import RankSeries, Snapshot
+from profd_client import protocol as P
 from profd_client.protocol import STEP_BUCKETS
 
 RANKS = 1024
@@ -145,8 +147,11 @@ def bench_publish(ranks: int, reps: int) -> dict[str, list[float]]:
     b[STEP_BUCKETS.index(0.5)] = 10
     for c in registry:
         regions = [[name, 1.0, 10] for name in ("data", "forward", "backward", "optimizer")]
-        ledger = {"at": c.step, "n": 10, "sum": 4.0, "q": [0.4, 0.45, 0.5, 0.5], "b": b,
-                  "r": regions, "epoch": 1}  # fmt: skip
+        ledger = msgspec.convert(
+            {"at": c.step, "n": 10, "sum": 4.0, "q": [0.4, 0.45, 0.5, 0.5], "b": b,
+             "r": regions, "epoch": 1},
+            P.Ledger,
+        )  # fmt: skip
         ledgers.heartbeat(c, c.step, ledger, time.monotonic())
     hook: list[float] = []
     full: list[float] = []

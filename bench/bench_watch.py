@@ -39,6 +39,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
+import msgspec
 from incidentstore import incidents_on
 from stats_synth import store_session, synthetic_session  # tests/, on sys.path through benchlib
 
@@ -49,6 +50,7 @@ from profd.daemon.sessions.samples import SampleStragglers
 from profd.daemon.watch.detector_runs import Detectors
 from profd.store.index import Database, SessionRepo
 from profd.watch.sampling import LABEL, sample_id
+from profd_client import protocol as P
 from profd_client.protocol import STEP_BUCKETS
 
 RANKS = 1024
@@ -83,12 +85,12 @@ def registry(cs: list[Client]) -> Registry:
     return reg
 
 
-def ledger(step: int, rng: random.Random) -> dict[str, Any]:
+def ledger(step: int, rng: random.Random) -> P.Ledger:
     b = [0] * (len(STEP_BUCKETS) + 1)
     b[STEP_BUCKETS.index(0.5)] = 10
     p50 = 0.4 * (1 + rng.uniform(-0.05, 0.05))
-    return {"at": step, "n": 10, "sum": 4.0, "q": [p50, p50 * 1.1, p50 * 1.2, p50 * 1.3],
-            "b": b, "r": [], "epoch": 1}  # fmt: skip
+    return typed({"at": step, "n": 10, "sum": 4.0, "q": [p50, p50 * 1.1, p50 * 1.2, p50 * 1.3],
+                  "b": b, "r": [], "epoch": 1})  # fmt: skip
 
 
 def run(n: int, per_job: int, ticks: int, tmp: Path) -> dict[str, list[float]]:
@@ -144,14 +146,19 @@ def _steps(base: float, rng: random.Random) -> list[float]:
     return [base * rng.uniform(0.9, 1.1) for _ in range(STEPS_PER_HB)]
 
 
-def _ledger(at: int, times: list[float]) -> dict[str, Any]:
+def typed(fields: dict[str, Any]) -> P.Ledger:
+    """A ledger as the daemon gets it from a heartbeat: validated and typed."""
+    return msgspec.convert(fields, P.Ledger)
+
+
+def _ledger(at: int, times: list[float]) -> P.Ledger:
     """A heartbeat's ledger for these step times, as the client summarises them."""
     ts = sorted(times)
     b = [0] * (len(STEP_BUCKETS) + 1)
     for t in ts:
         b[next((i for i, edge in enumerate(STEP_BUCKETS) if t <= edge), len(STEP_BUCKETS))] += 1
     q = [ts[len(ts) // 2], ts[int(len(ts) * 0.9)], ts[-1], ts[-1]]
-    return {"at": at, "n": len(ts), "sum": sum(ts), "q": q, "b": b, "r": [], "epoch": 1}
+    return typed({"at": at, "n": len(ts), "sum": sum(ts), "q": q, "b": b, "r": [], "epoch": 1})
 
 
 def detect(
