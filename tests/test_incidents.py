@@ -183,13 +183,15 @@ def test_a_restart_keeps_the_incident_and_fires_nothing_new(run: Run) -> None:
     d.wait_attached(6, timeout=WAIT)
     # The incident waits twice a window and a hold for its rule to report it again; past
     # that and one hold more, it is open only if the rule found rank 1 again, and nothing
-    # new was opened for it.
+    # new was opened for it. (Only its kind: the suite's other jobs on these two cores can
+    # make the whole job slower for a few seconds, which the regression rule rightly sees.)
     time.sleep(max(0.0, restarted + 2 * (WINDOW + HOLD) + HOLD + 2.0 - time.monotonic()))
-    (after,) = incidents(d)
+    (after,) = incidents(d, "--kind", "slow_rank")
     assert after["id"] == before["id"] and after["state"] == "open", after
-    assert [s["id"] for s in incident_sessions(d)] == [before["session"]]
-    assert "open" in d.ctl("incidents", "--job", "workers").stdout
-    assert set(counted(d).values()) == {0.0}  # this daemon opened none
+    mine = [s["id"] for s in incident_sessions(d) if s["label"] == f"incident:{before['id']}"]
+    assert mine == [before["session"]]  # no second capture for it
+    assert "open" in d.ctl("incidents", "--job", "workers", "--kind", "slow_rank").stdout
+    assert counted(d)["slow_rank"] == 0.0  # this daemon opened none of its kind
 
 
 def test_sighup_reads_watch_again_and_keeps_it_when_bad(
