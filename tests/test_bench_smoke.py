@@ -351,3 +351,15 @@ def test_driver_prints_table(tmp_path: Path) -> None:
     assert "query by job" in r.stdout
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["rows"] and summary["failed"] == []
+
+
+def test_the_typed_message_comparison_runs_and_both_paths_agree() -> None:
+    # bench_protocol checks, before it times anything, that the hand-written and the typed
+    # decoders accept the same frames and refuse the same bad ones: a failed check exits 1.
+    out = subprocess.run(
+        [sys.executable, str(BENCH / "bench_protocol.py"), "--quick"],
+        cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S,
+    )  # fmt: skip
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = [line.split()[0] for line in out.stdout.splitlines() if " new/old " in line]
+    assert {"hb", "arm", "hello", "armed"} <= set(rows), out.stdout
