@@ -550,7 +550,8 @@ checks and showed four more problems; each is fixed, and the run above checks th
   (2.5 min with its set-up).
 - **After the typed-messages change** (2026-11-26, H100, profd 1651f5d: the protocol a
   package, `hb` and `arm` decoded by msgspec, the control schemas out of the client, the
-  daemon's loop and index split): 8 of 8 passed, the client's CUDA paths unchanged."""
+  daemon's loop and index split): 8 of 8 passed, the client's CUDA paths unchanged; and
+  again at 167a5fd with every agent message typed (the run above)."""
 
 
 TWO_GPUS = """## Two GPUs (manual)
