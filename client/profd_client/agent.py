@@ -10,6 +10,7 @@ Nothing here can raise into training code: every failure ends in a retry.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -20,6 +21,7 @@ from typing import Any
 
 from . import flight
 from . import protocol as P
+from .blackbox import BlackBox
 from .capture import torch_info
 from .identity import DistInfo, Identity, RayInfo, detect, probe_dist
 from .ledger import Reader
@@ -58,8 +60,11 @@ class Agent(threading.Thread):
         ray: RayInfo | None = None,
         dist: DistInfo | None = None,
         allow: Callable[[int], bool] | None = None,
+        box: BlackBox | None = None,
     ) -> None:
         super().__init__(name="profd-agent", daemon=True)
+        #: This rank's black box (None: ``PROFD_BLACKBOX=0``); sampled from this thread.
+        self.box = box
         self.who = ident
         # For detecting the identity again once the job's process group exists.
         self._explicit = explicit or Explicit()
@@ -131,7 +136,17 @@ class Agent(threading.Thread):
     def _loop_once(self, zmq: Any, ctx: Any, poller: Any) -> None:
         now = time.monotonic()
         wait = max(0.0, self._last_tx + self.hb_interval - now)
-        events = dict(poller.poll(int(wait * 1000.0)))
+        box = self.box
+        if box is not None:
+            due = box.due(time.perf_counter())
+            if due is not None:
+                wait = min(wait, due)
+        events = dict(poller.poll(int(math.ceil(wait * 1000.0))))
+        if box is not None:
+            try:
+                box.sample(time.perf_counter())
+            except Exception as exc:  # a sample lost, never the agent
+                log.debug("profd_client: black box sample failed: %r", exc)
         if self._wake_r in events:
             try:
                 os.read(self._wake_r, 4096)
@@ -201,6 +216,8 @@ class Agent(threading.Thread):
         # Whoever reads this hello learns of us now: the next ledger covers what follows.
         self._ledger.restart()
         extra: dict[str, Any] = {"flight": True} if flight.enabled() else {}
+        if self.box is not None:
+            extra["blackbox"] = True
         return P.encode(
             P.HELLO,
             v=self.proto,
@@ -308,6 +325,8 @@ class Agent(threading.Thread):
         if type(msg) is P.Welcome:
             # The daemon drops clients after missing *its* heartbeat interval: follow it.
             self.hb_interval = max(0.05, msg.hb_interval)
+            if self.box is not None and msg.blackbox is not P.UNSET:
+                self.box.configure(P.fields_of(msg.blackbox))
             self._welcomed = True
             self.connected.set()
             refused, self._refused = self._refused, None
@@ -330,6 +349,8 @@ class Agent(threading.Thread):
             self._unacked.pop(msg.id, None)
         elif type(msg) is P.DumpStacks:
             self._send_stacks(msg.id, msg.stacks, msg.flight)
+        elif type(msg) is P.Blackbox:
+            self._send_blackbox(msg.id)
         elif type(msg) is P.Error:
             self._error(msg)
 
@@ -385,6 +406,26 @@ class Agent(threading.Thread):
             return
         if len(frame) <= P.MAX_FRAME_BYTES:
             self._send(frame)
+
+    def _send_blackbox(self, request: int) -> None:
+        """The black box, within one frame: halved (its oldest steps dropped) until it fits."""
+        box = self.box
+        if box is None:
+            return
+        most: int | None = None
+        try:
+            for _ in range(16):
+                fields = box.snapshot(most)
+                frame = P.encode(P.BLACKBOX_RESULT, v=self.proto, id=request, **fields)
+                if len(frame) <= P.MAX_FRAME_BYTES:
+                    self._send(frame)
+                    return
+                held = len(fields["ends"]) // 8
+                if held <= 2:
+                    break  # the daemon names this rank as not answering
+                most = held // 2
+        except Exception as exc:  # never let the answer cost the agent thread
+            log.debug("profd_client: black box not sent: %r", exc)
 
     def _refuse(self, exc: P.ProtocolError) -> None:
         """A frame we cannot use. An ``arm`` we cannot follow is said so, never dropped

@@ -13,6 +13,7 @@ from typing import Any
 # None of these import zmq or torch; importing them here keeps attach() itself cheap.
 from . import protocol as P
 from .agent import Agent, Explicit
+from .blackbox import BlackBox, env_overrides
 from .identity import Identity, detect, probe_dist, probe_ray
 from .locations import find_socket, locate_socket
 from .ranks import RankSpecError, parse_ranks
@@ -89,7 +90,11 @@ def attach(
         allowed = allow(ident.rank)
         interval = heartbeat or float(os.environ.get("PROFD_HEARTBEAT", "1.0"))
         st = Stepper(stem=f"{ident.role}-r{ident.rank}", notify=lambda: None)
-        agent = Agent(ident, st, step, allowed, runtime_dir, interval, explicit, ray, dist, allow)
+        overrides = env_overrides()
+        box = BlackBox(st, overrides) if overrides.get("enabled", True) else None
+        agent = Agent(
+            ident, st, step, allowed, runtime_dir, interval, explicit, ray, dist, allow, box
+        )
         st._notify = agent.notify
         if step == "optimizer":
             _hook = _install_optimizer_hook(st)

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from typing import Any
+from typing import Any, Final
 
 from . import protocol as P
 
@@ -44,6 +44,53 @@ def enabled() -> bool:
 def summary() -> dict[str, Any]:
     """The flight recorder's bounded summary; raises ``RuntimeError`` with one line when
     there is none (not on, no process group yet, an entry point this torch lacks)."""
+    return condense(_dump())
+
+
+#: Collectives a black box carries at most (the newest).
+TIMED_MAX: Final = 2048
+
+
+def timed() -> list[dict[str, Any]]:
+    """The recorder's collectives with their timings, oldest first, for the black box:
+    ``{"pg", "seq", "op", "state", "created", "started", "completed", "ms"}``, times in
+    wall-clock seconds (None where torch did not see that moment: ``started`` and
+    ``completed`` are observed by its watchdog, ``ms`` is measured on CUDA only). Raises
+    ``RuntimeError`` as :func:`summary` does."""
+    return timed_entries(_dump())
+
+
+def timed_entries(doc: dict[str, Any]) -> list[dict[str, Any]]:
+    """A dump's entries as :func:`timed` gives them."""
+    out = []
+    for e in (doc.get("entries") or [])[-TIMED_MAX:]:
+        if not isinstance(e, dict):
+            continue
+        pg = e.get("process_group") or ("", "")
+        p2p = bool(e.get("is_p2p"))
+        ms = e.get("duration_ms")
+        out.append(
+            {
+                "pg": (str(pg[0]) if isinstance(pg, list | tuple) and pg else str(pg))[
+                    : P.MAX_NAME
+                ],
+                "seq": _int(e.get("p2p_seq_id" if p2p else "collective_seq_id")),
+                "op": str(e.get("profiling_name") or "?")[: P.MAX_NAME],
+                "state": str(e.get("state") or "?")[:16],
+                "created": _wall(e.get("time_created_ns")),
+                "started": _wall(e.get("time_discovered_started_ns")),
+                "completed": _wall(e.get("time_discovered_completed_ns")),
+                "ms": float(ms) if isinstance(ms, int | float) and ms >= 0 else None,
+            }
+        )
+    return out
+
+
+def _wall(ns: Any) -> float | None:
+    return ns / 1e9 if isinstance(ns, int) and ns > 0 else None
+
+
+def _dump() -> dict[str, Any]:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("no torch.distributed process group in this process")
@@ -54,8 +101,10 @@ def summary() -> dict[str, Any]:
     if dump is None:
         raise RuntimeError("this torch has no flight-recorder dump entry point")
     raw = dump(True, False)  # includeCollectives, onlyActive
-    doc = json.loads(raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw)
-    return condense(doc)
+    doc: dict[str, Any] = json.loads(
+        raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw
+    )
+    return doc
 
 
 def condense(doc: dict[str, Any]) -> dict[str, Any]:

@@ -19,14 +19,14 @@ from collections.abc import Iterable, Sequence
 from typing import Any, Final
 
 from . import protocol as P
-from .steps import Stepper
+from .steps import RING, Stepper, slots
 
 #: The UTF-8 bytes of region names one ledger carries at most: 32 names of 200 characters of
 #: 4 bytes each would not fit a 16 KiB heartbeat; the regions with least time are left out.
 REGION_NAME_BYTES: Final = 12 * 1024
 #: Quantiles in a ledger's ``q`` (the last one, 1.0, is the maximum).
 QUANTILES: Final = (0.5, 0.9, 0.99, 1.0)
-_MASK: Final = P.LEDGER_RING - 1
+_MASK: Final = RING - 1
 
 
 def _seconds(x: float) -> float:
@@ -115,7 +115,7 @@ class Reader:
         t = st._ring[c & _MASK]
         # The slot is step c's (written before count said c) unless the training thread went
         # round the whole ring meanwhile; a jump meanwhile replaces ``base``.
-        if base is None or st.base is not base or st.count - c >= P.LEDGER_RING - 1:
+        if base is None or st.base is not base or st.count - c >= RING - 1:
             self._epoch = None
             return
         self._epoch, self._step, self._t = base[0], c, t
@@ -140,14 +140,14 @@ class Reader:
         if n < 0:
             return None
         first = max(b + 1, c1 - P.LEDGER_RING + 1)
-        times = self._slots(first, c1)
+        times = slots(st._ring, first, c1)
         c2 = st.count
         if st.base is not base:
             return None  # a jump meanwhile: the next ledger starts from it
         # A slot is written just before count moves on, so with count at c2 the training
         # thread may have written the slots of steps up to c2 + 1: each overwrote the step
-        # LEDGER_RING before it.
-        oldest = c2 + 2 - P.LEDGER_RING
+        # RING before it.
+        oldest = c2 + 2 - RING
         if n and c1 < oldest:
             return None  # went round the whole ring while we copied: not in practice
         if first < oldest:
@@ -166,14 +166,6 @@ class Reader:
         )
         self._step, self._t = c1, last_t
         return ledger
-
-    def _slots(self, first: int, last: int) -> list[float]:
-        """The ring's times of steps ``first..last`` (at most ``LEDGER_RING``), oldest first."""
-        if last < first:
-            return []
-        ring = self.st._ring
-        i, j = first & _MASK, last & _MASK
-        return ring[i : j + 1] if i <= j else ring[i:] + ring[: j + 1]
 
     def _region_deltas(self) -> list[tuple[str, float, int]]:
         out = []

@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import threading
 import time
+from array import array
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager
@@ -53,9 +54,12 @@ from .nsysrange import NsysRange
 
 NEVER = 1 << 62
 _ids = itertools.count(1)
-#: Ring index of a step: ``k & _MASK`` (LEDGER_RING is a power of two).
-_MASK: Final = P.LEDGER_RING - 1
-assert P.LEDGER_RING & _MASK == 0
+#: Steps the clock ring holds: the ledger reads the last ``LEDGER_RING`` of them, the black
+#: box (``blackbox.py``) as many as it keeps.
+RING: Final = 1 << 15
+#: Ring index of a step: ``k & _MASK`` (RING is a power of two).
+_MASK: Final = RING - 1
+assert RING & _MASK == 0 and RING >= P.LEDGER_RING
 #: A ledger's ``epoch`` is at most 2**31: it wraps.
 _EPOCH_MASK: Final = (1 << 31) - 1
 #: What ``region()`` returns for a block it does not time (not attached, a name it cannot
@@ -91,6 +95,53 @@ def pending_write(reports: Iterable[dict[str, Any]]) -> SnapshotWrite | None:
     return None
 
 
+#: Region exits the black box keeps (all regions together).
+RECORD_SLOTS: Final = 1 << 14
+_RECORD_MASK: Final = RECORD_SLOTS - 1
+assert RECORD_SLOTS & _RECORD_MASK == 0
+
+
+class RegionLog:
+    """Region exits, written by whichever thread exits a region (:meth:`RegionTimer.__exit__`)
+    and read by the agent thread: a record is stored before ``n`` counts it, so a reader that
+    copies after reading ``n`` finds the records below ``n`` written (as the step ring)."""
+
+    __slots__ = ("end", "n", "on", "region", "seconds", "step")
+
+    def __init__(self) -> None:
+        self.n = 0
+        self.on = True
+        self.step = array("q", bytes(8 * RECORD_SLOTS))
+        self.region = array("h", bytes(2 * RECORD_SLOTS))
+        self.end = array("d", bytes(8 * RECORD_SLOTS))
+        self.seconds = array("d", bytes(8 * RECORD_SLOTS))
+
+    def held(self) -> tuple[list[int], list[int], list[float], list[float]]:
+        """The records still held, oldest first: steps, region indexes, ends, durations."""
+        n1 = self.n
+        step, region = self.step.tolist(), self.region.tolist()
+        end, seconds = self.end.tolist(), self.seconds.tolist()
+        # Records up to n2 may have been written meanwhile, each over the one RECORD_SLOTS
+        # before it: only those after that are whole.
+        first = max(0, n1 - RECORD_SLOTS, self.n + 1 - RECORD_SLOTS)
+        order = [i & _RECORD_MASK for i in range(first, n1)]
+        return (
+            [step[j] for j in order],
+            [region[j] for j in order],
+            [end[j] for j in order],
+            [seconds[j] for j in order],
+        )
+
+
+
+def slots(ring: list[float], first: int, last: int) -> list[float]:
+    """The clock ring's times of steps ``first..last`` (at most ``RING``), oldest first."""
+    if last < first:
+        return []
+    i, j = first & _MASK, last & _MASK
+    return ring[i : j + 1] if i <= j else ring[i:] + ring[: j + 1]
+
+
 class RegionTimer:
     """Wall time spent inside one region name: ``seconds`` and ``entries`` (outermost entries;
     a nested entry of the same name adds neither). Reused for every entry, so entering costs
@@ -99,17 +150,26 @@ class RegionTimer:
     The open entries are a stack of start times: ``list.append``/``pop`` are atomic under the
     GIL, so entries from several threads can make the time the span during which any of them
     was open, but never leave the timer stuck open (as a depth counter's lost update could).
-    Time is added when the outermost entry exits.
+    Time is added when the outermost entry exits; with a black box (``stepper`` given and its
+    ``blackbox_log`` set) that exit is also recorded there, with the step it ran in.
     """
 
-    __slots__ = ("_clock", "_open", "entries", "name", "seconds")
+    __slots__ = ("_clock", "_open", "_st", "entries", "index", "name", "seconds")
 
-    def __init__(self, name: str, clock: Callable[[], float]) -> None:
+    def __init__(
+        self,
+        name: str,
+        clock: Callable[[], float],
+        stepper: Stepper | None = None,
+        index: int = 0,
+    ) -> None:
         self.name = name
         self.seconds = 0.0
         self.entries = 0
         self._open: list[float] = []
         self._clock = clock
+        self._st = stepper
+        self.index = index  # its place in ``Stepper.regions`` (the black box's records name it)
 
     def __enter__(self) -> None:
         self._open.append(self._clock())
@@ -123,8 +183,21 @@ class RegionTimer:
         opened = self._open
         t0 = opened.pop()
         if not opened:
-            self.seconds += self._clock() - t0
+            t1 = self._clock()
+            self.seconds += t1 - t0
             self.entries += 1
+            st = self._st
+            if st is not None:
+                log = st.blackbox_log
+                if log is not None and log.on:
+                    # Stored before ``n`` counts the record (see :class:`RegionLog`).
+                    i = log.n
+                    j = i & _RECORD_MASK
+                    log.step[j] = st.count + 1
+                    log.region[j] = self.index
+                    log.end[j] = t1
+                    log.seconds[j] = t1 - t0
+                    log.n = i + 1
 
 
 def _sendable(name: object) -> bool:
@@ -186,6 +259,7 @@ class Stepper:
         "_ring",
         "_untimed_first",
         "base",
+        "blackbox_log",
         "count",
         "epoch",
         "inbox",
@@ -195,6 +269,7 @@ class Stepper:
         "outbox",
         "regions",
         "stem",
+        "training_ident",
         "training_tid",
     )
 
@@ -217,7 +292,7 @@ class Stepper:
         # The ledger (see the module docstring). Bound here so tick() reads two attributes
         # and allocates nothing but the clock's float.
         self._clock = clock
-        self._ring = [0.0] * P.LEDGER_RING
+        self._ring = [0.0] * RING
         t = clock()
         self._ring[0] = t
         self.epoch = 0
@@ -232,6 +307,10 @@ class Stepper:
         #: that attached until the first step's end says which thread steps (once, off the
         #: hot path). The agent thread reads it.
         self.training_tid: int = threading.get_native_id()
+        #: Its Python id (``threading.get_ident()``): the black box samples its frames.
+        self.training_ident: int = threading.get_ident()
+        #: Where region exits are recorded for the black box (set by ``BlackBox``), if any.
+        self.blackbox_log: RegionLog | None = None
 
     # --- hot path ----------------------------------------------------------------------------
     def tick(self) -> None:
@@ -293,6 +372,7 @@ class Stepper:
     def _boundary(self) -> None:
         if self._untimed_first and self.count >= 1:
             self.training_tid = threading.get_native_id()
+            self.training_ident = threading.get_ident()
             self._rebase(self._ring[self.count & _MASK])
         try:
             self._drain_inbox()
@@ -479,7 +559,7 @@ class Stepper:
             return t
         if len(regions) >= P.MAX_LEDGER_REGIONS or not _sendable(name):
             return NULL_REGION
-        t = regions[name] = RegionTimer(name, self._clock)
+        t = regions[name] = RegionTimer(name, self._clock, self, len(regions))
         return t
 
     @contextlib.contextmanager

@@ -1,8 +1,8 @@
 """The agent messages: what a training process and its node's daemon say on ``agent.sock``.
 
 Client to daemon: ``hello``, ``hb``, ``armed``, ``progress``, ``captured``, ``bye``,
-``stacks_result``; daemon to client: ``welcome``, ``hb``, ``arm``, ``disarm``, ``ack``,
-``error``, ``dump_stacks``. One definition per type, in :data:`SCHEMAS`, checks a message
+``stacks_result``, ``blackbox_result``; daemon to client: ``welcome``, ``hb``, ``arm``,
+``disarm``, ``ack``, ``error``, ``dump_stacks``, ``blackbox``. One definition per type, in :data:`SCHEMAS`, checks a message
 both when it is sent and when it is received. :func:`encode` writes a message in the current
 version's shape and lets :mod:`.adapter` turn it into the peer's version.
 """
@@ -15,7 +15,7 @@ import msgspec
 from msgspec import UNSET, Meta, UnsetType
 
 from . import adapter
-from .envelope import MAX_ERROR_TEXT, VERSION, Inbound, encode_with
+from .envelope import MAX_ERROR_TEXT, MAX_FRAME_BYTES, VERSION, Inbound, encode_with
 from .schema import (
     MAX_CYCLE_STEPS,
     MAX_CYCLES,
@@ -44,6 +44,8 @@ from .vocabulary import (
     ACK,
     ARM,
     ARMED,
+    BLACKBOX_REQUEST,
+    BLACKBOX_RESULT,
     BYE,
     CAPTURED,
     DISARM,
@@ -274,6 +276,9 @@ class Hello(Message, tag=HELLO):
     training_tid: _Tid | None = None
     # Its flight recorder is on (``TORCH_FR_BUFFER_SIZE``): ``dump_stacks`` may ask for it.
     flight: bool = False
+    # It keeps a black box: ``blackbox`` may ask for it (a client that does not say so is
+    # never asked, and is named as having none).
+    blackbox: bool = False
 
     def __post_init__(self) -> None:
         IDENTITY_SOURCE.check(self.identity_source, "hello.identity_source")
@@ -357,8 +362,18 @@ class StacksResult(Message, tag=STACKS_RESULT):
             FLIGHT.check(self.flight, "stacks_result.flight")
 
 
+class BlackboxSettings(msgspec.Struct, forbid_unknown_fields=False):
+    """``[blackbox]`` as a daemon tells its clients (``welcome``)."""
+
+    enabled: bool = True
+    keep_steps: Annotated[int, Meta(ge=1, le=1 << 20)] = 512
+    keep_seconds: Annotated[float, Meta(ge=0.0, le=86400.0)] = 120.0
+    sample_hz: Annotated[float, Meta(ge=0.0, le=1000.0)] = 10.0
+
+
 class Welcome(Message, tag=WELCOME):
-    """Daemon -> client: registered; heartbeat every ``hb_interval`` seconds."""
+    """Daemon -> client: registered; heartbeat every ``hb_interval`` seconds; keep a black
+    box as ``blackbox`` says (absent: the client's defaults)."""
 
     v: Annotated[int, Version]
     spool: _Path
@@ -369,6 +384,7 @@ class Welcome(Message, tag=WELCOME):
         Annotated[list[Annotated[int, Meta(ge=0, le=1 << 16)]], Meta(min_length=2, max_length=2)]
         | UnsetType
     ) = UNSET
+    blackbox: BlackboxSettings | UnsetType = UNSET
 
 
 class Disarm(Message, tag=DISARM):
@@ -404,6 +420,71 @@ class DumpStacks(Message, tag=STACKS_REQUEST):
     flight: bool = False
 
 
+class Blackbox(Message, tag=BLACKBOX_REQUEST):
+    """Daemon -> client: send your black box, answered by a ``blackbox_result`` with this
+    ``id``."""
+
+    v: Annotated[int, Version]
+    id: _MsgId
+
+
+#: The most collectives, region names, frames and stacks a ``blackbox_result`` carries.
+BLACKBOX_MAX_COLLECTIVES: Final = 2048
+BLACKBOX_MAX_FRAMES: Final = 4096
+BLACKBOX_MAX_STACKS: Final = 2048
+_Bin = Annotated[bytes, Meta(max_length=MAX_FRAME_BYTES)]
+_Wall = Annotated[float, Meta(ge=0.0)] | None
+
+
+class Collective(msgspec.Struct, forbid_unknown_fields=False):
+    """One flight-recorder entry with its timings (``flight.timed``), wall-clock seconds."""
+
+    pg: Annotated[str, Meta(max_length=MAX_NAME)]
+    seq: Annotated[int, Meta(ge=-1, le=MAX_STEP)]
+    op: Annotated[str, Meta(max_length=MAX_NAME)]
+    state: Annotated[str, Meta(max_length=16)]
+    created: _Wall = None
+    started: _Wall = None
+    completed: _Wall = None
+    ms: _Wall = None
+
+
+class BlackboxResult(Message, tag=BLACKBOX_RESULT):
+    """Client -> daemon: the answer to ``blackbox`` ``id``. Arrays are little-endian bytes:
+    ``ends`` (float64) the end times of steps ``step0``, ``step0 + 1``, ...; each region
+    exit's step (int64), region index into ``regions`` (int16), end time and duration
+    (float64); each stack sample's time (float64), step (int64) and index into ``stacks``
+    (int32, -1: not recorded), each stack a list of indexes into ``frames``, innermost
+    first. Times are the process's ``perf_counter``; ``clock`` added makes them wall-clock
+    seconds. At most one frame: a client sends fewer steps rather than a larger one."""
+
+    v: Annotated[int, Version]
+    id: _MsgId
+    clock: float
+    settings: BlackboxSettings
+    step0: _Step
+    ends: _Bin
+    regions: Annotated[list[Annotated[str, Meta(max_length=MAX_NAME)]], Meta(max_length=64)]
+    region_steps: _Bin
+    region_ids: _Bin
+    region_ends: _Bin
+    region_seconds: _Bin
+    frames: Annotated[
+        list[Annotated[str, Meta(max_length=MAX_TEXT)]], Meta(max_length=BLACKBOX_MAX_FRAMES)
+    ]
+    stacks: Annotated[
+        list[Annotated[list[Annotated[int, Meta(ge=0)]], Meta(max_length=AGENT_MAX_FRAMES)]],
+        Meta(max_length=BLACKBOX_MAX_STACKS),
+    ]
+    sample_t: _Bin
+    sample_steps: _Bin
+    sample_stacks: _Bin
+    collectives: Annotated[list[Collective], Meta(max_length=BLACKBOX_MAX_COLLECTIVES)] | None = (
+        None
+    )
+    collectives_error: Annotated[str, Meta(max_length=MAX_TEXT)] | None = None
+
+
 #: Every agent message type, both directions: one definition each, which checks a message
 #: both when it is sent (:func:`encode`) and when it is received (:func:`.envelope.decode`).
 TYPES: Final[tuple[type[Message], ...]] = (
@@ -420,16 +501,33 @@ TYPES: Final[tuple[type[Message], ...]] = (
     Ack,
     Error,
     DumpStacks,
+    Blackbox,
+    BlackboxResult,
 )
 SCHEMAS: Final[dict[str, Typed]] = {(s := Typed(k)).t: s for k in TYPES}
 
 #: Which types each end of agent.sock accepts, with their schemas: a daemon takes only what
 #: a process reports about itself, a client only what its daemon says.
 AGENT_INBOUND: Final[Inbound] = Inbound(
-    {t: SCHEMAS[t] for t in (HELLO, HEARTBEAT, ARMED, PROGRESS, CAPTURED, BYE, STACKS_RESULT)}
+    {
+        t: SCHEMAS[t]
+        for t in (
+            HELLO,
+            HEARTBEAT,
+            ARMED,
+            PROGRESS,
+            CAPTURED,
+            BYE,
+            STACKS_RESULT,
+            BLACKBOX_RESULT,
+        )
+    }
 )
 CLIENT_INBOUND: Final[Inbound] = Inbound(
-    {t: SCHEMAS[t] for t in (WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR, STACKS_REQUEST)}
+    {
+        t: SCHEMAS[t]
+        for t in (WELCOME, HEARTBEAT, ARM, DISARM, ACK, ERROR, STACKS_REQUEST, BLACKBOX_REQUEST)
+    }
 )
 
 

@@ -34,6 +34,7 @@ PROGRESS: Final = "progress"
 CAPTURED: Final = "captured"
 BYE: Final = "bye"
 STACKS_RESULT: Final = "stacks_result"  # the answer to ``stacks``: this process's threads
+BLACKBOX_RESULT: Final = "blackbox_result"  # the answer to ``blackbox``: its black box
 # Daemon -> client, on agent.sock.
 WELCOME: Final = "welcome"
 ARM: Final = "arm"
@@ -42,6 +43,8 @@ ACK: Final = "ack"
 #: Daemon -> client: send every thread's stack (when the daemon may not trace the process);
 #: not named ``stacks``, which is the control request.
 STACKS_REQUEST: Final = "dump_stacks"
+#: Daemon -> client: send your black box (only to a client whose hello said ``blackbox``).
+BLACKBOX_REQUEST: Final = "blackbox"
 
 # --- names -------------------------------------------------------------------------------------
 ACTIVITIES: Final = frozenset({"cpu", "cuda"})
