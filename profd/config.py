@@ -276,6 +276,47 @@ def reload_watch(path: Path | None) -> WatchConfig:
 
 
 @dataclass(frozen=True)
+class BlackboxConfig:
+    """``[blackbox]``: what every attached rank keeps of its last steps (its welcome says so;
+    the rank's own ``PROFD_BLACKBOX*`` environment wins)."""
+
+    enabled: bool = True
+    keep_steps: int = 512
+    keep_seconds: float = 120.0
+    sample_hz: float = 10.0
+
+    def welcome(self) -> dict[str, Any]:
+        """As a ``welcome`` carries it."""
+        return {
+            "enabled": self.enabled,
+            "keep_steps": self.keep_steps,
+            "keep_seconds": self.keep_seconds,
+            "sample_hz": self.sample_hz,
+        }
+
+
+def _blackbox(table: Mapping[str, Any]) -> BlackboxConfig:
+    unknown = set(table) - set(BlackboxConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"[blackbox]: unknown keys {sorted(unknown)}")
+    enabled = table.get("enabled", True)
+    if not isinstance(enabled, bool):
+        raise ConfigError(f"blackbox.enabled: must be true or false, got {enabled!r}")
+    keep_steps = _number(table.get("keep_steps", 512), "blackbox.keep_steps", int, 0)
+    keep_seconds = _number(
+        table.get("keep_seconds", 120.0), "blackbox.keep_seconds", float, 0, zero_ok=True
+    )
+    sample_hz = _number(table.get("sample_hz", 10.0), "blackbox.sample_hz", float, 0, zero_ok=True)
+    # The welcome's bounds (``protocol.BlackboxSettings``).
+    if keep_steps > 1 << 20 or keep_seconds > 86400.0 or sample_hz > 1000.0:
+        raise ConfigError(
+            "[blackbox]: keep_steps at most 1048576, keep_seconds at most 86400,"
+            " sample_hz at most 1000"
+        )
+    return BlackboxConfig(enabled, keep_steps, keep_seconds, sample_hz)
+
+
+@dataclass(frozen=True)
 class PeerLimits:
     """What one local process can make the daemon keep (``[daemon]`` keys): every attached
     rank costs memory, ``/metrics`` series, ``top`` rows and index rows."""
@@ -342,6 +383,7 @@ class Config:
     watch: WatchConfig = field(default_factory=WatchConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     limits: PeerLimits = field(default_factory=PeerLimits)
+    blackbox: BlackboxConfig = field(default_factory=BlackboxConfig)
 
     @property
     def index_path(self) -> Path:
@@ -503,6 +545,7 @@ def load(
     s3_table, nsys_table, cluster_table, watch_table, metrics_table = (
         _table(data, name) for name in ("s3", "nsys", "cluster", "watch", "metrics")
     )
+    blackbox_table = _table(data, "blackbox")
     node_name = _node_name(e, daemon)
     auto = _auto(data)
     log_level = _log_level(daemon)
@@ -534,6 +577,7 @@ def load(
             watch=_watch(watch_table),
             metrics=_metrics(metrics_table, e),
             limits=_limits(daemon),
+            blackbox=_blackbox(blackbox_table),
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):

@@ -77,6 +77,7 @@ C_HISTORY: Final = "history"  # a job's per-minute step times, from the index
 C_INCIDENTS: Final = "incidents"  # what the detectors noticed, from the index
 C_INCIDENT: Final = "incident"  # one incident, with its capture's state
 C_STACKS: Final = "stacks"  # every thread's stack of every attached rank, grouped
+C_BLACKBOX: Final = "blackbox"  # a job's ranks' black boxes (their last steps)
 OK: Final = "ok"
 
 #: ``--steps``: "A:B" or "1,2,5" (profctl, rule tables) or one step.
@@ -181,6 +182,10 @@ SCHEMAS: Final[dict[str, Struct]] = {
     C_INCIDENT: _msg(id=(Str(MAX_NAME, 1), _R)),  # the id or any unique part of it
     C_STACKS: _msg(
         job=(Nullable(Str(MAX_TEXT)), _O), rank=(Nullable(RANK), _O), native=(Bool(), _O)
+    ),
+    C_BLACKBOX: _msg(
+        job=(Str(MAX_TEXT, 1), _R),
+        ranks=(Nullable(ListOf(RANK, 1 << 16)), _O),  # only these (default: every rank)
     ),
 }
 
@@ -525,6 +530,36 @@ STACKS_DOC: Final = _row(
     ranks=(ListOf(STACK_RANK, 1 << 22), _R),
 )
 
+#: A rank's black box (``profd.blackbox.box``): its shape is that module's, checked by the
+#: client's ``blackbox_result`` it was made from.
+BLACKBOX_BOX: Final = _row(
+    job=(Str(MAX_TEXT), _R),
+    node=(NODE, _R),
+    host=(HOST, _R),
+    role=(Str(MAX_NAME, 1), _R),
+    rank=(RANK, _R),
+    pid=(PID, _R),
+    step0=(WIRE_INT, _R),
+    ends=(ListOf(AnyValue(), 1 << 24), _R),
+    records=(ListOf(AnyValue(), 1 << 24), _R),
+    samples=(ListOf(AnyValue(), 1 << 24), _R),
+)
+BLACKBOX_MISSING: Final = _row(
+    node=(NODE, _R),
+    host=(HOST, _R),
+    role=(Str(MAX_NAME, 1), _R),
+    rank=(RANK, _R),
+    pid=(PID, _R),
+    why=(TEXT, _R),
+)
+BLACKBOX_DOC: Final = _row(
+    job=(Str(MAX_TEXT, 1), _R),
+    node=(NODE, _R),
+    boxes=(ListOf(BLACKBOX_BOX, 1 << 16), _R),
+    missing=(ListOf(BLACKBOX_MISSING, 1 << 16), _R),
+    collect_s=(FINITE, _R),
+)
+
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,
 #: ``cancel``, ``retry``: small maps) are not described here.
 REPLIES: Final[dict[str, Field]] = {
@@ -538,6 +573,7 @@ REPLIES: Final[dict[str, Field]] = {
     C_INCIDENTS: ListOf(INCIDENT_ROW, 100_000),
     C_INCIDENT: INCIDENT_DOC,
     C_STACKS: ListOf(STACKS_DOC, 1 << 16),
+    C_BLACKBOX: BLACKBOX_DOC,
 }
 
 

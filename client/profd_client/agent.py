@@ -141,7 +141,7 @@ class Agent(threading.Thread):
             due = box.due(time.perf_counter())
             if due is not None:
                 wait = min(wait, due)
-        events = dict(poller.poll(int(math.ceil(wait * 1000.0))))
+        events = dict(poller.poll(math.ceil(wait * 1000.0)))
         if box is not None:
             try:
                 box.sample(time.perf_counter())

@@ -5,8 +5,9 @@ Four rings, all allocated at attach and never grown:
 
 - step end times: the :class:`~.steps.Stepper`'s own clock ring (:data:`STEP_SLOTS` steps;
   the training thread's ``tick`` writes it anyway, for the ledger);
-- region records (:class:`~.steps.RegionLog`, :data:`~.steps.RECORD_SLOTS` of them): each outermost exit of a ``region()`` stores its step,
-  region, end time and duration (four array stores on the region's exit, none per step);
+- region records (:class:`~.steps.RegionLog`, ``RECORD_SLOTS`` of them): each outermost
+  exit of a ``region()`` stores its step, region, end time and duration (four array stores
+  on the region's exit, none per step);
 - stack samples (:class:`Sampler`): the agent thread reads the training thread's frames
   (``sys._current_frames()``) at ``sample_hz``, interning each frame's text once, and keeps
   ``(time, step, stack)`` per sample;
@@ -31,7 +32,7 @@ from typing import Any, Final
 
 from . import flight
 from . import protocol as P
-from .steps import RECORD_SLOTS, RING, RegionLog, Stepper, slots
+from .steps import RING, RegionLog, Stepper, slots
 
 #: Steps the stepper's clock ring holds: 120 s of steps down to ~3.7 ms ones.
 STEP_SLOTS: Final = RING
@@ -120,7 +121,7 @@ class Sampler:
 
     def _key(self, frame: Any) -> tuple[int, ...]:
         ids = self._frame_ids
-        out = []
+        out: list[int] = []
         f = frame
         while f is not None and len(out) < MAX_DEPTH:
             k = (f.f_code, f.f_lineno or 0)
@@ -300,4 +301,3 @@ class BlackBox:
             "sample_steps": _bytes("q", [step[i] for i in keep]),
             "sample_stacks": _bytes("i", [stack_map.get(stack[i], -1) for i in keep]),
         }
-

@@ -133,7 +133,6 @@ class RegionLog:
         )
 
 
-
 def slots(ring: list[float], first: int, last: int) -> list[float]:
     """The clock ring's times of steps ``first..last`` (at most ``RING``), oldest first."""
     if last < first:

@@ -27,7 +27,8 @@ from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
 from profd.daemon.captures.record import CaptureReport
-from profd.daemon.clients.agent_dumps import AgentStacks
+from profd.daemon.clients.agent_dumps import AgentBlackboxes, AgentStacks
+from profd.daemon.clients.blackbox_collect import BlackboxCollector
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.procstats import ProcStats
@@ -173,6 +174,11 @@ class Daemon:
             rate=cfg.limits.heartbeat_rate(cfg.heartbeat_interval),
         )
         self.agent_stacks = AgentStacks(self._send_agent)
+        registry = self.registry
+        self.agent_blackboxes = AgentBlackboxes(
+            self._send_agent, lambda ident: registry.get(ident) is None
+        )
+        self.blackboxes = BlackboxCollector(self.agent_blackboxes, cfg.node_name)
         self.rank_stacks = RankStacks(
             StackReader(self.reactor.call_soon), self.agent_stacks, self.registry
         )
@@ -264,7 +270,11 @@ class Daemon:
             self._send_agent,
         )
         attach = Attach(
-            Welcome(str(spool), cfg.heartbeat_interval),
+            Welcome(
+                str(spool),
+                cfg.heartbeat_interval,
+                cfg.blackbox.welcome() if cfg.blackbox.enabled else {"enabled": False},
+            ),
             self.registry,
             self.sessions,
             self.arms,
@@ -283,6 +293,7 @@ class Daemon:
             self._send_agent,
             self.ledgers,
             stacks_result=self.agent_stacks.result,
+            blackbox_result=self.agent_blackboxes.result,
         )
 
     def _build_control(self, spool: Path, repos: _Repos) -> ControlHandler:
@@ -315,6 +326,7 @@ class Daemon:
             self.results.retry,
             self.incidents,
             stacks=self.rank_stacks,
+            blackboxes=self.blackboxes,
         )
 
     def _build_publisher(self) -> MetricsPublisher | None:
@@ -335,6 +347,7 @@ class Daemon:
         return [
             Housekeeping(self.liveness),
             StackExpiry(self.agent_stacks),
+            StackExpiry(self.agent_blackboxes),
             LedgerMinutes(self.ledgers, self.registry),
             MinuteWriter(self.history, self.ledgers),
             Detecting(self.detectors),

@@ -17,7 +17,7 @@ from profd.config import WatchConfig
 from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
-from profd.daemon.clients.agent_dumps import AgentStacks
+from profd.daemon.clients.agent_dumps import AgentBlackboxes, AgentStacks
 from profd.daemon.clients.history import StepHistory
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
@@ -102,9 +102,12 @@ class Housekeeping(Part):
 
 
 class StackExpiry(Part):
-    what = "expiring stack requests"
+    """Questions to agent threads (stacks, black boxes) past their deadline or whose client
+    left."""
 
-    def __init__(self, stacks: AgentStacks) -> None:
+    what = "expiring agent-thread requests"
+
+    def __init__(self, stacks: AgentStacks | AgentBlackboxes) -> None:
         self.stacks = stacks
 
     def tick(self, mono: float, wall: float) -> None:

@@ -2,9 +2,10 @@
 
 Client to daemon: ``hello``, ``hb``, ``armed``, ``progress``, ``captured``, ``bye``,
 ``stacks_result``, ``blackbox_result``; daemon to client: ``welcome``, ``hb``, ``arm``,
-``disarm``, ``ack``, ``error``, ``dump_stacks``, ``blackbox``. One definition per type, in :data:`SCHEMAS`, checks a message
-both when it is sent and when it is received. :func:`encode` writes a message in the current
-version's shape and lets :mod:`.adapter` turn it into the peer's version.
+``disarm``, ``ack``, ``error``, ``dump_stacks``, ``blackbox``. One definition per type, in
+:data:`SCHEMAS`, checks a message both when it is sent and when it is received.
+:func:`encode` writes a message in the current version's shape and lets :mod:`.adapter` turn
+it into the peer's version.
 """
 
 from __future__ import annotations

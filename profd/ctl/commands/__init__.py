@@ -17,6 +17,7 @@ COMMANDS: dict[str, str] = {
     "incidents": "incidents:incidents",
     "incident": "incidents:incident",
     "stacks": "stacks:stacks",
+    "blackbox": "blackbox:blackbox",
     "pull": "pull:pull",
     "retry": "retry:retry",
     "run": "run:run",

@@ -33,6 +33,8 @@ class Welcome:
 
     spool: str
     hb_interval: float
+    #: ``[blackbox]`` as the welcome carries it (None: the client's defaults).
+    blackbox: dict[str, Any] | None = None
 
 
 class Attach:
@@ -134,6 +136,7 @@ class Attach:
             identity_source=_sources(m.identity_source),
             training_tid=m.training_tid,
             flight=m.flight,
+            blackbox=m.blackbox,
         )
         old = self.registry.add(c)
         moved = old is not None and old.identity != c.identity
@@ -166,6 +169,9 @@ class Attach:
         finally:
             # Whatever went wrong with the rules, the process must not wait for nothing.
             self.registry.welcomed(c)
+            extra: dict[str, Any] = {}
+            if self.welcome.blackbox is not None:
+                extra["blackbox"] = self.welcome.blackbox
             self.send(
                 ident,
                 P.encode(
@@ -175,6 +181,7 @@ class Attach:
                     hb_interval=self.welcome.hb_interval,
                     daemon=__version__,
                     protocol=[P.MIN_VERSION, P.VERSION],
+                    **extra,
                 ),
             )
 

@@ -41,6 +41,7 @@ class AgentHandler:
         send: Send,
         ledgers: Ledgers,
         stacks_result: Callable[[Client, P.StacksResult], None] | None = None,
+        blackbox_result: Callable[[Client, P.BlackboxResult], None] | None = None,
     ) -> None:
         self.registry = registry
         self.sessions = sessions
@@ -53,6 +54,8 @@ class AgentHandler:
         self.rejected = 0  # malformed frames seen, for status
         #: Where a client's own stacks go (``stacks_result``).
         self.stacks_result = stacks_result
+        #: Where a client's black box goes (``blackbox_result``).
+        self.blackbox_result = blackbox_result
         self._heartbeats: dict[int, bytes] = {}  # the same reply bytes for every client
 
     def handle(self, frames: list[bytes], peer: PeerCred | None) -> None:
@@ -162,6 +165,11 @@ class AgentHandler:
         if self.stacks_result is not None:
             self.stacks_result(c, m)
 
+    def _blackbox_result(self, c: Client, m: P.BlackboxResult, now: float) -> None:
+        self.registry.seen(c, now)
+        if self.blackbox_result is not None:
+            self.blackbox_result(c, m)
+
     def armed(self, c: Client, m: P.Armed) -> None:
         hit = self._target(c, m)
         if hit is not None:
@@ -187,4 +195,5 @@ HANDLERS: dict[str, Callable[[AgentHandler, Client, Any, float], None]] = {
     P.CAPTURED: AgentHandler._captured,
     P.BYE: AgentHandler.bye,
     P.STACKS_RESULT: AgentHandler._stacks_result,
+    P.BLACKBOX_RESULT: AgentHandler._blackbox_result,
 }

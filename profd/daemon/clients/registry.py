@@ -60,6 +60,8 @@ class Client:
     training_tid: int | None = None
     #: Its flight recorder is on (hello ``flight``): ``stacks`` asks it for a summary.
     flight: bool = False
+    #: It keeps a black box (hello ``blackbox``): ``blackbox`` may ask for it.
+    blackbox: bool = False
     #: When (monotonic) it re-registered as another rank within the last :data:`MOVES_S`.
     moves: tuple[float, ...] = ()
 

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from profd import control_schema as C
+from profd.daemon.clients.blackbox_collect import BlackboxCollector
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.stack_sources import RankStacks
@@ -59,6 +60,7 @@ class ControlHandler:
         retry: Callable[[str | None], int],
         incidents: Incidents,
         stacks: RankStacks | None = None,
+        blackboxes: BlackboxCollector | None = None,
     ) -> None:
         self.facts = facts
         self.send = send
@@ -80,6 +82,7 @@ class ControlHandler:
             incidents,
             stacks,
             rejected=lambda: self.rejected,
+            blackboxes=blackboxes,
         )
         self.own_uid = os.geteuid()
         self.rejected = 0

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from profd.daemon.clients.blackbox_collect import BlackboxCollector
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.clients.stack_sources import RankStacks
@@ -67,6 +68,8 @@ class Context:
     stacks: RankStacks | None
     #: Control requests the router could not decode (owned by the router).
     rejected: Callable[[], int]
+    #: Collects ranks' black boxes (``blackbox``); None: this daemon asks for none.
+    blackboxes: BlackboxCollector | None = None
 
     def stamp(self, rows: Iterable[dict[str, Any]]) -> None:
         # Which daemon a row came from, for profctl --cluster: a row's own ``host`` is what
