@@ -108,16 +108,25 @@ class Sampler:
         frame: Any = sys._current_frames().get(ident)
         if frame is None:
             return False
-        key = self._key(frame)
-        sid = self._stack_ids.get(key)
-        if sid is None:
-            sid = self._intern(key)
+        if len(self.frames) > MAX_FRAMES - MAX_DEPTH:
+            self._compact()  # room for every frame of this stack, before reading it
+        sid = self.stack_id(self._key(frame))
         j = self.n & _SAMPLE_MASK
         self.t[j] = now
         self.step[j] = step
         self.stack[j] = sid
         self.n += 1
         return True
+
+    def stack_id(self, key: tuple[int, ...]) -> int:
+        """The index of the stack of frame indexes ``key`` (-1: no room)."""
+        sid = self._stack_ids.get(key)
+        return self._intern(key) if sid is None else sid
+
+    def frame_id(self, k: tuple[Any, int]) -> int:
+        """The index of frame ``(code, line)`` (-1: no room)."""
+        i = self._frame_ids.get(k)
+        return self._frame(k) if i is None else i
 
     def _key(self, frame: Any) -> tuple[int, ...]:
         ids = self._frame_ids
@@ -134,9 +143,7 @@ class Sampler:
 
     def _frame(self, k: tuple[Any, int]) -> int:
         if len(self.frames) >= MAX_FRAMES:
-            self._compact()
-            if len(self.frames) >= MAX_FRAMES:
-                return -1
+            return -1  # (room is made before a stack is read: see ``sample``)
         code, line = k
         text = f"{code.co_name} ({code.co_filename}:{line})"[:FRAME_TEXT]
         i = self._frame_ids[k] = len(self.frames)
@@ -147,19 +154,21 @@ class Sampler:
         if -1 in key:
             return -1
         if len(self.stacks) >= MAX_STACKS:
-            self._compact()
-            if len(self.stacks) >= MAX_STACKS or any(i >= len(self.frames) for i in key):
-                return -1  # (a compaction renumbered the frames under this key)
+            key = self._compact(key)
+            if len(self.stacks) >= MAX_STACKS:
+                return -1
         sid = self._stack_ids[key] = len(self.stacks)
         self.stacks.append(key)
         return sid
 
-    def _compact(self) -> None:
-        """Forget the stacks and frames no kept sample uses, renumbering the rest."""
+    def _compact(self, pending: tuple[int, ...] = ()) -> tuple[int, ...]:
+        """Forget the stacks and frames no kept sample uses, renumbering the rest; the
+        frames of ``pending`` (a stack about to be interned) are kept, and it is returned
+        renumbered."""
         held = range(max(0, self.n - SAMPLE_SLOTS), self.n)
         live = sorted({self.stack[i & _SAMPLE_MASK] for i in held} - {-1})
         stack_map = {old: new for new, old in enumerate(live)}
-        used = sorted({f for s in live for f in self.stacks[s]})
+        used = sorted({f for s in live for f in self.stacks[s]} | set(pending))
         frame_map = {old: new for new, old in enumerate(used)}
         keys = {i: k for k, i in self._frame_ids.items()}
         self.frames = [self.frames[i] for i in used]
@@ -169,6 +178,7 @@ class Sampler:
         for i in held:
             j = i & _SAMPLE_MASK
             self.stack[j] = stack_map.get(self.stack[j], -1)
+        return tuple(frame_map[f] for f in pending)
 
     def held(self) -> tuple[list[float], list[int], list[int]]:
         """The samples kept, oldest first: times, steps, stack indexes."""

@@ -140,7 +140,7 @@ class Reader:
         if n < 0:
             return None
         first = max(b + 1, c1 - P.LEDGER_RING + 1)
-        times = slots(st._ring, first, c1)
+        times = self._slots(first, c1)
         c2 = st.count
         if st.base is not base:
             return None  # a jump meanwhile: the next ledger starts from it
@@ -166,6 +166,10 @@ class Reader:
         )
         self._step, self._t = c1, last_t
         return ledger
+
+    def _slots(self, first: int, last: int) -> list[float]:
+        """The ring's times of steps ``first..last`` (at most ``RING``), oldest first."""
+        return slots(self.st._ring, first, last)
 
     def _region_deltas(self) -> list[tuple[str, float, int]]:
         out = []

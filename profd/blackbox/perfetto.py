@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -78,96 +78,16 @@ def trace(boxes: Sequence[dict[str, Any]]) -> dict[str, Any]:
     t0 = _origin(boxes, shifts)
     frames = _Frames()
     events: list[dict[str, Any]] = []
-
-    def us(t: float, shift: float) -> float:
-        return round((t + shift - t0) * 1e6, 3)
-
     for pid, (b, shift) in enumerate(zip(boxes, shifts, strict=True), start=1):
-        name = label(b)
-        events.append({"ph": "M", "pid": pid, "name": "process_name", "args": {"name": name}})
-        events.append(
-            {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}}
-        )
-        threads = {STEPS_TID: "steps", SAMPLES_TID: "stack samples"}
-        for i, r in enumerate(b["regions"]):
-            threads[REGION_TID0 + i] = f"region {r}"
-        for tid, tname in threads.items():
-            events.append(
-                {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": tname}}
-            )
-            events.append(
-                {
-                    "ph": "M",
-                    "pid": pid,
-                    "tid": tid,
-                    "name": "thread_sort_index",
-                    "args": {"sort_index": tid},
-                }
-            )
-        for step, start, end in steps_of(b):
-            events.append(
-                {
-                    "ph": "X",
-                    "pid": pid,
-                    "tid": STEPS_TID,
-                    "name": f"step {step}",
-                    "cat": "step",
-                    "ts": us(start, shift),
-                    "dur": round(max(0.0, end - start) * 1e6, 3),
-                    "args": {"step": step},
-                }
-            )
-        for step, idx, end, seconds in b["records"]:
-            events.append(
-                {
-                    "ph": "X",
-                    "pid": pid,
-                    "tid": REGION_TID0 + idx,
-                    "name": b["regions"][idx],
-                    "cat": "region",
-                    "ts": us(end - seconds, shift),
-                    "dur": round(max(0.0, seconds) * 1e6, 3),
-                    "args": {"step": step},
-                }
-            )
-        for n, c in enumerate(b.get("collectives") or []):
-            begin = c.get("started") or c.get("created")
-            if begin is None:
-                continue
-            end = c.get("completed")
-            if end is None and c.get("ms") is not None:
-                end = begin + c["ms"] / 1e3
-            common = {
-                "pid": pid,
-                "cat": "collective",
-                "id": f"{pid}.{n}",
-                "name": f"{c['op']} #{c['seq']}",
-            }
-            args = {"pg": c["pg"], "seq": c["seq"], "state": c["state"], "ms": c.get("ms")}
-            events.append({**common, "ph": "b", "ts": us(begin, shift), "args": args})
-            close = end if end is not None else begin
-            events.append({**common, "ph": "e", "ts": us(max(close, begin), shift)})
-        texts = b["frames"]
-        for t, step, sid in b["samples"]:
-            ev: dict[str, Any] = {
-                "ph": "i",
-                "s": "t",
-                "pid": pid,
-                "tid": SAMPLES_TID,
-                "cat": "sample",
-                "ts": us(t, shift),
-            }
-            if 0 <= sid < len(b["stacks"]):
-                stack = [texts[f] for f in b["stacks"][sid]]
-                ev["name"] = stack[0] if stack else "?"
-                leaf = frames.leaf(list(reversed(stack)))
-                if leaf is not None:
-                    ev["sf"] = leaf
-                ev["args"] = {"step": step, "stack": "\n".join(stack)}
-            else:
-                ev["name"] = "(not recorded)"
-                ev["args"] = {"step": step}
-            events.append(ev)
+
+        def us(t: float, shift: float = shift) -> float:
+            return round((t + shift - t0) * 1e6, 3)
+
+        events += _names(pid, b)
+        events += _steps(pid, b, us)
+        events += _regions(pid, b, us)
+        events += _collectives(pid, b, us)
+        events += _samples(pid, b, us, frames)
     return {
         "traceEvents": events,
         "stackFrames": frames.nodes,
@@ -178,6 +98,108 @@ def trace(boxes: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "ranks": [label(b) for b in boxes],
         },
     }
+
+
+Clock = Callable[[float], float]
+
+
+def _names(pid: int, b: dict[str, Any]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = [
+        {"ph": "M", "pid": pid, "name": "process_name", "args": {"name": label(b)}},
+        {"ph": "M", "pid": pid, "name": "process_sort_index", "args": {"sort_index": pid}},
+    ]
+    threads = {STEPS_TID: "steps", SAMPLES_TID: "stack samples"}
+    for i, r in enumerate(b["regions"]):
+        threads[REGION_TID0 + i] = f"region {r}"
+    for tid, tname in threads.items():
+        out.append(
+            {"ph": "M", "pid": pid, "tid": tid, "name": "thread_name", "args": {"name": tname}}
+        )
+        out.append(
+            {
+                "ph": "M",
+                "pid": pid,
+                "tid": tid,
+                "name": "thread_sort_index",
+                "args": {"sort_index": tid},
+            }
+        )
+    return out
+
+
+def _steps(pid: int, b: dict[str, Any], us: Clock) -> list[dict[str, Any]]:
+    return [
+        {
+            "ph": "X",
+            "pid": pid,
+            "tid": STEPS_TID,
+            "name": f"step {step}",
+            "cat": "step",
+            "ts": us(start),
+            "dur": round(max(0.0, end - start) * 1e6, 3),
+            "args": {"step": step},
+        }
+        for step, start, end in steps_of(b)
+    ]
+
+
+def _regions(pid: int, b: dict[str, Any], us: Clock) -> list[dict[str, Any]]:
+    return [
+        {
+            "ph": "X",
+            "pid": pid,
+            "tid": REGION_TID0 + idx,
+            "name": b["regions"][idx],
+            "cat": "region",
+            "ts": us(end - seconds),
+            "dur": round(max(0.0, seconds) * 1e6, 3),
+            "args": {"step": step},
+        }
+        for step, idx, end, seconds in b["records"]
+    ]
+
+
+def _collectives(pid: int, b: dict[str, Any], us: Clock) -> list[dict[str, Any]]:
+    """Async slices (collectives may overlap), from start (else enqueue) to completion."""
+    out: list[dict[str, Any]] = []
+    for n, c in enumerate(b.get("collectives") or []):
+        begin = c.get("started") or c.get("created")
+        if begin is None:
+            continue
+        end = c.get("completed")
+        if end is None and c.get("ms") is not None:
+            end = begin + c["ms"] / 1e3
+        common = {"pid": pid, "cat": "collective", "id": f"{pid}.{n}", "name": c["op"]}
+        args = {"pg": c["pg"], "seq": c["seq"], "state": c["state"], "ms": c.get("ms")}
+        out.append({**common, "ph": "b", "ts": us(begin), "args": args})
+        out.append({**common, "ph": "e", "ts": us(max(end or begin, begin))})
+    return out
+
+
+def _samples(pid: int, b: dict[str, Any], us: Clock, frames: _Frames) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    texts = b["frames"]
+    for t, step, sid in b["samples"]:
+        ev: dict[str, Any] = {
+            "ph": "i",
+            "s": "t",
+            "pid": pid,
+            "tid": SAMPLES_TID,
+            "cat": "sample",
+            "ts": us(t),
+        }
+        if 0 <= sid < len(b["stacks"]):
+            stack = [texts[f] for f in b["stacks"][sid]]
+            ev["name"] = stack[0] if stack else "?"
+            leaf = frames.leaf(list(reversed(stack)))
+            if leaf is not None:
+                ev["sf"] = leaf
+            ev["args"] = {"step": step, "stack": "\n".join(stack)}
+        else:
+            ev["name"] = "(not recorded)"
+            ev["args"] = {"step": step}
+        out.append(ev)
+    return out
 
 
 def write(boxes: Sequence[dict[str, Any]], path: Path) -> int:

@@ -346,8 +346,7 @@ class Daemon:
         publishing: list[Part] = [self.publisher] if self.publisher is not None else []
         return [
             Housekeeping(self.liveness),
-            StackExpiry(self.agent_stacks),
-            StackExpiry(self.agent_blackboxes),
+            StackExpiry(self.agent_stacks, self.agent_blackboxes),
             LedgerMinutes(self.ledgers, self.registry),
             MinuteWriter(self.history, self.ledgers),
             Detecting(self.detectors),

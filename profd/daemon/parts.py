@@ -107,11 +107,12 @@ class StackExpiry(Part):
 
     what = "expiring agent-thread requests"
 
-    def __init__(self, stacks: AgentStacks | AgentBlackboxes) -> None:
-        self.stacks = stacks
+    def __init__(self, *askers: AgentStacks | AgentBlackboxes) -> None:
+        self.askers = askers
 
     def tick(self, mono: float, wall: float) -> None:
-        self.stacks.expire(mono)
+        for a in self.askers:
+            a.expire(mono)
 
 
 class LedgerMinutes(Part):

@@ -18,7 +18,7 @@ import pytest
 from profd_client import api
 from profd_client import protocol as P
 from profd_client.ledger import REGION_NAME_BYTES, Reader, buckets, quantile, summarize
-from profd_client.steps import NULL_REGION, RegionTimer, Stepper
+from profd_client.steps import NULL_REGION, RING, RegionTimer, Stepper
 
 NB = len(P.STEP_BUCKETS) + 1
 
@@ -171,11 +171,12 @@ def test_slots_the_training_thread_overwrote_while_read_are_dropped() -> None:
     st, clock = stepper()
 
     class Racing(Reader):
-        """The training thread runs 4090 more steps of 5 ms while the agent copies."""
+        """The training thread runs nearly the whole ring's steps (of 5 ms) more while the
+        agent copies."""
 
         def _slots(self, first: int, last: int) -> list[float]:
             if st.count == 100:
-                steps(st, clock, 4090, 0.005)
+                steps(st, clock, RING - 6, 0.005)
             return super()._slots(first, last)
 
     rd = Racing(st)
@@ -185,7 +186,7 @@ def test_slots_the_training_thread_overwrote_while_read_are_dropped() -> None:
     assert 0 < sum(lg["b"]) < 99  # only the slots no step of the race can have written
     assert lg["q"] == pytest.approx([0.001] * 4)  # none of the 5 ms slots
     lg = valid(rd.take() or {})
-    assert lg["n"] == 4090 and lg["q"] == pytest.approx([0.005] * 4)
+    assert lg["n"] == RING - 6 and lg["q"] == pytest.approx([0.005] * 4)
 
 
 def test_a_jump_starts_a_new_epoch_timed_from_the_jump() -> None:
