@@ -15,6 +15,7 @@ must hold every rank's histogram, whose median bucket holds its step time, and i
 
 from __future__ import annotations
 
+import gzip
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -173,3 +174,38 @@ def test_after_a_daemon_restart_top_and_history_carry_on(run: Run) -> None:
     busiest = max(minutes, key=lambda m: m["steps"])
     assert busiest["slowest"][0]["rank"] == 1, busiest
     assert abs(busiest["p50_ms"] - 30.0) <= 6.0, busiest
+
+
+def test_blackbox_holds_every_ranks_last_steps_aligned_by_step(run: Run, tmp_path: Path) -> None:
+    """``profctl blackbox`` of the lockstep job: every rank's last steps, its region, one
+    trace whose ranks' steps line up (in lockstep, step S of every rank overlaps step S of
+    every other: none can end it before all have begun it)."""
+    settled(run, "lockstep", {"ledger"})
+    out = tmp_path / "bb.json.gz"
+    doc = run.daemon.ctl_json("blackbox", "--job", "lockstep", "-o", str(out))
+    assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2] and doc["missing"] == [], doc
+    for r in doc["ranks"]:
+        s = r["slowest"]
+        assert r["steps"] >= 50 and r["collectives"] is None, r  # flight recorder off
+        assert 0 < s["regions"]["data"] < s["seconds"], r
+    lo, hi = doc["common_steps"]
+    assert hi - lo >= 50 and doc["trace"] == str(out)
+    trace = json.loads(gzip.decompress(out.read_bytes()))
+    spans: dict[int, dict[int, tuple[float, float]]] = {}
+    regions: dict[int, set[int]] = {}
+    for e in trace["traceEvents"]:
+        if e.get("cat") == "step":
+            spans.setdefault(e["pid"], {})[e["args"]["step"]] = (e["ts"], e["ts"] + e["dur"])
+        elif e.get("cat") == "region" and e["name"] == "data":
+            regions.setdefault(e["pid"], set()).add(e["args"]["step"])
+    assert sorted(spans) == [1, 2, 3]
+    for step in range(lo, hi + 1):
+        begins, ends = zip(*(spans[pid][step] for pid in spans), strict=True)
+        assert max(begins) <= min(ends), (step, begins, ends)
+    for pid in spans:
+        assert set(range(lo + 1, hi + 1)) <= regions[pid], pid
+    # Named ranks only, said in text.
+    r = run.daemon.ctl("blackbox", "--job", "lockstep", "--ranks", "0,2", "-o", str(out))
+    assert r.returncode == 0, r.stderr
+    assert "main rank 0:" in r.stdout and "main rank 2:" in r.stdout, r.stdout
+    assert "rank 1:" not in r.stdout and f"wrote {out}" in r.stdout, r.stdout
