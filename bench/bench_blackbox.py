@@ -1,0 +1,265 @@
+"""The black box's cost to training (``profd_client/blackbox.py``), paired A/B in one run.
+
+1. The step hook: ``Stepper.tick()`` (what ``profd_client.step()`` and the optimizer hook
+   call) and a ``region()`` entry and exit, with a black box and without one, in alternating
+   rounds of 200,000 calls. Target: the black box adds <= 1 us per step on the hook.
+2. A CPU training loop of ~1 ms steps (a small MLP's forward, backward and optimizer step on
+   one thread, a ``region("fwd")`` each step) with the black box and its sampler taking the
+   training thread's stack at 10 Hz from another thread (as the agent thread does), against
+   the same loop without a black box: windows alternate (off, on, on, off, ...) in one
+   process. Target: <= 0.5 % of step time.
+3. Sampling, separately: one ``sys._current_frames()`` sample's time on the sampling thread,
+   and py-spy's non-blocking dump (``py-spy dump --nonblocking``) of the same loop in a child
+   process at 10 Hz from outside: each dump's wall time and the loop's slowdown (windows with
+   and without dumps alternating).
+4. Memory: the black box's allocation at attach and at its fullest (tracemalloc).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import benchlib as B
+
+from profd_client.blackbox import MAX_FRAMES, MAX_STACKS, BlackBox
+from profd_client.steps import RING, Stepper
+
+LOOP = """
+import json, sys, time, torch
+torch.manual_seed(0)
+torch.set_num_threads(1)
+m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+opt = torch.optim.SGD(m.parameters(), lr=1e-3)
+x, y = torch.randn(32, 256), torch.randint(0, 10, (32,))
+def step():
+    torch.nn.functional.cross_entropy(m(x), y).backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+def hook_cost(rounds: int, n: int) -> dict[str, Any]:
+    """Per-call ns of tick() and of a region's enter+exit, without and with a black box."""
+    out: dict[str, list[float]] = {"tick_off": [], "tick_on": [], "region_off": [], "region_on": []}
+    for r in range(rounds):
+        for on in (False, True) if r % 2 == 0 else (True, False):
+            st = Stepper("main-r0", notify=lambda: None)
+            if on:
+                BlackBox(st, {})
+            tick, timer = st.tick, st.timer("fwd")
+            st.next_event = 1 << 62  # the hot path only, as in a running job
+            t0 = time.perf_counter_ns()
+            for _ in range(n):
+                tick()
+            t1 = time.perf_counter_ns()
+            for _ in range(n):
+                with timer:
+                    pass
+            t2 = time.perf_counter_ns()
+            tag = "on" if on else "off"
+            out[f"tick_{tag}"].append((t1 - t0) / n)
+            out[f"region_{tag}"].append((t2 - t1) / n)
+    return {k: statistics.median(v) for k, v in out.items()} | {"raw": out}
+
+
+def training(windows: int, window_s: float) -> dict[str, Any]:
+    """Step time of the ~1 ms loop without and with the black box sampling at 10 Hz."""
+    ns: dict[str, Any] = {}
+    exec(LOOP, ns)
+    step = ns["step"]
+    for _ in range(300):
+        step()
+    st = Stepper("main-r0", notify=lambda: None)
+    box = BlackBox(st, {})
+    box.log.on = False
+    sampling = threading.Event()
+    stop = threading.Event()
+    sample_s: list[float] = []
+
+    def sampler() -> None:  # the agent thread's part: asleep until a sample is due
+        while not stop.is_set():
+            if not sampling.is_set():
+                time.sleep(0.1)
+                continue
+            t = time.perf_counter()
+            box.sample(t)
+            if box.sampler.n > len(sample_s):
+                sample_s.append(time.perf_counter() - t)
+            time.sleep(box.due(time.perf_counter()) or 0.1)
+
+    st.training_ident = threading.get_ident()
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    timer = st.timer("fwd")
+    per: dict[str, list[float]] = {"off": [], "on": []}
+    order = ["off", "on", "on", "off"]
+    for w in range(windows):
+        cond = order[w % 4]
+        box.log.on = cond == "on"
+        (sampling.set if cond == "on" else sampling.clear)()
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < window_s:
+            with timer:
+                step()
+            st.tick()
+            n += 1
+        per[cond].append((time.perf_counter() - t0) / n)
+    stop.set()
+    th.join()
+    off, on = statistics.median(per["off"]), statistics.median(per["on"])
+    return {
+        "step_ms_off": off * 1e3,
+        "step_ms_on": on * 1e3,
+        "overhead_pct": (on / off - 1) * 100,
+        "pairs_pct": [
+            round((a / b - 1) * 100, 3) for a, b in zip(per["on"], per["off"], strict=False)
+        ],
+        "samples": len(sample_s),
+        "sample_us_p50": statistics.median(sample_s) * 1e6 if sample_s else None,
+        "sample_us_p99": B.pct(sample_s, 0.99) * 1e6 if sample_s else None,
+    }
+
+
+CHILD = (
+    LOOP
+    + """
+import threading
+print(json.dumps({"ready": True}), flush=True)
+n = 0
+while True:
+    step()
+    n += 1
+    if n % 100 == 0:
+        print(json.dumps({"t": time.time(), "n": n}), flush=True)
+"""
+)
+
+
+def pyspy(windows: int, window_s: float) -> dict[str, Any] | None:
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        return None
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD], stdout=subprocess.PIPE, text=True, bufsize=1
+    )
+    assert child.stdout is not None
+    child.stdout.readline()
+    marks: list[dict[str, Any]] = []
+    reader = threading.Thread(
+        target=lambda: [marks.append(json.loads(line)) for line in child.stdout],  # type: ignore[union-attr]
+        daemon=True,
+    )
+    reader.start()
+    time.sleep(1.0)
+    spans: list[tuple[str, float, float]] = []
+    dumps: list[float] = []
+    order = ["off", "on", "on", "off"]
+    try:
+        for w in range(windows):
+            cond = order[w % 4]
+            t0 = time.time()
+            while time.time() - t0 < window_s:
+                if cond == "on":
+                    d0 = time.perf_counter()
+                    subprocess.run(
+                        [exe, "dump", "--nonblocking", "--pid", str(child.pid)],
+                        capture_output=True,
+                        check=False,
+                    )
+                    dumps.append(time.perf_counter() - d0)
+                    time.sleep(max(0.0, 0.1 - (time.perf_counter() - d0)))
+                else:
+                    time.sleep(0.1)
+            spans.append((cond, t0, time.time()))
+    finally:
+        child.kill()
+        child.wait()
+    per: dict[str, list[float]] = {"off": [], "on": []}
+    for cond, a, b in spans:
+        inside = [m for m in marks if a <= m["t"] <= b]
+        if len(inside) >= 2:
+            steps = inside[-1]["n"] - inside[0]["n"]
+            per[cond].append((inside[-1]["t"] - inside[0]["t"]) / steps)
+    off, on = statistics.median(per["off"]), statistics.median(per["on"])
+    return {
+        "step_ms_off": off * 1e3,
+        "step_ms_on": on * 1e3,
+        "overhead_pct": (on / off - 1) * 100,
+        "dumps": len(dumps),
+        "dump_ms_p50": statistics.median(dumps) * 1e3,
+        "dumps_per_s": len(dumps) / (windows / 2 * window_s),
+    }
+
+
+def memory() -> dict[str, Any]:
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    st = Stepper("main-r0", notify=lambda: None)
+    box = BlackBox(st, {})
+    at_attach = tracemalloc.get_traced_memory()[0] - before
+    t = st.timer("fwd")
+    for _ in range(RING + 10):
+        with t:
+            pass
+        st.tick()
+    smp = box.sampler
+    code = compile("def f(): pass", "x" * 300, "exec")
+    ids = [smp.frame_id((code, i)) for i in range(MAX_FRAMES)]
+    for i in range(MAX_STACKS):
+        smp.stack_id(tuple(ids[(i + k) % MAX_FRAMES] for k in range(64)))
+    full = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    return {"at_attach_mib": at_attach / 2**20, "full_mib": full / 2**20}
+
+
+def main() -> None:
+    p = B.parser(__doc__)
+    args = p.parse_args()
+    started = time.monotonic()
+    q = args.quick
+    hook = hook_cost(4 if q else 10, 50_000 if q else 200_000)
+    train = training(4 if q else 16, 0.5 if q else 2.0)
+    spy = pyspy(4 if q else 8, 1.0 if q else 3.0)
+    mem = memory()
+    added = hook["tick_on"] - hook["tick_off"]
+    rows = [
+        B.row("tick() with black box", "<= 1 us added", hook["tick_on"], "ns",
+              hook["tick_off"], "without", met=added <= 1000),
+        B.row("region enter+exit with black box", "-", hook["region_on"], "ns",
+              hook["region_off"], "without"),
+        B.row("~1 ms step, black box + 10 Hz samples", "<= 0.5 %", train["overhead_pct"], "%",
+              met=train["overhead_pct"] <= 0.5, spread=f"pairs {train['pairs_pct']}"),
+        B.row("one sys._current_frames sample", "-", train["sample_us_p50"], "us",
+              spread=f"p99 {train['sample_us_p99']}"),
+        B.row("black box memory, full", "<= 8 MiB", mem["full_mib"], "MiB",
+              met=mem["full_mib"] <= 8),
+    ]  # fmt: skip
+    if spy is not None:
+        rows += [
+            B.row("~1 ms step, py-spy dump at 10 Hz", "-", spy["overhead_pct"], "%"),
+            B.row("one py-spy --nonblocking dump", "-", spy["dump_ms_p50"], "ms",
+                  spread=f"{spy['dumps_per_s']:.1f}/s reached"),
+        ]  # fmt: skip
+    B.write_result(
+        "blackbox",
+        args.out,
+        q,
+        {"quick": q},
+        rows,
+        {"hook": hook, "training": train, "pyspy": spy, "memory": mem},
+        started,
+    )
+
+
+if __name__ == "__main__":
+    main()
