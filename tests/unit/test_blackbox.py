@@ -237,7 +237,9 @@ def test_the_trace_aligns_ranks_by_step_and_holds_every_track(tmp_path: Path) ->
 
 
 def check_chrome_format(doc: dict[str, Any]) -> None:
-    """The Chrome trace-event format's rules for the event kinds the trace uses."""
+    """The Chrome trace-event format's rules for the event kinds the trace uses. (Perfetto's
+    trace processor, from the ``perfetto`` package, fetches its binary on first use: it
+    cannot run without the network, so the format is checked here instead.)"""
     frames = doc["stackFrames"]
     for node in frames.values():
         assert isinstance(node["name"], str) and node.get("parent", next(iter(frames))) in frames
@@ -262,26 +264,6 @@ def check_chrome_format(doc: dict[str, Any]) -> None:
             else:
                 assert opened.pop(key) <= e["ts"], e
     assert not opened
-
-
-def test_perfetto_trace_processor_loads_the_trace(tmp_path: Path) -> None:
-    """Perfetto's own trace processor, where it can run: its binary is fetched on first use,
-    which needs the network."""
-    try:
-        from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
-    except ImportError:
-        pytest.skip("the perfetto package is not installed")
-    raw = tmp_path / "bb.json"
-    raw.write_text(json.dumps(perfetto.trace(boxes_of_two_ranks())))
-    try:
-        tp = TraceProcessor(trace=str(raw), config=TraceProcessorConfig(load_timeout=20))
-    except Exception as exc:
-        pytest.skip(f"perfetto's trace processor cannot start here: {exc!r}"[:300])
-    try:
-        rows = list(tp.query("select count(*) as n from slice where name like 'step %'"))
-        assert rows[0].n == 2 * 14
-    finally:
-        tp.close()
 
 
 def test_the_summary_names_the_slowest_step_and_where_its_time_went() -> None:
@@ -331,3 +313,27 @@ def test_the_collector_names_ranks_without_a_box_gone_or_silent() -> None:
     assert [b["rank"] for b in doc["boxes"]] == [0]
     why = {m["rank"]: m["why"] for m in doc["missing"]}
     assert "no black box" in why[1] and "exited" in why[2]
+
+
+def test_blackbox_config_and_what_the_welcome_carries(tmp_path: Path) -> None:
+    from profd.config import ConfigError, load
+
+    p = tmp_path / "profd.toml"
+    p.write_text("[blackbox]\nkeep_steps = 64\nsample_hz = 0\n")
+    cfg = load(p, env={})
+    assert cfg.blackbox.welcome() == {
+        "enabled": True, "keep_steps": 64, "keep_seconds": 120.0, "sample_hz": 0.0
+    }  # fmt: skip
+    welcome = P.decode(
+        P.encode(
+            P.WELCOME, spool="/s", hb_interval=1.0, daemon="x", blackbox=cfg.blackbox.welcome()
+        ),
+        P.CLIENT_INBOUND,
+    )
+    _, box, _ = boxed()
+    box.configure(P.fields_of(welcome.blackbox))
+    assert box.settings.keep_steps == 64 and box.due(0.0) is None  # no sampling at 0 Hz
+    for bad in ("keep_steps = 0", "sample_hz = 5000", "enabled = 1", "keep = 3"):
+        p.write_text(f"[blackbox]\n{bad}\n")
+        with pytest.raises(ConfigError, match="blackbox"):
+            load(p, env={})
