@@ -6,6 +6,7 @@ py-spy attaches with ptrace: these tests run as root (or where ptrace is allowed
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import signal
@@ -282,9 +283,33 @@ def test_cluster_stacks_group_ranks_of_two_nodes_and_name_the_stuck_ones_host(
         assert {m["rank"]: m["host"] for m in majority["ranks"]}[2] == "node-b"
         text = cluster.ctl("stacks")
         assert "rank 3 on node-b: in stuck_in_data_loading" in text.stdout, text.stdout
+        # The black boxes of both nodes' ranks, one trace aligned by the global step.
+        out = tmp_path / "bb.json.gz"
+        r = cluster.ctl("blackbox", "--job", "twonode", "--json", "-o", str(out))
+        assert r.returncode == 0, r.stderr
+        box = json.loads(r.stdout)
+        nodes = {r["rank"]: r["node"] for r in box["ranks"]}
+        assert nodes == {0: "node-a", 1: "node-a", 2: "node-b", 3: "node-b"}, box
+        lo, hi = box["common_steps"]
+        assert hi - lo >= 20 and box["missing"] == [], box
+        # Rank 3 sits in step 30 (sleeping in its data loading): its samples there say so.
+        samples = _samples(out, "node-b/main rank 3")
+        stuck = [s for s in samples if s["step"] == 30]
+        assert stuck and "stuck_in_data_loading" in stuck[-1]["stack"], samples[-3:]
     finally:
         for a in agents:
             a.kill()
+
+
+def _samples(trace: Path, process: str) -> list[dict[str, Any]]:
+    """The stack samples in a black-box trace of the processes whose name starts so."""
+    doc = json.loads(gzip.decompress(trace.read_bytes()))
+    pids = {
+        e["pid"]
+        for e in doc["traceEvents"]
+        if e["name"] == "process_name" and e["args"]["name"].startswith(process)
+    }
+    return [e["args"] for e in doc["traceEvents"] if e.get("cat") == "sample" and e["pid"] in pids]
 
 
 @slow
