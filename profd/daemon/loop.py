@@ -273,7 +273,7 @@ class Daemon:
             Welcome(
                 str(spool),
                 cfg.heartbeat_interval,
-                cfg.blackbox.welcome() if cfg.blackbox.enabled else {"enabled": False},
+                cfg.blackbox.welcome(),
             ),
             self.registry,
             self.sessions,
