@@ -25,6 +25,7 @@ from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.incident_store import Incidents
 from profd.watch.incident_record import Suspect
 from profd.watch.slowdown_rules import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
+from profd.watch.spike_rule import RankTick, is_candidate, spikes
 
 #: A rank's key in the registry and the ledgers, and its ledger's epoch (None: no ledger).
 _Members = dict[tuple[str, int], "int | None"]
@@ -90,11 +91,16 @@ class Detectors:
         top = 0
         cutoff = now - self.rules.window
         roles: dict[str, dict[int, tuple[float, int]]] = {}
+        candidates: dict[tuple[str, int], RankTick] = {}
         read = ledgers.watch
         for c in clients:
             key = c.key
-            ms, n, epoch, q, wn = read(key, since, cutoff, WINDOW_Q)
+            ms, n, epoch, q, wn, tick_top = read(key, since, cutoff, WINDOW_Q)
             members[key] = epoch
+            if is_candidate(tick_top, q):
+                med, med_n = ledgers.median_ms(key, cutoff)
+                if med is not None:
+                    candidates[key] = RankTick(tick_top, med, med_n)
             if ms is not None:
                 tick_ms.append(ms)
                 if n > steps:
@@ -133,6 +139,8 @@ class Detectors:
                     "ranks": len(clients),
                 },
             )
+        if candidates:
+            self._spike(job, clients, candidates)
         for gone in [g for g in w.roles if g not in roles]:
             del w.roles[gone]
         for role, ranks in roles.items():
@@ -145,6 +153,33 @@ class Detectors:
             slow = rule.observe(now, ranks)
             if slow:
                 self._slow(job, role, clients, slow)
+
+    def _spike(
+        self, job: str, clients: list[Client], candidates: dict[tuple[str, int], RankTick]
+    ) -> None:
+        found = spikes(candidates, self.rules.spike)
+        if found is None:
+            return
+        by_key = {c.key: c for c in clients}
+        spiked = sorted((by_key[k] for k in found.ranks), key=lambda c: (c.role, c.rank))
+        roles = {c.role for c in spiked}
+        self.incidents.open(
+            "spike",
+            job,
+            next(iter(roles)) if len(roles) == 1 else None,
+            [Suspect(c.host, c.role, c.rank) for c in spiked],
+            max(c.step for c in spiked),
+            {
+                "step_ms": round(max(top for top, _ in found.ranks.values()), 3),
+                "median_ms": round(min(med for _, med in found.ranks.values()), 3),
+                "ratio": round(found.ratio, 4),
+                "excess_ms": round(found.excess_ms, 3),
+                "threshold": found.threshold,
+                "ranks": {
+                    f"{c.role}:{c.rank}": [round(v, 3) for v in found.ranks[c.key]] for c in spiked
+                },
+            },
+        )
 
     def _slow(self, job: str, role: str, clients: list[Client], slow: list[SlowRank]) -> None:
         by_rank = {c.rank: c for c in clients if c.role == role}
