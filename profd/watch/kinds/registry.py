@@ -7,6 +7,9 @@ from __future__ import annotations
 from profd.watch.kinds import hang, regression, slow_rank, straggler
 from profd.watch.kinds.kind import Kind
 
+#: A ``spike`` kind (one step far longer than its job's median) goes here as its own module;
+#: its ``Kind.loss`` the spike's excess over the median x the ranks that waited for it, once
+#: (the same figure each tick: ``max(inc.lost_rank_s, excess_s * waited)``, not a sum).
 ALL: tuple[Kind, ...] = (regression.KIND, slow_rank.KIND, straggler.KIND, hang.KIND)
 _BY_NAME = {k.name: k for k in ALL}
 
