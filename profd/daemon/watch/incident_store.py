@@ -10,6 +10,9 @@ is logged at warning level.
 
 An incident belongs to its job's owner (``Registry.owner``). Its log line names no frame.
 
+While open, an incident counts what it costs (``lost_rank_s``, its kind's ``Kind.loss``) at
+each detector tick of its job (:meth:`Incidents.count_loss`); resolved, it counts no more.
+
 A cooldown per job (``[watch] cooldown``) bounds what a flapping job costs: a detection of a
 kind, job and rank whose last incident was detected less than ``cooldown`` ago opens that
 incident again instead of a new one, and a job gets at most one automatic capture per
@@ -370,7 +373,7 @@ class Incidents:
         rows = self.store.incidents(job=job, kind=kind, since=since, limit=limit)
         # An open incident's loss grows every tick and is written only now and then.
         rows = [
-            {**r, "lost_rank_s": held.lost_rank_s}
+            {**r, "lost_rank_s": held.lost_rank_s, "lost_at": held.lost_at}
             if (held := self.held.get(r["id"])) is not None
             else r
             for r in rows
