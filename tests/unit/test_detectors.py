@@ -165,6 +165,8 @@ def test_a_five_second_stall_of_one_rank_is_one_spike_naming_it(tmp_path: Path) 
     (inc,) = rig.incidents.rows()
     assert inc["evidence"]["step_ms"] == 5000.0
     assert 90.0 <= inc["evidence"]["median_ms"] <= 110.0
+    # Its cost: the excess over the median, for the one rank that sat it out.
+    assert 4.85 <= inc["lost_rank_s"] <= 4.95
 
 
 def test_a_lockstep_stall_names_every_rank_that_waited_in_one_incident(tmp_path: Path) -> None:
@@ -174,6 +176,8 @@ def test_a_lockstep_stall_names_every_rank_that_waited_in_one_incident(tmp_path:
     rig.run(5, {0: 100.0, 1: 100.0, 2: 100.0})
     _stall(rig, {0, 1, 2}, 5.0, 100.0)  # inside the cooldown: the same incident again
     assert rig.found() == [("spike", [0, 1, 2])]
+    (inc,) = rig.incidents.rows()
+    assert 3 * 4.85 <= inc["lost_rank_s"] <= 3 * 4.95  # one spike's worth, not one a tick
 
 
 def test_a_slow_job_with_long_steps_has_no_spike_at_four_times_its_median(tmp_path: Path) -> None:

@@ -4,7 +4,9 @@ never blocking (reads of memory only; an incident's record is the only write).
 For each job attached to this node a :class:`RegressionRule`, fed with the median over the
 job's ranks of each rank's step time in this tick; for each role of a job with two ranks or
 more a :class:`SlowRankRule`, fed with each rank's :data:`WINDOW_Q` quantile of its step
-times over ``[watch] window``. What they report goes to :meth:`Incidents.open`.
+times over ``[watch] window``. What they report goes to :meth:`Incidents.open`. A job with
+an open incident (of any kind) also hands its ranks' steps of the tick to
+:meth:`Incidents.count_loss`: what the incident cost, tick after tick.
 
 What they ignore: a job's regression baseline starts again when a rank sets its step count
 (``step(n)``: its ledger's epoch changes), restarts, attaches or leaves; ticks without steps
@@ -24,6 +26,7 @@ from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.incident_store import Incidents
 from profd.watch.incident_record import Suspect
+from profd.watch.kinds.kind import RankSteps
 from profd.watch.slowdown_rules import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
 from profd.watch.spike_rule import RankTick, is_candidate, spikes
 
@@ -92,6 +95,10 @@ class Detectors:
         cutoff = now - self.rules.window
         roles: dict[str, dict[int, tuple[float, int]]] = {}
         candidates: dict[tuple[str, int], RankTick] = {}
+        # The job's open incidents count their loss from this tick's steps alone (each
+        # ledger interval ends in one tick), never from the window, which every tick reads
+        # again: summed over ticks it would count each step once per tick it stays in it.
+        ticks: list[RankSteps] | None = [] if self.incidents.open_in(job) else None
         read = ledgers.watch
         for c in clients:
             key = c.key
@@ -101,6 +108,8 @@ class Detectors:
                 med, med_n = ledgers.median_ms(key, cutoff)
                 if med is not None:
                     candidates[key] = RankTick(tick_top, med, med_n)
+            if ticks is not None:
+                ticks.append(RankSteps(c.role, c.rank, ms, n))
             if ms is not None:
                 tick_ms.append(ms)
                 if n > steps:
@@ -113,6 +122,8 @@ class Detectors:
                     roles[c.role] = {c.rank: (q, wn)}
                 else:
                     r[c.rank] = (q, wn)
+        if ticks is not None:
+            self.incidents.count_loss(job, ticks)
         if members != w.members:
             # A rank came, left, set its step count or restarted: the job's step time before
             # is not its baseline any more.

@@ -4,7 +4,7 @@ spike``). The moment is over when it is noticed: no capture; the black box is it
 from __future__ import annotations
 
 from profd.watch.incident_record import Incident
-from profd.watch.kinds.kind import Kind, rule_grace
+from profd.watch.kinds.kind import JobTick, Kind, num, rule_grace
 
 
 def _text(inc: Incident, who: str) -> str:
@@ -15,6 +15,15 @@ def _text(inc: Incident, who: str) -> str:
     )
 
 
+def _loss(inc: Incident, tick: JobTick) -> float:
+    """The spike's excess over the median x the ranks it held up: the ones named (the
+    stalled rank lost the time, and in a lockstep job each other rank waited it out). The
+    same figure every tick (a spike is one step, not a rate): the largest seen."""
+    ev = inc.evidence
+    held = max(1, len(ev.get("ranks") or {}))
+    return max(inc.lost_rank_s, num(ev.get("excess_ms")) / 1000.0 * held)
+
+
 KIND = Kind(
     name="spike",
     label="spike",
@@ -22,4 +31,5 @@ KIND = Kind(
     captures=False,
     grace=rule_grace,
     text=_text,
+    loss=_loss,
 )
