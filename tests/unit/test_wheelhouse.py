@@ -9,24 +9,10 @@ tag from being missed the same way.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
-from pathlib import Path
-from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_dev() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("profd_dev_py", ROOT / "dev.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-dev = load_dev()
+from devpy import dev
 
 #: Binary wheels PyPI served for profd's dependencies (x86_64 Linux), as named there.
 SERVED = (
