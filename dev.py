@@ -156,7 +156,7 @@ def build_dists(python: Path, out: Path) -> tuple[Path, Path]:
     removed), built by ``python``'s setuptools from a copy of the clean tree; each wheel is
     built from its unpacked sdist, as pip builds one from PyPI. Returns the two wheels."""
     out.mkdir(parents=True, exist_ok=True)
-    for old in [*out.glob("profd-*"), *out.glob("profd_client-*"), *out.glob("profd_*.whl")]:
+    for old in {*out.glob("profd-*"), *out.glob("profd_client-*")}:
         old.unlink()
     wheels: list[Path] = []
     with tempfile.TemporaryDirectory(prefix="profd-build-") as tmp:
@@ -166,16 +166,23 @@ def build_dists(python: Path, out: Path) -> tuple[Path, Path]:
             shutil.copy2(ROOT / name, tree / name)
         for project in PROJECTS:
             src = tree / project.relative_to(ROOT)
-            run = {"check": True, "capture_output": True, "text": True}
-            built = subprocess.run([str(python), "-c", _BUILD, "sdist", str(out)], cwd=src, **run)
-            sdist = out / built.stdout.strip().splitlines()[-1]
+            sdist = out / _build(python, "sdist", src, out)
             unpacked = Path(tmp, sdist.name.removesuffix(".tar.gz"))
             with tarfile.open(sdist) as tar:
                 tar.extractall(tmp, filter="data")
-            built = subprocess.run([str(python), "-c", _BUILD, "wheel", str(out)], cwd=unpacked,
-                                   **run)  # fmt: skip
-            wheels.append(out / built.stdout.strip().splitlines()[-1])
+            wheels.append(out / _build(python, "wheel", unpacked, out))
     return wheels[0], wheels[1]
+
+
+def _build(python: Path, kind: str, src: Path, out: Path) -> str:
+    """setuptools' ``build_sdist``/``build_wheel`` of ``src`` into ``out``: the file's name."""
+    cmd = [str(python), "-c", _BUILD, kind, str(out)]
+    built = subprocess.run(cmd, cwd=src, capture_output=True, text=True)
+    if built.returncode != 0:
+        # setuptools says why on stderr (a too-old setuptools, a bad pyproject.toml).
+        sys.stderr.write(built.stdout + built.stderr)
+        raise subprocess.CalledProcessError(built.returncode, cmd)
+    return built.stdout.strip().splitlines()[-1]
 
 
 def release() -> str:

@@ -30,8 +30,9 @@ def pytest_configure(config: pytest.Config) -> None:
     import profd
     import profd_client
 
-    for mod in (profd, profd_client):
-        if CHECKOUT in Path(str(mod.__file__)).resolve().parents:
+    # dev.py's .venv lives inside the checkout too: compare with the source dirs themselves.
+    for mod, source in ((profd, CHECKOUT / "profd"), (profd_client, CHECKOUT / "client")):
+        if source in Path(str(mod.__file__)).resolve().parents:
             raise pytest.UsageError(f"{mod.__name__} imports from the checkout, not the wheel")
 
 

@@ -228,8 +228,11 @@ def venv_env(bin_dir: Path) -> dict[str, str]:
 
 
 def imports(python: Path, module: str) -> bool:
-    code = f"import {module}"
-    return subprocess.run([str(python), "-c", code], env=venv_env(python.parent)).returncode == 0
+    # From the venv's own dir: ``-c`` puts the working directory, this checkout, on sys.path.
+    r = subprocess.run(
+        [str(python), "-c", f"import {module}"], env=venv_env(python.parent), cwd=python.parent
+    )
+    return r.returncode == 0
 
 
 def installed(python: Path) -> set[str]:
@@ -326,7 +329,7 @@ def test_client_venv_has_the_client_and_torch_and_nothing_of_the_daemons(
     # Its site-packages, not this environment's or the checkout's.
     where = subprocess.run(
         [str(py), "-c", "import profd_client; print(profd_client.__file__)"],
-        env=venv_env(client_venv), capture_output=True, text=True, check=True,
+        env=venv_env(client_venv), cwd=client_venv, capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert where.startswith(str(client_venv.parent)), where
 

@@ -130,7 +130,7 @@ class Incompatible:
             "rank": pick("rank", int),
             "state": "incompatible",
             "protocol": self.version,
-            "client_version": self.client_version,
+            "client_version": (pick("client_version", str) or "")[:64] or None,
             "error": f"speaks protocol version {self.version}",
         }
 
