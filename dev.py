@@ -3,7 +3,7 @@
 
     python3 dev.py demo        # daemon + 2-rank CPU torchrun job + capture + indexed result
     python3 dev.py test        # the test suite (what CI runs), against the installed wheels
-    python3 dev.py dist        # the two wheels and two sdists into ./dist, from a clean tree
+    python3 dev.py dist        # the two wheels and two sdists into ./dist (setuptools 77+: .venv's)
     python3 dev.py bump 0.4.0  # one new version everywhere (code, pins, manifest, docs, CHANGELOG)
     python3 dev.py wheelhouse  # fill .wheelhouse/ for test-gpu (needs PyPI; not torch)
     python3 dev.py test-gpu    # every CUDA path on a real GPU; writes docs/gpu.md
@@ -140,8 +140,16 @@ def tree_files(root: Path) -> list[str]:
         out = subprocess.run(["git", "-C", str(root), *listing], capture_output=True, check=True)
         names = out.stdout.decode().split("\0")
     except (OSError, subprocess.CalledProcessError):
-        return [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()]
+        # A copy with no .git (the GPU machine's): every file but what .gitignore names.
+        files = [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
+        return [str(f) for f in files if not any(_ignored(part) for part in f.parts)]
     return sorted({f for f in names if f and (root / f).is_file()})
+
+
+def _ignored(part: str) -> bool:
+    """A path part .gitignore keeps out of the tree (its patterns, by hand)."""
+    made = ("dist", "build", "demo-out", "__pycache__")
+    return part in made or part.endswith(".egg-info") or (part.startswith(".") and part != ".ci")
 
 
 _BUILD = (
@@ -169,7 +177,9 @@ def build_dists(python: Path, out: Path) -> tuple[Path, Path]:
             sdist = out / _build(python, "sdist", src, out)
             unpacked = Path(tmp, sdist.name.removesuffix(".tar.gz"))
             with tarfile.open(sdist) as tar:
-                tar.extractall(tmp, filter="data")
+                # The data filter where this python has it (3.11.4+; test-gpu's may be older).
+                safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                tar.extractall(tmp, **safe)  # type: ignore[arg-type]
             wheels.append(out / _build(python, "wheel", unpacked, out))
     return wheels[0], wheels[1]
 
@@ -399,7 +409,8 @@ def main() -> None:
         bump(rest[0])
         return
     if cmd == "dist":
-        build_dists(Path(sys.executable), DIST)
+        # .venv's setuptools (77+, dev.py installs it) where there is one, else this python's.
+        build_dists(PY if PY.exists() else Path(sys.executable), DIST)
         print("\n".join(str(p) for p in sorted(DIST.glob("profd*"))))
         return
     if cmd not in ("demo", "test", "setup"):

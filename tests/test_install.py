@@ -404,3 +404,21 @@ def test_torchrun_from_the_client_venv_is_captured_by_the_image_daemon(
         assert job.wait(timeout=180) == 0, job.output()
     finally:
         job.kill()
+
+
+def test_readme_sets_up_with_two_commands_and_installs_both_packages_at_the_release() -> None:
+    text = (ROOT / "README.md").read_text()
+    try_it = text.split("## Try it", 1)[1].split("\n## ", 1)[0]
+    block = try_it.split("```sh\n", 1)[1].split("```", 1)[0]
+    commands = [ln.split("#", 1)[0].strip() for ln in block.splitlines()]
+    assert [c for c in commands if c] == ["python3 dev.py demo", "python3 dev.py test"]
+    install = text.split("## Install on a cluster", 1)[1].split("\n## ", 1)[0]
+    for line in (
+        f"pip install profd-client=={RELEASE}",
+        f"pip install profd=={RELEASE}",
+        "kubectl apply -f deploy/kubernetes/profd.yaml",
+        "systemctl enable --now profd",
+        "profctl ps",
+    ):
+        assert line in install, line
+    assert len(install.strip().splitlines()) <= 40  # one screen
