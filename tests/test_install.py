@@ -237,8 +237,9 @@ def imports(python: Path, module: str) -> bool:
 
 def installed(python: Path) -> set[str]:
     code = "import importlib.metadata as m\nfor d in m.distributions(): print(d.metadata['Name'])"
+    env, here = venv_env(python.parent), python.parent  # not the checkout's *.egg-info
     out = subprocess.run(
-        [str(python), "-c", code], env=venv_env(python.parent), capture_output=True, text=True
+        [str(python), "-c", code], env=env, cwd=here, capture_output=True, text=True
     )
     return {canonical(n) for n in out.stdout.split()}
 
@@ -323,7 +324,7 @@ def test_client_venv_has_the_client_and_torch_and_nothing_of_the_daemons(
     py = client_venv / "python"
     have = installed(py)
     assert {"profd-client", "torch", *CLIENT_DEPS} <= have
-    assert not have & (DAEMON_ONLY | {"profd"})
+    assert have & (DAEMON_ONLY | {"profd"}) == set()
     assert imports(py, "profd_client, profd_client.protocol")
     assert not imports(py, "profd")
     # Its site-packages, not this environment's or the checkout's.
