@@ -2,21 +2,30 @@
 """Set up and run profd from a fresh clone with nothing but Python 3.11+.
 
     python3 dev.py demo        # daemon + 2-rank CPU torchrun job + capture + indexed result
-    python3 dev.py test        # the test suite (what CI runs)
+    python3 dev.py test        # the test suite (what CI runs), against the installed wheels
+    python3 dev.py dist        # the two wheels and two sdists into ./dist (setuptools 77+: .venv's)
+    python3 dev.py bump 0.4.0  # one new version everywhere (code, pins, manifest, docs, CHANGELOG)
     python3 dev.py wheelhouse  # fill .wheelhouse/ for test-gpu (needs PyPI; not torch)
     python3 dev.py test-gpu    # every CUDA path on a real GPU; writes docs/gpu.md
 
 demo/test/setup create ./.venv on first use and install torch 2.13.0 (CPU build, pinned: an
-unpinned torch pulls gigabytes of CUDA packages) and profd with its test extra, then reinstall
-only when pyproject.toml changes.
+unpinned torch pulls gigabytes of CUDA packages) and the dependencies of profd[test], again
+only when a pyproject.toml changes. Every time, they then build the sdists of profd-client
+(client/) and profd (.) from the files git tracks, build each wheel from its sdist (so a file
+the sdist lacks fails here, not in a user's pip), and install both wheels into ./.venv: the
+tests and the demo run the installed packages, never the checkout (tests/conftest.py takes
+the checkout off sys.path and checks). That takes seconds.
 
 test-gpu runs on a machine with an NVIDIA GPU and a torch already installed (it never installs
 torch) that reaches no package registry. It uses the python that has torch, creates
 ./.gpu-venv on top of it (--system-site-packages, so that torch is the one used), installs
 profd's own dependencies from ./.wheelhouse with ``pip install --no-index`` (packages the
-system python already has at a fitting version are used as they are), installs profd itself
-(--no-deps --no-build-isolation -e .), and runs tests/gpu/gpucheck.py, which prints one
+system python already has at a fitting version are used as they are), builds the two wheels
+there and installs them with --no-deps, and runs tests/gpu/gpucheck.py, which prints one
 PASS/FAIL/SKIP line per check and writes docs/gpu.md. The whole run takes a few minutes.
+The warehouse's dependencies (pyarrow, duckdb: 80 MB) are neither in the wheelhouse nor
+installed there (the device tool carries 64 MiB): gpucheck runs its daemon with
+``[warehouse] enabled = false``, and nothing it checks reads the warehouse.
 
 Fill the wheelhouse here (with network), then hand the tree and the ignored .wheelhouse to the
 GPU machine; with the device tool that is one call:
@@ -33,12 +42,16 @@ failed, 2 set-up failed (no python with torch, no wheelhouse, pip failed), 3 no 
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
+import tempfile
 import venv
 from pathlib import Path
 
@@ -46,6 +59,23 @@ ROOT = Path(__file__).resolve().parent
 VENV = ROOT / ".venv"
 PY = VENV / "bin" / "python"
 TORCH = "torch==2.13.0"
+DIST = ROOT / "dist"
+#: The two projects of this repository, the client's first (the daemon's requires it).
+PROJECTS = (ROOT / "client", ROOT)
+#: The daemon's fleet warehouse needs these (80 MB of wheels): left out of the GPU machine's
+#: wheelhouse and install, where the daemon runs with ``[warehouse] enabled = false``.
+WAREHOUSE_DEPS = ("pyarrow", "duckdb")
+#: Where the one version string lives; ``bump`` rewrites it and every copy in VERSIONED.
+RELEASE_FILE = ROOT / "client" / "profd_client" / "protocol" / "envelope.py"
+RELEASE_RE = r'^(RELEASE: Final = ")([^"]+)(")'
+#: Every other place that names the release, as (file, pattern whose group 2 is the version).
+VERSIONED = (
+    ("pyproject.toml", r'("profd-client==)([^"]+)(")'),
+    ("deploy/kubernetes/profd.yaml", r"(image: registry\.example\.com/profd:)(\S+)()"),
+    ("README.md", r"(profd-client==|profd==|/profd:)([0-9][^\s\\`\"]*)()"),
+    ("client/README.md", r"(profd-client==)([0-9][^\s`]*)()"),
+    ("docs/operations.md", r"(profd-client==|profd==|/profd:)([0-9][^\s\\`\"]*)()"),
+)
 
 WHEELHOUSE = ROOT / ".wheelhouse"
 GPU_VENV = ROOT / ".gpu-venv"
@@ -69,43 +99,159 @@ WHEEL_PLATFORMS = (
     "manylinux_2_5_x86_64",
     "manylinux1_x86_64",
 )
-#: Installed into .gpu-venv beside profd's own dependencies: what an offline editable
-#: install of profd builds with.
-BUILD_REQS = ("setuptools>=68", "wheel", "pip")
+#: Installed into .gpu-venv beside profd's own dependencies: what the two wheels are built
+#: with there, offline.
+BUILD_REQS = ("setuptools>=77", "wheel", "pip")
 NO_GPU, SETUP_FAILED = 3, 2
 
 
 def ensure_env() -> None:
+    """./.venv with torch and profd[test]'s dependencies, and the wheels of this tree in it."""
     if sys.version_info < (3, 11):  # noqa: UP036 - dev.py may be run by an older python3
         raise SystemExit("profd needs Python 3.11 or newer")
     stamp = VENV / ".profd-installed"
-    want = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    if stamp.exists() and stamp.read_text() == want and PY.exists():
-        return
+    want = hashlib.sha256(b"".join((p / "pyproject.toml").read_bytes() for p in PROJECTS))
+    fresh = not (stamp.exists() and stamp.read_text() == want.hexdigest() and PY.exists())
     if not PY.exists():
         print("dev.py: creating .venv", file=sys.stderr, flush=True)
         venv.EnvBuilder(with_pip=True).create(VENV)
-    print("dev.py: installing torch and profd[test] into .venv", file=sys.stderr, flush=True)
     pip = [str(PY), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
-    subprocess.run([*pip, TORCH], check=True)
-    subprocess.run([*pip, "-e", f"{ROOT}[test]", TORCH], check=True)
-    # What pip does for an installed package, and an editable install skips: without it a
-    # PYTHONDONTWRITEBYTECODE=1 shell compiles profd again in every profctl command.
-    subprocess.run([str(PY), "-m", "compileall", "-q", "profd", "client"], cwd=ROOT, check=True)
-    stamp.write_text(want)
+    if fresh:
+        print("dev.py: installing torch and profd[test] into .venv", file=sys.stderr, flush=True)
+        # What builds the wheels below, without build isolation (seconds, and offline).
+        subprocess.run([*pip, TORCH, BUILD_REQS[0]], check=True)
+    client, daemon = build_dists(PY, DIST)
+    if fresh:
+        # The wheels with every dependency; torch named again so nothing moves it.
+        subprocess.run([*pip, str(client), f"{daemon}[test]", TORCH], check=True)
+        stamp.write_text(want.hexdigest())
+    else:
+        # Same dependencies: only this tree's code is new.
+        subprocess.run([*pip, "--no-deps", "--force-reinstall", str(client), str(daemon)],
+                       check=True)  # fmt: skip
+
+
+def tree_files(root: Path) -> list[str]:
+    """The files of a clean checkout of ``root``: what git tracks (as they are now) and new
+    files it does not ignore. Builds see nothing else: no .venv, no stale build/, no
+    *.egg-info. Outside a git checkout (an unpacked sdist), every file."""
+    try:
+        listing = ["ls-files", "-z", "--cached", "--others", "--exclude-standard"]
+        out = subprocess.run(["git", "-C", str(root), *listing], capture_output=True, check=True)
+        names = out.stdout.decode().split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        # A copy with no .git (the GPU machine's): every file but what .gitignore names.
+        files = [p.relative_to(root) for p in root.rglob("*") if p.is_file()]
+        return [str(f) for f in files if not any(_ignored(part) for part in f.parts)]
+    return sorted({f for f in names if f and (root / f).is_file()})
+
+
+def _ignored(part: str) -> bool:
+    """A path part .gitignore keeps out of the tree (its patterns, by hand)."""
+    made = ("dist", "build", "demo-out", "__pycache__")
+    return part in made or part.endswith(".egg-info") or (part.startswith(".") and part != ".ci")
+
+
+_BUILD = (
+    "import sys\n"
+    "from setuptools import build_meta as b\n"
+    "print(getattr(b, 'build_' + sys.argv[1])(sys.argv[2]))\n"
+)
+
+
+def build_dists(python: Path, out: Path) -> tuple[Path, Path]:
+    """The sdist and the wheel of profd-client and of profd in ``out`` (earlier ones there
+    removed), built by ``python``'s setuptools from a copy of the clean tree; each wheel is
+    built from its unpacked sdist, as pip builds one from PyPI. Returns the two wheels."""
+    out.mkdir(parents=True, exist_ok=True)
+    for old in {*out.glob("profd-*"), *out.glob("profd_client-*")}:
+        old.unlink()
+    wheels: list[Path] = []
+    with tempfile.TemporaryDirectory(prefix="profd-build-") as tmp:
+        tree = Path(tmp, "tree")
+        for name in tree_files(ROOT):
+            (tree / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, tree / name)
+        for project in PROJECTS:
+            src = tree / project.relative_to(ROOT)
+            sdist = out / _build(python, "sdist", src, out)
+            unpacked = Path(tmp, sdist.name.removesuffix(".tar.gz"))
+            with tarfile.open(sdist) as tar:
+                # The data filter where this python has it (3.11.4+; test-gpu's may be older).
+                safe = {"filter": "data"} if hasattr(tarfile, "data_filter") else {}
+                tar.extractall(tmp, **safe)  # type: ignore[arg-type]
+            wheels.append(out / _build(python, "wheel", unpacked, out))
+    return wheels[0], wheels[1]
+
+
+def _build(python: Path, kind: str, src: Path, out: Path) -> str:
+    """setuptools' ``build_sdist``/``build_wheel`` of ``src`` into ``out``: the file's name."""
+    cmd = [str(python), "-c", _BUILD, kind, str(out)]
+    built = subprocess.run(cmd, cwd=src, capture_output=True, text=True)
+    if built.returncode != 0:
+        # setuptools says why on stderr (a too-old setuptools, a bad pyproject.toml).
+        sys.stderr.write(built.stdout + built.stderr)
+        raise subprocess.CalledProcessError(built.returncode, cmd)
+    return built.stdout.strip().splitlines()[-1]
+
+
+def release() -> str:
+    """The one version string (RELEASE in the client's protocol/envelope.py)."""
+    m = re.search(RELEASE_RE, RELEASE_FILE.read_text(), re.M)
+    assert m is not None, f"no RELEASE in {RELEASE_FILE}"
+    return m[2]
+
+
+def versions_named(root: Path = ROOT) -> dict[str, set[str]]:
+    """Every version each file of VERSIONED (and the RELEASE file) under ``root`` names."""
+    places = ((str(RELEASE_FILE.relative_to(ROOT)), RELEASE_RE), *VERSIONED)
+    return {
+        name: {m[2] for m in re.finditer(pattern, (root / name).read_text(), re.M)}
+        for name, pattern in places
+    }
+
+
+def bump(new: str) -> None:
+    """Make ``new`` the version everywhere: RELEASE, the daemon's pin of the client, the
+    image tag, the install lines of the docs, and CHANGELOG.md's "Unreleased" heading, which
+    becomes ``new`` with today's date under a fresh, empty "Unreleased"."""
+    if not re.fullmatch(r"\d+\.\d+\.\d+([a-z]+\d+)?", new):
+        raise SystemExit(f"dev.py bump: {new!r} is not a version like 0.4.0 or 0.4.0rc1")
+    for name, pattern in ((str(RELEASE_FILE.relative_to(ROOT)), RELEASE_RE), *VERSIONED):
+        path = ROOT / name
+        text, count = re.subn(pattern, lambda m: m[1] + new + m[3], path.read_text(), flags=re.M)
+        if count == 0:
+            raise SystemExit(f"dev.py bump: no version found in {name}")
+        path.write_text(text)
+    log = ROOT / "CHANGELOG.md"
+    today = datetime.date.today().isoformat()
+    text = log.read_text().replace(
+        "## Unreleased\n", f"## Unreleased\n\nNothing yet.\n\n## {new} ({today})\n", 1
+    )
+    log.write_text(text)
+    print(f"dev.py: version {new} in {len(VERSIONED) + 2} files; CHANGELOG.md: fill in {new}")
 
 
 def dependencies() -> list[str]:
-    """profd's runtime requirements, as pyproject.toml lists them (never torch)."""
-    text = (ROOT / "pyproject.toml").read_text()
-    try:
-        import tomllib
-    except ImportError:  # dev.py itself may run on an older python3 than the one with torch
-        block = text.split("\ndependencies = [", 1)[1].split("]", 1)[0]
-        deps = [line.strip().strip(",").strip('"') for line in block.splitlines()]
-    else:
-        deps = tomllib.loads(text)["project"]["dependencies"]
-    return [d for d in deps if d and not d.startswith("torch")]
+    """The runtime requirements of both distributions, as their pyproject.toml files list
+    them: never torch, never profd-client (built from this tree)."""
+    deps: list[str] = []
+    for project in PROJECTS:
+        text = (project / "pyproject.toml").read_text()
+        try:
+            import tomllib
+        except ImportError:  # dev.py itself may run on an older python3 than the one with torch
+            block = text.split("\ndependencies = [", 1)[1].split("]", 1)[0]
+            lines = [ln.split("#", 1)[0].strip().strip(",").strip('"') for ln in block.splitlines()]
+        else:
+            lines = tomllib.loads(text)["project"]["dependencies"]
+        deps += [d for d in lines if d and d not in deps]
+    return [d for d in deps if not d.startswith(("torch", "profd-client"))]
+
+
+def gpu_dependencies() -> list[str]:
+    """What the GPU machine installs beside the two wheels: all but the warehouse's."""
+    return [d for d in dependencies() if not d.startswith(WAREHOUSE_DEPS)]
 
 
 def download_command(version: str, reqs: list[str]) -> list[str]:
@@ -120,10 +266,11 @@ def download_command(version: str, reqs: list[str]) -> list[str]:
 
 
 def fill_wheelhouse() -> None:
-    """``pip download`` profd's dependencies (and what installs profd) into .wheelhouse/,
-    binary wheels for every python in WHEEL_PYTHONS on x86_64 Linux."""
+    """``pip download`` the dependencies test-gpu installs (gpu_dependencies, and what builds
+    the wheels) into .wheelhouse/, binary wheels for every python in WHEEL_PYTHONS on x86_64
+    Linux."""
     WHEELHOUSE.mkdir(exist_ok=True)
-    reqs = [*dependencies(), *BUILD_REQS]
+    reqs = [*gpu_dependencies(), *BUILD_REQS]
     for version in WHEEL_PYTHONS:
         print(f"dev.py: wheels for python {version}", file=sys.stderr, flush=True)
         subprocess.run(download_command(version, reqs), check=True)
@@ -182,9 +329,8 @@ def ensure_gpu_env(base: str) -> None:
     """.gpu-venv on top of ``base`` with profd installed, from the wheelhouse only."""
     stamp = GPU_VENV / ".profd-installed"
     listing = sorted(p.name for p in WHEELHOUSE.glob("*.whl")) if WHEELHOUSE.is_dir() else []
-    want = hashlib.sha256(
-        "\n".join([base, (ROOT / "pyproject.toml").read_text(), *listing]).encode()
-    ).hexdigest()
+    projects = [(p / "pyproject.toml").read_text() for p in PROJECTS]
+    want = hashlib.sha256("\n".join([base, *projects, *listing]).encode()).hexdigest()
     if stamp.exists() and stamp.read_text() == want and GPU_PY.exists():
         return
     if GPU_VENV.exists():
@@ -211,8 +357,10 @@ def ensure_gpu_env(base: str) -> None:
         pip += ["--find-links", str(WHEELHOUSE)]
     # Requirements the system python already meets are left as they are; the rest comes
     # from the wheelhouse. torch is never named, so never touched.
-    subprocess.run([*pip, *BUILD_REQS[:2], *dependencies()], check=True)
-    subprocess.run([*pip, "--no-deps", "--no-build-isolation", "-e", str(ROOT)], check=True)
+    subprocess.run([*pip, *BUILD_REQS[:2], *gpu_dependencies()], check=True)
+    # --no-deps: the daemon's pyarrow and duckdb are not here (see WAREHOUSE_DEPS).
+    wheels = build_dists(GPU_PY, GPU_VENV / "dist")
+    subprocess.run([*pip, "--no-deps", *map(str, wheels)], check=True)
     subprocess.run([str(GPU_PY), "-c", "import torch, profd, profd_client"], check=True)
     stamp.write_text(want)
 
@@ -257,14 +405,26 @@ def main() -> None:
     if cmd == "wheelhouse":
         fill_wheelhouse()
         return
+    if cmd == "bump" and len(rest) == 1:
+        bump(rest[0])
+        return
+    if cmd == "dist":
+        # .venv's setuptools (77+, dev.py installs it) where there is one, else this python's.
+        build_dists(PY if PY.exists() else Path(sys.executable), DIST)
+        print("\n".join(str(p) for p in sorted(DIST.glob("profd*"))))
+        return
     if cmd not in ("demo", "test", "setup"):
         raise SystemExit(__doc__)
     ensure_env()
     os.chdir(ROOT)
     if cmd == "setup":
         return
+    # The installed wheels, not this checkout (tests/conftest.py drops it from sys.path and
+    # fails when profd would still come from it); the tests of the wheels read them in DIST.
+    os.environ.update(PROFD_TEST_INSTALLED="1", PROFD_DIST=str(DIST))
+    os.environ.pop("PYTHONPATH", None)
     if cmd == "demo":
-        args = [str(PY), "-m", "profd.demo", *rest]
+        args = [str(PY), "-P", "-m", "profd.demo", *rest]
     else:
         # loadgroup: tests marked with one xdist_group (those sharing a module-scoped job)
         # stay on one worker. pytest 9.2 silently breaks it: pyproject.toml pins it below.

@@ -191,6 +191,8 @@ class WatchConfig:
     hold: float = 30.0
     regression: float = 0.2
     slow_rank: float = 0.25
+    #: A step this many times its rank's median (and at least a second longer) is a spike.
+    spike: float = 5.0
     #: Seconds after an automatic capture before the same job gets another.
     cooldown: float = 900.0
     #: A rank without a step for this long is stalled (the hang rule); None: the rule's own.
@@ -214,6 +216,7 @@ class WatchConfig:
             hold=self.hold,
             regression=self.regression,
             slow_rank=self.slow_rank,
+            spike=self.spike,
         )
 
 
@@ -225,6 +228,7 @@ _WATCH_NUMBERS: tuple[tuple[str, type[float] | type[int], float, bool], ...] = (
     ("hold", float, 0, True),
     ("regression", float, 0, False),
     ("slow_rank", float, 0, False),
+    ("spike", float, 1, False),
     ("cooldown", float, 0, True),
     ("stall_after", float, 0, False),
     ("sample_every", int, 0, True),

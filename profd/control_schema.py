@@ -256,6 +256,7 @@ PS_ROW: Final = _row(
     attached_at=(WHEN, _O),
     uid=(UID, _O),
     identity_source=(IDENTITY_SOURCE, _O),
+    client_version=(Nullable(SHORT), _O),
     # Another served process claims the same job, role and rank; every pid that claims it.
     duplicate=(Bool(), _O),
     claimed_by=(ListOf(PID, 1 << 22), _O),

@@ -6,6 +6,8 @@ test modules import from.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -13,6 +15,25 @@ import pytest
 import zmq
 from clusters import Cluster, keys_new
 from harness import Daemon, Daemons, Job, Jobs
+
+CHECKOUT = Path(__file__).resolve().parents[1]
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get("PROFD_TEST_INSTALLED"):
+        return
+    # ``dev.py test`` installed the wheels: ``python -m pytest`` put the checkout first on
+    # sys.path, where ``profd/`` would shadow them in this process (subprocesses run the
+    # installed entry points anyway). Off it goes before any test module imports profd, and
+    # a stray import fails the session.
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != CHECKOUT]
+    import profd
+    import profd_client
+
+    # dev.py's .venv lives inside the checkout too: compare with the source dirs themselves.
+    for mod, source in ((profd, CHECKOUT / "profd"), (profd_client, CHECKOUT / "client")):
+        if source in Path(str(mod.__file__)).resolve().parents:
+            raise pytest.UsageError(f"{mod.__name__} imports from the checkout, not the wheel")
 
 
 @pytest.fixture

@@ -46,6 +46,7 @@ class DaemonProcess:
     config: Path | None = None
     extra_env: dict[str, str] = field(default_factory=dict)
     prefix: list[str] = field(default_factory=list)  # argv run before profd's (setpriv ...)
+    bin: Path = BIN  # where profd and profctl are: another environment's, for an install test
     heartbeat: float = 0.5  # the clients' (PROFD_HEARTBEAT); the daemon's comes from config
     ctl_timeout: float = 60.0
     proc: subprocess.Popen[bytes] | None = None
@@ -82,7 +83,7 @@ class DaemonProcess:
     def launch(self, *args: str) -> None:
         with self.log.open("ab") as logf:
             self.proc = subprocess.Popen(
-                [*self.prefix, str(BIN / "profd"), "run", *args],
+                [*self.prefix, str(self.bin / "profd"), "run", *args],
                 env=self.env(),
                 stdout=logf,
                 stderr=logf,
@@ -104,7 +105,7 @@ class DaemonProcess:
 
     def ctl(self, *args: str, timeout: float | None = None) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            [str(BIN / "profctl"), *args],
+            [str(self.bin / "profctl"), *args],
             env=self.env(),
             capture_output=True,
             text=True,

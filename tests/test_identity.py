@@ -34,6 +34,8 @@ from test_captures import (
     wait_session,
 )
 
+from profd_client.protocol import RELEASE
+
 pytestmark = pytest.mark.slow
 
 
@@ -121,6 +123,9 @@ def test_mp_spawn_attach_before_init_process_group(
     human = daemon.ctl("ps", "--sources")
     assert human.returncode == 0 and "RANK/WORLD FROM" in human.stdout, human
     assert "torch.distributed" in human.stdout
+    # The release each process runs, beside where its identity came from.
+    assert human.stdout.split("\n", 1)[0].split()[-1] == "CLIENT"
+    assert all(line.split()[-1] == RELEASE for line in human.stdout.strip().splitlines()[1:])
     capture_steps_3_4(daemon, rows[0]["job"], gate, 2)
     assert job.wait() == 0, job.output()
     assert sorted((x["rank"], x["profd_rank"]) for x in job.results()) == [(0, 0), (1, 1)]

@@ -5,8 +5,9 @@
   incident, whose capture covers the job's ranks;
 * three independent workers, rank 1 40 % slower: exactly one ``slow_rank`` incident naming
   it, whose capture covers it and exactly one peer; beside it a steady jittery job over
-  several windows: no incident; then a daemon restart keeps the incident, which stays open
-  (its rule reports it again) and fires nothing new.
+  several windows: no incident; its loss (rank-seconds its peers waited) grows while it is
+  open; then a daemon restart keeps the incident and its loss, which stays open (its rule
+  reports it again) and fires nothing new.
 """
 
 from __future__ import annotations
@@ -158,6 +159,19 @@ def test_a_slow_worker_is_one_slow_rank_incident_captured_with_one_peer(run: Run
     assert "slow_rank" in text and "worker rank 1" in text and s["id"] in text, text
     listing = run.daemon.ctl("incidents").stdout
     assert inc["id"] in listing and "worker r1" in listing, listing
+    # What it cost: its two peers' wait for rank 1, counted tick by tick while it is open;
+    # at most every rank of the job idle since it was detected (a tick's steps ended at most
+    # a tick before it).
+    doc = wait_for(
+        lambda: (x := run.daemon.ctl_json("incident", inc["id"]))["lost_rank_s"] > 0 and x,
+        WAIT,
+        "its loss counted",
+        every=1.0,
+    )
+    assert doc["lost_rank_s"] <= (time.time() - doc["detected_at"] + 2.0) * 3, doc
+    assert "lost      " in run.daemon.ctl("incident", inc["id"]).stdout
+    (listed,) = incidents(run.daemon, "--job", "workers")
+    assert listed["lost_rank_s"] >= doc["lost_rank_s"], listed
     wait_for(
         lambda: counted(run.daemon)["slow_rank"] == 1, WAIT, "the metric to count it", every=0.5
     )
@@ -188,6 +202,8 @@ def test_a_restart_keeps_the_incident_and_fires_nothing_new(run: Run) -> None:
     time.sleep(max(0.0, restarted + 2 * (WINDOW + HOLD) + HOLD + 2.0 - time.monotonic()))
     (after,) = incidents(d, "--kind", "slow_rank")
     assert after["id"] == before["id"] and after["state"] == "open", after
+    # Its loss was written as the daemon stopped, and the restarted one goes on from there.
+    assert after["lost_rank_s"] >= before["lost_rank_s"] > 0, (before, after)
     mine = [s["id"] for s in incident_sessions(d) if s["label"] == f"incident:{before['id']}"]
     assert mine == [before["session"]]  # no second capture for it
     assert "open" in d.ctl("incidents", "--job", "workers", "--kind", "slow_rank").stdout

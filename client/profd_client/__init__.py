@@ -21,13 +21,17 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 __all__ = ["attach", "current_step", "detach", "identity", "is_attached", "region", "step"]
-__version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from .api import attach, current_step, detach, identity, is_attached, region, step
+    from .protocol.envelope import RELEASE as __version__  # noqa: F401 - read by __getattr__
 else:
 
     def __getattr__(name: str) -> Any:
+        if name == "__version__":
+            # The one version string lives with the protocol; read on demand, so that
+            # `import profd_client` alone loads nothing but this file.
+            return importlib.import_module(".protocol.envelope", __name__).RELEASE
         # The API (and the agent, stepper and identity code behind it) loads on first use:
         # profctl and the daemon import profd_client.protocol and need none of it.
         if name not in __all__ and not (name.startswith("_") and not name.startswith("__")):

@@ -505,6 +505,7 @@ class Daemon:
             self.tcp.close()
         for name in (P.AGENT_SOCKET, P.CONTROL_SOCKET):
             (self.cfg.runtime_dir / name).unlink(missing_ok=True)
+        guarded("writing the open incidents", self.incidents.save_open)
         if self.uploads is not None:
             self.uploads.stop()
         # Let running post-processing finish: its raw input is deleted only on success, and

@@ -236,6 +236,8 @@ def merge(incidents: Sequence[dict[str, Any]]) -> dict[str, Any]:
         if any(i["state"] == "open" for i in incidents)
         else max(float(i.get("resolved_at") or 0) for i in incidents),
         "notes": [n for i in incidents for n in i.get("notes") or ()],
+        # Each node counts its own ranks: the job's loss is their sum.
+        "lost_rank_s": sum(float(i.get("lost_rank_s") or 0.0) for i in incidents),
     }
 
 

@@ -53,6 +53,12 @@ class Incident:
     notes: list[str] = field(default_factory=list)
     #: The uid that owned the job when it was detected (None: not known).
     owner: int | None = None
+    #: Rank-seconds its condition cost the job's ranks on this node (each kind's formula:
+    #: ``Kind.loss``), counted while it is open, final once resolved. A record written before
+    #: this was counted reads as 0.0: nothing was counted for it.
+    lost_rank_s: float = 0.0
+    #: Until when ``lost_rank_s`` is counted (unix time; None: not yet counted).
+    lost_at: float | None = None
 
     def resolve(self, at: float) -> None:
         """Its condition cleared (``at``: unix time)."""
@@ -80,6 +86,8 @@ class Incident:
             "comparison": self.comparison,
             "notes": list(self.notes),
             "owner": self.owner,
+            "lost_rank_s": self.lost_rank_s,
+            "lost_at": self.lost_at,
         }
 
     @classmethod
@@ -100,6 +108,8 @@ class Incident:
             comparison=d.get("comparison"),
             notes=list(d.get("notes") or []),
             owner=d.get("owner"),
+            lost_rank_s=float(d.get("lost_rank_s") or 0.0),
+            lost_at=d.get("lost_at"),
         )
 
 

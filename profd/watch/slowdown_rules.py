@@ -45,6 +45,7 @@ class WatchRules:
     hold: float = 30.0
     regression: float = 0.2
     slow_rank: float = 0.25
+    spike: float = 5.0
 
 
 def relative_spread(values: Sequence[float]) -> float:

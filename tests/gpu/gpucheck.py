@@ -689,6 +689,10 @@ class Bench:
 
     def start(self) -> None:
         self.d.root.mkdir(parents=True)
+        # dev.py test-gpu installs the daemon without the warehouse's pyarrow and duckdb
+        # (too large for what the GPU machine is handed), and nothing here reads it.
+        self.d.config = self.d.root / "profd.toml"
+        self.d.config.write_text("[warehouse]\nenabled = false\n")
         self.d.launch("-v")
         wait_for(lambda: self.d.ctl("status").returncode == 0, 30, "the daemon to answer")
 

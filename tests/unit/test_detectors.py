@@ -137,3 +137,51 @@ def test_processes_of_another_uid_than_the_jobs_owner_decide_nothing(tmp_path: P
     # A real slow rank of the owner's is still found.
     rig.run(100, {0: 30.0, 1: 45.0, 2: 30.0, 3: 5.0, 4: 5.0})
     assert rig.found() == [("slow_rank", [1])]
+
+
+def _stall(rig: Rig, stalled: set[int], seconds: float, step_ms: float) -> None:
+    """One tick of ``seconds``: the ranks in ``stalled`` end one step that long, the others
+    their usual steps (a lockstep job: every rank in ``stalled``)."""
+    rig.mono += seconds
+    rig.unix.t += seconds
+    for c in rig.clients:
+        if c.rank in stalled:
+            ds = [seconds]
+        else:
+            ds = [step_ms / 1000.0] * round(seconds * 1000.0 / step_ms)
+        rig.steps[c.key] += len(ds)
+        c.step = rig.steps[c.key]
+        rig.ledgers.heartbeat(c, c.step, ledger(ds, c.step), rig.mono)
+    rig.detectors.tick(rig.mono)
+    rig.incidents.tick()
+
+
+def test_a_five_second_stall_of_one_rank_is_one_spike_naming_it(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, workers(3))
+    rig.run(30, {0: 100.0, 1: 100.0, 2: 100.0})
+    _stall(rig, {1}, 5.0, 100.0)
+    rig.run(30, {0: 100.0, 1: 100.0, 2: 100.0})
+    assert rig.found() == [("spike", [1])]
+    (inc,) = rig.incidents.rows()
+    assert inc["evidence"]["step_ms"] == 5000.0
+    assert 90.0 <= inc["evidence"]["median_ms"] <= 110.0
+    # Its cost: the excess over the median, for the one rank that sat it out.
+    assert 4.85 <= inc["lost_rank_s"] <= 4.95
+
+
+def test_a_lockstep_stall_names_every_rank_that_waited_in_one_incident(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, workers(3))
+    rig.run(30, {0: 100.0, 1: 100.0, 2: 100.0})
+    _stall(rig, {0, 1, 2}, 5.0, 100.0)
+    rig.run(5, {0: 100.0, 1: 100.0, 2: 100.0})
+    _stall(rig, {0, 1, 2}, 5.0, 100.0)  # inside the cooldown: the same incident again
+    assert rig.found() == [("spike", [0, 1, 2])]
+    (inc,) = rig.incidents.rows()
+    assert 3 * 4.85 <= inc["lost_rank_s"] <= 3 * 4.95  # one spike's worth, not one a tick
+
+
+def test_a_slow_job_with_long_steps_has_no_spike_at_four_times_its_median(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, workers(2))
+    rig.run(60, {0: 500.0, 1: 500.0})
+    _stall(rig, {0}, 2.0, 500.0)  # 4x: under the threshold, 1.5 s over: not enough alone
+    assert rig.found() == []

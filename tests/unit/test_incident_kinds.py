@@ -41,7 +41,7 @@ def test_every_kind_module_is_listed_once_with_a_unique_name_and_label() -> None
     listed = [importlib.import_module(f"profd.watch.kinds.{m}").KIND for m in sorted(modules)]
     assert sorted(listed, key=lambda k: k.name) == sorted(kinds.ALL, key=lambda k: k.name)
     assert len(set(kinds.names())) == len(kinds.ALL) == len(set(kinds.labels()))
-    assert kinds.names() == ("regression", "slow_rank", "straggler", "hang")
+    assert kinds.names() == ("regression", "slow_rank", "straggler", "hang", "spike")
 
 
 def test_profctl_choices_and_metric_labels_come_from_the_registry() -> None:
@@ -74,6 +74,11 @@ def test_describe_is_each_kinds_text_then_the_step_and_capture() -> None:
             {"stalled_s": 61.2, "ranks_here": 4, "verdict": "rank 3 in secret_fn"},
             "job train stalled for 61s, 4 rank(s) here; suspects: worker rank 3 on n1",
         ),
+        "spike": (
+            slow,
+            {"step_ms": 5012.0, "median_ms": 101.0},
+            "job train: a step of 5.0 s against a median of 101.0 ms on worker rank 3 on n1",
+        ),
     }
     assert set(cases) == set(kinds.names())
     for name, (suspects, evidence, text) in cases.items():
@@ -88,6 +93,6 @@ def test_describe_is_each_kinds_text_then_the_step_and_capture() -> None:
 
 
 def test_capture_and_scope_flags() -> None:
-    assert [k.name for k in kinds.ALL if k.job_wide] == ["regression", "hang"]
-    assert [k.name for k in kinds.ALL if not k.captures] == ["hang"]
+    assert [k.name for k in kinds.ALL if k.job_wide] == ["regression", "hang", "spike"]
+    assert [k.name for k in kinds.ALL if not k.captures] == ["hang", "spike"]
     assert not kinds.job_wide("oom") and not kinds.captures("oom")

@@ -1,4 +1,4 @@
-"""``python3 dev.py wheelhouse``: the platform tags it asks pip for.
+"""``python3 dev.py wheelhouse``: the platform tags it asks pip for, and what it holds.
 
 ``pip download --platform TAG`` takes only wheels that carry TAG itself, so the list must name
 the tags real wheels of profd's dependencies carry. The file names below are what PyPI served
@@ -9,24 +9,10 @@ tag from being missed the same way.
 
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
-from pathlib import Path
-from types import ModuleType
 
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def load_dev() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("profd_dev_py", ROOT / "dev.py")
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-dev = load_dev()
+from devpy import dev
 
 #: Binary wheels PyPI served for profd's dependencies (x86_64 Linux), as named there.
 SERVED = (
@@ -79,3 +65,21 @@ def test_pip_download_gets_one_platform_option_per_tag_and_only_binary_wheels() 
     assert "--only-binary=:all:" in cmd
     assert cmd[cmd.index("--python-version") + 1] == "3.12"
     assert cmd[-1] == "py-spy>=0.3.14"
+
+
+def test_test_gpu_installs_every_runtime_dependency_but_the_warehouses() -> None:
+    import tomllib
+
+    def names(reqs: list[str]) -> set[str]:
+        return {re.split(r"[<>=!~\[; ]", d, maxsplit=1)[0] for d in reqs}
+
+    wanted: set[str] = set()
+    for project in dev.PROJECTS:
+        wanted |= names(
+            tomllib.loads((project / "pyproject.toml").read_text())["project"]["dependencies"]
+        )
+    # fill_wheelhouse downloads and ensure_gpu_env installs this list; the daemon wheel goes
+    # in with --no-deps, so everything else it needs must be on it.
+    assert names(dev.gpu_dependencies()) == wanted - {"profd-client", *dev.WAREHOUSE_DEPS}
+    assert {"pyarrow", "duckdb"} <= wanted
+    assert dev.BUILD_REQS[0] == "setuptools>=77"  # the license as an SPDX string needs 77

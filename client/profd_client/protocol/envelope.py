@@ -19,7 +19,7 @@ import msgpack
 import msgspec
 
 #: The release of profd and profd_client (one distribution, one version string).
-RELEASE: Final = "0.1.0"
+RELEASE: Final = "0.3.0"
 
 #: The version this code speaks. A daemon serves every version in ``SUPPORTED_VERSIONS``
 #: and answers each peer in the version the peer spoke (a job outlives daemon upgrades);

@@ -134,6 +134,10 @@ def text(d: dict[str, Any]) -> str:
         lines.append(
             "evidence  " + ", ".join(f"{k} {_num(v)}" for k, v in sorted(ev.items()) if k != "why")
         )
+    lines.append(
+        f"lost      {lost_text(d.get('lost_rank_s'))}"
+        + ("" if d.get("resolved_at") is not None else " so far")
+    )
     if d.get("resolved_at") is not None:
         lines.append(f"resolved  {ago(d['resolved_at'])}")
     if d.get("session"):
@@ -158,6 +162,16 @@ def _hang_lines(d: dict[str, Any]) -> list[str]:
     ]
     lines += [f"  {line}" for line in ev.get("summary") or ()]
     return lines
+
+
+def lost_text(v: object) -> str:
+    """Rank-seconds, in the unit that reads best: ``1.8 rank-hours``."""
+    s = float(v) if isinstance(v, int | float) else 0.0
+    if s < 120:
+        return f"{s:.0f} rank-seconds"
+    if s < 3600:
+        return f"{s / 60:.1f} rank-minutes"
+    return f"{s / 3600:.1f} rank-hours"
 
 
 def _num(v: object) -> str:

@@ -70,6 +70,7 @@ SOURCE_COLUMNS: list[Column] = [
     ("RANK/WORLD FROM", _rank_source),
     ("LOCAL", lambda r: opt(r.get("local_rank"), "{}")),
     ("LOCAL FROM", _source("local_rank")),
+    ("CLIENT", lambda r: r.get("client_version") or "-"),
 ]
 
 
@@ -94,7 +95,8 @@ def ps(
     (while its heartbeats keep coming), else the last reported; AGE: seconds since that
     heartbeat.
 
-    --sources: where each identity field came from (env:RANK, torch.distributed, ray, ...).
+    --sources: where each identity field came from (env:RANK, torch.distributed, ray, ...),
+    and the profd-client release each process runs (CLIENT).
     """
     while True:
         env.gathered.clear()  # --watch: only the latest round's missing nodes count

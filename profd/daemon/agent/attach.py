@@ -130,6 +130,7 @@ class Attach:
             step=m.step,
             attaching=m.waiting and m.step == 0,
             version=m.v,
+            client_version=m.client_version,
             node_pid=peer.pid,
             uid=peer.uid,
             gid=peer.gid,

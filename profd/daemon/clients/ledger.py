@@ -106,6 +106,8 @@ class RankWatch(NamedTuple):
     #: The window's quantile of the intervals' p50s (ms), and the steps they cover.
     window_ms: float | None
     window_steps: int
+    #: The longest step (ms) that ended in the intervals since the last tick (0: none).
+    tick_top_ms: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -669,6 +671,7 @@ class Ledgers:
         i = led.head
         tick_ms: float | None = None
         tick_n = intervals = 0
+        top = 0.0
         for _ in range(led.size):  # mostly one interval a tick: a short walk back
             i = i - 1 if i else FULL - 1
             b = i * _W
@@ -676,11 +679,23 @@ class Ledgers:
                 break
             tick_ms = ring[b + _P50]
             tick_n += int(ring[b + _N])
+            if ring[b + _MAX] > top:
+                top = ring[b + _MAX]
             intervals += 1
         if intervals > 1:  # several heartbeats in one tick: their median
             tick_ms = _median_after(led, since)
         wq, wn = self._window(led, window_from, q)
-        return RankWatch(None if tick_ms is None else tick_ms * 1000.0, tick_n, led.epoch, wq, wn)
+        return RankWatch(
+            None if tick_ms is None else tick_ms * 1000.0, tick_n, led.epoch, wq, wn, top * 1000.0
+        )
+
+    def median_ms(self, key: tuple[str, int], window_from: float) -> tuple[float | None, int]:
+        """The median (ms) of one rank's interval p50s that ended after monotonic
+        ``window_from``, and the steps they cover ((None, 0): none)."""
+        led = self.by_key.get(key)
+        if led is None or not led.timed:
+            return None, 0
+        return self._window(led, window_from, 0.5)
 
     def _window(self, led: Ledger, t: float, q: float) -> tuple[float | None, int]:
         wr = led.window_regions

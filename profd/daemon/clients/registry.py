@@ -54,6 +54,8 @@ class Client:
     gpu_mem: int | None = None
     #: The protocol version the client speaks; replies go out in it.
     version: int = 1
+    #: The profd-client release the process runs (hello ``client_version``).
+    client_version: str | None = None
     #: Where the client says each identity field came from (hello ``identity_source``).
     identity_source: dict[str, str] = field(default_factory=dict)
     #: The native id of its thread that counts steps (hello/heartbeat ``training_tid``).
@@ -100,6 +102,7 @@ class Client:
             "nsys_session": self.nsys_session,
             "attached_at": self.attached_at,
             "protocol": self.version,
+            "client_version": self.client_version,
             "uid": self.uid,
             "identity_source": self.identity_source,
         }
@@ -129,6 +132,7 @@ class Incompatible:
             "rank": pick("rank", int),
             "state": "incompatible",
             "protocol": self.version,
+            "client_version": (pick("client_version", str) or "")[:64] or None,
             "error": f"speaks protocol version {self.version}",
         }
 

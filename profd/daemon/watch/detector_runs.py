@@ -4,7 +4,9 @@ never blocking (reads of memory only; an incident's record is the only write).
 For each job attached to this node a :class:`RegressionRule`, fed with the median over the
 job's ranks of each rank's step time in this tick; for each role of a job with two ranks or
 more a :class:`SlowRankRule`, fed with each rank's :data:`WINDOW_Q` quantile of its step
-times over ``[watch] window``. What they report goes to :meth:`Incidents.open`.
+times over ``[watch] window``. What they report goes to :meth:`Incidents.open`. A job with
+an open incident (of any kind) also hands its ranks' steps of the tick to
+:meth:`Incidents.count_loss`: what the incident cost, tick after tick.
 
 What they ignore: a job's regression baseline starts again when a rank sets its step count
 (``step(n)``: its ledger's epoch changes), restarts, attaches or leaves; ticks without steps
@@ -24,7 +26,9 @@ from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.incident_store import Incidents
 from profd.watch.incident_record import Suspect
+from profd.watch.kinds.kind import RankSteps
 from profd.watch.slowdown_rules import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
+from profd.watch.spike_rule import RankTick, is_candidate, spikes
 
 #: A rank's key in the registry and the ledgers, and its ledger's epoch (None: no ledger).
 _Members = dict[tuple[str, int], "int | None"]
@@ -90,11 +94,22 @@ class Detectors:
         top = 0
         cutoff = now - self.rules.window
         roles: dict[str, dict[int, tuple[float, int]]] = {}
+        candidates: dict[tuple[str, int], RankTick] = {}
+        # The job's open incidents count their loss from this tick's steps alone (each
+        # ledger interval ends in one tick), never from the window, which every tick reads
+        # again: summed over ticks it would count each step once per tick it stays in it.
+        ticks: list[RankSteps] | None = [] if self.incidents.open_in(job) else None
         read = ledgers.watch
         for c in clients:
             key = c.key
-            ms, n, epoch, q, wn = read(key, since, cutoff, WINDOW_Q)
+            ms, n, epoch, q, wn, tick_top = read(key, since, cutoff, WINDOW_Q)
             members[key] = epoch
+            if is_candidate(tick_top, q):
+                med, med_n = ledgers.median_ms(key, cutoff)
+                if med is not None:
+                    candidates[key] = RankTick(tick_top, med, med_n)
+            if ticks is not None:
+                ticks.append(RankSteps(c.role, c.rank, ms, n))
             if ms is not None:
                 tick_ms.append(ms)
                 if n > steps:
@@ -107,6 +122,8 @@ class Detectors:
                     roles[c.role] = {c.rank: (q, wn)}
                 else:
                     r[c.rank] = (q, wn)
+        if ticks is not None:
+            self.incidents.count_loss(job, ticks)
         if members != w.members:
             # A rank came, left, set its step count or restarted: the job's step time before
             # is not its baseline any more.
@@ -133,6 +150,8 @@ class Detectors:
                     "ranks": len(clients),
                 },
             )
+        if candidates:
+            self._spike(job, clients, candidates)
         for gone in [g for g in w.roles if g not in roles]:
             del w.roles[gone]
         for role, ranks in roles.items():
@@ -145,6 +164,33 @@ class Detectors:
             slow = rule.observe(now, ranks)
             if slow:
                 self._slow(job, role, clients, slow)
+
+    def _spike(
+        self, job: str, clients: list[Client], candidates: dict[tuple[str, int], RankTick]
+    ) -> None:
+        found = spikes(candidates, self.rules.spike)
+        if found is None:
+            return
+        by_key = {c.key: c for c in clients}
+        spiked = sorted((by_key[k] for k in found.ranks), key=lambda c: (c.role, c.rank))
+        roles = {c.role for c in spiked}
+        self.incidents.open(
+            "spike",
+            job,
+            next(iter(roles)) if len(roles) == 1 else None,
+            [Suspect(c.host, c.role, c.rank) for c in spiked],
+            max(c.step for c in spiked),
+            {
+                "step_ms": round(max(top for top, _ in found.ranks.values()), 3),
+                "median_ms": round(min(med for _, med in found.ranks.values()), 3),
+                "ratio": round(found.ratio, 4),
+                "excess_ms": round(found.excess_ms, 3),
+                "threshold": found.threshold,
+                "ranks": {
+                    f"{c.role}:{c.rank}": [round(v, 3) for v in found.ranks[c.key]] for c in spiked
+                },
+            },
+        )
 
     def _slow(self, job: str, role: str, clients: list[Client], slow: list[SlowRank]) -> None:
         by_rank = {c.rank: c for c in clients if c.role == role}

@@ -10,6 +10,9 @@ is logged at warning level.
 
 An incident belongs to its job's owner (``Registry.owner``). Its log line names no frame.
 
+While open, an incident counts what it costs (``lost_rank_s``, its kind's ``Kind.loss``) at
+each detector tick of its job (:meth:`Incidents.count_loss`); resolved, it counts no more.
+
 A cooldown per job (``[watch] cooldown``) bounds what a flapping job costs: a detection of a
 kind, job and rank whose last incident was detected less than ``cooldown`` ago opens that
 incident again instead of a new one, and a job gets at most one automatic capture per
@@ -32,12 +35,18 @@ from profd.scheduling.refusal import Refused
 from profd.store.index import IncidentRepo, SessionRepo
 from profd.watch.incident_record import OPEN, Incident, Suspect, figures, new_id
 from profd.watch.kinds import registry as kinds
-from profd.watch.kinds.kind import plain_text, rule_grace
+from profd.watch.kinds.kind import JobTick, RankSteps, no_loss, plain_text, rule_grace
 
 log = logging.getLogger("profd.watch")
 
 #: The label of an incident's automatic capture: this, then the incident's id.
 LABEL = "incident:"
+
+#: An open incident whose ``lost_rank_s`` grew is written again at most this often (seconds),
+#: not every tick: every sink writes a file, an index row and an upload per save. Reads of
+#: the daemon (``profctl incident``, ``incidents``) show the figure in memory, current; a
+#: restarted daemon goes on from the last one written.
+LOSS_SAVE_S = 30.0
 
 #: (kind, job, role, rank): what one open incident stands for (role and rank None: the job).
 Key = tuple[str, str, str | None, int | None]
@@ -91,6 +100,8 @@ class Incidents:
         self._captured: dict[str, float] = {}
         #: Incidents whose record could not be written (a full disk): tried again each tick.
         self._unsaved: set[str] = set()
+        #: When each incident was last written (unix time): its loss waits for LOSS_SAVE_S.
+        self._written: dict[str, float] = {}
 
     # --- the detectors' side --------------------------------------------------------------
     def open(
@@ -189,6 +200,32 @@ class Incidents:
                 cleared.append(inc)
         return cleared
 
+    def open_in(self, job: str) -> bool:
+        """Whether ``job`` has an open incident (its detector tick then reads its ranks'
+        steps for :meth:`count_loss`)."""
+        return any(i.state == OPEN and i.job == job for i in self.held.values())
+
+    def count_loss(self, job: str, ranks: Sequence[RankSteps]) -> None:
+        """One detector tick of ``job``: each of its open incidents counts what the tick
+        cost (``Kind.loss``). Written again when it grew and was last written LOSS_SAVE_S
+        ago; on resolution at once."""
+        now = self._clock()
+        tick = JobTick(now, ranks)
+        for inc in list(self.held.values()):
+            if inc.state != OPEN or inc.job != job:
+                continue
+            before = inc.lost_rank_s
+            _count(inc, tick)
+            if inc.lost_rank_s != before and now - self._written.get(inc.id, 0.0) >= LOSS_SAVE_S:
+                self._save(inc)
+
+    def save_open(self) -> None:
+        """At shutdown: the open incidents written as they are now (their loss grew since
+        they were last written): a restarted daemon goes on from there."""
+        for inc in list(self.held.values()):
+            if inc.state == OPEN:
+                self._save(inc)
+
     def _arm_capture(self, inc: Incident, now: float) -> None:
         if self.capture is None or not self.cfg.capture or not kinds.captures(inc.kind):
             return
@@ -219,6 +256,8 @@ class Incidents:
         # are shown to everyone).
         said = figures(evidence)
         inc.reopen(f"open again at {_clock(now)} (inside the cooldown): {said}")
+        # Its loss goes on from now: the time it was resolved cost nothing.
+        inc.lost_at = now
         self._seen[inc.id] = now
         self._keep[inc.id] = self.cfg.hold if keep_for is None else keep_for
         self._save(inc)
@@ -251,6 +290,8 @@ class Incidents:
             del self._captured[job]
 
     def _resolve(self, inc: Incident, now: float) -> None:
+        # Its last figure: a kind counted per tick adds nothing more, a hang's ends now.
+        _count(inc, JobTick(now))
         inc.resolve(now)
         self._seen.pop(inc.id, None)
         self._keep.pop(inc.id, None)
@@ -259,6 +300,7 @@ class Incidents:
 
     def _forget(self, inc: Incident) -> None:
         del self.held[inc.id]
+        self._written.pop(inc.id, None)
         for key in [k for k, v in self._by_key.items() if v == inc.id]:
             del self._by_key[key]
 
@@ -329,6 +371,13 @@ class Incidents:
         """Incidents, newest first, from the index (what memory holds is written there as it
         changes; one that could not be written yet is taken from memory)."""
         rows = self.store.incidents(job=job, kind=kind, since=since, limit=limit)
+        # An open incident's loss grows every tick and is written only now and then.
+        rows = [
+            {**r, "lost_rank_s": held.lost_rank_s, "lost_at": held.lost_at}
+            if (held := self.held.get(r["id"])) is not None
+            else r
+            for r in rows
+        ]
         if self._unsaved:
             mine = {iid: self.held[iid].to_dict() for iid in self._unsaved if iid in self.held}
             rows = [mine.pop(r["id"], r) for r in rows]
@@ -367,12 +416,20 @@ class Incidents:
         try:
             for sink in self.sinks:
                 sink.save(inc, new)
+            self._written[inc.id] = self._clock()
         except Exception as exc:
             if inc.id not in self._unsaved:
                 log.error("incident %s: cannot write its record (tried each tick): %s", inc.id, exc)
             self._unsaved.add(inc.id)
             return
         self._unsaved.discard(inc.id)
+
+
+def _count(inc: Incident, tick: JobTick) -> None:
+    """``inc``'s loss counted to ``tick``."""
+    kind = kinds.get(inc.kind)
+    inc.lost_rank_s = (kind.loss if kind else no_loss)(inc, tick)
+    inc.lost_at = tick.at
 
 
 def describe(inc: Incident) -> str:

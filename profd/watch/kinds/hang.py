@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from profd.watch.incident_record import Incident
-from profd.watch.kinds.kind import Kind, baseline_grace
+from profd.watch.kinds.kind import JobTick, Kind, baseline_grace, num
 
 
 def _text(inc: Incident, who: str) -> str:
@@ -17,6 +17,17 @@ def _text(inc: Incident, who: str) -> str:
     )
 
 
+def _loss(inc: Incident, tick: JobTick) -> float:
+    """How long the job has not stepped x its ranks here: from its last step (``stalled_s``
+    before it was detected) to the tick, or to its resolution. Counted from where it was
+    counted to (``lost_at``), so a restarted daemon counts its time down too (the job did
+    not step then either); opened again, from then."""
+    ev = inc.evidence
+    start = inc.detected_at - num(ev.get("stalled_s")) if inc.lost_at is None else inc.lost_at
+    end = tick.at if inc.resolved_at is None else inc.resolved_at
+    return inc.lost_rank_s + max(0.0, end - start) * num(ev.get("ranks_here"))
+
+
 KIND = Kind(
     name="hang",
     label="hang",
@@ -24,4 +35,5 @@ KIND = Kind(
     captures=False,
     grace=baseline_grace,
     text=_text,
+    loss=_loss,
 )

@@ -4,10 +4,16 @@ profctl) reads them here."""
 
 from __future__ import annotations
 
-from profd.watch.kinds import hang, regression, slow_rank, straggler
+from profd.watch.kinds import hang, regression, slow_rank, spike, straggler
 from profd.watch.kinds.kind import Kind
 
-ALL: tuple[Kind, ...] = (regression.KIND, slow_rank.KIND, straggler.KIND, hang.KIND)
+ALL: tuple[Kind, ...] = (
+    regression.KIND,
+    slow_rank.KIND,
+    straggler.KIND,
+    hang.KIND,
+    spike.KIND,
+)
 _BY_NAME = {k.name: k for k in ALL}
 
 

@@ -3,8 +3,10 @@
 
 from __future__ import annotations
 
+from statistics import median
+
 from profd.watch.incident_record import Incident
-from profd.watch.kinds.kind import Kind, pct, rule_grace
+from profd.watch.kinds.kind import JobTick, Kind, pct, rule_grace, stepped
 
 
 def _text(inc: Incident, who: str) -> str:
@@ -15,6 +17,22 @@ def _text(inc: Incident, who: str) -> str:
     )
 
 
+def _loss(inc: Incident, tick: JobTick) -> float:
+    """For each suspect: (its step - the median step of its role's other ranks) in the tick
+    x its steps in the tick x the other ranks of its role here (those that waited)."""
+    lost = inc.lost_rank_s
+    for s in inc.suspects:
+        role = [r for r in tick.ranks if r.role == s.role]
+        ran = stepped(role)
+        me = next((r for r in ran if r.rank == s.rank), None)
+        peers = [r.step_ms or 0.0 for r in ran if r.rank != s.rank]
+        if me is None or not peers:
+            continue
+        excess_ms = (me.step_ms or 0.0) - median(peers)
+        lost += max(0.0, excess_ms) / 1000.0 * me.steps * (len(role) - 1)
+    return lost
+
+
 KIND = Kind(
     name="slow_rank",
     label="slow_rank",
@@ -22,4 +40,5 @@ KIND = Kind(
     captures=True,
     grace=rule_grace,
     text=_text,
+    loss=_loss,
 )
