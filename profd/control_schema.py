@@ -77,6 +77,7 @@ C_HISTORY: Final = "history"  # a job's per-minute step times, from the index
 C_INCIDENTS: Final = "incidents"  # what the detectors noticed, from the index
 C_INCIDENT: Final = "incident"  # one incident, with its capture's state
 C_STACKS: Final = "stacks"  # every thread's stack of every attached rank, grouped
+C_WAREHOUSE: Final = "warehouse"  # the export's url and its rows not written yet
 OK: Final = "ok"
 
 #: ``--steps``: "A:B" or "1,2,5" (profctl, rule tables) or one step.
@@ -182,6 +183,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
     C_STACKS: _msg(
         job=(Nullable(Str(MAX_TEXT)), _O), rank=(Nullable(RANK), _O), native=(Bool(), _O)
     ),
+    C_WAREHOUSE: _msg(),
 }
 
 CONTROL_INBOUND: Final[Mapping[str, Struct]] = MappingProxyType(
@@ -525,6 +527,23 @@ STACKS_DOC: Final = _row(
     ranks=(ListOf(STACK_RANK, 1 << 22), _R),
 )
 
+#: ``warehouse``: where the export writes and, per partition not written yet, its rows as
+#: the Arrow IPC stream of the table's schema (profd/warehouse/tables.py).
+WAREHOUSE_OVERLAY: Final = _row(
+    table=(Str(MAX_NAME, 1), _R),
+    part=(Str(16, 10), _R),
+    stem=(Str(MAX_TEXT, 1), _R),
+    ipc=(AnyValue(), _R),
+)
+WAREHOUSE_DOC: Final = _row(
+    url=(LONG_TEXT, _R),
+    node=(NODE, _R),
+    instance=(Str(MAX_NAME, 1), _R),
+    stem=(Str(MAX_TEXT, 1), _R),
+    flush_every=(FINITE, _R),
+    overlays=(ListOf(WAREHOUSE_OVERLAY, 100_000), _R),
+)
+
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,
 #: ``cancel``, ``retry``: small maps) are not described here.
 REPLIES: Final[dict[str, Field]] = {
@@ -538,6 +557,7 @@ REPLIES: Final[dict[str, Field]] = {
     C_INCIDENTS: ListOf(INCIDENT_ROW, 100_000),
     C_INCIDENT: INCIDENT_DOC,
     C_STACKS: ListOf(STACKS_DOC, 1 << 16),
+    C_WAREHOUSE: WAREHOUSE_DOC,
 }
 
 

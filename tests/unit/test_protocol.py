@@ -327,6 +327,7 @@ def test_replies_without_a_schema_are_any_map() -> None:
         C.C_INCIDENTS,
         C.C_INCIDENT,
         C.C_STACKS,
+        C.C_WAREHOUSE,
     }
     frame = C.reply({"v": P.VERSION, "t": C.C_RETRY}, {"requeued": 3})
     assert P.decode(frame, C.REPLY_INBOUND)["data"] == {"requeued": 3}

@@ -59,6 +59,7 @@ class ControlHandler:
         retry: Callable[[str | None], int],
         incidents: Incidents,
         stacks: RankStacks | None = None,
+        warehouse: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.facts = facts
         self.send = send
@@ -80,6 +81,7 @@ class ControlHandler:
             incidents,
             stacks,
             rejected=lambda: self.rejected,
+            warehouse=warehouse,
         )
         self.own_uid = os.geteuid()
         self.rejected = 0

@@ -4,10 +4,18 @@ here is their union, which the router (``control/handler.py``) dispatches on."""
 
 from __future__ import annotations
 
-from profd.daemon.control.requests import processes, sessions, stacks, status, traces, watch
+from profd.daemon.control.requests import (
+    processes,
+    sessions,
+    stacks,
+    status,
+    traces,
+    warehouse,
+    watch,
+)
 from profd.daemon.control.requests.context import Handler
 
-FAMILIES = (status, processes, sessions, traces, watch, stacks)
+FAMILIES = (status, processes, sessions, traces, watch, stacks, warehouse)
 
 
 def _table() -> dict[str, Handler]:

@@ -67,6 +67,8 @@ class Context:
     stacks: RankStacks | None
     #: Control requests the router could not decode (owned by the router).
     rejected: Callable[[], int]
+    #: The ``warehouse`` request's answer (owned by the export); None: no export here.
+    warehouse: Callable[[], dict[str, Any]] | None = None
 
     def stamp(self, rows: Iterable[dict[str, Any]]) -> None:
         # Which daemon a row came from, for profctl --cluster: a row's own ``host`` is what
