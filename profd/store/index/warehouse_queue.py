@@ -30,23 +30,27 @@ class WarehouseQueueRepo(Repo):
         rows = self.conn.execute("SELECT tbl, part, gen FROM warehouse_dirty ORDER BY part, tbl")
         return [Mark(str(r[0]), str(r[1]), int(r[2])) for r in rows.fetchall()]
 
+    # fetchall, never fetchone: a statement left unfinished holds its read snapshot in WAL
+    # mode, and the export thread's connection would see the index as it was, for good.
     def pending(self) -> int:
-        return int(self.conn.execute("SELECT count(*) FROM warehouse_dirty").fetchone()[0])
+        ((n,),) = self.conn.execute("SELECT count(*) FROM warehouse_dirty").fetchall()
+        return int(n)
 
     def gen(self, table: str, part: str) -> int | None:
-        r = self.conn.execute(
+        rows = self.conn.execute(
             "SELECT gen FROM warehouse_dirty WHERE tbl = ? AND part = ?", (table, part)
-        ).fetchone()
-        return None if r is None else int(r[0])
+        ).fetchall()
+        return int(rows[0][0]) if rows else None
 
     def written(self, mark: Mark) -> bool:
         """The partition's object now holds the rows read at ``mark.gen``: unmark it, unless
         it was marked again since (False: it stays for the next flush)."""
-        cur = self.conn.execute(
-            "DELETE FROM warehouse_dirty WHERE tbl = ? AND part = ? AND gen = ?",
-            (mark.table, mark.part, mark.gen),
-        )
-        return cur.rowcount > 0
+        with self.transaction():
+            cur = self.conn.execute(
+                "DELETE FROM warehouse_dirty WHERE tbl = ? AND part = ? AND gen = ?",
+                (mark.table, mark.part, mark.gen),
+            )
+            return cur.rowcount > 0
 
     def drop(self, table: str, part: str) -> None:
         """Forget a mark whatever its gen (a partition past its retention)."""
