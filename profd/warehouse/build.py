@@ -23,14 +23,24 @@ from profd.watch.stats import weighted_quantile
 MAX_REASON = 300
 
 
-@dataclass(frozen=True)
 class Source:
     """Where rows come from and what a row says about this node: ``node`` is
-    ``[daemon] node_name``; ``job`` limits the rows to one job (None: all)."""
+    ``[daemon] node_name``; ``job`` limits the rows to one job (None: all). The traces of a
+    range are read once however many of the tables built from them ask: make one Source per
+    read snapshot."""
 
-    repo: WarehouseQueueRepo
-    node: str
-    job: str | None = None
+    def __init__(self, repo: WarehouseQueueRepo, node: str, job: str | None = None) -> None:
+        self.repo = repo
+        self.node = node
+        self.job = job
+        self._traces: dict[tuple[float, float], list[dict[str, Any]]] = {}
+
+    def traces(self, since: float, until: float) -> list[dict[str, Any]]:
+        key = (since, until)
+        rows = self._traces.get(key)
+        if rows is None:
+            rows = self._traces[key] = self.repo.trace_rows(since, until, stats=True, job=self.job)
+        return rows
 
 
 def part_range(table: str, part: str) -> tuple[float, float]:
@@ -56,9 +66,7 @@ def _ts(seconds: float | None) -> int | None:
 
 def _table(table: str, rows: dict[str, list[Any]]) -> pa.Table:
     schema = SCHEMAS[table]
-    return pa.Table.from_arrays(
-        [pa.array(rows[f.name], type=f.type) for f in schema], schema=schema
-    )
+    return pa.Table.from_arrays([pa.array(rows[f.name], f.type) for f in schema], schema=schema)
 
 
 def _columns(table: str) -> dict[str, list[Any]]:
@@ -74,8 +82,8 @@ def _trace_key(r: dict[str, Any]) -> str | None:
 
 def captures(src: Source, since: float, until: float) -> pa.Table:
     cols = _columns("captures")
-    for r in src.repo.trace_rows(since, until, stats=False, job=src.job):
-        steps = [int(s) for s in r["steps"]]
+    for r in src.traces(since, until):
+        steps = r["steps"]
         row = {
             "job": r["job"],
             "session": r["session"],
@@ -111,45 +119,58 @@ def _who(src: Source, r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _repeat(cols: dict[str, list[Any]], values: dict[str, Any], n: int) -> None:
+    for k, v in values.items():
+        cols[k].extend([v] * n)
+
+
 def rank_steps(src: Source, since: float, until: float) -> pa.Table:
     cols = _columns("rank_steps")
     parts = ("ms", "compute_ms", "collective_ms", "idle_ms")
-    for r in src.repo.trace_rows(since, until, stats=True, job=src.job):
+    for r in src.traces(since, until):
         stats = r["stats"] or {}
         steps = stats.get("steps") or {}
         numbers = steps.get("step") or []
-        who = _who(src, r)
-        for i, step in enumerate(numbers):
-            for k, v in who.items():
-                cols[k].append(v)
-            cols["step"].append(int(step))
-            for p in parts:
-                col = steps.get(p) or []
-                cols[p].append(col[i] if i < len(col) else None)
-            cols["mode"].append(stats.get("mode"))
+        n = len(numbers)
+        if not n:
+            continue
+        _repeat(cols, _who(src, r), n)
+        cols["step"].extend(numbers)
+        for p in parts:
+            col = list(steps.get(p) or [])[:n]
+            cols[p].extend(col + [None] * (n - len(col)))
+        cols["mode"].extend([stats.get("mode")] * n)
     return _table("rank_steps", cols)
 
 
 def operators(src: Source, since: float, until: float) -> pa.Table:
     cols = _columns("operators")
-    for r in src.repo.trace_rows(since, until, stats=True, job=src.job):
+    for r in src.traces(since, until):
         stats = r["stats"] or {}
-        who = _who(src, r)
         nsteps = len((stats.get("steps") or {}).get("step") or []) or None
-        for kind, key in (("cpu", "ops"), ("gpu", "gpu_ops"), ("collective", "collectives")):
-            for op in stats.get(key) or []:
-                for k, v in who.items():
-                    cols[k].append(v)
-                cols["name"].append(op[0])
-                cols["kind"].append(kind)
-                cols["calls"].append(int(op[1]))
-                if kind == "collective":  # [name, calls, wall ms]: no self/total split
-                    cols["self_ms"].append(op[2])
-                    cols["total_ms"].append(op[2])
-                else:
-                    cols["self_ms"].append(op[2])
-                    cols["total_ms"].append(op[3] if len(op) > 3 else None)
-                cols["steps"].append(nsteps)
+        ops = stats.get("ops") or []
+        gpu = stats.get("gpu_ops") or []
+        coll = stats.get("collectives") or []
+        n = len(ops) + len(gpu) + len(coll)
+        if not n:
+            continue
+        _repeat(cols, _who(src, r), n)
+        cols["kind"].extend(["cpu"] * len(ops) + ["gpu"] * len(gpu) + ["collective"] * len(coll))
+        cols["steps"].extend([nsteps] * n)
+        # Column by column (a list's columns are its rows transposed): 10^5 operators an
+        # hour at one capture a second.
+        for listed, total in ((ops, 3), (gpu, None), (coll, 2)):
+            if not listed:
+                continue
+            fields = list(zip(*(op[:4] for op in listed), strict=False))
+            cols["name"].extend(fields[0])
+            cols["calls"].extend(fields[1])
+            cols["self_ms"].extend(fields[2])
+            # A kernel has no children (no total); a collective's ms is its wall time, both.
+            if total is not None and total < len(fields):
+                cols["total_ms"].extend(fields[total])
+            else:
+                cols["total_ms"].extend([None] * len(listed))
     return _table("operators", cols)
 
 

@@ -162,14 +162,17 @@ class Exporter:
         objects = rows = nbytes = 0
         error: BaseException | None = None
         try:
+            by_part: dict[str, list[str]] = {}
             for mark in repo.marks():
-                if self._stopping.is_set():
-                    break
                 if self._expired(mark.table, mark.part, now):
                     repo.drop(mark.table, mark.part)
-                    continue
-                n, size = self._write(repo, mark)
-                objects, rows, nbytes = objects + 1, rows + n, nbytes + size
+                else:
+                    by_part.setdefault(mark.part, []).append(mark.table)
+            for part, tables in by_part.items():
+                if self._stopping.is_set():
+                    break
+                n, size = self._write(repo, part, tables)
+                objects, rows, nbytes = objects + len(tables), rows + n, nbytes + size
             pending = repo.pending()
         except Exception as exc:
             error = exc
@@ -180,17 +183,25 @@ class Exporter:
         self._flushed(now, time.thread_time() - cpu0, objects, rows, nbytes, pending, error)
         return error is None
 
-    def _write(self, repo: WarehouseQueueRepo, mark: Mark) -> tuple[int, int]:
+    def _write(self, repo: WarehouseQueueRepo, part: str, tables: list[str]) -> tuple[int, int]:
+        """One partition's objects: the marks' gens and the rows read in one snapshot (the
+        capture tables of an hour share one read of its traces), then each object written
+        and its mark removed, unless marked again meanwhile."""
+        built: list[tuple[Mark, pa.Table]] = []
         with repo.snapshot():
-            gen = repo.gen(mark.table, mark.part)
-            if gen is None:  # written by an earlier pass of this flush
-                return 0, 0
-            table = build(mark.table, mark.part, Source(repo, self.node))
-        data = parquet_bytes(table)
-        self.sink.put(object_key(mark.table, mark.part, self.stem), data)
-        faults.point("warehouse-written")
-        repo.written(Mark(mark.table, mark.part, gen))
-        return table.num_rows, len(data)
+            src = Source(repo, self.node)
+            for table in tables:
+                gen = repo.gen(table, part)
+                if gen is not None:
+                    built.append((Mark(table, part, gen), build(table, part, src)))
+        rows = nbytes = 0
+        for mark, table in built:
+            data = parquet_bytes(table)
+            self.sink.put(object_key(mark.table, mark.part, self.stem), data)
+            faults.point("warehouse-written")
+            repo.written(mark)
+            rows, nbytes = rows + table.num_rows, nbytes + len(data)
+        return rows, nbytes
 
     def _expired(self, table: str, part: str, now: float) -> bool:
         days = self.keep_rank_days if table in RANK_DAYS else self.keep_days
@@ -266,10 +277,11 @@ class Exporter:
         out: list[dict[str, Any]] = []
         now = self.clock()
         with repo.snapshot():
+            src = Source(repo, self.node, job)
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):
                     continue
-                table = build(mark.table, mark.part, Source(repo, self.node, job))
+                table = build(mark.table, mark.part, src)
                 out.append(
                     {
                         "table": mark.table,

@@ -211,12 +211,12 @@ def test_an_index_of_each_earlier_schema_is_brought_up_to_date_with_its_rows(
         assert FileRepo(db).spool_usage() == (9, 0)
         # What the index held before the export existed is marked for it, then what came.
         marks = {(m.table, m.part) for m in WarehouseQueueRepo(db).marks()}
-        day0 = {(t, "1970-01-01") for t in ("captures", "rank_steps", "operators")}
-        hour0 = {(t, "1970-01-01/00") for t in ("rank_minutes", "job_minutes")}
+        traces = {(t, "1970-01-01/00") for t in ("captures", "rank_steps", "operators")}
+        minutes = {(t, "1970-01-01/00") for t in ("rank_minutes", "job_minutes")}
         incidents = {("incidents", "1970-01-01")}  # saved just above
         if version >= 7:
             incidents.add(("incidents", "1970-01-02"))  # i0, in the file before
-        assert marks == day0 | (hour0 if version >= 6 else set()) | incidents
+        assert marks == traces | (minutes if version >= 6 else set()) | incidents
     finally:
         db.close()
     db = Database(path)  # opened again: nothing left to do, nothing changes

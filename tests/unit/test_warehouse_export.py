@@ -28,6 +28,7 @@ from profd.warehouse.sink import LocalSink
 from profd.warehouse.tables import SCHEMAS
 
 DAY = "2026-03-04"
+HOUR = "2026-03-04/10"
 T0 = datetime(2026, 3, 4, 10, 30, tzinfo=UTC).timestamp()
 
 
@@ -90,7 +91,7 @@ def rows(db: Database, table: str, part: str) -> list[dict[str, Any]]:
 
 def test_a_capture_becomes_its_captures_rank_steps_and_operators_rows(db: Database) -> None:
     add_capture(db, None)
-    (cap,) = rows(db, "captures", DAY)
+    (cap,) = rows(db, "captures", HOUR)
     assert {k: cap[k] for k in ("job", "node", "host", "rank", "world_size", "backend")} == {
         "job": "j", "node": "node-a", "host": "h1", "rank": 3, "world_size": 8,
         "backend": "torch",
@@ -98,24 +99,24 @@ def test_a_capture_becomes_its_captures_rank_steps_and_operators_rows(db: Databa
     assert (cap["step_first"], cap["step_last"], cap["label"]) == (5, 6, "lbl")
     assert cap["trace_key"] == "j/s1/t.json.gz"  # not uploaded: below the spool
     assert cap["created"].timestamp() == T0
-    steps = rows(db, "rank_steps", DAY)
+    steps = rows(db, "rank_steps", HOUR)
     assert [(s["step"], s["ms"], s["compute_ms"], s["mode"]) for s in steps] == [
         (5, 10.0, 6.0, "gpu"), (6, 11.0, 7.0, "gpu"),
     ]  # fmt: skip
-    ops = {(o["kind"], o["name"]): o for o in rows(db, "operators", DAY)}
+    ops = {(o["kind"], o["name"]): o for o in rows(db, "operators", HOUR)}
     assert set(ops) == {("cpu", "aten::mm"), ("gpu", "gemm"), ("collective", "nccl:all_reduce")}
     assert (ops[("cpu", "aten::mm")]["total_ms"], ops[("cpu", "aten::mm")]["steps"]) == (9.0, 2)
     assert ops[("gpu", "gemm")]["total_ms"] is None
-    assert rows(db, "captures", "2026-03-05") == []
+    assert rows(db, "captures", "2026-03-04/11") == []
 
 
 def test_an_uploaded_trace_is_keyed_by_its_s3_uri_and_marks_its_day(db: Database) -> None:
     add_capture(db, None)
     q = WarehouseQueueRepo(db)
-    before = q.gen("captures", DAY)
+    before = q.gen("captures", HOUR)
     db.conn.execute("UPDATE files SET s3_uri = 's3://b/p/j/s1/t.json.gz'")
-    assert q.gen("captures", DAY) == (before or 0) + 1
-    assert rows(db, "captures", DAY)[0]["trace_key"] == "s3://b/p/j/s1/t.json.gz"
+    assert q.gen("captures", HOUR) == (before or 0) + 1
+    assert rows(db, "captures", HOUR)[0]["trace_key"] == "s3://b/p/j/s1/t.json.gz"
 
 
 def minute(rank: int, p50: float, steps: int = 10, **kw: Any) -> dict[str, Any]:
@@ -129,12 +130,11 @@ def test_minutes_one_row_per_rank_and_the_nodes_row_per_job_minute(db: Database)
         [minute(0, 100.0), minute(1, 300.0), minute(2, 200.0, regions={"fwd": 0.25}),
          minute(0, 100.0, steps=30)]  # rank 0 re-attached within the minute
     )  # fmt: skip
-    part = "2026-03-04/10"
-    ranks = {r["rank"]: r for r in rows(db, "rank_minutes", part)}
+    ranks = {r["rank"]: r for r in rows(db, "rank_minutes", HOUR)}
     assert sorted(ranks) == [0, 1, 2]
     assert (ranks[0]["steps"], ranks[0]["p50_ms"], ranks[0]["p99_ms"]) == (40, 100.0, None)
     assert ranks[2]["regions"] == [("fwd", 250.0)]  # ms, as every duration
-    (job,) = rows(db, "job_minutes", part)
+    (job,) = rows(db, "job_minutes", HOUR)
     assert {k: job[k] for k in ("ranks", "steps", "p50_ms", "max_ms", "nodes")} == {
         "ranks": 3, "steps": 60, "p50_ms": 200.0, "max_ms": 320.0, "nodes": 1,
     }  # fmt: skip
@@ -171,7 +171,7 @@ def test_part_ranges() -> None:
     assert part_range("incidents", DAY) == (T0 - 10.5 * 3600, T0 + 13.5 * 3600)
     assert part_range("rank_minutes", "2026-03-04/10") == (T0 - 1800, T0 + 1800)
     with pytest.raises(ValueError):
-        part_range("rank_minutes", DAY)
+        part_range("captures", DAY)
 
 
 def exporter(tmp_path: Path, now: float, **wh: Any) -> Exporter:
@@ -195,10 +195,10 @@ def test_one_flush_writes_each_dirty_partition_and_drops_expired_ones(
     root = tmp_path / "warehouse"
     made = sorted(str(p.relative_to(root)) for p in root.rglob("*.parquet"))
     assert made == [
-        f"captures/date={DAY}/{ex.stem}.parquet",
+        f"captures/date={DAY}/{ex.stem}~10.parquet",
         f"job_minutes/date={DAY}/{ex.stem}~10.parquet",
-        f"operators/date={DAY}/{ex.stem}.parquet",
-        f"rank_steps/date={DAY}/{ex.stem}.parquet",
+        f"operators/date={DAY}/{ex.stem}~10.parquet",
+        f"rank_steps/date={DAY}/{ex.stem}~10.parquet",
     ]
     assert pq.read_table(root / made[0]).num_rows == 1
     assert ex.stem == f"node-a~{ex.instance}"

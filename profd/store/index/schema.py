@@ -62,7 +62,7 @@ CREATE INDEX IF NOT EXISTS incidents_state ON incidents(state);
 #: the exporter removes a mark only if ``gen`` is what it was when it read the rows.
 WAREHOUSE_QUEUE = """
 -- Partitions of the warehouse (profd/warehouse/tables.py) whose objects are older than
--- their rows here: part is YYYY-MM-DD, or YYYY-MM-DD/HH (UTC) for the minute tables.
+-- their rows here: part is YYYY-MM-DD/HH (UTC), or YYYY-MM-DD for incidents.
 CREATE TABLE IF NOT EXISTS warehouse_dirty (
     tbl TEXT NOT NULL,
     part TEXT NOT NULL,
@@ -71,19 +71,19 @@ CREATE TABLE IF NOT EXISTS warehouse_dirty (
 ) WITHOUT ROWID;
 CREATE TRIGGER IF NOT EXISTS warehouse_traces_insert AFTER INSERT ON traces BEGIN
     INSERT INTO warehouse_dirty (tbl, part) VALUES
-        ('captures', strftime('%Y-%m-%d', NEW.created_at, 'unixepoch')),
-        ('rank_steps', strftime('%Y-%m-%d', NEW.created_at, 'unixepoch')),
-        ('operators', strftime('%Y-%m-%d', NEW.created_at, 'unixepoch'))
+        ('captures', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('rank_steps', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('operators', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch'))
     ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
 END;
 CREATE TRIGGER IF NOT EXISTS warehouse_traces_update AFTER UPDATE ON traces BEGIN
     INSERT INTO warehouse_dirty (tbl, part) VALUES
-        ('captures', strftime('%Y-%m-%d', NEW.created_at, 'unixepoch')),
-        ('rank_steps', strftime('%Y-%m-%d', NEW.created_at, 'unixepoch')),
-        ('operators', strftime('%Y-%m-%d', NEW.created_at, 'unixepoch')),
-        ('captures', strftime('%Y-%m-%d', OLD.created_at, 'unixepoch')),
-        ('rank_steps', strftime('%Y-%m-%d', OLD.created_at, 'unixepoch')),
-        ('operators', strftime('%Y-%m-%d', OLD.created_at, 'unixepoch'))
+        ('captures', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('rank_steps', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('operators', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('captures', strftime('%Y-%m-%d/%H', OLD.created_at, 'unixepoch')),
+        ('rank_steps', strftime('%Y-%m-%d/%H', OLD.created_at, 'unixepoch')),
+        ('operators', strftime('%Y-%m-%d/%H', OLD.created_at, 'unixepoch'))
     ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
 END;
 -- A capture's trace_key becomes its S3 uri once the trace is uploaded.
@@ -91,7 +91,7 @@ CREATE TRIGGER IF NOT EXISTS warehouse_trace_uploaded AFTER UPDATE OF s3_uri ON 
 WHEN NEW.kind = 'trace' AND NEW.trace_id IS NOT NULL
     AND NEW.s3_uri IS NOT OLD.s3_uri BEGIN
     INSERT INTO warehouse_dirty (tbl, part)
-        SELECT 'captures', strftime('%Y-%m-%d', created_at, 'unixepoch') FROM traces
+        SELECT 'captures', strftime('%Y-%m-%d/%H', created_at, 'unixepoch') FROM traces
         WHERE id = NEW.trace_id
     ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
 END;
@@ -118,9 +118,9 @@ END;
 #: upgraded node exports its history too (the exporter skips what retention would delete).
 WAREHOUSE_BACKFILL = """
 INSERT OR IGNORE INTO warehouse_dirty (tbl, part)
-    SELECT t.tbl, strftime('%Y-%m-%d', d.created_at, 'unixepoch')
-    FROM (SELECT DISTINCT CAST(created_at / 86400 AS INTEGER) * 86400 AS created_at
-          FROM traces) d,
+    SELECT t.tbl, strftime('%Y-%m-%d/%H', h.created_at, 'unixepoch')
+    FROM (SELECT DISTINCT CAST(created_at / 3600 AS INTEGER) * 3600 AS created_at
+          FROM traces) h,
          (SELECT 'captures' AS tbl UNION ALL SELECT 'rank_steps' UNION ALL SELECT 'operators') t;
 INSERT OR IGNORE INTO warehouse_dirty (tbl, part)
     SELECT t.tbl, strftime('%Y-%m-%d/%H', h.minute, 'unixepoch')
