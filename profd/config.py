@@ -321,6 +321,62 @@ def _blackbox(table: Mapping[str, Any]) -> BlackboxConfig:
 
 
 @dataclass(frozen=True)
+class WarehouseConfig:
+    """``[warehouse]``: where this daemon exports its rows as Parquet (docs/warehouse.md)."""
+
+    enabled: bool = True
+    #: ``s3://bucket/prefix/`` or an absolute directory, always ending in ``/``; None only
+    #: before :func:`load` fills in the default.
+    url: str | None = None
+    #: Seconds between two flushes of the partitions whose rows changed.
+    flush_every: float = 60.0
+    #: Days of date partitions kept (``rank_minutes``: ``keep_rank_days``).
+    keep_days: int = 400
+    keep_rank_days: int = 30
+
+    @property
+    def is_s3(self) -> bool:
+        return bool(self.url) and str(self.url).startswith("s3://")
+
+
+def _warehouse(table: Mapping[str, Any], s3: S3Config, state_dir: Path) -> WarehouseConfig:
+    unknown = set(table) - set(WarehouseConfig.__dataclass_fields__)
+    if unknown:
+        raise ConfigError(f"[warehouse]: unknown keys {sorted(unknown)}")
+    kw: dict[str, Any] = {}
+    if "enabled" in table:
+        if not isinstance(table["enabled"], bool):
+            raise ConfigError(f"warehouse.enabled: must be true or false, got {table['enabled']!r}")
+        kw["enabled"] = table["enabled"]
+    if "flush_every" in table:
+        kw["flush_every"] = _number(table["flush_every"], "warehouse.flush_every", float, 0)
+    for k in ("keep_days", "keep_rank_days"):
+        if k in table:
+            kw[k] = _number(table[k], f"warehouse.{k}", int, 1, zero_ok=True)
+    url = _opt_str(table.get("url"), "warehouse.url")
+    kw["url"] = _warehouse_url(url, s3, state_dir)
+    return WarehouseConfig(**kw)
+
+
+def _warehouse_url(url: str | None, s3: S3Config, state_dir: Path) -> str:
+    """The url as given (checked), else ``{[s3] url}/warehouse/``, else the state dir's
+    ``warehouse/``; always ending in ``/``."""
+    if not url:
+        if s3.url:
+            bucket, prefix = s3.bucket_prefix()
+            return f"s3://{bucket}/{prefix + '/' if prefix else ''}warehouse/"
+        return str(state_dir.absolute() / "warehouse") + "/"
+    if url.startswith("s3://"):
+        S3Config(url=url).bucket_prefix()  # the same checks as [s3] url
+        return url.rstrip("/") + "/"
+    if "://" in url or not url.startswith("/"):
+        raise ConfigError(
+            f"warehouse.url: must be s3://bucket/prefix or an absolute directory, got {url!r}"
+        )
+    return url.rstrip("/") + "/"
+
+
+@dataclass(frozen=True)
 class PeerLimits:
     """What one local process can make the daemon keep (``[daemon]`` keys): every attached
     rank costs memory, ``/metrics`` series, ``top`` rows and index rows."""
@@ -388,6 +444,7 @@ class Config:
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     limits: PeerLimits = field(default_factory=PeerLimits)
     blackbox: BlackboxConfig = field(default_factory=BlackboxConfig)
+    warehouse: WarehouseConfig = field(default_factory=WarehouseConfig)
 
     @property
     def index_path(self) -> Path:
@@ -546,14 +603,15 @@ def load(
     spdir = pick(spool_dir, "PROFD_SPOOL_DIR", "spool_dir")
     # Every table is checked before any of its keys, in this order, so that a file with
     # several mistakes always reports the same one first.
-    s3_table, nsys_table, cluster_table, watch_table, metrics_table = (
-        _table(data, name) for name in ("s3", "nsys", "cluster", "watch", "metrics")
+    s3_table, nsys_table, cluster_table, watch_table, metrics_table, warehouse_table = (
+        _table(data, name) for name in ("s3", "nsys", "cluster", "watch", "metrics", "warehouse")
     )
     blackbox_table = _table(data, "blackbox")
     node_name = _node_name(e, daemon)
     auto = _auto(data)
     log_level = _log_level(daemon)
     try:
+        s3 = _s3(s3_table, s3_url or e.get("PROFD_S3_URL"), e.get("PROFD_S3_ENDPOINT_URL"))
         return Config(
             runtime_dir=resolve_runtime_dir(rdir),
             state_dir=sdir,
@@ -573,7 +631,7 @@ def load(
                 e.get("PROFD_MAX_SPOOL_BYTES") or daemon.get("max_spool_bytes"), "max_spool_bytes"
             ),
             log_level=log_level,
-            s3=_s3(s3_table, s3_url or e.get("PROFD_S3_URL"), e.get("PROFD_S3_ENDPOINT_URL")),
+            s3=s3,
             nsys=_nsys(nsys_table, e),
             auto=tuple(AutoRule(spec=a) for a in auto),
             node_name=node_name or socket.gethostname(),
@@ -582,6 +640,7 @@ def load(
             metrics=_metrics(metrics_table, e),
             limits=_limits(daemon),
             blackbox=_blackbox(blackbox_table),
+            warehouse=_warehouse(warehouse_table, s3, sdir),
         )
     except (TypeError, ValueError) as exc:
         if isinstance(exc, ConfigError):

@@ -78,6 +78,7 @@ C_INCIDENTS: Final = "incidents"  # what the detectors noticed, from the index
 C_INCIDENT: Final = "incident"  # one incident, with its capture's state
 C_STACKS: Final = "stacks"  # every thread's stack of every attached rank, grouped
 C_BLACKBOX: Final = "blackbox"  # a job's ranks' black boxes (their last steps)
+C_WAREHOUSE: Final = "warehouse"  # the export's url and its rows not written yet
 OK: Final = "ok"
 
 #: ``--steps``: "A:B" or "1,2,5" (profctl, rule tables) or one step.
@@ -187,6 +188,7 @@ SCHEMAS: Final[dict[str, Struct]] = {
         job=(Str(MAX_TEXT, 1), _R),
         ranks=(Nullable(ListOf(RANK, 1 << 16)), _O),  # only these (default: every rank)
     ),
+    C_WAREHOUSE: _msg(),
 }
 
 CONTROL_INBOUND: Final[Mapping[str, Struct]] = MappingProxyType(
@@ -560,6 +562,22 @@ BLACKBOX_DOC: Final = _row(
     missing=(ListOf(BLACKBOX_MISSING, 1 << 16), _R),
     collect_s=(FINITE, _R),
 )
+#: ``warehouse``: where the export writes and, per partition not written yet, its rows as
+#: the Arrow IPC stream of the table's schema (profd/warehouse/tables.py).
+WAREHOUSE_OVERLAY: Final = _row(
+    table=(Str(MAX_NAME, 1), _R),
+    part=(Str(16, 10), _R),
+    stem=(Str(MAX_TEXT, 1), _R),
+    ipc=(AnyValue(), _R),
+)
+WAREHOUSE_DOC: Final = _row(
+    url=(LONG_TEXT, _R),
+    node=(NODE, _R),
+    instance=(Str(MAX_NAME, 1), _R),
+    stem=(Str(MAX_TEXT, 1), _R),
+    flush_every=(FINITE, _R),
+    overlays=(ListOf(WAREHOUSE_OVERLAY, 100_000), _R),
+)
 
 #: The ``ok`` reply's ``data`` for each control request; others (``start``, ``stop``,
 #: ``cancel``, ``retry``: small maps) are not described here.
@@ -575,6 +593,7 @@ REPLIES: Final[dict[str, Field]] = {
     C_INCIDENT: INCIDENT_DOC,
     C_STACKS: ListOf(STACKS_DOC, 1 << 16),
     C_BLACKBOX: BLACKBOX_DOC,
+    C_WAREHOUSE: WAREHOUSE_DOC,
 }
 
 

@@ -79,6 +79,7 @@ from profd.daemon.watch.incident_store import Incidents
 from profd.daemon.watch.sinks import IncidentCounts, record_sinks
 from profd.daemon.watch.stall_watch import Hangs
 from profd.reactor import Reactor
+from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import (
     Database,
@@ -89,12 +90,14 @@ from profd.store.index import (
     StepMinuteRepo,
     TraceRepo,
     UploadQueueRepo,
+    WarehouseQueueRepo,
 )
 from profd.watch.incident_record import Incident, Suspect
 from profd_client import protocol as P
 
-if TYPE_CHECKING:  # boto3 is imported only when S3 is configured
+if TYPE_CHECKING:  # boto3 only when S3 is configured, pyarrow only when the export is on
     from profd.store.uploads import Uploads
+    from profd.warehouse.export import Exporter
 
 log = logging.getLogger("profd")
 
@@ -158,6 +161,7 @@ class Daemon:
         self.upload_queue = UploadQueueRepo(self.index)
         self.uploads = make_uploads(self.reactor) if make_uploads is not None else None
         self.incoming = Incoming(spool, perms)
+        self.warehouse = _make_exporter(cfg)
         db = self.index
         return _Repos(
             SessionRepo(db), TraceRepo(db), FileRepo(db), StepMinuteRepo(db), IncidentRepo(db)
@@ -327,6 +331,7 @@ class Daemon:
             self.incidents,
             stacks=self.rank_stacks,
             blackboxes=self.blackboxes,
+            warehouse=self._warehouse_answer,
         )
 
     def _build_publisher(self) -> MetricsPublisher | None:
@@ -411,7 +416,20 @@ class Daemon:
             # Step jumps a rank's rate cannot explain, left out of the samples' steps.
             "watch": {"implausible_steps": self.samples.arming.trust.implausible},
             "s3": self.uploads.status() if self.uploads is not None else {"configured": False},
+            "warehouse": (
+                self.warehouse.status() if self.warehouse is not None else {"enabled": False}
+            ),
         }
+
+    def _warehouse_answer(self) -> dict[str, Any]:
+        """The ``warehouse`` request: where the export writes, and the rows not written yet
+        (read on the loop's connection, so they include everything indexed so far)."""
+        if self.warehouse is None:
+            raise Refused(
+                "unsupported", "the warehouse export is off here ([warehouse] enabled = false)"
+            )
+        rows = WarehouseQueueRepo(self.index)
+        return {**self.warehouse.describe(), "overlays": self.warehouse.overlays(rows)}
 
     # --- lifecycle ------------------------------------------------------------------------------
     def bind(self) -> None:
@@ -449,6 +467,8 @@ class Daemon:
         procstats.start()
         if self.uploads is not None:
             self.uploads.start()
+        if self.warehouse is not None:
+            self.warehouse.start()
         log.info(
             "profd %s (protocol %d..%d) listening on %s (state %s, spool %s)",
             __version__,
@@ -508,6 +528,8 @@ class Daemon:
         guarded("writing the open incidents", self.incidents.save_open)
         if self.uploads is not None:
             self.uploads.stop()
+        if self.warehouse is not None:
+            self.warehouse.stop()
         # Let running post-processing finish: its raw input is deleted only on success, and
         # the inbox row makes the next daemon redo anything cut off.
         self.captures.shutdown()
@@ -661,6 +683,14 @@ class Daemon:
         else:
             area = "index" if isinstance(exc, sqlite3.Error) else "spool"
             self.storage.failed(area, exc, f"{self.sessions.manifests_owed} session.json")
+
+
+def _make_exporter(cfg: Config) -> Exporter | None:
+    if not cfg.warehouse.enabled:
+        return None  # and pyarrow is never imported
+    from profd.warehouse.export import Exporter
+
+    return Exporter(cfg)
 
 
 def _prepare_spool(cfg: Config) -> tuple[Path, SpoolPerms]:

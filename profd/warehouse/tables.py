@@ -4,10 +4,10 @@ and the DDL in docs/warehouse.md are checked against it) and where their objects
 Layout (docs/warehouse.md "Layout"): ``{url}/{table}/date=YYYY-MM-DD/{stem}.parquet``, where
 the stem names the writer: ``{node}~{instance}`` (``instance``: a random id the daemon keeps in
 its state directory, so a reimaged node with the same name never overwrites the files of the
-one before it), plus ``~{HH}`` (the UTC hour) for the minute tables. Each writer owns its
-objects and rewrites one whole object per flush (a single PUT, or a rename on disk): every
-row is in exactly one object at every moment, with no compaction, and a day's files per
-table are one per writer (24 for the minute tables).
+one before it), plus ``~{HH}`` (the UTC hour) for the hourly tables (all but ``incidents``).
+Each writer owns its objects and rewrites one whole object per flush (a single PUT, or a
+rename on disk): every row is in exactly one object at every moment, with no compaction,
+and a day's files per table are one per writer (24 for the hourly tables).
 """
 
 from __future__ import annotations
@@ -127,8 +127,9 @@ SCHEMAS: dict[str, pa.Schema] = {
 
 TABLES = tuple(SCHEMAS)
 #: Tables written one object per writer per UTC hour: a node's day of them is too large to
-#: rewrite at every flush.
-HOURLY = frozenset({"job_minutes", "rank_minutes"})
+#: rewrite at every flush (at one capture a second, the day's capture tables cost the export
+#: some 1.3 s of CPU per flush for each hour of the day so far: docs/benchmarks.md).
+HOURLY = frozenset({"captures", "rank_steps", "operators", "job_minutes", "rank_minutes"})
 #: Tables whose rows are kept ``keep_rank_days`` rather than ``keep_days``.
 RANK_DAYS = frozenset({"rank_minutes"})
 

@@ -21,6 +21,7 @@ from profd.config import (
     NsysConfig,
     PeerLimits,
     S3Config,
+    WarehouseConfig,
     WatchConfig,
     configured_runtime_dir,
     load,
@@ -68,6 +69,7 @@ def test_defaults_without_a_config_file(tmp_path: Path) -> None:
         state_dir=state,
         spool_dir=state / "spool",
         config_file=None,
+        warehouse=WarehouseConfig(url=f"{state}/warehouse/"),
     )
     assert cfg.index_path == state / "index.db"
     assert (cfg.heartbeat_interval, cfg.sample_interval, cfg.pipeline_workers) == (1.0, 3.0, 2)
@@ -82,8 +84,46 @@ def test_empty_config_file_is_all_defaults(tmp_path: Path) -> None:
     cfg = load(p, env={})
     assert cfg.config_file == p
     assert cfg == Config(
-        runtime_dir=cfg.runtime_dir, state_dir=cfg.state_dir, spool_dir=cfg.spool_dir, config_file=p
+        runtime_dir=cfg.runtime_dir,
+        state_dir=cfg.state_dir,
+        spool_dir=cfg.spool_dir,
+        config_file=p,
+        warehouse=WarehouseConfig(url=f"{cfg.state_dir.absolute()}/warehouse/"),
     )
+
+
+def test_warehouse_url_defaults_below_the_s3_url_else_the_state_dir(tmp_path: Path) -> None:
+    s3 = load(toml(tmp_path, '[s3]\nurl = "s3://bkt/some/prefix/"\n'), env={})
+    assert s3.warehouse.url == "s3://bkt/some/prefix/warehouse/" and s3.warehouse.is_s3
+    bare = load(toml(tmp_path, '[s3]\nurl = "s3://bkt"\n'), env={})
+    assert bare.warehouse.url == "s3://bkt/warehouse/"
+    given = load(
+        toml(tmp_path, '[warehouse]\nurl = "/data/wh"\nflush_every = 0.5\nkeep_days = 7\n'),
+        env={},
+    )
+    assert given.warehouse == WarehouseConfig(url="/data/wh/", flush_every=0.5, keep_days=7)
+    off = load(toml(tmp_path, "[warehouse]\nenabled = false\n"), env={})
+    assert not off.warehouse.enabled
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ('url = "wh"', "warehouse.url: must be s3://bucket/prefix or an absolute directory"),
+        ('url = "s3://"', "s3 url has no bucket"),
+        ("flush_every = 0", "warehouse.flush_every: must be a number > 0"),
+        ("keep_days = 0", "warehouse.keep_days: must be an integer >= 1"),
+        ('keep_rank_days = "x"', "warehouse.keep_rank_days: must be an integer >= 1"),
+        ('enabled = "yes"', "warehouse.enabled: must be true or false"),
+        ("flush = 1", "[warehouse]: unknown keys ['flush']"),
+    ],
+)
+def test_bad_warehouse_settings_are_one_line_errors(
+    tmp_path: Path, text: str, message: str
+) -> None:
+    with pytest.raises(ConfigError) as e:
+        load(toml(tmp_path, f"[warehouse]\n{text}\n"), env={})
+    assert message in str(e.value) and "\n" not in str(e.value)
 
 
 def test_xdg_defaults(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

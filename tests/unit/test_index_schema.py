@@ -22,6 +22,7 @@ from profd.store.index import (
     StepMinuteRepo,
     TraceFilter,
     TraceRepo,
+    WarehouseQueueRepo,
 )
 from profd.store.index import schema as S
 
@@ -83,6 +84,13 @@ CREATE INDEX IF NOT EXISTS files_trace ON files(trace_id);
 CREATE INDEX IF NOT EXISTS files_session ON files(session);
 CREATE INDEX IF NOT EXISTS files_queue ON files(upload_state, next_attempt_at);"""
 TRACES_PATH_5 = "CREATE INDEX IF NOT EXISTS traces_path ON traces(path);"
+INCIDENTS_7 = """CREATE TABLE IF NOT EXISTS incidents (
+    id TEXT PRIMARY KEY, kind TEXT NOT NULL, job TEXT NOT NULL, state TEXT NOT NULL,
+    detected_at REAL NOT NULL, updated_at REAL NOT NULL, doc TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS incidents_detected ON incidents(detected_at);
+CREATE INDEX IF NOT EXISTS incidents_job ON incidents(job, detected_at);
+CREATE INDEX IF NOT EXISTS incidents_state ON incidents(state);"""
 
 #: (the version it stores, its tables): every schema an earlier profd wrote.
 OLDER = {
@@ -94,6 +102,8 @@ OLDER = {
     "5": (5, [SESSIONS_3, TARGETS_5, TRACES_4, FILES_1, INBOX_1, INDEXES_1, TRACES_PATH_5]),
     "6": (6, [SESSIONS_3, TARGETS_5, TRACES_4, FILES_1, INBOX_1, INDEXES_1, TRACES_PATH_5,
               STEP_MINUTES_6]),
+    "7": (7, [SESSIONS_3, TARGETS_5, TRACES_4, FILES_1, INBOX_1, INDEXES_1, TRACES_PATH_5,
+              STEP_MINUTES_6, INCIDENTS_7]),
 }  # fmt: skip
 
 
@@ -124,6 +134,11 @@ def write_old(path: Path, version: int, tables: list[str]) -> None:
             " 'uploaded')"
         )
         db.execute("INSERT INTO inbox (key, message, received_at) VALUES ('k1', '{}', 1.0)")
+        if version >= 7:
+            db.execute(
+                "INSERT INTO incidents (id, kind, job, state, detected_at, updated_at, doc)"
+                " VALUES ('i0', 'hang', 'j', 'open', 90000.0, 90000.0, '{}')"
+            )
         if version >= 6:
             db.execute(
                 "INSERT INTO step_minutes (job, host, role, rank, pid, minute, steps, sum_s,"
@@ -194,6 +209,14 @@ def test_an_index_of_each_earlier_schema_is_brought_up_to_date_with_its_rows(
             {"id": "i1", "kind": "slow_rank", "job": "j", "state": "open", "detected_at": 3.0}
         )
         assert FileRepo(db).spool_usage() == (9, 0)
+        # What the index held before the export existed is marked for it, then what came.
+        marks = {(m.table, m.part) for m in WarehouseQueueRepo(db).marks()}
+        traces = {(t, "1970-01-01/00") for t in ("captures", "rank_steps", "operators")}
+        minutes = {(t, "1970-01-01/00") for t in ("rank_minutes", "job_minutes")}
+        incidents = {("incidents", "1970-01-01")}  # saved just above
+        if version >= 7:
+            incidents.add(("incidents", "1970-01-02"))  # i0, in the file before
+        assert marks == traces | (minutes if version >= 6 else set()) | incidents
     finally:
         db.close()
     db = Database(path)  # opened again: nothing left to do, nothing changes

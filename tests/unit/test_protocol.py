@@ -328,6 +328,7 @@ def test_replies_without_a_schema_are_any_map() -> None:
         C.C_INCIDENT,
         C.C_STACKS,
         C.C_BLACKBOX,
+        C.C_WAREHOUSE,
     }
     frame = C.reply({"v": P.VERSION, "t": C.C_RETRY}, {"requeued": 3})
     assert P.decode(frame, C.REPLY_INBOUND)["data"] == {"requeued": 3}

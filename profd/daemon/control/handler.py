@@ -61,6 +61,7 @@ class ControlHandler:
         incidents: Incidents,
         stacks: RankStacks | None = None,
         blackboxes: BlackboxCollector | None = None,
+        warehouse: Callable[[], dict[str, Any]] | None = None,
     ) -> None:
         self.facts = facts
         self.send = send
@@ -83,6 +84,7 @@ class ControlHandler:
             stacks,
             rejected=lambda: self.rejected,
             blackboxes=blackboxes,
+            warehouse=warehouse,
         )
         self.own_uid = os.geteuid()
         self.rejected = 0

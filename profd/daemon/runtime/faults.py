@@ -10,6 +10,9 @@ The points, in the order a capture passes them:
 ``raw-deleted``       the raw trace is deleted; the session's new state is not flushed yet
 ``session-ended``     the session's final state is committed; ``session.json`` not written
 ``manifest-written``  ``session.json`` is written, not yet indexed
+
+Off a capture's way: ``warehouse-written``, a warehouse object written and its partition not
+yet unmarked (killed from the export thread).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@ repository over a :class:`Database`: :class:`SessionRepo` (sessions and targets)
 :class:`InboxRepo` (captures received, before they are processed), :class:`TraceRepo`
 (traces and their files), :class:`FileRepo` (the spool's files, their size and pruning),
 :class:`UploadQueueRepo` (the upload columns of files), :class:`StepMinuteRepo` (step
-history), :class:`IncidentRepo`. The daemon builds them once over the event loop's
+history), :class:`IncidentRepo`, :class:`WarehouseQueueRepo` (what the warehouse export has
+still to write). The daemon builds them once over the event loop's
 connection and hands each component the ones it uses; upload workers open their own.
 """
 
@@ -20,6 +21,7 @@ from profd.store.index.schema import SCHEMA, SCHEMA_VERSION, IndexSchemaError
 from profd.store.index.sessions import SessionRepo
 from profd.store.index.traces import PathTaken, TraceFilter, TraceRepo
 from profd.store.index.upload_queue import UploadQueueRepo
+from profd.store.index.warehouse_queue import Mark, WarehouseQueueRepo
 
 __all__ = [
     "HISTORY_MAX_ROWS",
@@ -31,6 +33,7 @@ __all__ = [
     "InboxRepo",
     "IncidentRepo",
     "IndexSchemaError",
+    "Mark",
     "MinuteRow",
     "PathTaken",
     "Repo",
@@ -40,5 +43,6 @@ __all__ = [
     "TraceRepo",
     "Transaction",
     "UploadQueueRepo",
+    "WarehouseQueueRepo",
     "history_rows",
 ]

@@ -74,8 +74,15 @@ def _open_readonly(path: Path) -> sqlite3.Connection:
 def _open_writable(path: Path) -> sqlite3.Connection:
     path.parent.mkdir(parents=True, exist_ok=True)
     # Every job's sessions and paths are in it: the daemon's alone (profctl asks the daemon).
-    # Created so before SQLite opens it; its -wal/-shm files copy the mode.
-    os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600))
+    # Created so before SQLite opens it; its -wal/-shm files copy the mode. Only when it is
+    # not there: closing any descriptor of the file drops every POSIX lock this process
+    # holds on it, those of the connections already open included (a thread's own
+    # connection opened beside the loop's), and a process that then closes the last
+    # connection it knows of deletes the WAL under them: committed writes lost.
+    try:
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        pass
     os.chmod(path, 0o600)
     conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
     try:

@@ -14,7 +14,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 
 #: Schema 6: one rank's steps per minute (the step ledger's closed minutes).
 STEP_MINUTES = """
@@ -54,6 +54,80 @@ CREATE TABLE IF NOT EXISTS incidents (
 CREATE INDEX IF NOT EXISTS incidents_detected ON incidents(detected_at);
 CREATE INDEX IF NOT EXISTS incidents_job ON incidents(job, detected_at);
 CREATE INDEX IF NOT EXISTS incidents_state ON incidents(state);
+"""
+
+#: Schema 8: what the warehouse export has still to write. Each mark is made by a trigger in
+#: the transaction that writes its row, so no row is ever indexed without its partition
+#: marked, whatever kills the daemon. ``gen`` grows each time a partition is marked again:
+#: the exporter removes a mark only if ``gen`` is what it was when it read the rows.
+WAREHOUSE_QUEUE = """
+-- Partitions of the warehouse (profd/warehouse/tables.py) whose objects are older than
+-- their rows here: part is YYYY-MM-DD/HH (UTC), or YYYY-MM-DD for incidents.
+CREATE TABLE IF NOT EXISTS warehouse_dirty (
+    tbl TEXT NOT NULL,
+    part TEXT NOT NULL,
+    gen INTEGER NOT NULL DEFAULT 1,
+    PRIMARY KEY (tbl, part)
+) WITHOUT ROWID;
+CREATE TRIGGER IF NOT EXISTS warehouse_traces_insert AFTER INSERT ON traces BEGIN
+    INSERT INTO warehouse_dirty (tbl, part) VALUES
+        ('captures', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('rank_steps', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('operators', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch'))
+    ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS warehouse_traces_update AFTER UPDATE ON traces BEGIN
+    INSERT INTO warehouse_dirty (tbl, part) VALUES
+        ('captures', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('rank_steps', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('operators', strftime('%Y-%m-%d/%H', NEW.created_at, 'unixepoch')),
+        ('captures', strftime('%Y-%m-%d/%H', OLD.created_at, 'unixepoch')),
+        ('rank_steps', strftime('%Y-%m-%d/%H', OLD.created_at, 'unixepoch')),
+        ('operators', strftime('%Y-%m-%d/%H', OLD.created_at, 'unixepoch'))
+    ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
+END;
+-- A capture's trace_key becomes its S3 uri once the trace is uploaded.
+CREATE TRIGGER IF NOT EXISTS warehouse_trace_uploaded AFTER UPDATE OF s3_uri ON files
+WHEN NEW.kind = 'trace' AND NEW.trace_id IS NOT NULL
+    AND NEW.s3_uri IS NOT OLD.s3_uri BEGIN
+    INSERT INTO warehouse_dirty (tbl, part)
+        SELECT 'captures', strftime('%Y-%m-%d/%H', created_at, 'unixepoch') FROM traces
+        WHERE id = NEW.trace_id
+    ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS warehouse_minutes_insert AFTER INSERT ON step_minutes BEGIN
+    INSERT INTO warehouse_dirty (tbl, part) VALUES
+        ('rank_minutes', strftime('%Y-%m-%d/%H', NEW.minute, 'unixepoch')),
+        ('job_minutes', strftime('%Y-%m-%d/%H', NEW.minute, 'unixepoch'))
+    ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS warehouse_incidents_insert AFTER INSERT ON incidents BEGIN
+    INSERT INTO warehouse_dirty (tbl, part)
+        VALUES ('incidents', strftime('%Y-%m-%d', NEW.detected_at, 'unixepoch'))
+    ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
+END;
+CREATE TRIGGER IF NOT EXISTS warehouse_incidents_update AFTER UPDATE ON incidents BEGIN
+    INSERT INTO warehouse_dirty (tbl, part) VALUES
+        ('incidents', strftime('%Y-%m-%d', NEW.detected_at, 'unixepoch')),
+        ('incidents', strftime('%Y-%m-%d', OLD.detected_at, 'unixepoch'))
+    ON CONFLICT (tbl, part) DO UPDATE SET gen = gen + 1;
+END;
+"""
+
+#: Schema 8's first open marks every partition the index already has rows for, so an
+#: upgraded node exports its history too (the exporter skips what retention would delete).
+WAREHOUSE_BACKFILL = """
+INSERT OR IGNORE INTO warehouse_dirty (tbl, part)
+    SELECT t.tbl, strftime('%Y-%m-%d/%H', h.created_at, 'unixepoch')
+    FROM (SELECT DISTINCT CAST(created_at / 3600 AS INTEGER) * 3600 AS created_at
+          FROM traces) h,
+         (SELECT 'captures' AS tbl UNION ALL SELECT 'rank_steps' UNION ALL SELECT 'operators') t;
+INSERT OR IGNORE INTO warehouse_dirty (tbl, part)
+    SELECT t.tbl, strftime('%Y-%m-%d/%H', h.minute, 'unixepoch')
+    FROM (SELECT DISTINCT minute / 3600 * 3600 AS minute FROM step_minutes) h,
+         (SELECT 'rank_minutes' AS tbl UNION ALL SELECT 'job_minutes') t;
+INSERT OR IGNORE INTO warehouse_dirty (tbl, part)
+    SELECT DISTINCT 'incidents', strftime('%Y-%m-%d', detected_at, 'unixepoch') FROM incidents;
 """
 
 SCHEMA = (
@@ -155,6 +229,7 @@ CREATE TABLE IF NOT EXISTS inbox (
 """
     + STEP_MINUTES
     + INCIDENTS
+    + WAREHOUSE_QUEUE
 )
 
 
@@ -221,6 +296,13 @@ def _v6_to_v7(conn: sqlite3.Connection) -> None:
         conn.execute(stmt)
 
 
+def _v7_to_v8(conn: sqlite3.Connection) -> None:
+    """The warehouse export's queue and its triggers, with what the index already holds
+    marked."""
+    for stmt in statements(WAREHOUSE_QUEUE + WAREHOUSE_BACKFILL):
+        conn.execute(stmt)
+
+
 #: The step from each older version to the next, by the version it starts from.
 MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     1: _v1_to_v2,
@@ -229,6 +311,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     4: _v4_to_v5,
     5: _v5_to_v6,
     6: _v6_to_v7,
+    7: _v7_to_v8,
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION))
 

@@ -11,11 +11,13 @@ from profd.daemon.control.requests import (
     stacks,
     status,
     traces,
+    warehouse,
     watch,
 )
 from profd.daemon.control.requests.context import Handler
 
 FAMILIES = (status, processes, sessions, traces, watch, stacks, blackbox)
+FAMILIES = (status, processes, sessions, traces, watch, stacks, warehouse)
 
 
 def _table() -> dict[str, Handler]:

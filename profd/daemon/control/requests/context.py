@@ -70,6 +70,8 @@ class Context:
     rejected: Callable[[], int]
     #: Collects ranks' black boxes (``blackbox``); None: this daemon asks for none.
     blackboxes: BlackboxCollector | None = None
+    #: The ``warehouse`` request's answer (owned by the export); None: no export here.
+    warehouse: Callable[[], dict[str, Any]] | None = None
 
     def stamp(self, rows: Iterable[dict[str, Any]]) -> None:
         # Which daemon a row came from, for profctl --cluster: a row's own ``host`` is what

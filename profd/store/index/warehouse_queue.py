@@ -1,0 +1,134 @@
+"""The warehouse export's queue (``warehouse_dirty``: partitions whose rows changed since
+their object was written, marked by the index's own triggers, see :mod:`.schema`) and the
+reads the exporter builds each partition's rows from.
+
+The exporter reads a mark's ``gen`` and the partition's rows in one read transaction, writes
+the object, then calls :meth:`WarehouseQueueRepo.written`: the mark goes only if nobody
+marked the partition again meanwhile, so rows indexed during a write are exported by the
+next flush, never lost.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any, NamedTuple
+
+import msgspec
+
+from profd.store.index.db import Repo
+
+# msgspec's decoder: a day of captures' statistics is some 10^5 documents of a few KiB.
+_decode = msgspec.json.Decoder().decode
+
+
+class Mark(NamedTuple):
+    table: str
+    part: str
+    gen: int
+
+
+class WarehouseQueueRepo(Repo):
+    def marks(self) -> list[Mark]:
+        """Every dirty partition, oldest first."""
+        rows = self.conn.execute("SELECT tbl, part, gen FROM warehouse_dirty ORDER BY part, tbl")
+        return [Mark(str(r[0]), str(r[1]), int(r[2])) for r in rows.fetchall()]
+
+    # fetchall, never fetchone: a statement left unfinished holds its read snapshot in WAL
+    # mode, and the export thread's connection would see the index as it was, for good.
+    def pending(self) -> int:
+        ((n,),) = self.conn.execute("SELECT count(*) FROM warehouse_dirty").fetchall()
+        return int(n)
+
+    def gen(self, table: str, part: str) -> int | None:
+        rows = self.conn.execute(
+            "SELECT gen FROM warehouse_dirty WHERE tbl = ? AND part = ?", (table, part)
+        ).fetchall()
+        return int(rows[0][0]) if rows else None
+
+    def written(self, mark: Mark) -> bool:
+        """The partition's object now holds the rows read at ``mark.gen``: unmark it, unless
+        it was marked again since (False: it stays for the next flush)."""
+        with self.transaction():
+            cur = self.conn.execute(
+                "DELETE FROM warehouse_dirty WHERE tbl = ? AND part = ? AND gen = ?",
+                (mark.table, mark.part, mark.gen),
+            )
+            return cur.rowcount > 0
+
+    def drop(self, table: str, part: str) -> None:
+        """Forget a mark whatever its gen (a partition past its retention)."""
+        self.conn.execute("DELETE FROM warehouse_dirty WHERE tbl = ? AND part = ?", (table, part))
+
+    @contextmanager
+    def snapshot(self) -> Iterator[None]:
+        """One read transaction: a mark's gen and its rows are read as of one moment."""
+        if self.conn.in_transaction:
+            yield
+            return
+        self.conn.execute("BEGIN")
+        try:
+            yield
+        finally:
+            self.conn.execute("COMMIT")
+
+    # --- the rows of one partition ---------------------------------------------------------------
+    def trace_rows(
+        self, since: float, until: float, stats: bool, job: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Traces created in ``[since, until)`` with their target's world size, their
+        session's backend and label, and their trace file's S3 uri and spool-relative path;
+        ``stats`` parsed when asked for."""
+        sql = (
+            "SELECT t.id, t.session, t.job, t.host, t.role, t.rank, t.cycle, t.steps, t.bytes,"
+            " t.state, t.stall_ms, t.created_at, tg.world_size, s.backend, s.label,"
+            " f.s3_uri, f.rel" + (", t.stats" if stats else "") + " FROM traces t"
+            " LEFT JOIN targets tg ON tg.session = t.session AND tg.host = t.host"
+            " AND tg.pid = t.pid LEFT JOIN sessions s ON s.id = t.session"
+            " LEFT JOIN files f ON f.path = t.path"
+            " WHERE t.created_at >= ? AND t.created_at < ?"
+        )
+        args: list[Any] = [since, until]
+        if job is not None:
+            sql += " AND t.job = ?"
+            args.append(job)
+        cur = self.conn.cursor()
+        cur.row_factory = None
+        cur.execute(sql + " ORDER BY t.id", args)
+        cols = [d[0] for d in cur.description]
+        out = [dict(zip(cols, t, strict=True)) for t in cur.fetchall()]
+        for r in out:
+            r["steps"] = _decode(r["steps"])
+            if stats:
+                r["stats"] = _decode(r["stats"]) if r["stats"] else None
+        return out
+
+    def minute_rows(
+        self, since: float, until: float, job: str | None = None
+    ) -> list[tuple[Any, ...]]:
+        """Step minutes starting in ``[since, until)``: (job, host, role, rank, minute,
+        steps, p50_ms, p90_ms, max_ms, regions json)."""
+        sql = (
+            "SELECT job, host, role, rank, minute, steps, p50_ms, p90_ms, max_ms, regions"
+            " FROM step_minutes WHERE minute >= ? AND minute < ?"
+        )
+        args: list[Any] = [since, until]
+        if job is not None:
+            sql += " AND job = ?"
+            args.append(job)
+        cur = self.conn.cursor()
+        cur.row_factory = None
+        return list(cur.execute(sql, args).fetchall())
+
+    def incident_docs(
+        self, since: float, until: float, job: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Incidents detected in ``[since, until)``, each ``Incident.to_dict()``."""
+        sql = "SELECT doc FROM incidents WHERE detected_at >= ? AND detected_at < ?"
+        args: list[Any] = [since, until]
+        if job is not None:
+            sql += " AND job = ?"
+            args.append(job)
+        rows = self.conn.execute(sql + " ORDER BY detected_at, id", args).fetchall()
+        return [json.loads(r[0]) for r in rows]

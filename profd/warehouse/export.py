@@ -1,0 +1,306 @@
+"""The warehouse export: a worker thread that, every ``flush_every`` seconds, rewrites the
+object of each partition the index marked dirty (``warehouse_dirty``), then unmarks it.
+
+Off the event loop: the thread has its own index connection (as upload workers do), and
+reads each partition's rows and its mark's ``gen`` in one read transaction. A mark goes
+only once its object is written and only if its ``gen`` did not change meanwhile, so:
+
+* a daemon killed at any point leaves its marks, and the next one writes those partitions
+  again, whole: nothing lost, nothing twice (an object is replaced, never appended to);
+* a write that fails (store unreachable, disk full, anything) leaves the marks; the flush
+  stops there and the next one is tried after a backoff that doubles up to
+  :data:`BACKOFF_MAX_S`. The first failure of an outage is logged, and the recovery.
+
+Once a day it deletes the date partitions past ``keep_days`` (``keep_rank_days`` for
+``rank_minutes``): every writer's objects of such a date, not only this node's, so the
+objects of a retired or reimaged node (whose stem no daemon writes any more) go too. A
+date past retention is never written again (its marks are dropped unwritten), so deleting
+it whole races with nobody; the fleet's smallest ``keep_days`` wins.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import pyarrow as pa
+
+from profd.config import Config
+from profd.daemon.runtime import faults
+from profd.store import s3
+from profd.store.index import Database, Mark, WarehouseQueueRepo
+from profd.warehouse.build import Source, build
+from profd.warehouse.instance import instance_id
+from profd.warehouse.sink import Sink, make_sink, parquet_bytes
+from profd.warehouse.tables import RANK_DAYS, SCHEMAS, TABLES, object_key, writer_stem
+
+log = logging.getLogger("profd.warehouse")
+
+BACKOFF_MIN_S = 1.0
+BACKOFF_MAX_S = 300.0
+RETENTION_EVERY_S = 86400.0
+STOP_JOIN_S = 10.0
+
+
+def cutoff_date(now: float, days: int) -> str:
+    """The oldest date (``YYYY-MM-DD``, UTC) a partition kept ``days`` days may have."""
+    return datetime.fromtimestamp(now - days * 86400.0, UTC).strftime("%Y-%m-%d")
+
+
+def ipc_bytes(table: pa.Table) -> bytes:
+    """``table`` in the Arrow IPC stream format (what the ``warehouse`` request's overlays
+    carry)."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+class Exporter:
+    def __init__(
+        self, cfg: Config, sink: Sink | None = None, clock: Callable[[], float] = time.time
+    ) -> None:
+        wh = cfg.warehouse
+        assert wh.url is not None
+        self.cfg = cfg
+        self.url = wh.url
+        self.flush_every = wh.flush_every
+        self.keep_days = wh.keep_days
+        self.keep_rank_days = wh.keep_rank_days
+        self.node = cfg.node_name
+        self.instance = instance_id(cfg.state_dir)
+        self.stem = writer_stem(self.node, self.instance)
+        self.sink = sink if sink is not None else make_sink(self.url, cfg.s3)
+        self.clock = clock
+        self._stopping = threading.Event()
+        self._wake = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._db: Database | None = None
+        # Counters, guarded by _lock (read by status() on the event loop).
+        self._pending = 0
+        self._flushes = 0
+        self._objects = 0
+        self._rows = 0
+        self._bytes = 0
+        self._errors = 0
+        self._failing = 0  # flushes failed in a row: the outage's length
+        self._last_flush_at: float | None = None
+        self._last_flush_cpu_s: float | None = None
+        self._last_error: str | None = None
+        self._last_error_at: float | None = None
+        self._retention_due = 0.0
+        self._deleted = 0
+
+    # --- lifecycle (event loop) ----------------------------------------------------------------
+    def start(self) -> None:
+        log.info("warehouse export to %s as %s every %gs", self.url, self.stem, self.flush_every)
+        self._thread = threading.Thread(target=self._run, name="profd-warehouse", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+        if self._thread is not None:
+            self._thread.join(STOP_JOIN_S)
+            if self._thread.is_alive():
+                log.info("warehouse export still writing at shutdown; the next start redoes it")
+
+    def kick(self) -> None:
+        """Flush now rather than at the next ``flush_every`` (tests, benchmarks)."""
+        self._wake.set()
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "enabled": True,
+                "url": self.url,
+                "stem": self.stem,
+                "flush_every": self.flush_every,
+                "pending_partitions": self._pending,
+                "flushes": self._flushes,
+                "objects_written": self._objects,
+                "rows_written": self._rows,
+                "bytes_written": self._bytes,
+                "last_flush_at": self._last_flush_at,
+                "last_flush_cpu_s": self._last_flush_cpu_s,
+                "errors": self._errors,
+                "failing": self._failing > 0,
+                "last_error": self._last_error,
+                "last_error_at": self._last_error_at,
+                "retention_deleted": self._deleted,
+            }
+
+    # --- the worker ---------------------------------------------------------------------------
+    def _run(self) -> None:
+        db = self._db = Database(self.cfg.index_path)
+        repo = WarehouseQueueRepo(db)
+        try:
+            while not self._stopping.is_set():
+                ok = self.flush(repo)
+                if ok:
+                    self.retention()
+                wait = self.flush_every if ok else self._backoff()
+                self._wake.wait(wait)
+                self._wake.clear()
+        finally:
+            db.close()
+
+    def _backoff(self) -> float:
+        with self._lock:
+            n = self._failing
+        return float(min(BACKOFF_MAX_S, max(self.flush_every, BACKOFF_MIN_S * 2 ** (n - 1))))
+
+    def flush(self, repo: WarehouseQueueRepo) -> bool:
+        """Write every dirty partition; False if a write failed (the rest waits)."""
+        cpu0 = time.thread_time()
+        now = self.clock()
+        objects = rows = nbytes = 0
+        error: BaseException | None = None
+        try:
+            by_part: dict[str, list[str]] = {}
+            for mark in repo.marks():
+                if self._expired(mark.table, mark.part, now):
+                    repo.drop(mark.table, mark.part)
+                else:
+                    by_part.setdefault(mark.part, []).append(mark.table)
+            for part, tables in by_part.items():
+                if self._stopping.is_set():
+                    break
+                n, size = self._write(repo, part, tables)
+                objects, rows, nbytes = objects + len(tables), rows + n, nbytes + size
+            pending = repo.pending()
+        except Exception as exc:
+            error = exc
+            try:
+                pending = repo.pending()
+            except Exception:
+                pending = -1
+        self._flushed(now, time.thread_time() - cpu0, objects, rows, nbytes, pending, error)
+        return error is None
+
+    def _write(self, repo: WarehouseQueueRepo, part: str, tables: list[str]) -> tuple[int, int]:
+        """One partition's objects: the marks' gens and the rows read in one snapshot (the
+        capture tables of an hour share one read of its traces), then each object written
+        and its mark removed, unless marked again meanwhile."""
+        built: list[tuple[Mark, pa.Table]] = []
+        with repo.snapshot():
+            src = Source(repo, self.node)
+            for table in tables:
+                gen = repo.gen(table, part)
+                if gen is not None:
+                    built.append((Mark(table, part, gen), build(table, part, src)))
+        rows = nbytes = 0
+        for mark, table in built:
+            data = parquet_bytes(table)
+            self.sink.put(object_key(mark.table, mark.part, self.stem), data)
+            faults.point("warehouse-written")
+            repo.written(mark)
+            rows, nbytes = rows + table.num_rows, nbytes + len(data)
+        return rows, nbytes
+
+    def _expired(self, table: str, part: str, now: float) -> bool:
+        days = self.keep_rank_days if table in RANK_DAYS else self.keep_days
+        return part[:10] < cutoff_date(now, days)
+
+    def _flushed(
+        self,
+        now: float,
+        cpu: float,
+        objects: int,
+        rows: int,
+        nbytes: int,
+        pending: int,
+        error: BaseException | None,
+    ) -> None:
+        with self._lock:
+            self._flushes += 1
+            self._objects += objects
+            self._rows += rows
+            self._bytes += nbytes
+            self._pending = pending
+            self._last_flush_cpu_s = round(cpu, 6)
+            if error is None:
+                self._last_flush_at = now
+                recovered, self._failing = self._failing, 0
+            else:
+                self._errors += 1
+                self._failing += 1
+                self._last_error = s3.describe(error)
+                self._last_error_at = now
+                first = self._failing == 1
+        if error is not None:
+            if first:
+                log.warning(
+                    "warehouse: cannot write to %s (%s); %d partition(s) kept to retry",
+                    self.url,
+                    self._last_error,
+                    pending,
+                )
+            else:
+                log.debug("warehouse: still failing: %s", self._last_error)
+        elif recovered:
+            log.info(
+                "warehouse: writing to %s again after %d failed flush(es)", self.url, recovered
+            )
+
+    def retention(self) -> None:
+        """Once a day: delete the date partitions past their retention (module doc)."""
+        now = self.clock()
+        if now < self._retention_due:
+            return
+        self._retention_due = now + RETENTION_EVERY_S
+        deleted = 0
+        try:
+            for table in TABLES:
+                days = self.keep_rank_days if table in RANK_DAYS else self.keep_days
+                cut = cutoff_date(now, days)
+                for date in self.sink.dates(table):
+                    if date < cut:
+                        deleted += self.sink.delete_date(table, date, None)
+        except Exception as exc:
+            self._retention_due = now + 3600.0  # tried again in an hour, not a day
+            log.warning("warehouse: retention: %s", s3.describe(exc))
+        with self._lock:
+            self._deleted += deleted
+        if deleted:
+            log.info("warehouse: deleted %d object(s) past retention", deleted)
+
+    # --- unflushed rows, for readers on this node (event loop) --------------------------------
+    def overlays(self, repo: WarehouseQueueRepo, job: str | None = None) -> list[dict[str, Any]]:
+        """Each dirty partition's rows as its object will hold them (Arrow IPC stream), for
+        a reader to use in place of that object; ``repo`` is the caller's connection."""
+        out: list[dict[str, Any]] = []
+        now = self.clock()
+        with repo.snapshot():
+            src = Source(repo, self.node, job)
+            for mark in repo.marks():
+                if self._expired(mark.table, mark.part, now):
+                    continue
+                table = build(mark.table, mark.part, src)
+                out.append(
+                    {
+                        "table": mark.table,
+                        "part": mark.part,
+                        "stem": self.stem,
+                        "ipc": ipc_bytes(table),
+                    }
+                )
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        """The ``warehouse`` request's answer, less its overlays."""
+        return {
+            "url": self.url,
+            "node": self.node,
+            "instance": self.instance,
+            "stem": self.stem,
+            "flush_every": self.flush_every,
+        }
+
+
+assert set(SCHEMAS) == set(TABLES)

@@ -1,0 +1,143 @@
+"""Where the warehouse's objects go: a directory (written to a temporary file in the same
+directory, then renamed over the object) or an S3 bucket (one PutObject, which replaces the
+object whole). Either way a reader sees the old object or the new one, never a part."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Protocol
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from profd.config import S3Config
+from profd.store import s3
+
+
+def parquet_bytes(table: pa.Table) -> bytes:
+    """The table as one Parquet file, zstd-compressed, in memory."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf, compression="zstd")
+    return buf.getvalue()
+
+
+class Sink(Protocol):
+    def put(self, key: str, data: bytes) -> None:
+        """Replace the object at ``key`` (relative to the warehouse root) whole."""
+        ...
+
+    def dates(self, table: str) -> list[str]:
+        """The ``date=`` partitions of ``table`` there are (``YYYY-MM-DD``)."""
+        ...
+
+    def delete_date(self, table: str, date: str, stem: str | None) -> int:
+        """Delete the objects of ``table``'s ``date`` (only those named by ``stem`` unless
+        it is None); how many."""
+        ...
+
+
+class LocalSink:
+    def __init__(self, root: Path) -> None:
+        self.root = root
+
+    def put(self, key: str, data: bytes) -> None:
+        path = self.root / key
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def dates(self, table: str) -> list[str]:
+        try:
+            names = os.listdir(self.root / table)
+        except FileNotFoundError:
+            return []
+        return sorted(n[5:] for n in names if n.startswith("date="))
+
+    def delete_date(self, table: str, date: str, stem: str | None) -> int:
+        d = self.root / table / f"date={date}"
+        n = 0
+        for f in list(d.glob("*.parquet")) + list(d.glob(".tmp-*")):
+            if stem is None or f.name.startswith(stem + "~") or f.name == f"{stem}.parquet":
+                f.unlink(missing_ok=True)
+                n += 1
+        with contextlib.suppress(OSError):
+            d.rmdir()  # only once empty: other writers' objects stay
+        return n
+
+
+class S3Sink:
+    def __init__(self, url: str, cfg: S3Config) -> None:
+        self.bucket, self.prefix = s3.split_url(url)
+        self.cfg = cfg
+        self._client: Any = None
+
+    def client(self) -> Any:
+        if self._client is None:
+            s3.quiet_sdk_logs()
+            self._client = s3.make_client(self.cfg, pool=2)
+        return self._client
+
+    def _key(self, rel: str) -> str:
+        return s3.join_key(self.prefix, rel)
+
+    def put(self, key: str, data: bytes) -> None:
+        extra: dict[str, str] = {}
+        if self.cfg.storage_class:
+            extra["StorageClass"] = self.cfg.storage_class
+        if self.cfg.sse:
+            extra["ServerSideEncryption"] = self.cfg.sse
+        if self.cfg.sse_kms_key_id:
+            extra["SSEKMSKeyId"] = self.cfg.sse_kms_key_id
+        self.client().put_object(
+            Bucket=self.bucket,
+            Key=self._key(key),
+            Body=data,
+            ContentType="application/vnd.apache.parquet",
+            **extra,
+        )
+
+    def _list(self, prefix: str, delimiter: bool) -> list[dict[str, Any]]:
+        kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}
+        if delimiter:
+            kw["Delimiter"] = "/"
+        out: list[dict[str, Any]] = []
+        for page in self.client().get_paginator("list_objects_v2").paginate(**kw):
+            out.extend(page.get("CommonPrefixes", []) if delimiter else page.get("Contents", []))
+        return out
+
+    def dates(self, table: str) -> list[str]:
+        base = self._key(f"{table}/date=")
+        found = self._list(base, delimiter=True)
+        return sorted(p["Prefix"][len(base) :].rstrip("/") for p in found)
+
+    def delete_date(self, table: str, date: str, stem: str | None) -> int:
+        base = self._key(f"{table}/date={date}/")
+        keys = [o["Key"] for o in self._list(base, delimiter=False)]
+        if stem is not None:
+            keys = [k for k in keys if k[len(base) :].startswith((stem + "~", stem + "."))]
+        for i in range(0, len(keys), 1000):
+            self.client().delete_objects(
+                Bucket=self.bucket,
+                Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True},
+            )
+        return len(keys)
+
+
+def make_sink(url: str, cfg: S3Config) -> Sink:
+    if url.startswith("s3://"):
+        return S3Sink(url, cfg)
+    return LocalSink(Path(url))

@@ -1,0 +1,228 @@
+"""The warehouse export of real daemons: rows indexed (a capture through the agent socket;
+step minutes and incidents through the index's own repositories, as the loop writes them)
+reach the warehouse, on local disk or on a real S3 endpoint (moto), each exactly once, and
+stay so across an S3 outage, a full disk, and a daemon killed between writing an object and
+unmarking its partition."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import zmq
+from daemonproc import wait_for
+from harness import Daemon
+from rawpeer import TracePeer, small_trace
+from s3fixtures import BUCKET, MotoServer, moto_server  # noqa: F401  (the fixture)
+from test_disk_full import fill, tmpfs  # noqa: F401  (the fixture)
+
+from profd.ctl.connection import Connection, decode_reply
+from profd.store.index import Database, IncidentRepo, StepMinuteRepo
+from profd.warehouse.tables import SCHEMAS
+
+WAIT = 30.0
+FAST = "[warehouse]\nflush_every = 0.5\n"
+
+
+def feed(d: Daemon, ranks: int = 3, incident: str | None = "inc-1", **doc: Any) -> None:
+    """One minute of ``ranks`` ranks of job ``wj`` and an incident, written as the loop
+    writes them (the same repositories, so the same triggers)."""
+    db = Database(d.state_dir / "index.db")
+    try:
+        minute = int(time.time()) // 60 * 60 - 60
+        StepMinuteRepo(db).add_step_minutes(
+            [
+                {"job": "wj", "host": "h", "role": "trainer", "rank": r, "pid": 100 + r,
+                 "minute": minute, "steps": 10, "sum_s": 1.0 + r, "p50_ms": 100.0 + r,
+                 "p90_ms": 120.0 + r, "max_ms": 150.0 + r, "regions": {"fwd": 0.5}}
+                for r in range(ranks)
+            ]
+        )  # fmt: skip
+        if incident is not None:
+            IncidentRepo(db).save_incident(
+                {"id": incident, "kind": "slow_rank", "job": "wj", "role": "trainer",
+                 "host": "h", "state": "open", "detected_at": time.time(), "step": 7,
+                 "suspects": [{"host": "h", "role": "trainer", "rank": 1}],
+                 "evidence": {"why": "rank 1 is\nslow"}, **doc}
+            )  # fmt: skip
+    finally:
+        db.close()
+
+
+def local_rows(root: Path, table: str) -> pa.Table:
+    files = sorted((root / table).glob("date=*/*.parquet"))
+    return _concat(table, [pq.read_table(f) for f in files])
+
+
+def s3_rows(srv: MotoServer, prefix: str, table: str) -> pa.Table:
+    keys = [k for k in srv.objects(f"{prefix}{table}/") if k.endswith(".parquet")]
+    return _concat(table, [pq.read_table(pa.BufferReader(srv.get(k))) for k in keys])
+
+
+def _concat(table: str, parts: list[pa.Table]) -> pa.Table:
+    for p in parts:
+        assert p.schema.equals(SCHEMAS[table]), p.schema
+    return pa.concat_tables(parts) if parts else SCHEMAS[table].empty_table()
+
+
+def has_rows(read: Callable[[str], pa.Table], table: str, n: int) -> pa.Table | None:
+    t = read(table)
+    return t if t.num_rows >= n else None
+
+
+def status(d: Daemon) -> dict[str, Any]:
+    w: dict[str, Any] = d.ctl_json("status")["warehouse"]
+    return w
+
+
+def ask_warehouse(d: Daemon) -> Any:
+    conn = Connection(str(d.runtime_dir), 15_000)
+    try:
+        return decode_reply(conn.exchange("warehouse"), "profd")
+    finally:
+        conn.close()
+
+
+def test_rows_reach_the_local_warehouse_once_and_unwritten_rows_come_as_overlays(
+    daemon_factory: Callable[..., Daemon], ctx: zmq.Context
+) -> None:
+    d = daemon_factory(config=FAST)
+    root = d.state_dir / "warehouse"
+    TracePeer(ctx, d, "wj").capture(small_trace)
+    feed(d)
+
+    def read(t: str) -> pa.Table:
+        return local_rows(root, t)
+
+    cap = wait_for(lambda: has_rows(read, "captures", 1), WAIT, "the capture's row")
+    assert cap.column("job").to_pylist() == ["wj"] and cap.column("node")[0].as_py()
+    assert cap.column("trace_key")[0].as_py().startswith("wj/")  # spool-relative: no S3
+    ranks = wait_for(lambda: has_rows(read, "rank_minutes", 3), WAIT, "3 rank minutes")
+    assert sorted(ranks.column("rank").to_pylist()) == [0, 1, 2]
+    assert ranks.column("regions")[0].as_py() == [("fwd", 500.0)]
+    job = wait_for(lambda: has_rows(read, "job_minutes", 1), WAIT, "the job's minute")
+    assert job.select(["ranks", "steps", "p50_ms", "slowest_rank"]).to_pylist() == [
+        {"ranks": 3, "steps": 30, "p50_ms": 101.0, "slowest_rank": 2}
+    ]
+    inc = wait_for(lambda: has_rows(read, "incidents", 1), WAIT, "the incident")
+    assert inc.column("reason").to_pylist() == ["rank 1 is slow"]
+    assert inc.column("suspects")[0].as_py() == [{"node": "h", "role": "trainer", "rank": 1}]
+
+    # An update rewrites its partition: still one row, now resolved.
+    feed(d, ranks=0, state="resolved", resolved_at=time.time(), lost_rank_s=12.5)
+    wait_for(
+        lambda: read("incidents").column("state").to_pylist() == ["resolved"], WAIT, "resolved"
+    )
+    assert read("incidents").column("lost_rank_s").to_pylist() == [12.5]
+    wait_for(lambda: status(d)["pending_partitions"] == 0, WAIT, "nothing pending")
+    for t in ("captures", "rank_minutes", "job_minutes", "incidents"):
+        assert read(t).num_rows == {"rank_minutes": 3}.get(t, 1), t
+    stem = status(d)["stem"]
+    assert all(f.name.startswith(stem) for f in root.glob("*/date=*/*.parquet"))
+
+    # Restarted with a long flush_every: the same instance, and what it has not written
+    # yet comes in the warehouse request, the whole partition, as Arrow IPC.
+    d.stop()
+    d.config.write_text("[warehouse]\nflush_every = 3600\n")  # type: ignore[union-attr]
+    d.start()
+    feed(d, ranks=0, incident="inc-2")
+    reply = ask_warehouse(d)
+    assert (reply["url"], reply["stem"], reply["flush_every"]) == (f"{root}/", stem, 3600.0)
+    (ov,) = [o for o in reply["overlays"] if o["table"] == "incidents"]
+    rows = pa.ipc.open_stream(ov["ipc"]).read_all()
+    assert rows.schema.equals(SCHEMAS["incidents"])
+    assert sorted(rows.column("id").to_pylist()) == ["inc-1", "inc-2"]
+    assert read("incidents").num_rows == 1  # not written yet
+
+
+def test_a_daemon_killed_after_writing_before_unmarking_rewrites_the_same_object(
+    daemon_factory: Callable[..., Daemon],
+) -> None:
+    d = daemon_factory(config=FAST, start=False, PROFD_FAULT_KILL="warehouse-written")
+    feed(d)  # before the daemon: its first flush writes them, then dies
+    d.launch("-v")
+    assert d.proc is not None
+    d.proc.wait(WAIT)
+    d.proc = None
+    root = d.state_dir / "warehouse"
+    assert len(list(root.glob("*/date=*/*.parquet"))) == 1  # one object, its mark kept
+    db = Database(d.state_dir / "index.db")
+    assert len(db.conn.execute("SELECT * FROM warehouse_dirty").fetchall()) == 3
+    db.close()
+    d.extra_env.pop("PROFD_FAULT_KILL")
+    d.start()
+    wait_for(lambda: status(d)["pending_partitions"] == 0, WAIT, "every partition written")
+    assert local_rows(root, "rank_minutes").num_rows == 3
+    assert local_rows(root, "job_minutes").num_rows == 1
+    assert local_rows(root, "incidents").num_rows == 1
+
+
+def test_an_s3_outage_loses_and_duplicates_nothing(
+    daemon_factory: Callable[..., Daemon],
+    moto_server: MotoServer,  # noqa: F811
+) -> None:
+    d = daemon_factory(config=FAST, PROFD_S3_URL=f"s3://{BUCKET}/pfx", **moto_server.env())
+    prefix = "pfx/warehouse/"
+    assert status(d)["url"] == f"s3://{BUCKET}/{prefix}"
+    feed(d)
+
+    def read(t: str) -> pa.Table:
+        return s3_rows(moto_server, prefix, t)
+
+    wait_for(lambda: has_rows(read, "incidents", 1), WAIT, "the incident in S3")
+    wait_for(lambda: has_rows(read, "rank_minutes", 3), WAIT, "the rank minutes in S3")
+    moto_server.stop()
+    feed(d, ranks=3, incident="inc-2")  # ranks 0-2 again: the minute merges them
+    wait_for(lambda: status(d)["failing"], WAIT, "the export to notice the outage")
+    assert status(d)["pending_partitions"] >= 1 and status(d)["last_error"]
+    moto_server.start()  # empty again: only what the index still marks comes back
+    inc = wait_for(lambda: has_rows(read, "incidents", 2), WAIT, "both incidents in S3")
+    assert sorted(inc.column("id").to_pylist()) == ["inc-1", "inc-2"]
+    wait_for(lambda: not status(d)["failing"], WAIT, "the export to recover")
+    ranks = read("rank_minutes")
+    assert sorted(ranks.column("rank").to_pylist()) == [0, 1, 2]
+    assert ranks.column("steps").to_pylist() == [20, 20, 20]
+    assert status(d)["pending_partitions"] == 0
+    assert "cannot write" in d.log.read_text()
+
+
+def test_a_full_disk_loses_nothing(
+    daemon_factory: Callable[..., Daemon],
+    tmpfs: Callable[[str, int], Path],  # noqa: F811
+) -> None:
+    fs = tmpfs("wh", 1)
+    d = daemon_factory(config=f'[warehouse]\nflush_every = 0.5\nurl = "{fs}"\n')
+    filler = fill(fs)
+    feed(d)
+    wait_for(lambda: status(d)["failing"], WAIT, "the export to fail on the full disk")
+    assert not list(fs.glob("*/date=*/*.parquet"))
+    assert not [p for p in fs.rglob(".tmp-*")]  # nothing half written left behind
+    filler.unlink()
+    wait_for(lambda: status(d)["pending_partitions"] == 0, WAIT, "the export to recover")
+    assert local_rows(fs, "rank_minutes").num_rows == 3
+    assert local_rows(fs, "incidents").num_rows == 1
+
+
+def _maps_pyarrow(pid: int) -> bool:
+    return "pyarrow" in Path(f"/proc/{pid}/maps").read_text()
+
+
+def test_a_disabled_export_never_loads_pyarrow(daemon_factory: Callable[..., Daemon]) -> None:
+    on = daemon_factory(config=FAST)
+    off = daemon_factory(config="[warehouse]\nenabled = false\n")
+    assert on.proc is not None and off.proc is not None
+    feed(on)
+    wait_for(lambda: _maps_pyarrow(on.proc.pid), WAIT, "pyarrow in the exporting daemon")  # type: ignore[union-attr]
+    feed(off)
+    assert status(off) == {"enabled": False}
+    r = off.ctl("status")
+    assert r.returncode == 0
+    with pytest.raises(Exception, match="export is off"):
+        ask_warehouse(off)
+    assert not _maps_pyarrow(off.proc.pid)
+    assert not (off.state_dir / "warehouse").exists()
