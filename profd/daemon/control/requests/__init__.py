@@ -16,8 +16,7 @@ from profd.daemon.control.requests import (
 )
 from profd.daemon.control.requests.context import Handler
 
-FAMILIES = (status, processes, sessions, traces, watch, stacks, blackbox)
-FAMILIES = (status, processes, sessions, traces, watch, stacks, warehouse)
+FAMILIES = (status, processes, sessions, traces, watch, stacks, blackbox, warehouse)
 
 
 def _table() -> dict[str, Handler]:
