@@ -41,6 +41,7 @@ from profd.daemon.metrics import MetricsServer
 from profd.daemon.parts import (
     DeferredReports,
     Detecting,
+    FrozenBoxes,
     Housekeeping,
     IncidentKeeping,
     LedgerMinutes,
@@ -73,6 +74,7 @@ from profd.daemon.spool import leftovers
 from profd.daemon.spool.incoming import Incoming
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.daemon.spool.storage import Storage
+from profd.daemon.watch.blackbox_freeze import Freezer
 from profd.daemon.watch.capture import IncidentCapture
 from profd.daemon.watch.detector_runs import Detectors
 from profd.daemon.watch.incident_store import Incidents
@@ -226,6 +228,15 @@ class Daemon:
     def _build_watch(self, spool: Path, perms: SpoolPerms, repos: _Repos) -> None:
         cfg = self.cfg
         self.incident_counts = IncidentCounts()
+        by_job = self.registry.owned_by_job
+        self.freezer = Freezer(
+            self.blackboxes,
+            lambda job: by_job().get(job, []),
+            spool,
+            perms,
+            self.reactor,
+            enabled=cfg.blackbox.enabled,
+        )
         self.incidents = Incidents(
             repos.incidents,
             repos.sessions,
@@ -234,6 +245,7 @@ class Daemon:
             [
                 self.incident_counts,
                 *record_sinks(repos.incidents, repos.files, spool, perms, self.uploads),
+                self.freezer,
             ],
             capture=IncidentCapture(
                 self.registry, self.ledgers, self.starter, lambda: self.cfg.watch
@@ -357,6 +369,7 @@ class Daemon:
             Detecting(self.detectors),
             StallWatch(self.hangs),
             IncidentKeeping(self.incidents),
+            FrozenBoxes(self.freezer, self.incidents, FileRepo(self.index), self.uploads),
             NsysPolling(self.nsys),
             Sampling(self.samples),
             *publishing,

@@ -25,13 +25,14 @@ from profd.daemon.metrics import MetricsServer
 from profd.daemon.sessions.nsysruns import NsysRuns
 from profd.daemon.sessions.samples import Samples, rules_of
 from profd.daemon.sessions.state import Sessions
+from profd.daemon.watch.blackbox_freeze import Freezer, file_row
 from profd.daemon.watch.detector_runs import Detectors
 from profd.daemon.watch.incident_store import Incidents
-from profd.daemon.watch.sinks import IncidentCounts
+from profd.daemon.watch.sinks import IncidentCounts, UploadQueue
 from profd.daemon.watch.stall_watch import Hangs
 from profd.scheduling.refusal import Refused
 from profd.states import LIVE
-from profd.store.index import UploadQueueRepo
+from profd.store.index import FileRepo, UploadQueueRepo
 from profd.watch.snapshot import Snapshot
 
 log = logging.getLogger("profd")
@@ -208,6 +209,30 @@ class Sampling(Part):
 
     def reconfigure(self, watch: WatchConfig) -> None:
         self.samples.set_rules(rules_of(watch))
+
+
+class FrozenBoxes(Part):
+    """Adds each black box frozen since the last tick to its incident, and queues its trace
+    for S3 beside the incident's record."""
+
+    what = "keeping frozen black boxes"
+
+    def __init__(
+        self, freezer: Freezer, incidents: Incidents, files: FileRepo, uploads: UploadQueue | None
+    ) -> None:
+        self.freezer = freezer
+        self.incidents = incidents
+        self.files = files
+        self.uploads = uploads
+
+    def tick(self, mono: float, wall: float) -> None:
+        for iid, doc, path in self.freezer.take():
+            inc = self.incidents.attach_blackbox(iid, doc)
+            if inc is None:
+                continue
+            self.files.add_file(file_row(inc.job, iid, path, self.uploads is not None))
+            if self.uploads is not None:
+                self.uploads.kick()
 
 
 class MetricsPublisher(Part):

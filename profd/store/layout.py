@@ -103,6 +103,12 @@ def incident_key(job: str, incident: str) -> str:
     return key(incident_parts(job, incident))
 
 
+def blackbox_parts(job: str, incident: str) -> Parts:
+    """The black box frozen into an incident, a Perfetto trace:
+    ``{job}/incidents/{id}.blackbox.json.gz``, in the spool and in S3."""
+    return (job, INCIDENTS, f"{incident}.blackbox.json.gz")
+
+
 def nsys_parts(job: str, session: str) -> Parts:
     """Where nsys writes the reports of a session's collections."""
     return (*incoming_parts(job, session), NSYS)

@@ -16,7 +16,7 @@ STATES = (OPEN, RESOLVED)
 #: Evidence that shows what the job's processes run (function names, file paths, native
 #: frames, flight-recorder records: a hang's stacks): seen by the job's owner, root and the
 #: daemon's admin group only, as ``profctl stacks`` shows them.
-STACK_EVIDENCE = ("ranks", "groups", "summary", "verdict", "flight")
+STACK_EVIDENCE = ("ranks", "groups", "summary", "verdict", "flight", "blackbox")
 #: How the verdict of an incident whose stacks the requester may not see begins.
 WITHHELD = "stacks withheld:"
 

@@ -71,6 +71,7 @@ def test_the_loop_runs_every_periodic_unit_as_a_part(daemon: Daemon) -> None:
         parts.Detecting,
         parts.StallWatch,
         parts.IncidentKeeping,
+        parts.FrozenBoxes,
         parts.NsysPolling,
         parts.Sampling,
         parts.MetricsPublisher,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 import time
 from typing import Any
 
@@ -132,7 +133,8 @@ def text(d: dict[str, Any]) -> str:
         if ev.get("why"):  # the rule's own sentence (a straggler's), on a line of its own
             lines.append(f"why       {ev['why']}")
         lines.append(
-            "evidence  " + ", ".join(f"{k} {_num(v)}" for k, v in sorted(ev.items()) if k != "why")
+            "evidence  "
+            + ", ".join(f"{k} {_num(v)}" for k, v in sorted(ev.items()) if k not in _OWN_LINES)
         )
     lines.append(
         f"lost      {lost_text(d.get('lost_rank_s'))}"
@@ -145,9 +147,30 @@ def text(d: dict[str, Any]) -> str:
     else:
         lines.append("session   none")
     lines += [f"note      {n}" for n in d.get("notes") or []]
+    lines += _blackbox_lines(d["evidence"].get("blackbox"))
     if d.get("comparison"):
         lines += ["", *comparison_text(d["comparison"]).split("\n")]
     return line_block(lines)
+
+
+#: Evidence shown on lines of its own, not among the figures.
+_OWN_LINES = frozenset({"why", "blackbox", "spiked"})
+
+
+def _blackbox_lines(bb: object) -> list[str]:
+    """What the black box frozen when it opened shows, and where its trace is."""
+    if not isinstance(bb, dict):
+        return []
+    lines = [
+        f"blackbox  {bb.get('file')} ({bb.get('ranks_held', 0)} ranks,"
+        f" frozen in {_num(bb.get('frozen_s'))}s)"
+    ]
+    lines += [f"          {t}" for t in textwrap.wrap(str(bb.get("paragraph", "")), 88)]
+    for m in bb.get("missing") or []:
+        lines.append(
+            f"          no black box from {m.get('role')} rank {m.get('rank')}: {m.get('why')}"
+        )
+    return lines
 
 
 def _hang_lines(d: dict[str, Any]) -> list[str]:

@@ -186,7 +186,7 @@ class Detectors:
                 "ratio": round(found.ratio, 4),
                 "excess_ms": round(found.excess_ms, 3),
                 "threshold": found.threshold,
-                "ranks": {
+                "spiked": {
                     f"{c.role}:{c.rank}": [round(v, 3) for v in found.ranks[c.key]] for c in spiked
                 },
             },

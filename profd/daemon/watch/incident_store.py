@@ -410,6 +410,21 @@ class Incidents:
             raise Refused("not_found", f"no incident {text!r}")
         return found
 
+    def attach_blackbox(self, iid: str, doc: dict[str, Any]) -> Incident | None:
+        """The black box frozen when incident ``iid`` opened (``doc``: what it shows), added
+        to its evidence and saved; None when the incident is no longer held (forgotten).
+        A spike whose ranks waited for one of them names that one (the others waited)."""
+        inc = self.held.get(iid)
+        if inc is None:
+            return None
+        inc.evidence["blackbox"] = doc
+        held = doc.get("held_up_by")
+        if inc.kind == "spike" and held:
+            named = {(h["role"], h["rank"]) for h in held}
+            inc.suspects = [s for s in inc.suspects if (s.role, s.rank) in named] or inc.suspects
+        self._save(inc)
+        return inc
+
     # --- the record --------------------------------------------------------------------------
     def _save(self, inc: Incident, new: bool = False) -> None:
         """The incident to every sink, in order; one that fails is tried again each tick."""

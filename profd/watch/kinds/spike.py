@@ -20,7 +20,7 @@ def _loss(inc: Incident, tick: JobTick) -> float:
     stalled rank lost the time, and in a lockstep job each other rank waited it out). The
     same figure every tick (a spike is one step, not a rate): the largest seen."""
     ev = inc.evidence
-    held = max(1, len(ev.get("ranks") or {}))
+    held = max(1, len(ev.get("spiked") or {}))
     return max(inc.lost_rank_s, num(ev.get("excess_ms")) / 1000.0 * held)
 
 
