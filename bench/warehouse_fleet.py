@@ -100,6 +100,10 @@ def _groups(keys: list[tuple[str, int]]) -> Iterator[tuple[tuple[str, int], np.n
         yield k, np.array(idx)
 
 
+def _pick(nodes: range, x: int) -> int:
+    return nodes[x % len(nodes)]
+
+
 def write_incidents(f: Fleet, root: Path, rng: np.random.Generator) -> dict[str, int]:
     n = f.incidents
     jobs = rng.integers(0, f.jobs, n)
@@ -107,9 +111,10 @@ def write_incidents(f: Fleet, root: Path, rng: np.random.Generator) -> dict[str,
     kinds = rng.integers(0, len(KINDS), n)
     lost = np.round(rng.gamma(2.0, 4000.0, n), 1)
     rows = 0
-    keys = [
-        (_day(float(d)), int(f.job_nodes(int(j))[0])) for d, j in zip(detected, jobs, strict=True)
-    ]
+    # The node that noticed it writes it: any node of the job.
+    picks = rng.integers(0, f.nodes, n)
+    writers = [_pick(f.job_nodes(int(j)), int(x)) for j, x in zip(jobs, picks, strict=True)]
+    keys = [(_day(float(d)), w) for d, w in zip(detected, writers, strict=True)]
     for (day, writer), idx in _groups(keys):
         suspects = []
         for i in idx:

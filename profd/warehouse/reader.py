@@ -234,10 +234,14 @@ def describe(exc: Exception, sql: str) -> str:
         source = sql.splitlines()[lineno - 1] if lineno <= len(sql.splitlines()) else shown
         offset = 0
         if shown.startswith("..."):
-            # DuckDB shows a window of a long line: find where the window starts.
-            window = shown[3:].rstrip(".")
-            found = source.find(window[: max(1, min(len(window), 40))])
-            offset = found - 3 if found >= 0 else 0
+            # DuckDB shows a window of a long line: find where the window starts (the
+            # line's tail when the window runs to its end).
+            window = shown[3:]
+            if window.endswith("..."):
+                found = source.find(window[:-3])
+                offset = found - 3 if found >= 0 else 0
+            else:
+                offset = len(source) - len(window) - 3
         return f"{head} (line {lineno}, column {max(1, caret + offset + 1)})"
     return head
 
@@ -254,7 +258,10 @@ def overlays_from_reply(items: Iterable[Mapping[str, Any]]) -> list[Overlay]:
         table, part, stem = str(item["table"]), str(item["part"]), str(item["stem"])
         if table not in SCHEMAS:
             raise WarehouseError(f"daemon sent rows of an unknown table {table!r}")
-        object_key(table, part, stem)  # the partition is well formed
+        try:
+            object_key(table, part, stem)  # the partition is well formed
+        except ValueError as exc:
+            raise WarehouseError(f"daemon sent a bad partition: {exc}") from None
         try:
             with pa.ipc.open_stream(pa.py_buffer(bytes(item["ipc"]))) as reader:
                 rows = reader.read_all()
