@@ -49,22 +49,36 @@ def put(root: Path, table: str, part: str, stem: str, rows: pa.Table) -> None:
     pq.write_table(rows, path)
 
 
-def ask(root: Path, sql: str, overlays: list[Overlay] | None = None) -> list[dict[str, Any]]:
+@pytest.fixture(params=["duckdb", "pyarrow"])
+def reading(request: pytest.FixtureRequest) -> str:
+    """Each test reads both ways: DuckDB's Parquet reader (local disk) and pyarrow datasets
+    (what S3 uses), which must give the same rows."""
+    return str(request.param)
+
+
+def ask(
+    root: Path, sql: str, overlays: list[Overlay] | None = None, how: str = "duckdb"
+) -> list[dict[str, Any]]:
     loc = R.locate(str(root))
-    con = R.locked()
-    R.register(con, R.open_datasets(loc, overlays or []))
+    if how == "duckdb":
+        con = R.open_tables(loc, TABLES, overlays or [])
+    else:
+        con = R.locked()
+        R.register(con, R.open_datasets(loc, overlays or []))
     out: list[dict[str, Any]] = R.run_sql(con, sql).to_pylist()
     return out
 
 
-def test_an_overlay_replaces_its_writers_object_and_only_that(tmp_path: Path) -> None:
+def test_an_overlay_replaces_its_writers_object_and_only_that(tmp_path: Path, reading: str) -> None:
     put(tmp_path, "incidents", "2026-03-01", A, incidents("a1", "a2"))
     put(tmp_path, "incidents", "2026-03-01", B, incidents("b1"))
     put(tmp_path, "incidents", "2026-03-02", A, incidents("a3"))
     # A's unflushed state of 03-01: a2 grew, a4 is new, a1 is as it was.
     over = pa.concat_tables([incidents("a1"), incidents("a2", "a4", lost=99.0)])
     overlays = [Overlay("incidents", "2026-03-01", A, over)]
-    got = ask(tmp_path, "SELECT id, lost_rank_s, date FROM incidents ORDER BY id", overlays)
+    got = ask(
+        tmp_path, "SELECT id, lost_rank_s, date FROM incidents ORDER BY id", overlays, reading
+    )
     assert [(r["id"], r["lost_rank_s"], r["date"]) for r in got] == [
         ("a1", 10.0, "2026-03-01"),
         ("a2", 99.0, "2026-03-01"),
@@ -72,7 +86,9 @@ def test_an_overlay_replaces_its_writers_object_and_only_that(tmp_path: Path) ->
         ("a4", 99.0, "2026-03-01"),
         ("b1", 10.0, "2026-03-01"),
     ]
-    assert [r["id"] for r in ask(tmp_path, "SELECT id FROM incidents ORDER BY id")] == [
+    assert [
+        r["id"] for r in ask(tmp_path, "SELECT id FROM incidents ORDER BY id", None, reading)
+    ] == [
         "a1",
         "a2",
         "a3",
@@ -80,18 +96,18 @@ def test_an_overlay_replaces_its_writers_object_and_only_that(tmp_path: Path) ->
     ]
 
 
-def test_an_overlay_with_no_object_yet_and_an_empty_one(tmp_path: Path) -> None:
+def test_an_overlay_with_no_object_yet_and_an_empty_one(tmp_path: Path, reading: str) -> None:
     put(tmp_path, "incidents", "2026-03-01", A, incidents("a1"))
     overlays = [
         Overlay("incidents", "2026-03-05", A, incidents("new")),
         # Every row of A's 03-01 object is gone from its index (kept days): none are seen.
         Overlay("incidents", "2026-03-01", A, incidents()),
     ]
-    got = ask(tmp_path, "SELECT id, date FROM incidents", overlays)
+    got = ask(tmp_path, "SELECT id, date FROM incidents", overlays, reading)
     assert got == [{"id": "new", "date": "2026-03-05"}]
 
 
-def test_hourly_overlay_names_the_hours_object(tmp_path: Path) -> None:
+def test_hourly_overlay_names_the_hours_object(tmp_path: Path, reading: str) -> None:
     minute = datetime(2026, 3, 1, 7, 5, tzinfo=UTC)
     rows = pa.Table.from_pylist(
         [{"job": "j", "role": "r", "minute": minute, "node": "gpu01", "ranks": 8}],
@@ -102,15 +118,15 @@ def test_hourly_overlay_names_the_hours_object(tmp_path: Path) -> None:
     i = rows.schema.get_field_index("ranks")
     doubled = pa.concat_tables([rows, rows.set_column(i, "ranks", pa.array([4], pa.int32()))])
     overlays = [Overlay("job_minutes", "2026-03-01/07", A, doubled)]
-    got = ask(tmp_path, "SELECT sum(ranks) AS s, count(*) AS n FROM job_minutes", overlays)
+    got = ask(tmp_path, "SELECT sum(ranks) AS s, count(*) AS n FROM job_minutes", overlays, reading)
     assert got == [{"s": 20, "n": 3}]
 
 
-def test_an_empty_warehouse_has_every_table_with_its_columns(tmp_path: Path) -> None:
+def test_an_empty_warehouse_has_every_table_with_its_columns(tmp_path: Path, reading: str) -> None:
     for t in TABLES:
-        cols = ask(tmp_path, f"SELECT column_name FROM (DESCRIBE SELECT * FROM {t})")
+        cols = ask(tmp_path, f"SELECT column_name FROM (DESCRIBE SELECT * FROM {t})", None, reading)
         assert [c["column_name"] for c in cols] == [*SCHEMAS[t].names, "date"]
-        assert ask(tmp_path, f"SELECT count(*) AS n FROM {t}") == [{"n": 0}]
+        assert ask(tmp_path, f"SELECT count(*) AS n FROM {t}", None, reading) == [{"n": 0}]
 
 
 def test_the_named_queries_run_on_an_empty_warehouse(tmp_path: Path) -> None:
@@ -136,10 +152,12 @@ def test_the_named_queries_run_on_an_empty_warehouse(tmp_path: Path) -> None:
         ("", "one statement at a time, got 0"),
     ],
 )
-def test_only_a_select_and_nothing_outside(tmp_path: Path, sql: str, says: str) -> None:
+def test_only_a_select_and_nothing_outside(
+    tmp_path: Path, sql: str, says: str, reading: str
+) -> None:
     secret_rows = pa.table({"a": [1]})  # noqa: F841 - what a replacement scan would find
     with pytest.raises(R.WarehouseError, match=re.escape(says)):
-        ask(tmp_path, sql)
+        ask(tmp_path, sql, None, reading)
 
 
 def test_configuration_stays_locked() -> None:
@@ -225,3 +243,25 @@ def test_docs_hold_the_queries_the_commands_run() -> None:
     text = DOC.read_text()
     for name, sql in Q.all_sql().items():
         assert f"```sql\n{sql}\n```" in text, name
+
+
+def test_docs_hold_the_ddl_built_from_the_schemas() -> None:
+    from profd.warehouse import ddl
+
+    text = DOC.read_text()
+    for engine, make in ddl.ENGINES.items():
+        for t in TABLES:
+            assert f"```sql\n{make(t)}\n```" in text, (engine, t)
+
+
+def test_the_local_reader_is_allowed_the_warehouse_and_nothing_else(tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    put(wh, "incidents", "2026-03-01", A, incidents("a1"))
+    # A Parquet file beside the warehouse, and one reached by climbing out of it.
+    put(tmp_path / "other", "incidents", "2026-03-01", A, incidents("secret"))
+    other = tmp_path / "other" / object_key("incidents", "2026-03-01", A)
+    climb = f"{wh}/incidents/../../other/{object_key('incidents', '2026-03-01', A)}"
+    for path in (str(other), climb):
+        with pytest.raises(R.WarehouseError, match="Permission Error"):
+            ask(wh, f"SELECT * FROM read_parquet('{path}')")
+    assert ask(wh, "SELECT id FROM incidents") == [{"id": "a1"}]

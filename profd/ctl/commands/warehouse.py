@@ -23,7 +23,6 @@ from profd.ctl.errors import BadUsage, CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, emit_json, say, table
 from profd.warehouse import queries as Q
-from profd.warehouse.tables import TABLES
 
 F = TypeVar("F", bound=Callable[..., Any])
 #: The control request that returns the warehouse's URL and this node's unflushed rows.
@@ -88,11 +87,13 @@ def run_query(
 
     if env.cluster_spec:
         raise BadUsage("the warehouse holds every node's rows: query it without --cluster")
-    con = R.locked()
     try:
-        R.check_select(con, sql)
+        # A connection of its own, locked: the statement is checked before anything is read.
+        check = R.locked()
+        R.check_select(check, sql)
         if tables is None:
-            tables = frozenset(R.tables_of(con, sql))
+            tables = frozenset(R.tables_of(check, sql))
+        check.close()
     except R.WarehouseError as exc:
         raise CtlError(str(exc), code="sql") from None
     overlays: list[Any] = []
@@ -101,15 +102,7 @@ def run_query(
     t0 = time.monotonic()
     try:
         loc = R.locate(url, _s3_settings() if url.startswith("s3://") else None)
-        datasets = {}
-        for name in TABLES:
-            if name in tables:
-                _progress(f"listing {url.rstrip('/')}/{name}/")
-                files = R.list_files(loc, name)
-                datasets[name] = R.table_dataset(loc, name, files, overlays)
-            else:
-                datasets[name] = R.table_dataset(loc, name, [], [])
-        R.register(con, datasets)
+        con = R.open_tables(loc, tables, overlays, _progress)
         _progress("querying")
         result = R.run_sql(con, sql, params)
     except R.WarehouseError as exc:
