@@ -203,6 +203,13 @@ def test_query_refuses_with_one_line(
     assert r.stderr.count("\n") == 1, r.stderr
 
 
+def test_a_missing_bucket_is_an_error_not_an_empty_answer(moto: MotoServer, tmp_path: Path) -> None:
+    env = {**base_env(tmp_path), **moto.env()}
+    r = profctl(env, "goodput", "--warehouse", f"s3://no-such-{BUCKET}/{PREFIX}")
+    assert r.returncode == 1
+    assert f"no bucket 'no-such-{BUCKET}'" in r.stderr
+
+
 def test_without_warehouse_or_daemon_exits_3(tmp_path: Path) -> None:
     r = profctl(base_env(tmp_path), "goodput")
     assert r.returncode == 3
