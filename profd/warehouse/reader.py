@@ -251,8 +251,12 @@ def open_tables(
             files = list_files(loc, name)
         if local and files:
             native_view(con, loc, name, overlays)
+        elif files:
+            con.register(name, table_dataset(loc, name, files, overlays))
         else:
-            con.register(name, table_dataset(loc, name, files, overlays if name in wanted else ()))
+            # No objects: the overlays' rows alone, or none (no pyarrow.dataset needed).
+            extra = [overlay_rows(o) for o in overlays if o.table == name and name in wanted]
+            con.register(name, pa.concat_tables([table_schema(name).empty_table(), *extra]))
     return con
 
 
