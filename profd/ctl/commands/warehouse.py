@@ -9,6 +9,7 @@ those partitions: what this node indexed a moment ago is in the answer. With
 from __future__ import annotations
 
 import csv
+import io
 import json
 import sys
 import time
@@ -21,7 +22,7 @@ import click
 from profd.ctl.commands.history import parse_when
 from profd.ctl.errors import BadUsage, CtlError
 from profd.ctl.main import Env, command
-from profd.ctl.render import Column, emit_json, say, table
+from profd.ctl.render import Column, document, emit_json, say, table
 from profd.warehouse import queries as Q
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -147,11 +148,13 @@ def show(env: Env, result: Any, as_csv: bool) -> None:
         emit_json([{k: _json_value(v) for k, v in r.items()} for r in rows])
         return
     if as_csv:
-        w = csv.writer(sys.stdout, lineterminator="\n")
+        # A file's contents for a pipe, like ``report -o -``: CSV quotes its own fields.
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
         w.writerow(names)
         for r in rows:
             w.writerow([_csv_value(r[n]) for n in names])
-        sys.stdout.flush()
+        document(buf.getvalue())
         return
     columns: list[Column] = [(n.upper(), _getter(n)) for n in names]
     say(table(rows, columns))
@@ -184,7 +187,7 @@ def _named(env: Env, sql: str, print_sql: bool) -> bool:
         if env.json:
             emit_json({"sql": sql})
         else:
-            click.echo(sql)
+            say(sql)
     return print_sql
 
 
