@@ -30,6 +30,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +76,7 @@ def timed(env: dict[str, str], n: int, *args: str) -> tuple[list[float], list[di
     for _ in range(n):
         t, rows = profctl(env, *args)
         times.append(t)
+    print(f"profctl {' '.join(args)}: {', '.join(f'{t:.2f}' for t in times)} s", file=sys.stderr)
     return times, rows
 
 
@@ -189,9 +191,12 @@ def main() -> None:
         local["PROFD_WAREHOUSE"] = str(root)
         q: dict[str, list[float]] = {}
         answers: dict[str, list[dict[str, Any]]] = {}
-        q["goodput_local"], answers["goodput"] = timed(local, n, "goodput", "--since", "30d")
+        # One instant for every run and the baseline: "30d ago" moves while they run.
+        since = time.time() - 30 * 86400
+        window = ("--since", datetime.fromtimestamp(since, UTC).isoformat())
+        q["goodput_local"], answers["goodput"] = timed(local, n, "goodput", *window)
         q["trend"], answers["trend"] = timed(local, n, "trend", "--job", "*", "--op", "aten::mm")
-        q["nodes"], answers["nodes"] = timed(local, n, "nodes", "--since", "30d")
+        q["nodes"], answers["nodes"] = timed(local, n, "nodes", *window)
 
         port = B.free_port()
         moto = bench_s3.start_moto(port, tmp / "moto.log")
@@ -200,9 +205,8 @@ def main() -> None:
         uploaded, upload_s = upload(root, "incidents", endpoint)
         remote = s3_env(endpoint)
         remote["PROFD_WAREHOUSE"] = f"s3://{bench_s3.BUCKET}/{PREFIX}"
-        q["goodput_s3"], s3_answer = timed(remote, n, "goodput", "--since", "30d")
+        q["goodput_s3"], s3_answer = timed(remote, n, "goodput", *window)
 
-        since = time.time() - 30 * 86400
         fanned_rows = sqlite_nodes(f, root, tmp / "nodes")
         fan = [fan_out_goodput(tmp / "nodes", since) for _ in range(n)]
         fan_s = [t for t, _ in fan]
