@@ -19,7 +19,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
 
 ORDER = ("idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "pipeline",
-         "metrics", "stacks", "watch", "sampling", "hostile", "blackbox")  # fmt: skip
+         "metrics", "stacks", "watch", "sampling", "hostile", "blackbox",
+         "warehouse")  # fmt: skip
 
 
 def main() -> int:

@@ -27,13 +27,13 @@ ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT / "bench"
 NAMES = (
     "idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "metrics", "stacks",
-    "watch", "sampling", "hostile",
+    "watch", "sampling", "hostile", "warehouse",
 )  # fmt: skip
 # Two lanes side by side, of about equal length: bench_trigger (its torchrun job and sessions
 # mostly wait) is the longest by far, so the two shortest run after it.
 LANES = (
     ("trigger", "index", "s3", "report", "watch", "sampling"),
-    ("idle", "daemon", "stall", "cluster", "metrics", "stacks", "hostile"),
+    ("idle", "daemon", "stall", "cluster", "metrics", "stacks", "hostile", "warehouse"),
 )
 #: One worker runs the lanes (``--dist loadgroup``): each worker given a test of this file
 #: would otherwise start every benchmark again.
@@ -238,6 +238,19 @@ def check_cluster(res: dict[str, Any]) -> None:
     assert d["serial_per_host_s"] > 0 and d["serial_inproc_all_armed_s"] > 0
 
 
+def check_warehouse(res: dict[str, Any]) -> None:
+    d, p = res["details"], res["params"]
+    assert len(res["rows"]) == 4, metrics(res)
+    # Every table was written, the incidents went to S3 whole, each query ran every time
+    # and answered rows (the benchmark itself checks local, S3 and fan-out agree).
+    assert all(n > 0 for n in d["objects"].values()), d["objects"]
+    assert d["s3_objects"] == d["objects"]["incidents"]
+    assert all(q["n"] == p["repeat"] for q in d["query_s"].values()), d["query_s"]
+    assert d["fan_out_s"]["n"] == p["repeat"]
+    assert d["fan_out_rows"] == d["rows"]["incidents"]["rows"] == p["incidents"]
+    assert all(n > 0 for n in d["answers"].values()), d["answers"]
+
+
 def check_report(res: dict[str, Any]) -> None:
     d, p = res["details"], res["params"]
     assert len(res["rows"]) == 5, metrics(res)
@@ -325,6 +338,7 @@ CHECKS: dict[str, Callable[[dict[str, Any]], None]] = {
     "stall": check_stall,
     "daemon": check_daemon,
     "index": check_index,
+    "warehouse": check_warehouse,
     "s3": check_s3,
     "metrics": check_metrics,
 }

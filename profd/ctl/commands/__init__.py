@@ -24,4 +24,8 @@ COMMANDS: dict[str, str] = {
     "keys": "keys:keys",
     "report": "report:report",
     "diff": "report:diff",
+    "query": "warehouse:query",
+    "goodput": "warehouse:goodput",
+    "nodes": "warehouse:nodes",
+    "trend": "warehouse:trend",
 }

@@ -1,0 +1,360 @@
+"""Reading the warehouse: its objects as Arrow datasets, a node's unflushed rows laid over
+them, and a DuckDB connection that can run one SELECT over them and nothing else.
+
+A warehouse is an absolute local directory or ``s3://bucket/prefix`` (read with pyarrow's
+own S3 client: DuckDB's httpfs extension is a download, which a locked-down or offline
+machine cannot make). Each table is the Parquet objects under ``{url}/{table}/``,
+hive-partitioned on ``date`` (a ``YYYY-MM-DD`` string): on local disk read by DuckDB's own
+reader (allowed that one directory), from S3 as a pyarrow dataset with the schema of
+:data:`SCHEMAS` given rather than read from the objects, so opening a table reads none.
+An :class:`Overlay` replaces one writer's object for one partition: that file is left out
+and the overlay's rows are read instead, so a row is seen once whether or not its node has
+flushed it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from profd.warehouse.tables import SCHEMAS, TABLES, Overlay, object_key
+
+if TYPE_CHECKING:
+    import pyarrow.dataset as ds
+
+#: Where ``profctl query`` and the named queries read when no daemon is asked.
+WAREHOUSE_ENV = "PROFD_WAREHOUSE"
+#: The hive partition column every table has besides its own.
+DATE = pa.field("date", pa.string())
+#: Object reads in flight at once: from S3 each is a round trip, most of a query's time.
+IO_THREADS = 64
+
+
+class WarehouseError(Exception):
+    """A warehouse that cannot be opened or a query it refuses, as one line."""
+
+
+def table_schema(table: str) -> pa.Schema:
+    """A table's columns as a reader sees them: :data:`SCHEMAS` plus ``date``."""
+    return SCHEMAS[table].append(DATE)
+
+
+@dataclass(frozen=True)
+class S3Settings:
+    """How to reach an S3-compatible store; ``None`` fields fall back to the SDK's chain."""
+
+    endpoint_url: str | None = None
+    region: str | None = None
+
+
+@dataclass(frozen=True)
+class Location:
+    """An opened warehouse root: ``fs`` and ``root`` (``bucket/prefix`` or a local path)."""
+
+    url: str
+    fs: pafs.FileSystem
+    root: str
+
+    def path(self, key: str) -> str:
+        return f"{self.root}/{key}" if self.root else key
+
+
+def locate(url: str, s3: S3Settings | None = None) -> Location:
+    """The warehouse at ``url``: an absolute path, or ``s3://bucket[/prefix]``."""
+    if url.startswith("s3://"):
+        root = url[5:].strip("/")
+        if not root:
+            raise WarehouseError(f"warehouse {url!r}: no bucket")
+        fs = s3_filesystem(s3 or S3Settings())
+        bucket = root.split("/", 1)[0]
+        try:
+            found = fs.get_file_info(bucket).type != pafs.FileType.NotFound
+        except OSError as exc:
+            raise WarehouseError(f"warehouse {url}: {_one_line(exc)}") from None
+        if not found:
+            # A listing under a missing bucket is empty: say so rather than answer nothing.
+            raise WarehouseError(f"warehouse {url}: no bucket {bucket!r}")
+        return Location(url, fs, root)
+    if "://" in url or not os.path.isabs(url):
+        raise WarehouseError(f"warehouse {url!r}: use an absolute path or s3://bucket/prefix")
+    return Location(url, pafs.LocalFileSystem(), url.rstrip("/") or "/")
+
+
+def s3_filesystem(s3: S3Settings) -> pafs.S3FileSystem:
+    """pyarrow's S3 client with the credentials boto3's default chain finds (environment,
+    shared files, instance role) and the endpoint from ``s3``, else ``AWS_ENDPOINT_URL``."""
+    import boto3
+
+    session = boto3.session.Session()
+    creds = session.get_credentials()
+    kw: dict[str, Any] = {}
+    if creds is not None:
+        frozen = creds.get_frozen_credentials()
+        kw.update(
+            access_key=frozen.access_key,
+            secret_key=frozen.secret_key,
+            session_token=frozen.token,
+        )
+    else:
+        kw["anonymous"] = True
+    region = s3.region or session.region_name
+    if region:
+        kw["region"] = region
+    endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL")
+    if endpoint:
+        scheme, sep, rest = endpoint.partition("://")
+        kw["endpoint_override"] = rest.rstrip("/") if sep else endpoint
+        kw["scheme"] = scheme if sep else "https"
+    pa.set_io_thread_count(IO_THREADS)
+    return pafs.S3FileSystem(**kw)
+
+
+def list_files(loc: Location, table: str) -> dict[str, int]:
+    """Every ``.parquet`` object of ``table`` (paths as ``loc.fs`` names them) and its size."""
+    sel = pafs.FileSelector(loc.path(table), recursive=True, allow_not_found=True)
+    try:
+        infos = loc.fs.get_file_info(sel)
+    except OSError as exc:
+        raise WarehouseError(f"cannot list {loc.url}/{table}: {_one_line(exc)}") from None
+    return {
+        i.path: i.size
+        for i in sorted(infos, key=lambda i: str(i.path))
+        if i.type == pafs.FileType.File and i.path.endswith(".parquet")
+    }
+
+
+_DATE_DIR = re.compile(r"/date=(\d{4}-\d{2}-\d{2})/[^/]*$")
+
+
+def overlay_rows(o: Overlay) -> pa.Table:
+    """An overlay's rows with the ``date`` its partition names."""
+    rows = o.rows.select(SCHEMAS[o.table].names).cast(SCHEMAS[o.table])
+    return rows.append_column(DATE, pa.array([o.part[:10]] * rows.num_rows, pa.string()))
+
+
+def table_dataset(
+    loc: Location, table: str, files: Mapping[str, int], overlays: Iterable[Overlay] = ()
+) -> ds.Dataset:
+    """``table``'s rows: its objects, less those an overlay replaces, plus the overlays'."""
+    # Imported here: pyarrow.dataset brings pandas along, half a second profctl on local
+    # disk does not need.
+    import pyarrow.dataset as ds
+
+    mine = [o for o in overlays if o.table == table]
+    replaced = set(replaced_paths(loc, table, mine))
+    schema = table_schema(table)
+    fmt = ds.ParquetFileFormat()
+    # Each fragment told its size (from the listing) and its date (from its key): from S3
+    # that saves a HEAD request per object, a third of the requests of a small object.
+    fragments = [
+        fmt.make_fragment(
+            path, loc.fs, partition_expression=ds.field("date") == m.group(1), file_size=size
+        )
+        for path, size in files.items()
+        if path not in replaced and (m := _DATE_DIR.search(path))
+    ]
+    parts: list[ds.Dataset] = []
+    if fragments:
+        parts.append(ds.FileSystemDataset(fragments, schema, fmt, loc.fs))
+    extra = [overlay_rows(o) for o in mine if o.rows.num_rows]
+    if extra or not parts:
+        parts.append(ds.dataset(pa.concat_tables(extra) if extra else schema.empty_table()))
+    return parts[0] if len(parts) == 1 else ds.dataset(parts)
+
+
+def open_datasets(loc: Location, overlays: Sequence[Overlay] = ()) -> dict[str, ds.Dataset]:
+    """Every table of the warehouse as a dataset (empty, with its schema, if it has none)."""
+    return {t: table_dataset(loc, t, list_files(loc, t), overlays) for t in TABLES}
+
+
+def replaced_paths(loc: Location, table: str, overlays: Iterable[Overlay]) -> list[str]:
+    """The objects of ``table`` that ``overlays`` stand in for, as ``loc.fs`` names them."""
+    return [loc.path(object_key(o.table, o.part, o.stem)) for o in overlays if o.table == table]
+
+
+def locked(allowed: Sequence[str] = ()) -> Any:
+    """A DuckDB connection with no way out: no file or network access but to the
+    directories ``allowed``, no extensions, no Python variables as tables, and its settings
+    locked so a query cannot undo that. Made before anything touches a statement: even
+    binding one (to list its tables) may open the files it names."""
+    import duckdb
+
+    con = duckdb.connect(":memory:")
+    if allowed:
+        con.execute(
+            "SET allowed_directories = $dirs", {"dirs": [d.rstrip("/") + "/" for d in allowed]}
+        )
+    con.execute("SET python_enable_replacements = false")
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
+    return con
+
+
+def register(con: Any, datasets: Mapping[str, ds.Dataset]) -> None:
+    """One view per table: DuckDB scans the dataset through pyarrow (filters pushed down)."""
+    for name, d in datasets.items():
+        con.register(name, d)
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def native_view(con: Any, loc: Location, table: str, overlays: Sequence[Overlay]) -> None:
+    """``table`` as a view over DuckDB's own Parquet reader (local disk only: it is about
+    three times faster than a pyarrow dataset over thousands of small objects), the objects
+    an overlay replaces filtered out by file name and the overlays' rows added."""
+    mine = [o for o in overlays if o.table == table]
+    files = _literal(loc.path(table) + "/*/*.parquet")
+    sql = (
+        "SELECT * EXCLUDE (filename) FROM read_parquet("
+        f"{files}, hive_partitioning = true, hive_types = {{'date': VARCHAR}}, filename = true)"
+    )
+    replaced = replaced_paths(loc, table, mine)
+    if replaced:
+        sql += f" WHERE filename NOT IN ({', '.join(_literal(p) for p in replaced)})"
+    extra = [overlay_rows(o) for o in mine if o.rows.num_rows]
+    if extra:
+        con.register(f"overlay_{table}", pa.concat_tables(extra))
+        sql += f" UNION ALL BY NAME SELECT * FROM overlay_{table}"
+    con.execute(f"CREATE VIEW {table} AS {sql}")
+
+
+def is_local(loc: Location) -> bool:
+    return isinstance(loc.fs, pafs.LocalFileSystem)
+
+
+def open_tables(
+    loc: Location,
+    tables: Iterable[str],
+    overlays: Sequence[Overlay] = (),
+    progress: Callable[[str], None] | None = None,
+) -> Any:
+    """A :func:`locked` connection with every table as a view: ``tables`` with their
+    objects and overlays (DuckDB's reader on local disk, pyarrow's from S3), the others
+    empty. Only ``tables`` are listed: a listing is most of a small query's time in S3."""
+    local = is_local(loc)
+    con = locked([loc.root] if local else [])
+    wanted = set(tables)
+    for name in TABLES:
+        files: dict[str, int] = {}
+        if name in wanted:
+            if progress is not None:
+                progress(f"listing {loc.url.rstrip('/')}/{name}/")
+            files = list_files(loc, name)
+        if local and files:
+            native_view(con, loc, name, overlays)
+        elif files:
+            con.register(name, table_dataset(loc, name, files, overlays))
+        else:
+            # No objects: the overlays' rows alone, or none (no pyarrow.dataset needed).
+            extra = [overlay_rows(o) for o in overlays if o.table == name and name in wanted]
+            con.register(name, pa.concat_tables([table_schema(name).empty_table(), *extra]))
+    return con
+
+
+def run_sql(con: Any, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:
+    """One SELECT (or WITH ... SELECT) statement's result on a :func:`locked` connection.
+    Anything else, or a statement DuckDB rejects, is a :class:`WarehouseError` naming the
+    error and where it is."""
+    import duckdb
+
+    check_select(con, sql)
+    try:
+        rel = con.sql(sql, params=dict(params)) if params else con.sql(sql)
+        result: pa.Table = rel.to_arrow_table()
+    except duckdb.Error as exc:
+        raise WarehouseError(describe(exc, sql)) from None
+    return result
+
+
+def check_select(con: Any, sql: str) -> None:
+    """:class:`WarehouseError` unless ``sql`` is exactly one SELECT (WITH included), as
+    DuckDB's own parser reads it."""
+    import duckdb
+
+    try:
+        statements = con.extract_statements(sql)
+    except duckdb.Error as exc:
+        raise WarehouseError(describe(exc, sql)) from None
+    if len(statements) != 1:
+        raise WarehouseError(f"one statement at a time, got {len(statements)}")
+    kind = statements[0].type
+    if kind != duckdb.StatementType.SELECT:
+        raise WarehouseError(f"only SELECT or WITH queries, got {kind.name}")
+
+
+def tables_of(con: Any, sql: str) -> set[str]:
+    """The warehouse tables a statement without parameters reads (CTE names left out), as
+    the :func:`locked` connection ``con`` binds it."""
+    import duckdb
+
+    try:
+        names: set[str] = con.get_table_names(sql, qualified=False)
+    except duckdb.Error as exc:
+        raise WarehouseError(describe(exc, sql)) from None
+    return names & set(TABLES)
+
+
+_CARET = re.compile(r"^LINE (\d+): (.*)$")
+
+
+def describe(exc: Exception, sql: str) -> str:
+    """DuckDB's error as one line, with the line and column it points at when it does."""
+    text = str(exc)
+    lines = text.splitlines()
+    head = lines[0] if lines else type(exc).__name__
+    for i, line in enumerate(lines[:-1]):
+        m = _CARET.match(line)
+        if not m or "^" not in lines[i + 1]:
+            continue
+        lineno, shown = int(m.group(1)), m.group(2)
+        caret = lines[i + 1].index("^") - (len(line) - len(shown))
+        source = sql.splitlines()[lineno - 1] if lineno <= len(sql.splitlines()) else shown
+        offset = 0
+        if shown.startswith("..."):
+            # DuckDB shows a window of a long line: find where the window starts (the
+            # line's tail when the window runs to its end).
+            window = shown[3:]
+            if window.endswith("..."):
+                found = source.find(window[:-3])
+                offset = found - 3 if found >= 0 else 0
+            else:
+                offset = len(source) - len(window) - 3
+        return f"{head} (line {lineno}, column {max(1, caret + offset + 1)})"
+    return head
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def overlays_from_reply(items: Iterable[Mapping[str, Any]]) -> list[Overlay]:
+    """The ``overlays`` of a daemon's ``warehouse`` reply: each one's rows from its Arrow
+    IPC stream, checked against its table's schema."""
+    out: list[Overlay] = []
+    for item in items:
+        table, part, stem = str(item["table"]), str(item["part"]), str(item["stem"])
+        if table not in SCHEMAS:
+            raise WarehouseError(f"daemon sent rows of an unknown table {table!r}")
+        try:
+            object_key(table, part, stem)  # the partition is well formed
+        except ValueError as exc:
+            raise WarehouseError(f"daemon sent a bad partition: {exc}") from None
+        try:
+            with pa.ipc.open_stream(pa.py_buffer(bytes(item["ipc"]))) as reader:
+                rows = reader.read_all()
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise WarehouseError(f"daemon sent unreadable {table} rows: {_one_line(exc)}") from None
+        missing = set(SCHEMAS[table].names) - set(rows.schema.names)
+        if missing:
+            raise WarehouseError(f"daemon's {table} rows lack {sorted(missing)}")
+        out.append(Overlay(table, part, stem, rows))
+    return out

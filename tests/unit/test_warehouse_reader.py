@@ -1,0 +1,267 @@
+"""The warehouse's read side: overlays in place of objects, empty tables, the locked-down
+DuckDB connection, the daemon's overlay encoding, and docs/warehouse.md against the code."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from profd.warehouse import queries as Q
+from profd.warehouse import reader as R
+from profd.warehouse.tables import SCHEMAS, TABLES, Overlay, object_key, writer_stem
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "warehouse.md"
+A, B = writer_stem("gpu01", "aaaa"), writer_stem("gpu02", "bbbb")
+
+
+def incidents(*ids: str, lost: float = 10.0) -> pa.Table:
+    n = len(ids)
+    t = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    return pa.table(
+        {
+            "id": list(ids),
+            "kind": ["hang"] * n,
+            "job": ["j"] * n,
+            "role": ["trainer"] * n,
+            "node": ["gpu01"] * n,
+            "state": ["open"] * n,
+            "detected": [t] * n,
+            "resolved": [None] * n,
+            "step": [1] * n,
+            "suspects": [[{"node": "gpu01", "role": "trainer", "rank": 0}]] * n,
+            "session": [None] * n,
+            "reason": ["r"] * n,
+            "lost_rank_s": [lost] * n,
+        },
+        schema=SCHEMAS["incidents"],
+    )
+
+
+def put(root: Path, table: str, part: str, stem: str, rows: pa.Table) -> None:
+    path = root / object_key(table, part, stem)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(rows, path)
+
+
+@pytest.fixture(params=["duckdb", "pyarrow"])
+def reading(request: pytest.FixtureRequest) -> str:
+    """Each test reads both ways: DuckDB's Parquet reader (local disk) and pyarrow datasets
+    (what S3 uses), which must give the same rows."""
+    return str(request.param)
+
+
+def ask(
+    root: Path, sql: str, overlays: list[Overlay] | None = None, how: str = "duckdb"
+) -> list[dict[str, Any]]:
+    loc = R.locate(str(root))
+    if how == "duckdb":
+        con = R.open_tables(loc, TABLES, overlays or [])
+    else:
+        con = R.locked()
+        R.register(con, R.open_datasets(loc, overlays or []))
+    out: list[dict[str, Any]] = R.run_sql(con, sql).to_pylist()
+    return out
+
+
+def test_an_overlay_replaces_its_writers_object_and_only_that(tmp_path: Path, reading: str) -> None:
+    put(tmp_path, "incidents", "2026-03-01", A, incidents("a1", "a2"))
+    put(tmp_path, "incidents", "2026-03-01", B, incidents("b1"))
+    put(tmp_path, "incidents", "2026-03-02", A, incidents("a3"))
+    # A's unflushed state of 03-01: a2 grew, a4 is new, a1 is as it was.
+    over = pa.concat_tables([incidents("a1"), incidents("a2", "a4", lost=99.0)])
+    overlays = [Overlay("incidents", "2026-03-01", A, over)]
+    got = ask(
+        tmp_path, "SELECT id, lost_rank_s, date FROM incidents ORDER BY id", overlays, reading
+    )
+    assert [(r["id"], r["lost_rank_s"], r["date"]) for r in got] == [
+        ("a1", 10.0, "2026-03-01"),
+        ("a2", 99.0, "2026-03-01"),
+        ("a3", 10.0, "2026-03-02"),
+        ("a4", 99.0, "2026-03-01"),
+        ("b1", 10.0, "2026-03-01"),
+    ]
+    assert [
+        r["id"] for r in ask(tmp_path, "SELECT id FROM incidents ORDER BY id", None, reading)
+    ] == [
+        "a1",
+        "a2",
+        "a3",
+        "b1",
+    ]
+
+
+def test_an_overlay_with_no_object_yet_and_an_empty_one(tmp_path: Path, reading: str) -> None:
+    put(tmp_path, "incidents", "2026-03-01", A, incidents("a1"))
+    overlays = [
+        Overlay("incidents", "2026-03-05", A, incidents("new")),
+        # Every row of A's 03-01 object is gone from its index (kept days): none are seen.
+        Overlay("incidents", "2026-03-01", A, incidents()),
+    ]
+    got = ask(tmp_path, "SELECT id, date FROM incidents", overlays, reading)
+    assert got == [{"id": "new", "date": "2026-03-05"}]
+
+
+def test_hourly_overlay_names_the_hours_object(tmp_path: Path, reading: str) -> None:
+    minute = datetime(2026, 3, 1, 7, 5, tzinfo=UTC)
+    rows = pa.Table.from_pylist(
+        [{"job": "j", "role": "r", "minute": minute, "node": "gpu01", "ranks": 8}],
+        schema=SCHEMAS["job_minutes"],
+    )
+    put(tmp_path, "job_minutes", "2026-03-01/07", A, rows)
+    put(tmp_path, "job_minutes", "2026-03-01/08", A, rows)
+    i = rows.schema.get_field_index("ranks")
+    doubled = pa.concat_tables([rows, rows.set_column(i, "ranks", pa.array([4], pa.int32()))])
+    overlays = [Overlay("job_minutes", "2026-03-01/07", A, doubled)]
+    got = ask(tmp_path, "SELECT sum(ranks) AS s, count(*) AS n FROM job_minutes", overlays, reading)
+    assert got == [{"s": 20, "n": 3}]
+
+
+def test_an_empty_warehouse_has_every_table_with_its_columns(tmp_path: Path, reading: str) -> None:
+    for t in TABLES:
+        cols = ask(tmp_path, f"SELECT column_name FROM (DESCRIBE SELECT * FROM {t})", None, reading)
+        assert [c["column_name"] for c in cols] == [*SCHEMAS[t].names, "date"]
+        assert ask(tmp_path, f"SELECT count(*) AS n FROM {t}", None, reading) == [{"n": 0}]
+
+
+def test_the_named_queries_run_on_an_empty_warehouse(tmp_path: Path) -> None:
+    con = R.locked()
+    R.register(con, R.open_datasets(R.locate(str(tmp_path))))
+    since = {"since": datetime(2026, 1, 1, tzinfo=UTC), "since_date": "2026-01-01"}
+    for b in Q.GOODPUT_BY:
+        assert R.run_sql(con, Q.goodput_sql(b), since).num_rows == 0
+    assert R.run_sql(con, Q.NODES_SQL, since).num_rows == 0
+    assert R.run_sql(con, Q.TREND_SQL, {"job": "*", "op": "x"}).num_rows == 0
+
+
+@pytest.mark.parametrize(
+    ("sql", "says"),
+    [
+        ("SELECT * FROM read_csv('/etc/passwd')", "Permission Error"),
+        ("SELECT * FROM 'x.parquet'", "Permission Error"),
+        ("SELECT * FROM secret_rows", "does not exist"),  # a Python variable: not a table
+        ("INSTALL httpfs", "got LOAD"),
+        ("PRAGMA version", "got PRAGMA"),
+        ("RESET lock_configuration", "got"),
+        ("CREATE TABLE t AS SELECT 1", "got CREATE"),
+        ("", "one statement at a time, got 0"),
+    ],
+)
+def test_only_a_select_and_nothing_outside(
+    tmp_path: Path, sql: str, says: str, reading: str
+) -> None:
+    secret_rows = pa.table({"a": [1]})  # noqa: F841 - what a replacement scan would find
+    with pytest.raises(R.WarehouseError, match=re.escape(says)):
+        ask(tmp_path, sql, None, reading)
+
+
+def test_configuration_stays_locked() -> None:
+    import duckdb
+
+    con = R.locked()
+    with pytest.raises(duckdb.Error, match="locked"):
+        con.execute("SET enable_external_access = true")
+
+
+def test_errors_are_one_line_with_their_position() -> None:
+    con = R.locked()
+    with pytest.raises(R.WarehouseError) as e:
+        R.run_sql(con, "SELECT 1\nFROM x WHER a")
+    assert str(e.value) == 'Parser Error: syntax error at or near "a" (line 2, column 13)'
+    # DuckDB shows a window of a long line; the column is still the line's.
+    for tail in ("", ", 2" * 60):
+        long = "SELECT " + ", ".join(["1"] * 60) + " FRM x y" + tail
+        with pytest.raises(R.WarehouseError) as e:
+            R.run_sql(con, long)
+        assert str(e.value).endswith(f"(line 1, column {long.index(' x') + 2})")
+
+
+def ipc(rows: pa.Table) -> bytes:
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, rows.schema) as w:
+        w.write_table(rows)
+    return bytes(sink.getvalue().to_pybytes())
+
+
+def test_overlays_from_the_daemons_reply() -> None:
+    rows = incidents("x1", "x2")
+    got = R.overlays_from_reply(
+        [{"table": "incidents", "part": "2026-03-01", "stem": A, "ipc": ipc(rows)}]
+    )
+    assert got == [Overlay("incidents", "2026-03-01", A, rows)]
+    bad = [
+        ({"table": "nope", "part": "2026-03-01", "stem": A, "ipc": ipc(rows)}, "unknown table"),
+        ({"table": "incidents", "part": "2026-03-01", "stem": A, "ipc": b"junk"}, "unreadable"),
+        (
+            {"table": "incidents", "part": "2026-03-01", "stem": A, "ipc": ipc(rows.drop(["id"]))},
+            "lack ['id']",
+        ),
+        ({"table": "incidents", "part": "2026-03-01/02", "stem": A, "ipc": ipc(rows)}, "part"),
+    ]
+    for item, says in bad:
+        with pytest.raises(R.WarehouseError, match=re.escape(says)):
+            R.overlays_from_reply([item])
+
+
+def test_locate_refuses_relative_paths_and_other_schemes() -> None:
+    for url in ("warehouse", "gs://b/p", "s3://"):
+        with pytest.raises(R.WarehouseError):
+            R.locate(url)
+
+
+# --- docs/warehouse.md against the code -------------------------------------------------------
+
+
+def doc_columns() -> dict[str, list[str]]:
+    """Each "### table" section's column table in docs/warehouse.md: its first column."""
+    out: dict[str, list[str]] = {}
+    current = None
+    for line in DOC.read_text().splitlines():
+        m = re.match(r"^### `(\w+)`", line)
+        if m:
+            current = m.group(1)
+            out[current] = []
+            continue
+        if line.startswith("#"):
+            current = None
+        m = re.match(r"^\| `(\w+)` \|", line)
+        if current and m:
+            out[current].append(m.group(1))
+    return out
+
+
+def test_docs_list_every_tables_columns() -> None:
+    assert doc_columns() == {t: [*SCHEMAS[t].names, "date"] for t in TABLES}
+
+
+def test_docs_hold_the_queries_the_commands_run() -> None:
+    text = DOC.read_text()
+    for name, sql in Q.all_sql().items():
+        assert f"```sql\n{sql}\n```" in text, name
+
+
+def test_docs_hold_the_ddl_built_from_the_schemas() -> None:
+    from profd.warehouse import ddl
+
+    text = DOC.read_text()
+    for engine, make in ddl.ENGINES.items():
+        for t in TABLES:
+            assert f"```sql\n{make(t)}\n```" in text, (engine, t)
+
+
+def test_the_local_reader_is_allowed_the_warehouse_and_nothing_else(tmp_path: Path) -> None:
+    wh = tmp_path / "wh"
+    put(wh, "incidents", "2026-03-01", A, incidents("a1"))
+    # A Parquet file beside the warehouse, and one reached by climbing out of it.
+    put(tmp_path / "other", "incidents", "2026-03-01", A, incidents("secret"))
+    other = tmp_path / "other" / object_key("incidents", "2026-03-01", A)
+    climb = f"{wh}/incidents/../../other/{object_key('incidents', '2026-03-01', A)}"
+    for path in (str(other), climb):
+        with pytest.raises(R.WarehouseError, match="Permission Error"):
+            ask(wh, f"SELECT * FROM read_parquet('{path}')")
+    assert ask(wh, "SELECT id FROM incidents") == [{"id": "a1"}]
