@@ -55,6 +55,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             jobs.start(
                 "ledgered.py", nproc=3, daemon=d, PROFD_JOB=job, DDP=ddp, OUT_DIR=str(root / job),
                 SLOW_RANK="1" if job == "workers" else "-1",
+                STALL_RANK="1" if job == "lockstep" else "-1",
                 PROFD_ROLE="worker" if job == "workers" else "main",
             )  # fmt: skip
         d.wait_attached(6, timeout=WAIT, min_step=20)
@@ -209,3 +210,39 @@ def test_blackbox_holds_every_ranks_last_steps_aligned_by_step(run: Run, tmp_pat
     assert r.returncode == 0, r.stderr
     assert "main rank 0:" in r.stdout and "main rank 2:" in r.stdout, r.stdout
     assert "rank 1:" not in r.stdout and f"wrote {out}" in r.stdout, r.stdout
+
+
+def test_a_five_second_stall_of_one_rank_is_a_spike_naming_it_and_its_frame(run: Run) -> None:
+    """Rank 1 of the lockstep job sits 5 s in ``stuck_in_data_loading`` for one step; the
+    others wait for it in their all-reduce. One ``spike`` incident, no capture, its black box
+    frozen: it names rank 1 (the others waited) and the frame it sat in, and the trace is in
+    the spool beside the incident."""
+    settled(run, "lockstep", {"ledger"})
+    before = run.daemon.ctl_json("incidents", "--job", "lockstep", "--kind", "spike")
+    assert before == [], before
+    (run.root / "lockstep" / "stall").touch()
+
+    def frozen() -> dict[str, Any] | None:
+        rows = run.daemon.ctl_json("incidents", "--job", "lockstep", "--kind", "spike")
+        return rows[0] if rows and "blackbox" in rows[0]["evidence"] else None
+
+    inc = wait_for(frozen, timeout=WAIT, what="a spike incident with its black box")
+    assert not (run.root / "lockstep" / "stall").exists()
+    ev = inc["evidence"]
+    assert ev["step_ms"] >= 4500.0 and inc["session"] is None, inc
+    assert [s["rank"] for s in inc["suspects"]] == [1], inc
+    bb = ev["blackbox"]
+    assert bb["held_up_by"] == [{"role": "main", "rank": 1}], bb
+    assert bb["missing"] == [] and bb["ranks_held"] == 3, bb
+    assert bb["frozen_s"] <= 30.0, bb  # what it took here, loaded; the target is measured
+    one = next(r for r in bb["ranks"] if r["rank"] == 1)
+    assert one["seconds"] >= 4.5 and one["waited"] is False, one
+    assert "stuck_in_data_loading" in one["frames"][0]["frame"], one
+    assert all(r["waited"] for r in bb["ranks"] if r["rank"] != 1), bb["ranks"]
+    assert "The others waited for main rank 1." in bb["paragraph"], bb["paragraph"]
+    assert inc["lost_rank_s"] >= 3 * 4.0, inc
+    trace = run.daemon.spool / bb["file"]
+    events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
+    assert {e["pid"] for e in events if e.get("cat") == "step"} == {1, 2, 3}
+    text = run.daemon.ctl("incident", inc["id"]).stdout
+    assert "blackbox" in text and "stuck_in_data_loading" in text, text

@@ -74,22 +74,26 @@ def hot_frames(b: dict[str, Any], step: int) -> list[dict[str, Any]]:
     rank's other steps' samples."""
     inside: Counter[str] = Counter()
     outside: Counter[str] = Counter()
+    depth: dict[str, int] = {}  # how far from the innermost frame each was seen, at least
     n_in = n_out = 0
     for _t, s, sid in b["samples"]:
         if sid < 0:
             continue
-        texts = {b["frames"][f] for f in b["stacks"][sid]}
+        stack = [b["frames"][f] for f in b["stacks"][sid]]
+        texts = set(stack)
         if s == step:
             n_in += 1
             inside.update(texts)
+            for d, text in enumerate(stack):
+                depth[text] = min(d, depth.get(text, d))
         else:
             n_out += 1
             outside.update(texts)
     if not n_in:
         return []
-    # The deepest frames say most: rank by share in the step, then by how rarely the other
-    # steps were there.
-    ranked = sorted(inside, key=lambda f: (-inside[f], outside[f] / max(1, n_out), f))
+    # Rank by share in the step, then by how rarely the other steps were there, then the
+    # deepest first: a caller is in every sample its callee is, and says less.
+    ranked = sorted(inside, key=lambda f: (-inside[f], outside[f] / max(1, n_out), depth[f], f))
     return [
         {
             "frame": f,

@@ -11,8 +11,13 @@ says with what the job measured itself.
 ``SLOWER_AFTER_S``: from that many seconds after its first step, every rank's steps take
 ``SLOWER_FACTOR`` times as long (a regression of the whole job).
 
+``STALL_RANK``: once ``OUT_DIR/stall`` appears, that rank sits ``STALL_S`` (5) seconds in
+``stuck_in_data_loading`` inside its data region, for one step (a spike; in a DDP job the
+others wait for it in their backward's all-reduce), then removes the file.
+
 Env: STEP_MS (30), JITTER (0.1), SLOW_RANK (-1), SLOW_FACTOR (1.4), DATA_SHARE (0.25),
-DDP (0), STEPS (100000), OUT_DIR, WINDOW (300), SLOWER_AFTER_S (never), SLOWER_FACTOR (1.5).
+DDP (0), STEPS (100000), OUT_DIR, WINDOW (300), SLOWER_AFTER_S (never), SLOWER_FACTOR (1.5),
+STALL_RANK (-1), STALL_S (5).
 """
 
 import json
@@ -47,6 +52,16 @@ if use_ddp:
     model = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 x = torch.randn(4, 8)
+stall_flag = os.path.join(os.environ["OUT_DIR"], "stall")
+stalls = rank == int(os.environ.get("STALL_RANK", "-1"))
+stall_s = float(os.environ.get("STALL_S", "5"))
+
+
+def stuck_in_data_loading() -> None:
+    time.sleep(stall_s)
+    os.remove(stall_flag)
+
+
 durations: deque[float] = deque(maxlen=int(os.environ.get("WINDOW", "300")))
 last = time.perf_counter()
 written = last
@@ -58,6 +73,8 @@ for _ in range(int(os.environ.get("STEPS", "100000"))):
         work *= slower
     with profd_client.region("data"):
         time.sleep(work * share)
+        if stalls and os.path.exists(stall_flag):
+            stuck_in_data_loading()
     time.sleep(work * (1 - share))
     model(x).sum().backward()
     opt.step()

@@ -16,11 +16,13 @@ def _text(inc: Incident, who: str) -> str:
 
 
 def _loss(inc: Incident, tick: JobTick) -> float:
-    """The spike's excess over the median x the ranks it held up: the ones named (the
-    stalled rank lost the time, and in a lockstep job each other rank waited it out). The
-    same figure every tick (a spike is one step, not a rate): the largest seen."""
+    """The spike's excess over the median x the ranks it held up: a rank alone lost the
+    time itself; ranks that spiked together are a lockstep job, whose every rank here waited
+    it out (some of them may report their long step a tick later). The same figure every
+    tick (a spike is one step, not a rate): the largest seen."""
     ev = inc.evidence
-    held = max(1, len(ev.get("spiked") or {}))
+    spiked = len(ev.get("spiked") or {})
+    held = 1 if spiked <= 1 else max(spiked, len(tick.ranks))
     return max(inc.lost_rank_s, num(ev.get("excess_ms")) / 1000.0 * held)
 
 
