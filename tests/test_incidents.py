@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import time
 from collections.abc import Callable, Iterator
@@ -100,6 +101,12 @@ def test_a_job_slower_on_every_rank_is_one_regression_with_a_capture(
     assert doc["comparison"]["session"] == inc["session"], doc["comparison"]
     text = d.ctl("incident", inc["id"]).stdout
     assert "regression" in text and f"{inc['session']} (done)" in text, text
+    # Its black box, frozen when it opened, shows the step where the job became slower.
+    change = doc["evidence"]["blackbox"]["change"]
+    slowed = json.loads((tmp_path / "slower0.json").read_text())["step"]
+    assert abs(change["step"] - slowed) <= 10, (change, slowed)
+    assert change["after_ms"] > 1.3 * change["before_ms"], change
+    assert f"Step times rose at step {change['step']}" in text, text
 
 
 @dataclass

@@ -67,10 +67,15 @@ last = time.perf_counter()
 written = last
 slower_at = time.monotonic() + slower_after
 
-for _ in range(int(os.environ.get("STEPS", "100000"))):
+slowed = False
+for i in range(int(os.environ.get("STEPS", "100000"))):
     work = step_s * (1 + rng.uniform(-jitter, jitter))
     if time.monotonic() >= slower_at:
         work *= slower
+        if not slowed:  # the first slower step, for a test to find in the black box
+            slowed = True
+            with open(os.path.join(os.environ["OUT_DIR"], f"slower{rank}.json"), "w") as fh:
+                json.dump({"step": i + 1}, fh)
     with profd_client.region("data"):
         time.sleep(work * share)
         if stalls and os.path.exists(stall_flag):
