@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from profd.blackbox.box import label, steps_of
+from profd.fsutil import atomic_path
 
 STEPS_TID = 1
 SAMPLES_TID = 2
@@ -202,11 +203,10 @@ def _samples(pid: int, b: dict[str, Any], us: Clock, frames: _Frames) -> list[di
     return out
 
 
-def write(boxes: Sequence[dict[str, Any]], path: Path) -> int:
-    """Write the trace of ``boxes`` gzipped to ``path``; its size in bytes."""
+def write(boxes: Sequence[dict[str, Any]], path: Path, mode: int | None = None) -> int:
+    """Write the trace of ``boxes`` gzipped to ``path`` (whole or not at all: a process
+    killed meanwhile leaves no file under that name); its size in bytes."""
     data = json.dumps(trace(boxes), separators=(",", ":")).encode()
-    tmp = path.with_name(path.name + ".tmp")
-    with gzip.open(tmp, "wb", compresslevel=6) as f:
+    with atomic_path(path, mode) as tmp, gzip.open(tmp, "wb", compresslevel=6) as f:
         f.write(data)
-    tmp.replace(path)
     return path.stat().st_size

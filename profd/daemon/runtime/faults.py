@@ -12,7 +12,8 @@ The points, in the order a capture passes them:
 ``manifest-written``  ``session.json`` is written, not yet indexed
 
 Off a capture's way: ``warehouse-written``, a warehouse object written and its partition not
-yet unmarked (killed from the export thread).
+yet unmarked (killed from the export thread); ``blackbox-collected``, an incident's black box
+collected and not yet written (killed from the thread that writes it).
 """
 
 from __future__ import annotations

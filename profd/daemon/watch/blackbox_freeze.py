@@ -27,6 +27,7 @@ from profd.blackbox import perfetto
 from profd.blackbox.onset import onset
 from profd.daemon.clients.blackbox_collect import BlackboxCollector, Collected
 from profd.daemon.clients.registry import Client
+from profd.daemon.runtime import faults
 from profd.daemon.spool.clientfiles import made_dir
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.reactor import Reactor
@@ -92,9 +93,10 @@ class Freezer:
         asked: float,
     ) -> None:
         collect_s = time.monotonic() - asked
+        faults.point("blackbox-collected")
         try:
             path = self._path(job, iid)
-            size = perfetto.write(got["boxes"], path)
+            size = perfetto.write(got["boxes"], path, 0o600)
             if owner is not None and owner >= 0 and os.geteuid() == 0:
                 os.chown(path, owner, -1)
             shown = onset(got["boxes"], step, kind, ratio)
