@@ -5,8 +5,11 @@ after a daemon restart, or names itself with hostile text.
 The peer says hello, then every 0.2 s sends a heartbeat with the steps that fit in the time
 since the last one (``step_s`` each), unless its control file says ``stop``: then its step
 stays where it is and its heartbeats go on, as a rank stuck in a collective whose agent
-thread still runs. After a daemon restart (``unknown_client``) it says hello again, at the
-step it is at. From protocol 3 its heartbeats carry a step ledger with ``regions``.
+thread still runs; ``spike S``: its next ledger holds one more step, of ``S`` seconds (a
+stall the rank came out of), and it writes ``step`` back to the file once sent; ``bye``: it
+detaches (``bye``) and exits. After a daemon restart (``unknown_client``) it says hello
+again, at the step it is at. From protocol 3 its heartbeats carry a step ledger with
+``regions``.
 
 On an ``arm``, by ``on_arm``:
 
@@ -80,19 +83,30 @@ while True:
     time.sleep(0.2)
     now = time.monotonic()
     n = max(1, round((now - last) / step_s))
-    stopped = stalled or (control.exists() and control.read_text().strip() == "stop")
+    word = control.read_text().split() if control.exists() else []
+    if word == ["bye"]:
+        send("bye")
+        s.setsockopt(zmq.LINGER, 5000)  # delivered before the process goes
+        s.close()
+        break
+    stopped = stalled or word == ["stop"]
     hb = {"step": step, "state": "idle"}
     if not stopped:
-        step += n
+        ds = [step_s] * n + ([float(word[1])] if word[:1] == ["spike"] else [])
+        step += len(ds)
         hb = {"step": step, "sps": n / (now - last), "state": "idle"}
         if v >= 3:
-            total = n * step_s
+            total, srt = sum(ds), sorted(ds)
             b = [0] * (len(STEP_BUCKETS) + 1)
-            b[bisect.bisect_left(STEP_BUCKETS, step_s)] = n
-            hb["ledger"] = {"at": step, "n": n, "sum": total, "q": [step_s] * 4, "b": b,
-                            "epoch": 0, "r": [[r, total / 4, n] for r in regions]}
+            for d in ds:
+                b[bisect.bisect_left(STEP_BUCKETS, d)] += 1
+            q = [srt[min(len(srt) - 1, int(x * len(srt)))] for x in (0.5, 0.9, 0.99)]
+            hb["ledger"] = {"at": step, "n": len(ds), "sum": total, "q": [*q, srt[-1]],
+                            "b": b, "epoch": 0, "r": [[r, total / 4, len(ds)] for r in regions]}
     last = now
     send("hb", **hb)
+    if word[:1] == ["spike"]:
+        control.write_text("step")
     for arm in [a for a in pending if step >= a["cycles"][0][2]]:
         pending.remove(arm)
         report(arm)
@@ -116,6 +130,19 @@ class StepPeer:
 
     def go(self) -> None:
         self.control.write_text("step")
+
+    def spike(self, seconds: float) -> None:
+        """One step of ``seconds`` in the next ledger (protocol 3)."""
+        self.control.write_text(f"spike {seconds}")
+
+    def spiked(self) -> bool:
+        """Whether the ledger with the spike was sent."""
+        return self.control.read_text().strip() == "step"
+
+    def bye(self, timeout: float = 15.0) -> None:
+        """Detach as a client does at exit (the daemon closes the rank's minute at once)."""
+        self.control.write_text("bye")
+        self.proc.wait(timeout)
 
 
 @contextmanager

@@ -430,7 +430,9 @@ class Daemon:
             "watch": {"implausible_steps": self.samples.arming.trust.implausible},
             "s3": self.uploads.status() if self.uploads is not None else {"configured": False},
             "warehouse": (
-                self.warehouse.status() if self.warehouse is not None else {"enabled": False}
+                self.warehouse.status(WarehouseQueueRepo(self.index))
+                if self.warehouse is not None
+                else {"enabled": False}
             ),
         }
 

@@ -6,7 +6,9 @@ three steps on both ranks, and prints the session, the indexed traces, a summary
 cross-rank report of the capture (``profctl report``: text here, the HTML page beside the
 spool). Then it turns sampling on (``[watch] sample_every``, re-read on SIGHUP), slows rank 1
 on purpose, and ends with the ``straggler`` incident profd records by itself from the next
-sample, and the comparison of its automatic capture (``profctl incident``).
+sample, and the comparison of its automatic capture (``profctl incident``). Last, one
+``profctl query`` over the warehouse the daemon exports to (a local directory here): the
+demo job's captures and incidents, as any SQL engine would read them.
 """
 
 from __future__ import annotations
@@ -66,6 +68,23 @@ WATCH_ON = """
 sample_every = 50
 sample_steps = 4
 """
+#: The export writes its Parquet objects every few seconds (under the state dir), so they
+#: are on disk by the end; ``profctl query`` reads what is not written yet from the daemon.
+WAREHOUSE = """
+[warehouse]
+flush_every = 2.0
+"""
+#: What the demo recorded about its job, from the warehouse: captures by label, incidents by
+#: kind, with the rank-seconds each kind cost.
+DEMO_SQL = """SELECT 'capture' AS what, coalesce(label, '-') AS detail,
+       count(DISTINCT session) AS count, count(DISTINCT rank) AS ranks,
+       NULL AS lost_rank_s, min(created) AS first
+FROM captures WHERE job = 'demo' GROUP BY label
+UNION ALL
+SELECT 'incident', kind || ' (' || state || ')', count(*), max(len(suspects)),
+       sum(lost_rank_s), min(detected)
+FROM incidents WHERE job = 'demo' GROUP BY kind, state
+ORDER BY first"""
 
 
 def wait_json(
@@ -98,7 +117,7 @@ def main() -> None:
     if log is None:
         root.mkdir(parents=True)
         log = (root / "profd.log").open("w")
-    config.write_text("[watch]\n")  # sampling off until the last part
+    config.write_text(WAREHOUSE + "[watch]\n")  # sampling off until the last part
     daemon = subprocess.Popen(
         [str(BIN / "profd"), "run", "--config", str(config)], env=env, stdout=log, stderr=log
     )
@@ -118,10 +137,12 @@ def main() -> None:
         show_live(env)
         page = capture_and_report(env, root)
         watch(env, daemon, config, slow)
+        query(env)
         say("done")
         spool = root / "state" / "spool"
         print(f"Traces: {spool} (open a cycle dir with HTA, TensorBoard or Perfetto)")
         print(f"Index:  {root / 'state' / 'index.db'}")
+        print(f"Warehouse: {root / 'state' / 'warehouse'} (Parquet: DuckDB, Polars, Spark)")
         print(f"Report: {page} (open it in a browser; it needs no network)")
     finally:
         if job is not None:
@@ -203,7 +224,7 @@ def capture_and_report(env: dict[str, str], root: Path) -> Path:
 def watch(env: dict[str, str], daemon: subprocess.Popen[bytes], config: Path, slow: Path) -> None:
     """Sampling on, rank 1 slowed: the straggler incident profd records by itself."""
     say("profd notices by itself: sampling on (every 50 steps, re-read on SIGHUP)")
-    config.write_text(WATCH_ON)
+    config.write_text(WAREHOUSE + WATCH_ON)
     daemon.send_signal(signal.SIGHUP)
     print(WATCH_ON.strip())
     say("rank 1 is now slowed on purpose: 60 ms more in its forward pass every step")
@@ -222,6 +243,15 @@ def watch(env: dict[str, str], daemon: subprocess.Popen[bytes], config: Path, sl
     wait_json(env, "its automatic capture, processed", ["incident", inc["id"]], compared)
     say("the incident: who, from which sample, and what its capture shows")
     ctl(env, "incident", inc["id"])
+
+
+def query(env: dict[str, str]) -> None:
+    """One SQL question over the warehouse: what the demo's job went through."""
+    say(
+        "the fleet's warehouse: every node exports its captures, minutes and incidents as"
+        " Parquet; one SQL query over the demo job (the daemon adds rows not written yet)"
+    )
+    ctl(env, "query", " ".join(DEMO_SQL.split()))
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ it whole races with nobody; the fleet's smallest ``keep_days`` wins.
 from __future__ import annotations
 
 import logging
+import sqlite3
 import threading
 import time
 from collections.abc import Callable
@@ -114,14 +115,23 @@ class Exporter:
         """Flush now rather than at the next ``flush_every`` (tests, benchmarks)."""
         self._wake.set()
 
-    def status(self) -> dict[str, Any]:
+    def status(self, repo: WarehouseQueueRepo | None = None) -> dict[str, Any]:
+        """The counters; ``pending_partitions`` counted now on ``repo`` (the caller's
+        connection) when given: the last flush's count is up to ``flush_every`` old, and
+        rows indexed since are pending too."""
+        pending: int | None = None
+        if repo is not None:
+            try:
+                pending = repo.pending()
+            except sqlite3.Error as exc:  # a locked index: the last flush's count
+                log.debug("warehouse: cannot count the marks: %s", exc)
         with self._lock:
             return {
                 "enabled": True,
                 "url": self.url,
                 "stem": self.stem,
                 "flush_every": self.flush_every,
-                "pending_partitions": self._pending,
+                "pending_partitions": self._pending if pending is None else pending,
                 "flushes": self._flushes,
                 "objects_written": self._objects,
                 "rows_written": self._rows,

@@ -205,6 +205,19 @@ def test_one_flush_writes_each_dirty_partition_and_drops_expired_ones(
     assert exporter(tmp_path, T0).instance == ex.instance  # kept in the state dir
 
 
+def test_pending_partitions_counts_rows_indexed_since_the_last_flush(
+    db: Database, tmp_path: Path
+) -> None:
+    ex = exporter(tmp_path, T0)
+    q = WarehouseQueueRepo(db)
+    assert ex.flush(q) and ex.status(q)["pending_partitions"] == 0
+    StepMinuteRepo(db).add_step_minutes([minute(0, 100.0)])
+    # Not the last flush's count (up to flush_every old): what is marked now.
+    assert ex.status(q)["pending_partitions"] == 2  # rank_minutes, job_minutes
+    assert ex.status()["pending_partitions"] == 0
+    assert ex.flush(q) and ex.status(q)["pending_partitions"] == 0
+
+
 def test_retention_deletes_whole_dates_of_every_writer(tmp_path: Path) -> None:
     root = tmp_path / "warehouse"
     sink = LocalSink(root)
