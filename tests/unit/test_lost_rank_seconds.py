@@ -200,8 +200,9 @@ def test_it_is_written_now_and_then_read_current_and_kept_across_a_restart(
 
     tick(10)
     assert inc.lost_rank_s == pytest.approx(20.0)
-    # Not written every tick; what the daemon answers is current all the same.
-    assert indexed(incidents, inc.id) == 0.0
+    # Written at its first figure (2.0, the first tick), then not every tick; what the
+    # daemon answers is current all the same.
+    assert indexed(incidents, inc.id) == pytest.approx(2.0)
     (row,) = incidents.rows()
     assert row["lost_rank_s"] == pytest.approx(20.0)
     assert incidents.find(inc.id)["lost_rank_s"] == pytest.approx(20.0)

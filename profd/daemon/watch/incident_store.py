@@ -207,8 +207,8 @@ class Incidents:
 
     def count_loss(self, job: str, ranks: Sequence[RankSteps]) -> None:
         """One detector tick of ``job``: each of its open incidents counts what the tick
-        cost (``Kind.loss``). Written again when it grew and was last written LOSS_SAVE_S
-        ago; on resolution at once."""
+        cost (``Kind.loss``). Written again when it first counts something, then when it
+        grew and was last written LOSS_SAVE_S ago; on resolution at once."""
         now = self._clock()
         tick = JobTick(now, ranks)
         for inc in list(self.held.values()):
@@ -216,7 +216,12 @@ class Incidents:
                 continue
             before = inc.lost_rank_s
             _count(inc, tick)
-            if inc.lost_rank_s != before and now - self._written.get(inc.id, 0.0) >= LOSS_SAVE_S:
+            if inc.lost_rank_s == before:
+                continue
+            # The first figure at once (a spike's whole loss is its first tick's, and the
+            # warehouse should not show a new incident at 0 for a save interval); then
+            # every LOSS_SAVE_S.
+            if before == 0.0 or now - self._written.get(inc.id, 0.0) >= LOSS_SAVE_S:
                 self._save(inc)
 
     def save_open(self) -> None:
