@@ -6,7 +6,9 @@ three steps on both ranks, and prints the session, the indexed traces, a summary
 cross-rank report of the capture (``profctl report``: text here, the HTML page beside the
 spool). Then it turns sampling on (``[watch] sample_every``, re-read on SIGHUP), slows rank 1
 on purpose, and ends with the ``straggler`` incident profd records by itself from the next
-sample, and the comparison of its automatic capture (``profctl incident``). Last, one
+sample, and the comparison of its automatic capture (``profctl incident``). Then rank 1's
+data loader stalls once for 3 s: a ``spike`` incident whose frozen black box names the rank
+the other waited for and the function it sat in. Last, one
 ``profctl query`` over the warehouse the daemon exports to (a local directory here): the
 demo job's captures and incidents, as any SQL engine would read them.
 """
@@ -137,6 +139,7 @@ def main() -> None:
         show_live(env)
         page = capture_and_report(env, root)
         watch(env, daemon, config, slow)
+        spike(env, root)
         query(env)
         say("done")
         spool = root / "state" / "spool"
@@ -164,6 +167,7 @@ def demo_env(root: Path, slow: Path) -> dict[str, str]:
     )
     env.pop("PROFD_CONFIG", None)
     env["DEMO_SLOW_FILE"] = str(slow)
+    env["DEMO_STALL_FILE"] = str(root / "stall-rank-1")
     env["DEMO_STEPS"] = "1000000"  # ended by the demo
     env["PROFD_JOB"] = "demo"
     return env
@@ -242,6 +246,21 @@ def watch(env: dict[str, str], daemon: subprocess.Popen[bytes], config: Path, sl
 
     wait_json(env, "its automatic capture, processed", ["incident", inc["id"]], compared)
     say("the incident: who, from which sample, and what its capture shows")
+    ctl(env, "incident", inc["id"])
+
+
+def spike(env: dict[str, str], root: Path) -> None:
+    """One 3-second stall of rank 1's data loader: a spike, explained by the black box."""
+    say(
+        "rank 1's data loader now stalls once, for 3 s: a spike, over before anyone could capture it"
+    )
+    (root / "stall-rank-1").touch()
+
+    def frozen(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
+        return next((r for r in rows if r["kind"] == "spike" and "blackbox" in r["evidence"]), None)
+
+    inc = wait_json(env, "a spike incident with its black box", ["incidents"], frozen)
+    say("the spike: every rank's last steps, frozen when it opened (profctl blackbox on request)")
     ctl(env, "incident", inc["id"])
 
 

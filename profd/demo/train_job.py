@@ -2,7 +2,9 @@
 
 Once the file ``DEMO_SLOW_FILE`` exists, rank ``DEMO_SLOW_RANK`` (1) spends ``DEMO_SLOW_MS``
 (60) more in its forward pass every step: a straggler the other rank waits for in the
-all-reduce, provoked so that the demo can show profd noticing it by itself."""
+all-reduce, provoked so that the demo can show profd noticing it by itself. Once
+``DEMO_STALL_FILE`` exists, that rank sits 3 s in ``load_batch`` for one step, then removes
+the file: a spike, which the black box explains."""
 
 import os
 import time
@@ -28,8 +30,19 @@ opt = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 slow_file = os.environ.get("DEMO_SLOW_FILE")
 slow_s = float(os.environ.get("DEMO_SLOW_MS", "60")) / 1000
 slowed = dist.get_rank() == int(os.environ.get("DEMO_SLOW_RANK", "1")) and bool(slow_file)
+stall_file = os.environ.get("DEMO_STALL_FILE") or ""
+
+
+def load_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    if slowed and os.path.exists(stall_file):
+        time.sleep(3.0)  # a data loader that stalls once
+        os.remove(stall_file)
+    return torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+
 for _ in range(int(os.environ.get("DEMO_STEPS", "400"))):
-    x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+    with profd_client.region("data"):
+        x, y = load_batch()
     with profd_client.region("forward"):
         loss = torch.nn.functional.cross_entropy(ddp(x), y)
         if slowed and os.path.exists(slow_file or ""):
