@@ -251,9 +251,7 @@ def watch(env: dict[str, str], daemon: subprocess.Popen[bytes], config: Path, sl
 
 def spike(env: dict[str, str], root: Path) -> None:
     """One 3-second stall of rank 1's data loader: a spike, explained by the black box."""
-    say(
-        "rank 1's data loader now stalls once, for 3 s: a spike, over before anyone could capture it"
-    )
+    say("rank 1's data loader stalls once, for 3 s: a spike, over before anyone could capture it")
     (root / "stall-rank-1").touch()
 
     def frozen(rows: list[dict[str, Any]]) -> dict[str, Any] | None:
