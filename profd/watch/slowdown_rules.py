@@ -259,7 +259,7 @@ class WaitRule:
     steps that covers. Says nothing unless every rank of the role with :data:`MIN_STEPS`
     steps has a wait over as many, and their step times are within :data:`LOCKSTEP`
     (ranks that do not step together are :class:`SlowRankRule`'s). The noise floor is
-    :data:`NOISE_K` times the waits' median absolute deviation, over the step.
+    :data:`NOISE_K` times the waits' median absolute deviation (from 3 ranks), over the step.
     """
 
     rules: WatchRules
@@ -289,7 +289,9 @@ class WaitRule:
         for rank in [k for k in self._holds if k not in present]:
             del self._holds[rank]
         mid = median(waits)
-        floor = NOISE_K * median(abs(w - mid) for w in waits) / step_ms
+        # As relative_spread: two values' deviation is the very difference being judged.
+        spread = median(abs(w - mid) for w in waits) if len(waits) >= 3 else 0.0
+        floor = NOISE_K * spread / step_ms
         threshold = max(r.slow_rank, floor)
         out = []
         for (rank, _, wait, _), peer in zip(ready, others_medians(waits), strict=True):
