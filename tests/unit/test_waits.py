@@ -111,8 +111,9 @@ def test_each_read_sums_the_collectives_finished_since_the_last_over_its_steps()
     got = w.take()
     assert got == [0.0, 0]
     # As valid on the wire as in a ledger.
-    frame = P.encode(P.HEARTBEAT, step=1, ledger={"at": 1, "n": 1, "sum": 0.03,
-                     "q": [0.03] * 4, "b": [0] * (len(P.STEP_BUCKETS) + 1), "wait": got})  # fmt: skip
+    buckets = [0] * (len(P.STEP_BUCKETS) + 1)
+    ledger = {"at": 1, "n": 1, "sum": 0.03, "q": [0.03] * 4, "b": buckets, "wait": got}
+    frame = P.encode(P.HEARTBEAT, step=1, ledger=ledger)
     assert P.decode(frame, P.AGENT_INBOUND)["ledger"].wait == (0.0, 0)
 
 
@@ -157,7 +158,7 @@ def test_untimed_backends_and_a_recorder_off_send_nothing_ever() -> None:
 
 
 _GLOO = r"""
-import json, sys, torch.distributed as dist, torch
+import json, sys, time, torch.distributed as dist, torch
 from profd_client import flight
 from profd_client.steps import Stepper
 from profd_client.waits import Waits
@@ -169,10 +170,16 @@ t = torch.ones(8)
 dist.all_reduce(t)
 st.tick()
 first = w.take()
-for _ in range(3):
+second = []
+# An entry retires once its work is done with (asynchronously): read until one has.
+for _ in range(200):
     dist.all_reduce(t)
     st.tick()
-second = w.take()
+    second.append(w.take())
+    if w.off:
+        break
+    time.sleep(0.05)
+second = [x for x in second if x is not None] or None
 last = flight.timing_dump()["entries"][-1]
 print(json.dumps({"first": first, "second": second, "off": w.off, "cost": w.cost,
                   "last": {k: last.get(k) for k in ("state", "retired", "duration_ms",
