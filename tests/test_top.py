@@ -84,7 +84,13 @@ def stepper() -> Iterator[Spawn]:
     made: list[subprocess.Popen[str]] = []
 
     def spawn(
-        d: Daemon, job: str, role: str, rank: int, step_s: float, v: int = 3, world: int = 3,
+        d: Daemon,
+        job: str,
+        role: str,
+        rank: int,
+        step_s: float,
+        v: int = 3,
+        world: int = 3,
         wait_s: float = -1.0,
     ) -> subprocess.Popen[str]:
         hello = {**HELLO, "v": v, "host": "top-test", "job": job, "role": role, "rank": rank,
