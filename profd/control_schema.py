@@ -417,6 +417,8 @@ STATUS_DOC: Final = _row(
 #: ``index`` (the last minute the index holds, right after a daemon restart) or null.
 #: ``vs_role``: the rank's p50 over its role's median p50 on this node; ``marked``: far
 #: from it (``profd.watch.stats.FAR``). ``regions``: each region's share of the step time.
+#: ``wait_ms``: the rank's collective wait per step over the window, as its flight recorder
+#: timed it (absent or null: unknown, see docs/operations.md).
 TOP_ROW: Final = _row(
     host=(HOST, _R),
     node=(NODE, _R),
@@ -436,6 +438,7 @@ TOP_ROW: Final = _row(
     vs_role=(Nullable(FINITE), _R),
     marked=(Bool(), _R),
     regions=(MAP, _R),
+    wait_ms=(Nullable(FINITE), _O),
     cpu_percent=(Nullable(Num(0.0, math.inf)), _O),
     rss_bytes=(Nullable(BYTES), _O),
     gpu_util=(Nullable(Num(0.0, math.inf)), _O),

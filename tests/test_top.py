@@ -41,6 +41,7 @@ from profd_client.protocol import STEP_BUCKETS
 hello, path = msgpack.unpackb(bytes.fromhex(sys.argv[1])), sys.argv[2]
 step_s, v = float(sys.argv[3]), hello["v"]
 data, fwd = float(sys.argv[4]), float(sys.argv[5])
+wait_s = float(sys.argv[6])  # collective wait a step; < 0: none sent (no timings)
 s = zmq.Context().socket(zmq.DEALER)
 s.connect("ipc://" + path)
 s.send(msgpack.packb({**hello, "pid": os.getpid()}))
@@ -67,6 +68,8 @@ while True:
         total = sum(ds)
         hb["ledger"] = {"at": step, "n": n, "sum": total, "q": q, "b": b, "epoch": 0,
                         "r": [["data", data * total, n], ["fwd", fwd * total, n]]}
+        if wait_s >= 0:
+            hb["ledger"]["wait"] = [wait_s * n, n]
     s.send(msgpack.packb(hb))
 """
 
@@ -76,17 +79,25 @@ Spawn = Callable[..., subprocess.Popen[str]]
 
 @pytest.fixture
 def stepper() -> Iterator[Spawn]:
-    """``stepper(daemon, job, role, rank, step_s, v=3)``: a stepping peer, once welcomed."""
+    """``stepper(daemon, job, role, rank, step_s, v=3, wait_s=-1)``: a stepping peer, once
+    welcomed (with ``wait_s`` >= 0, its ledgers say it waits that long a step in collectives)."""
     made: list[subprocess.Popen[str]] = []
 
     def spawn(
-        d: Daemon, job: str, role: str, rank: int, step_s: float, v: int = 3, world: int = 3
+        d: Daemon,
+        job: str,
+        role: str,
+        rank: int,
+        step_s: float,
+        v: int = 3,
+        world: int = 3,
+        wait_s: float = -1.0,
     ) -> subprocess.Popen[str]:
         hello = {**HELLO, "v": v, "host": "top-test", "job": job, "role": role, "rank": rank,
                  "local_rank": rank, "world_size": world}  # fmt: skip
         p = subprocess.Popen(
             [sys.executable, "-c", _STEPPER, pack(hello).hex(),
-             str(d.runtime_dir / "agent.sock"), str(step_s), str(DATA), str(FWD)],
+             str(d.runtime_dir / "agent.sock"), str(step_s), str(DATA), str(FWD), str(wait_s)],
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         made.append(p)
@@ -290,3 +301,48 @@ def test_hostile_host_and_region_names_are_escaped_in_text_and_exact_in_json(
         assert "evil\\x1b]52;c;SGVsbG8=\\x07\\x0aforged-host" in out, out
     assert "\\u202ebad\\x1b[2J\\x0d" in top_text.stdout, top_text.stdout
     assert row["host"] == host and region in top_row["regions"], (row, top_row)
+
+
+WAIT_WATCH = """
+[watch]
+window = 6.0
+baseline = 12.0
+hold = 3.0
+cooldown = 600.0
+"""
+
+
+def test_a_lockstep_jobs_collective_waits_show_in_top_and_name_the_rank_waited_for(
+    daemon_factory: Callable[..., Daemon], stepper: Spawn
+) -> None:
+    """Three ranks in lockstep (equal step times) whose ledgers carry their collective wait,
+    as a client whose flight recorder times collectives sends it: rank 1 waits least, so the
+    others wait for it; a fourth job's rank sends no wait (no timings)."""
+    d = daemon_factory(config=WAIT_WATCH)
+    for rank in range(3):
+        stepper(d, "ddp", "main", rank, FAST_S, wait_s=0.001 if rank == 1 else 0.012)
+    stepper(d, "gloo", "main", 0, FAST_S)
+
+    def waits() -> list[dict[str, Any]] | None:
+        rows = timed(top_json(d.ctl), 4)
+        if rows is None or any(r.get("wait_ms") is None for r in rows if r["job"] == "ddp"):
+            return None
+        return rows
+
+    rows = wait_for(waits, 30, "every ddp rank's wait in top", every=0.3)
+    ddp = by_rank(rows, "ddp")
+    assert near(ddp[1]["wait_ms"], 1.0) and near(ddp[0]["wait_ms"], 12.0), ddp
+    assert near(ddp[2]["wait_ms"], 12.0), ddp
+    assert by_rank(rows, "gloo")[0]["wait_ms"] is None  # unknown, not zero
+    text = d.ctl("top", "--once")
+    assert text.returncode == 0 and "WAIT MS" in text.stdout.splitlines()[1], text.stdout
+
+    def incident() -> list[dict[str, Any]] | None:
+        rows: list[dict[str, Any]] = d.ctl_json("incidents", "--job", "ddp")
+        return rows or None
+
+    (inc,) = wait_for(incident, 30, "a slow_rank incident by wait", every=0.5)
+    assert inc["kind"] == "slow_rank" and [s["rank"] for s in inc["suspects"]] == [1], inc
+    ev = inc["evidence"]
+    assert ev["by"] == "wait" and near(ev["wait_ms"], 1.0, 0.5), ev
+    assert near(ev["peers_wait_ms"], 12.0) and near(ev["step_ms"], FAST_S * 1000), ev

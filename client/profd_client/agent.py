@@ -28,6 +28,7 @@ from .ledger import Reader
 from .locations import locate_socket, warn_untrusted
 from .stacks import own_stacks
 from .steps import ArmedSession, Stepper, pending_write, ready
+from .waits import Waits
 
 log = logging.getLogger("profd_client")
 
@@ -91,6 +92,8 @@ class Agent(threading.Thread):
         self._sent_tid: int | None = None
         self._sps = 0.0
         self._ledger = Reader(stepper)
+        #: This rank's collective wait, read with the ledger where torch times collectives.
+        self._waits = Waits(stepper)
         #: The protocol version spoken now: ours, or lower once a daemon refused it.
         self.proto = P.VERSION
         self._warned_version = False
@@ -215,6 +218,7 @@ class Agent(threading.Thread):
         tv, dev = torch_info()
         # Whoever reads this hello learns of us now: the next ledger covers what follows.
         self._ledger.restart()
+        self._waits.restart()
         extra: dict[str, Any] = {"flight": True} if flight.enabled() else {}
         if self.box is not None:
             extra["blackbox"] = True
@@ -300,6 +304,13 @@ class Agent(threading.Thread):
             log.debug("profd_client: ledger not read: %r", exc)
             ledger = None
         if ledger is not None:
+            try:
+                wait = self._waits.take()
+            except Exception as exc:  # nor the collective wait
+                log.debug("profd_client: collective wait not read: %r", exc)
+                wait = None
+            if wait is not None:
+                ledger["wait"] = wait
             hb["ledger"] = ledger
         return hb
 

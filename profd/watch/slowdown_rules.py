@@ -185,8 +185,9 @@ class SlowRankRule:
     Fed once a tick with each rank's step time over the last ``window`` seconds (its
     :data:`WINDOW_Q` quantile, as for the regression rule) and the steps it covers.
     Leave-one-out, so it is right at 2 ranks; lockstep ranks (DDP) all step at the slowest
-    one's pace and never differ, which is why a straggler in a
-    synchronous job is the straggler rule's business, not this one's. A rank with fewer than
+    one's pace and never differ, which is why a straggler in a synchronous job is
+    :class:`WaitRule`'s business where collective waits are known, and the straggler rule's
+    (samples) elsewhere. A rank with fewer than
     :data:`MIN_STEPS` steps in the window (attached late, paused) is left out of the role.
     """
 
@@ -220,6 +221,92 @@ class SlowRankRule:
                 hold = self._holds[rank] = _Hold()
             if hold.update(start, keep, now, r.hold):
                 out.append(SlowRank(rank, ms, peer, threshold))
+            elif hold.since is None:
+                del self._holds[rank]
+        return out
+
+
+#: Ranks step in lockstep when each one's step time is within this fraction of its role's
+#: median: a collective every step makes each step as long as the slowest rank's.
+LOCKSTEP = 0.05
+
+
+@dataclass(frozen=True)
+class WaitedFor:
+    """A rank of a lockstep role that the role's other ranks wait for in collectives."""
+
+    rank: int
+    wait_ms: float  # its collective wait per step
+    peers_wait_ms: float  # the median of the role's other ranks'
+    step_ms: float  # the role's median step time
+    threshold: float
+
+    @property
+    def share(self) -> float:
+        """What the others wait for it, as a share of the step."""
+        return (self.peers_wait_ms - self.wait_ms) / self.step_ms
+
+
+@dataclass
+class WaitRule:
+    """One role of one job in lockstep: which ranks wait in collectives less than the median
+    of the role's other ranks by more than ``slow_rank`` (or the role's noise floor) of a
+    step, for ``hold`` seconds? A collective lasts until its last rank arrives, so the rank
+    that arrives last waits least: the others wait for it, and every step is that much longer.
+
+    Fed once a tick with each rank's step time over the window (as :class:`SlowRankRule`)
+    and the steps it covers, and its collective wait per step (ms, None: unknown) and the
+    steps that covers. Says nothing unless every rank of the role with :data:`MIN_STEPS`
+    steps has a wait over as many, and their step times are within :data:`LOCKSTEP`
+    (ranks that do not step together are :class:`SlowRankRule`'s). The noise floor is
+    :data:`NOISE_K` times the waits' median absolute deviation (from 3 ranks), over the step.
+    """
+
+    rules: WatchRules
+    _holds: dict[int, _Hold] = field(default_factory=dict)
+
+    def observe(
+        self, now: float, ranks: Mapping[int, tuple[float, int, float | None, int]]
+    ) -> list[WaitedFor]:
+        r = self.rules
+        ready = sorted(
+            (rank, ms, wait, wn)
+            for rank, (ms, n, wait, wn) in ranks.items()
+            if n >= MIN_STEPS and ms > 0
+        )
+        steps = [ms for _, ms, _, _ in ready]
+        step_ms = median(steps) if steps else 0.0
+        waits = [w for _, _, w, wn in ready if w is not None and wn >= MIN_STEPS]
+        if (
+            len(ready) < 2
+            or len(waits) < len(ready)
+            or step_ms <= 0
+            or any(abs(ms - step_ms) > LOCKSTEP * step_ms for ms in steps)
+        ):
+            self._holds.clear()  # not comparable now: a hold starts again when it is
+            return []
+        present = {rank for rank, _, _, _ in ready}
+        for rank in [k for k in self._holds if k not in present]:
+            del self._holds[rank]
+        mid = median(waits)
+        # As relative_spread: two values' deviation is the very difference being judged.
+        spread = median(abs(w - mid) for w in waits) if len(waits) >= 3 else 0.0
+        floor = NOISE_K * spread / step_ms
+        threshold = max(r.slow_rank, floor)
+        out = []
+        for (rank, _, wait, _), peer in zip(ready, others_medians(waits), strict=True):
+            if peer is None or wait is None:
+                continue
+            share = (peer - wait) / step_ms
+            start = share >= MARGIN * threshold
+            keep = share >= KEEP * threshold
+            hold = self._holds.get(rank)
+            if hold is None:
+                if not start:
+                    continue
+                hold = self._holds[rank] = _Hold()
+            if hold.update(start, keep, now, r.hold):
+                out.append(WaitedFor(rank, wait, peer, step_ms, threshold))
             elif hold.since is None:
                 del self._holds[rank]
         return out

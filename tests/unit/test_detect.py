@@ -7,6 +7,7 @@ threshold, and the time to detect is checked against docs/design.md's 60 s at th
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Iterator
 from statistics import median
@@ -17,6 +18,7 @@ from profd.watch.slowdown_rules import (
     MIN_STEPS,
     RegressionRule,
     SlowRankRule,
+    WaitRule,
     WatchRules,
     relative_spread,
 )
@@ -168,3 +170,66 @@ def test_relative_spread() -> None:
     assert relative_spread([1.0, 1.0]) == 0.0
     assert relative_spread([10.0, 11.0, 9.0]) == pytest.approx(0.1)
     assert relative_spread([0.0, 0.0, 0.0]) == 0.0
+
+
+def lockstep_waits(n_ranks: int, rng: random.Random, waited_for: int = -1, share: float = 0.0,
+                   wait_ms: float = 12.0, window: bool = False,
+                   ) -> dict[int, tuple[float, int, float | None, int]]:  # fmt: skip
+    """A lockstep role's window figures: every rank steps in 30 ms (±1 %), each waits
+    ``wait_ms`` a step in collectives ±10 % of the step (the whole ±10 % on each window's
+    figure; with ``window``, as the mean over the window's 61 steps of waits that jitter so);
+    the others wait ``share`` of a step more for ``waited_for``."""
+    out: dict[int, tuple[float, int, float | None, int]] = {}
+    sd = 0.1 / math.sqrt(3 * 61)  # the mean of 61 draws of U(-0.1, 0.1)
+    for r in range(n_ranks):
+        jitter = rng.gauss(0.0, sd) if window else rng.uniform(-0.1, 0.1)
+        wait = wait_ms + 30.0 * (share * (r != waited_for) + jitter)
+        out[r] = (30.0 * (1 + rng.uniform(-0.01, 0.01)), 61, max(0.0, wait), 61)
+    return out
+
+
+@pytest.mark.parametrize("n_ranks", [2, 3, 8, 64, 1024, 8192])
+@pytest.mark.parametrize("wait_ms", [0.5, 12.0, 27.0])
+def test_the_wait_rule_never_fires_on_steady_jittery_waits(n_ranks: int, wait_ms: float) -> None:
+    rng = random.Random(n_ranks)
+    rule = WaitRule(RULES)
+    for k in range(max(40, 20_000 // n_ranks)):
+        assert rule.observe(float(k), lockstep_waits(n_ranks, rng, wait_ms=wait_ms)) == []
+
+
+@pytest.mark.parametrize("n_ranks", [2, 3, 8, 64, 1024, 8192])
+def test_the_rank_a_lockstep_role_waits_for_is_named_after_the_hold(n_ranks: int) -> None:
+    rng = random.Random(n_ranks + 1)
+    rule = WaitRule(RULES)
+    slow = n_ranks // 2
+    named: list[int] = []
+    first = None
+    for k in range(60):
+        # The others wait a quarter of a step more than it: the threshold exactly.
+        found = rule.observe(float(k), lockstep_waits(n_ranks, rng, slow, 0.25, 2.0, window=True))
+        if found and first is None:
+            first = k
+        named += [s.rank for s in found]
+    assert first is not None and RULES.hold <= first <= RULES.hold + 5, first
+    assert set(named) == {slow}
+    assert found[0].share == pytest.approx(0.25, abs=0.1)
+    assert found[0].wait_ms < found[0].peers_wait_ms
+
+
+def test_the_wait_rule_needs_every_rank_s_wait_and_lockstep() -> None:
+    rng = random.Random(9)
+    steady = lockstep_waits(4, rng, 1, 0.5)
+    rule = WaitRule(RULES)
+    for k in range(40):
+        # One rank without a wait (its recorder off, or a backend that does not time): nothing.
+        rule.observe(float(k), {**steady, 3: (30.0, 61, None, 0)})
+    assert rule.observe(40.0, {**steady, 3: (30.0, 61, None, 0)}) == []
+    # Steps that differ (not lockstep): the step-time rule's business.
+    assert rule.observe(41.0, {**steady, 2: (40.0, 61, 12.0, 61)}) == []
+    # Waits over too few steps are no figure.
+    thin = {r: (ms, n, w, MIN_STEPS - 1) for r, (ms, n, w, _) in steady.items()}
+    assert rule.observe(42.0, thin) == []
+    # Holds started again after each of those: a full hold from now.
+    for k in range(43, 43 + int(RULES.hold)):
+        assert rule.observe(float(k), steady) == []
+    assert [s.rank for s in rule.observe(43.0 + RULES.hold, steady)] == [1]

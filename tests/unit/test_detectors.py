@@ -6,6 +6,7 @@ from __future__ import annotations
 import random
 from pathlib import Path
 
+import msgspec
 from incidentstore import incidents_on
 from test_ledger_daemon import Clock, client, ledger
 
@@ -42,8 +43,11 @@ class Rig:
         self.steps[c.key] = 0
         self.epochs[c.key] = 0
 
-    def run(self, seconds: int, step_ms: dict[int, float], jitter: float = 0.1) -> None:
-        """``seconds`` ticks; rank r's steps take ``step_ms[r]`` ± ``jitter``."""
+    def run(self, seconds: int, step_ms: dict[int, float], jitter: float = 0.1,
+            wait_ms: dict[int, float] | None = None) -> None:  # fmt: skip
+        """``seconds`` ticks; rank r's steps take ``step_ms[r]`` ± ``jitter``; with
+        ``wait_ms``, its ledgers say it waits that long a step in collectives (± ``jitter``
+        of the step)."""
         for _ in range(seconds):
             self.mono += 1.0
             self.unix.t += 1.0
@@ -54,6 +58,10 @@ class Rig:
                 self.steps[c.key] += n
                 c.step = self.steps[c.key]
                 msg = ledger(ds, c.step, epoch=self.epochs[c.key])
+                if wait_ms is not None:
+                    w = sum(max(0.0, wait_ms[c.rank] / 1000.0 + self.rng.uniform(
+                        -jitter, jitter) * base) for _ in range(n))  # fmt: skip
+                    msg = msgspec.structs.replace(msg, wait=(w, n))
                 self.ledgers.heartbeat(c, c.step, msg, self.mono)
             self.detectors.tick(self.mono)
             self.incidents.tick()
@@ -185,3 +193,25 @@ def test_a_slow_job_with_long_steps_has_no_spike_at_four_times_its_median(tmp_pa
     rig.run(60, {0: 500.0, 1: 500.0})
     _stall(rig, {0}, 2.0, 500.0)  # 4x: under the threshold, 1.5 s over: not enough alone
     assert rig.found() == []
+
+
+def test_in_lockstep_the_rank_the_others_wait_for_is_one_slow_rank_incident(
+    tmp_path: Path,
+) -> None:
+    rig = Rig(tmp_path, workers(3))
+    # Every step as long as the slowest rank's: the step times never differ, the waits do.
+    rig.run(60, dict.fromkeys(range(3), 40.0), 0.02, wait_ms=dict.fromkeys(range(3), 13.0))
+    assert rig.found() == []  # steady waits, every rank waiting alike: nothing
+    rig.run(60, dict.fromkeys(range(3), 40.0), 0.02, wait_ms={0: 13.0, 1: 2.0, 2: 13.0})
+    assert rig.found() == [("slow_rank", [1])]
+    (inc,) = rig.incidents.rows()
+    ev = inc["evidence"]
+    assert ev["by"] == "wait" and ev["wait_ms"] < 4.0 < 10.0 < ev["peers_wait_ms"], ev
+    assert abs(ev["step_ms"] - 40.0) < 2.0 and ev["waited"] >= 0.2, ev
+
+
+def test_without_every_rank_s_wait_a_lockstep_job_yields_nothing(tmp_path: Path) -> None:
+    rig = Rig(tmp_path, workers(3))
+    rig.run(60, dict.fromkeys(range(3), 40.0), 0.02)  # no wait at all: samples' business
+    rig.run(60, dict.fromkeys(range(3), 40.0), 0.02, wait_ms={0: 13.0, 1: 2.0, 2: 13.0})
+    assert rig.found() == [("slow_rank", [1])]

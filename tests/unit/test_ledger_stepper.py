@@ -74,7 +74,8 @@ def test_buckets_count_each_step_once_at_its_upper_bound() -> None:
 
 def test_no_steps_is_a_ledger_of_zeros() -> None:
     lg = valid(summarize([], n=0, total=0.0, at=7, epoch=3))
-    assert lg == {"at": 7, "n": 0, "sum": 0.0, "q": [0.0] * 4, "b": [0] * NB, "r": [], "epoch": 3}
+    assert lg == {"at": 7, "n": 0, "sum": 0.0, "q": [0.0] * 4, "b": [0] * NB, "r": [], "epoch": 3,
+                  "wait": None}  # fmt: skip
 
 
 def test_values_the_wire_refuses_are_clamped_not_sent() -> None:

@@ -99,7 +99,10 @@ class Ledger(msgspec.Struct, forbid_unknown_fields=False):
     seconds and ``b`` the histogram counts (see :data:`STEP_BUCKETS`) over those steps, or over
     the last :data:`LEDGER_RING` of them when more ended; ``r``: ``[[name, seconds, entries],
     ...]``, time spent inside each ``region(name)``. ``epoch`` changes when the process set its
-    step count (``step(n)``): steps across that jump are not timed."""
+    step count (``step(n)``): steps across that jump are not timed. ``wait``: ``[seconds,
+    steps]``, the time this rank's collectives took as its flight recorder timed them, and
+    the steps that ended meanwhile (since the last ``wait``: it may cover the steps of
+    several heartbeats); absent where torch records no timings (``waits``)."""
 
     at: _Step
     n: _Step
@@ -110,6 +113,8 @@ class Ledger(msgspec.Struct, forbid_unknown_fields=False):
         default_factory=list
     )
     epoch: Annotated[int, Meta(ge=0, le=1 << 31)] = 0
+    # Optional, no version change: a daemon without it ignores it.
+    wait: tuple[_Seconds, _Step] | None = None
 
 
 class Heartbeat(Message, tag=HEARTBEAT):

@@ -51,6 +51,7 @@ COLUMNS: list[Column] = [
     ("P99 MS", lambda r: opt(r.get("step_ms_p99"), "{:.1f}")),
     ("VS ROLE", _vs_role),
     ("REGIONS", _regions),
+    ("WAIT MS", lambda r: opt(r.get("wait_ms"), "{:.1f}")),
     ("CPU%", lambda r: opt(r.get("cpu_percent"), "{:.0f}")),
     ("RSS", lambda r: size(r.get("rss_bytes"))),
     ("GPU%", lambda r: opt(r.get("gpu_util"), "{:.0f}")),
@@ -153,6 +154,8 @@ def top(env: Env, job: str | None, role: str | None, once: bool, interval: float
     (its p50 over the median of its role's other ranks, across every node; "!": far slower),
     the regions' shares of the step, cpu%, rss, gpu util and memory, and where the step
     times come from (SRC: ledger, the client's own timings; rate, an older client's rate).
+    WAIT MS: the rank's wait in collectives per step, where its flight recorder times them
+    ("-": not known); in a lockstep job the rank the others wait for waits least.
 
     On a terminal the frame redraws every --interval seconds until q or Ctrl-C; into a pipe,
     frames follow each other separated by a blank line. --once prints one frame. --json prints

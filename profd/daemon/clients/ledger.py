@@ -4,7 +4,7 @@ Each heartbeat of a protocol-3 client carries a ledger: the steps that ended sin
 one, summarised by the client (count, total, p50/p90/p99/max, histogram counts, region
 times). :class:`Ledgers` keeps, per rank, the last :data:`FULL` of those intervals at full
 resolution and the last :data:`MINUTES` minutes as per-minute summaries (a fixed budget per
-rank: about 20 KB), the histogram and counters since the rank attached (``/metrics``), and
+rank: about 25 KB), the histogram and counters since the rank attached (``/metrics``), and
 closes each rank's minute into a :class:`MinuteSummary` that the loop writes to the index.
 
 Protocol-2 clients send no ledger: their steps are counted from the step numbers of their
@@ -65,7 +65,7 @@ _NBUCKETS = len(P.STEP_BUCKETS) + 1
 
 class _Interval(NamedTuple):
     """One heartbeat's interval, as the ring holds it: ``_W`` floats from ``index * _W``
-    (a flat array, not objects: the ring's fixed 17 KB per rank is most of its budget)."""
+    (a flat array, not objects: the ring's fixed 22 KB per rank is most of its budget)."""
 
     end: float  # monotonic
     steps: float
@@ -74,10 +74,12 @@ class _Interval(NamedTuple):
     p90: float
     p99: float
     max_s: float
+    wait_s: float  # collective wait (``Ledger.wait``) applied with this interval, 0: none
+    wait_n: float  # the steps that wait covers
 
 
 # Offsets of the ring's fields, read in place by the detectors' and ``top``'s reads.
-_T, _N, _SUM, _P50, _P90, _P99, _MAX = range(len(_Interval._fields))
+_T, _N, _SUM, _P50, _P90, _P99, _MAX, _WS, _WN = range(len(_Interval._fields))
 _W = len(_Interval._fields)
 
 
@@ -108,6 +110,9 @@ class RankWatch(NamedTuple):
     window_steps: int
     #: The longest step (ms) that ended in the intervals since the last tick (0: none).
     tick_top_ms: float = 0.0
+    #: The collective wait per step (ms) over the window, and the steps it covers.
+    wait_ms: float | None = None
+    wait_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,7 @@ class Figures:
     window_s: float | None
     source: str | None  # "ledger", "index", "rate" or None
     regions: dict[str, float]  # share of the step time
+    wait_ms: float | None = None  # collective wait per step; None: unknown
 
 
 @dataclass
@@ -175,11 +181,14 @@ class Ledger:
         "timed",
         "tokens",
         "tokens_at",
+        "wait_held",
         "window_base",
         "window_cum",
         "window_p50",
         "window_p99",
         "window_regions",
+        "window_wait_n",
+        "window_wait_s",
     )
 
     def __init__(self, identity: _Identity, step: int, now_unix: float) -> None:
@@ -201,6 +210,11 @@ class Ledger:
         #: each one's minute of intervals again cost it ~80 ms.
         self.window_regions: deque[_Window] = deque()
         self.window_cum = 0.0  # step seconds of every interval so far
+        #: Collective wait (seconds) and the steps it covers, of every interval so far.
+        self.window_wait_s = 0.0
+        self.window_wait_n = 0
+        #: Wait that came with a ledger of no steps: it goes with the rank's next interval.
+        self.wait_held = (0.0, 0)
         #: The entry before the oldest interval held (the last one dropped).
         self.window_base = _NO_WINDOW
         self.window_p50: list[float] = []
@@ -240,9 +254,12 @@ class _Window(NamedTuple):
     p50: float
     p99: float
     steps: int  # steps since the rank attached
+    wait_s: float  # collective wait (seconds) so far
+    wait_n: int  # the steps it covers
 
 
-_NO_WINDOW = _Window(0.0, 0.0, {}, 0.0, 0.0, 0)
+_NO_WINDOW = _Window(0.0, 0.0, {}, 0.0, 0.0, 0, 0.0, 0)
+_NO_WAIT = (0.0, 0)
 
 
 class _Held(NamedTuple):
@@ -319,6 +336,7 @@ def _merge(older: _Held, newer: _Held) -> _Held:
     regions = dict(ra)
     for name, sec in rb.items():
         regions[name] = regions.get(name, 0.0) + sec
+    waits = [w for w in (a.wait, b.wait) if w is not None]
     merged = P.Ledger(
         at=b.at,
         n=n,
@@ -326,8 +344,15 @@ def _merge(older: _Held, newer: _Held) -> _Held:
         q=q,
         b=[x + y for x, y in zip(a.b, b.b, strict=True)],
         epoch=b.epoch,
+        # Each wait says how many steps it covers: together they cover the sum.
+        wait=(sum(w[0] for w in waits), sum(w[1] for w in waits)) if waits else None,
     )
     return _Held(merged, regions)
+
+
+def _wait_ms(seconds: float, steps: int) -> float | None:
+    """Collective wait per step (ms); None where no wait covers a step."""
+    return seconds / steps * 1000.0 if steps > 0 else None
 
 
 def _minute_of(unix: float) -> int:
@@ -404,6 +429,9 @@ class Ledgers:
         for name, sec in regions.items():
             led.region_total[name] = led.region_total.get(name, 0.0) + sec
             m.regions[name] = m.regions.get(name, 0.0) + sec
+        if ledger.wait is not None:
+            ws, wn = led.wait_held
+            led.wait_held = (ws + ledger.wait[0], wn + ledger.wait[1])
         if n <= 0:
             return
         led.timed = True
@@ -435,9 +463,11 @@ class Ledgers:
         top: float,
     ) -> None:
         base = led.head * _W
+        wait_s, wait_n = led.wait_held
+        led.wait_held = _NO_WAIT
         # In _Interval's order, as a plain tuple: building the named one cost each heartbeat
         # about a tenth more CPU, for a value that only goes into the array.
-        led.ring[base : base + _W] = array("d", (now, n, total, p50, p90, p99, top))
+        led.ring[base : base + _W] = array("d", (now, n, total, p50, p90, p99, top, wait_s, wait_n))
         led.head = (led.head + 1) % FULL
         led.size = min(led.size + 1, FULL)
         wr = led.window_regions
@@ -448,7 +478,21 @@ class Ledgers:
         before = (wr[-1] if wr else led.window_base).regions
         totals = before if before == led.region_total else dict(led.region_total)
         p50, p99 = float(p50), float(p99)
-        wr.append(_Window(now, led.window_cum, totals, p50, p99, led.steps_total))
+        if wait_n:
+            led.window_wait_s += wait_s
+            led.window_wait_n += wait_n
+        wr.append(
+            _Window(
+                now,
+                led.window_cum,
+                totals,
+                p50,
+                p99,
+                led.steps_total,
+                led.window_wait_s,
+                led.window_wait_n,
+            )
+        )
         p50s, p99s = led.window_p50, led.window_p99
         insort(p50s, p50)
         insort(p99s, p99)
@@ -629,7 +673,10 @@ class Ledgers:
                 for n, v in led.region_total.items()
                 if v - regions0.get(n, 0.0) > 1e-9
             }
-        return Figures(p50 * 1000.0, p99 * 1000.0, max(0.0, now - oldest), "ledger", shares)
+        wait_ms = _wait_ms(led.window_wait_s - before.wait_s, led.window_wait_n - before.wait_n)
+        return Figures(
+            p50 * 1000.0, p99 * 1000.0, max(0.0, now - oldest), "ledger", shares, wait_ms
+        )
 
     def _from_index(self, c: Client) -> Figures | None:
         """``c``'s last minute in the index, if recent enough (see :data:`SEED_MAX_AGE_S`)."""
@@ -684,9 +731,16 @@ class Ledgers:
             intervals += 1
         if intervals > 1:  # several heartbeats in one tick: their median
             tick_ms = _median_after(led, since)
-        wq, wn = self._window(led, window_from, q)
+        wq, wn, wait_ms, wait_n = self._window(led, window_from, q)
         return RankWatch(
-            None if tick_ms is None else tick_ms * 1000.0, tick_n, led.epoch, wq, wn, top * 1000.0
+            None if tick_ms is None else tick_ms * 1000.0,
+            tick_n,
+            led.epoch,
+            wq,
+            wn,
+            top * 1000.0,
+            wait_ms,
+            wait_n,
         )
 
     def median_ms(self, key: tuple[str, int], window_from: float) -> tuple[float | None, int]:
@@ -695,9 +749,14 @@ class Ledgers:
         led = self.by_key.get(key)
         if led is None or not led.timed:
             return None, 0
-        return self._window(led, window_from, 0.5)
+        return self._window(led, window_from, 0.5)[:2]
 
-    def _window(self, led: Ledger, t: float, q: float) -> tuple[float | None, int]:
+    def _window(
+        self, led: Ledger, t: float, q: float
+    ) -> tuple[float | None, int, float | None, int]:
+        """The ``q`` quantile (ms) of the p50s of ``led``'s intervals that ended after ``t``
+        and the steps they cover; their collective wait per step (ms) and the steps it
+        covers."""
         wr = led.window_regions
         # ``top``'s window holds every interval that ended after ``t`` when ``t`` is at most
         # :data:`TOP_WINDOW_S` before the newest (older ones are all it drops); read from it
@@ -713,16 +772,28 @@ class Ledgers:
             if stale <= _FEW_STALE:
                 k = len(wr) - stale
                 if k <= 0:
-                    return None, 0
+                    return None, 0, None, 0
                 gone = [wr[j].p50 for j in range(stale)]
                 p50 = _nth_without(led.window_p50, min(k - 1, int(q * k)), gone)
                 base = wr[stale - 1] if stale else led.window_base
-                return p50 * 1000.0, led.steps_total - base.steps
+                wait_n = led.window_wait_n - base.wait_n
+                return (
+                    p50 * 1000.0,
+                    led.steps_total - base.steps,
+                    _wait_ms(led.window_wait_s - base.wait_s, wait_n),
+                    wait_n,
+                )
         k = _count_after(led, t)
         if k <= 0:
-            return None, 0
+            return None, 0, None, 0
         p50s = _newest(led, k, _P50)
-        return p50s[min(k - 1, int(q * k))] * 1000.0, int(sum(_column(led, k, _N)))
+        wait_n = int(sum(_column(led, k, _WN)))
+        return (
+            p50s[min(k - 1, int(q * k))] * 1000.0,
+            int(sum(_column(led, k, _N))),
+            _wait_ms(sum(_column(led, k, _WS)), wait_n),
+            wait_n,
+        )
 
     def recent_minutes(self, c: Client) -> list[MinuteRow]:
         """``c``'s closed minutes in memory, oldest first."""

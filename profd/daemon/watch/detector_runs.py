@@ -12,10 +12,12 @@ What they ignore: a job's regression baseline starts again when a rank sets its 
 (``step(n)``: its ledger's epoch changes), restarts, attaches or leaves; ticks without steps
 (a pause for a checkpoint or an evaluation) add nothing; a rank with fewer than
 ``MIN_STEPS`` steps in the window (attached late, paused) is left out of its role; ranks of
-a lockstep job (DDP) never differ, so the slow-rank rule does not see them (the straggler
-rule's business); processes of another uid than the job's owner (``Registry.owned``): any
-local user can name any job, and a peer claiming fast steps would make the owner's real rank
-the slow one, and arm its capture on the owner's process.
+a lockstep job (DDP) never differ, so the slow-rank rule does not see them by their step
+times: where every rank of the role sends its collective wait (``Ledger.wait``, from torch's
+flight recorder), a :class:`WaitRule` names the rank the others wait for, and elsewhere it is
+the straggler rule's business (samples); processes of another uid than the job's owner
+(``Registry.owned``): any local user can name any job, and a peer claiming fast steps would
+make the owner's real rank the slow one, and arm its capture on the owner's process.
 """
 
 from __future__ import annotations
@@ -27,7 +29,15 @@ from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.incident_store import Incidents
 from profd.watch.incident_record import Suspect
 from profd.watch.kinds.kind import RankSteps
-from profd.watch.slowdown_rules import WINDOW_Q, RegressionRule, SlowRank, SlowRankRule, WatchRules
+from profd.watch.slowdown_rules import (
+    WINDOW_Q,
+    RegressionRule,
+    SlowRank,
+    SlowRankRule,
+    WaitedFor,
+    WaitRule,
+    WatchRules,
+)
 from profd.watch.spike_rule import RankTick, is_candidate, spikes
 
 #: A rank's key in the registry and the ledgers, and its ledger's epoch (None: no ledger).
@@ -37,11 +47,12 @@ _Members = dict[tuple[str, int], "int | None"]
 class _Job:
     """One job's rules and who they were fed from."""
 
-    __slots__ = ("members", "regression", "roles")
+    __slots__ = ("members", "regression", "roles", "waits")
 
     def __init__(self, rules: WatchRules) -> None:
         self.regression = RegressionRule(rules)
         self.roles: dict[str, SlowRankRule] = {}
+        self.waits: dict[str, WaitRule] = {}
         self.members: _Members = {}
 
 
@@ -93,7 +104,7 @@ class Detectors:
         steps = 0
         top = 0
         cutoff = now - self.rules.window
-        roles: dict[str, dict[int, tuple[float, int]]] = {}
+        roles: dict[str, dict[int, tuple[float, int, float | None, int]]] = {}
         candidates: dict[tuple[str, int], RankTick] = {}
         # The job's open incidents count their loss from this tick's steps alone (each
         # ledger interval ends in one tick), never from the window, which every tick reads
@@ -102,7 +113,7 @@ class Detectors:
         read = ledgers.watch
         for c in clients:
             key = c.key
-            ms, n, epoch, q, wn, tick_top = read(key, since, cutoff, WINDOW_Q)
+            ms, n, epoch, q, wn, tick_top, wait_ms, wait_n = read(key, since, cutoff, WINDOW_Q)
             members[key] = epoch
             if is_candidate(tick_top, q):
                 med, med_n = ledgers.median_ms(key, cutoff)
@@ -119,9 +130,9 @@ class Detectors:
             if q is not None:
                 r = roles.get(c.role)
                 if r is None:
-                    roles[c.role] = {c.rank: (q, wn)}
+                    roles[c.role] = {c.rank: (q, wn, wait_ms, wait_n)}
                 else:
-                    r[c.rank] = (q, wn)
+                    r[c.rank] = (q, wn, wait_ms, wait_n)
         if ticks is not None:
             self.incidents.count_loss(job, ticks)
         if members != w.members:
@@ -152,18 +163,40 @@ class Detectors:
             )
         if candidates:
             self._spike(job, clients, candidates)
+        self._roles(job, w, clients, roles, now)
+
+    def _roles(
+        self,
+        job: str,
+        w: _Job,
+        clients: list[Client],
+        roles: dict[str, dict[int, tuple[float, int, float | None, int]]],
+        now: float,
+    ) -> None:
+        """Each role's slow-rank rules: by step time, and in lockstep by collective wait."""
         for gone in [g for g in w.roles if g not in roles]:
             del w.roles[gone]
+        for gone in [g for g in w.waits if g not in roles]:
+            del w.waits[gone]
         for role, ranks in roles.items():
             if len(ranks) < 2:
                 w.roles.pop(role, None)
+                w.waits.pop(role, None)
                 continue
             rule = w.roles.get(role)
             if rule is None:
                 rule = w.roles[role] = SlowRankRule(self.rules)
-            slow = rule.observe(now, ranks)
+            slow = rule.observe(now, {rank: (q, n) for rank, (q, n, _, _) in ranks.items()})
             if slow:
                 self._slow(job, role, clients, slow)
+            waits = w.waits.get(role)
+            if waits is None:
+                if not any(v[2] is not None for v in ranks.values()):
+                    continue  # no rank of the role sends its wait: nothing to keep
+                waits = w.waits[role] = WaitRule(self.rules)
+            waited = waits.observe(now, ranks)
+            if waited:
+                self._waited_for(job, role, clients, waited)
 
     def _spike(
         self, job: str, clients: list[Client], candidates: dict[tuple[str, int], RankTick]
@@ -191,6 +224,36 @@ class Detectors:
                 },
             },
         )
+
+    def _waited_for(
+        self, job: str, role: str, clients: list[Client], found: list[WaitedFor]
+    ) -> None:
+        by_rank = {c.rank: c for c in clients if c.role == role}
+        r = self.rules
+        for s in found:
+            c = by_rank.get(s.rank)
+            if c is None:
+                continue
+            self.incidents.open(
+                "slow_rank",
+                job,
+                role,
+                [Suspect(c.host, role, c.rank)],
+                c.step,
+                {
+                    "by": "wait",
+                    "wait_ms": round(s.wait_ms, 3),
+                    "peers_wait_ms": round(s.peers_wait_ms, 3),
+                    "step_ms": round(s.step_ms, 3),
+                    "peers_ms": round(s.step_ms, 3),
+                    "ratio": 1.0,
+                    "waited": round(s.share, 4),
+                    "threshold": round(s.threshold, 4),
+                    "window_s": r.window,
+                    "hold_s": r.hold,
+                    "ranks": len(by_rank),
+                },
+            )
 
     def _slow(self, job: str, role: str, clients: list[Client], slow: list[SlowRank]) -> None:
         by_rank = {c.rank: c for c in clients if c.role == role}

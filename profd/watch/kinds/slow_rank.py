@@ -1,5 +1,6 @@
 """``slow_rank``: a rank steps slower than the other ranks of its role (``SlowRankRule``,
-``[watch] slow_rank``)."""
+``[watch] slow_rank``), or, in a lockstep role, the others wait for it in collectives
+(``WaitRule``: evidence ``by`` "wait")."""
 
 from __future__ import annotations
 
@@ -11,6 +12,12 @@ from profd.watch.kinds.kind import JobTick, Kind, pct, rule_grace, stepped
 
 def _text(inc: Incident, who: str) -> str:
     ev = inc.evidence
+    if ev.get("by") == "wait":
+        return (
+            f"job {inc.job}: {who} is waited for: its role's other ranks wait"
+            f" {ev.get('peers_wait_ms', 0):.1f} ms a step in collectives, it waits"
+            f" {ev.get('wait_ms', 0):.1f} ms (steps of {ev.get('step_ms', 0):.1f} ms, in lockstep)"
+        )
     return (
         f"job {inc.job}: {who} steps in {ev.get('step_ms', 0):.1f} ms against"
         f" {ev.get('peers_ms', 0):.1f} ms of its role ({pct(ev.get('ratio'))})"
@@ -19,8 +26,12 @@ def _text(inc: Incident, who: str) -> str:
 
 def _loss(inc: Incident, tick: JobTick) -> float:
     """For each suspect: (its step - the median step of its role's other ranks) in the tick
-    x its steps in the tick x the other ranks of its role here (those that waited)."""
+    x its steps in the tick x the other ranks of its role here (those that waited). Found
+    by the collective wait (lockstep, every step as long as the slowest): what the others
+    waited beyond its own wait when it was found, a step, instead of the step's excess."""
     lost = inc.lost_rank_s
+    ev = inc.evidence
+    by_wait = ev.get("by") == "wait"
     for s in inc.suspects:
         role = [r for r in tick.ranks if r.role == s.role]
         ran = stepped(role)
@@ -28,7 +39,10 @@ def _loss(inc: Incident, tick: JobTick) -> float:
         peers = [r.step_ms or 0.0 for r in ran if r.rank != s.rank]
         if me is None or not peers:
             continue
-        excess_ms = (me.step_ms or 0.0) - median(peers)
+        if by_wait:
+            excess_ms = float(ev.get("peers_wait_ms", 0.0)) - float(ev.get("wait_ms", 0.0))
+        else:
+            excess_ms = (me.step_ms or 0.0) - median(peers)
         lost += max(0.0, excess_ms) / 1000.0 * me.steps * (len(role) - 1)
     return lost
 

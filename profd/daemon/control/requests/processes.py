@@ -71,6 +71,7 @@ def top(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any]]:
                 "window_s": None if f.window_s is None else round(f.window_s, 1),
                 "source": f.source,
                 "regions": f.regions,
+                "wait_ms": _ms(f.wait_ms),
                 "cpu_percent": c.cpu,
                 "rss_bytes": c.rss,
                 "gpu_util": c.gpu_util,
