@@ -26,14 +26,20 @@ def gather(env: Env, job: str, ranks: list[int] | None) -> dict[str, Any]:
     g = env.gather(C.C_BLACKBOX, job=job, ranks=ranks)
     boxes: list[dict[str, Any]] = []
     missing: list[dict[str, Any]] = []
+    collect_s = 0.0  # the slowest node's: the nodes collect at once
     for a in g.answered():
         boxes += a.data["boxes"]
         missing += a.data["missing"]
+        collect_s = max(collect_s, float(a.data.get("collect_s") or 0.0))
 
     def order(r: dict[str, Any]) -> tuple[Any, ...]:
         return (r["rank"], r["role"], r["node"], r["pid"])
 
-    return {"boxes": sorted(boxes, key=order), "missing": sorted(missing, key=order)}
+    return {
+        "boxes": sorted(boxes, key=order),
+        "missing": sorted(missing, key=order),
+        "collect_s": round(collect_s, 3),
+    }
 
 
 @click.command()
@@ -59,8 +65,8 @@ def blackbox(env: Env, job: str, ranks_text: str | None, output: Path | None) ->
     where its time went. --json prints that as {"ranks": [{"name", "rank", "steps",
     "first_step", "last_step", "span_s", "median_s", "slowest": {"step", "seconds",
     "regions", "outside_regions_s", "collectives", "frames"}}], "common_steps", "missing",
-    "trace"}. Ranks without a black box (an older client, one that did not answer in 5 s,
-    or one that exited meanwhile) are named, not waited for.
+    "collect_s", "trace"}. Ranks without a black box (an older client, one that did not
+    answer in 5 s, or one that exited meanwhile) are named, not waited for.
     """
     try:
         wanted = parse_ranks(ranks_text) if ranks_text else None
@@ -72,6 +78,7 @@ def blackbox(env: Env, job: str, ranks_text: str | None, output: Path | None) ->
         why = "; ".join(f"rank {m['rank']} on {m['node']}: {m['why']}" for m in missing)
         raise CtlError(f"no black box of job {job}" + (f" ({why})" if why else ": no ranks"))
     doc = summary.summarize(boxes, missing)
+    doc["collect_s"] = got["collect_s"]
     path = output
     if path is None and not env.json:
         path = Path(f"blackbox-{job}.json.gz")
