@@ -267,8 +267,8 @@ def check_metrics(res: dict[str, Any]) -> None:
     assert 0 < d["gzip_bytes"] < d["plain_bytes"]
     assert d["families"] == 8
     # Per rank: 19 buckets (+Inf among them), count and sum, the step counter, each region;
-    # and the daemon's 11: attached, 4 session states, 4 incident kinds, queue, age.
-    assert d["samples"] == p["ranks"] * (19 + 2 + 1 + p["regions"]) + 11
+    # and the daemon's 12: attached, 4 session states, 5 incident kinds, queue, age.
+    assert d["samples"] == p["ranks"] * (19 + 2 + 1 + p["regions"]) + 12
 
 
 def check_stacks(res: dict[str, Any]) -> None:

@@ -232,7 +232,7 @@ def test_a_five_second_stall_of_one_rank_is_a_spike_naming_it_and_its_frame(run:
     assert ev["step_ms"] >= 4500.0 and inc["session"] is None, inc
     assert [s["rank"] for s in inc["suspects"]] == [1], inc
     bb = ev["blackbox"]
-    assert bb["held_up_by"] == [{"role": "main", "rank": 1}], bb
+    assert [(h["role"], h["rank"]) for h in bb["held_up_by"]] == [("main", 1)], bb
     assert bb["missing"] == [] and bb["ranks_held"] == 3, bb
     assert bb["frozen_s"] <= 30.0, bb  # what it took here, loaded; the target is measured
     one = next(r for r in bb["ranks"] if r["rank"] == 1)
@@ -240,7 +240,14 @@ def test_a_five_second_stall_of_one_rank_is_a_spike_naming_it_and_its_frame(run:
     assert "stuck_in_data_loading" in one["frames"][0]["frame"], one
     assert all(r["waited"] for r in bb["ranks"] if r["rank"] != 1), bb["ranks"]
     assert "The others waited for main rank 1." in bb["paragraph"], bb["paragraph"]
-    assert inc["lost_rank_s"] >= 3 * 4.0, inc
+    # Its cost: 5 s for each of the 3 ranks (the next tick counts the waiters the black box
+    # names, should only one rank's long step have reached the rule before it opened).
+    lost = wait_for(
+        lambda: (x := run.daemon.ctl_json("incident", inc["id"])["lost_rank_s"]) >= 12.0 and x,
+        30.0,
+        "the spike's loss over every rank",
+    )
+    assert lost <= 3 * 5.5, lost
     trace = run.daemon.spool / bb["file"]
     events = json.loads(gzip.decompress(trace.read_bytes()))["traceEvents"]
     assert {e["pid"] for e in events if e.get("cat") == "step"} == {1, 2, 3}

@@ -97,7 +97,9 @@ def onset(
     if len(long) > 1:
         held = [r for r in long if r["waited"] is False]
         if held and len(held) < len(long):
-            out["held_up_by"] = [{"role": r["role"], "rank": r["rank"]} for r in held]
+            out["held_up_by"] = [
+                {"host": r["host"], "role": r["role"], "rank": r["rank"]} for r in held
+            ]
     if kind == "regression":
         changes = [c for c in (change_step(b, ratio) for b in boxes) if c is not None]
         if changes:

@@ -289,3 +289,22 @@ def test_a_hang_merged_across_nodes_lost_what_each_node_counted() -> None:
         d = incident("hang", {"stalled_s": 40.0, "ranks_here": 2}).to_dict()
         docs.append({**d, "id": f"{d['id']}-{host}", "host": host, "lost_rank_s": lost})
     assert hang_diagnosis.merge(docs)["lost_rank_s"] == 200.0
+
+
+def test_a_spike_costs_its_excess_once_per_rank_it_held_up() -> None:
+    spike = kinds.get("spike")
+    assert spike is not None
+    ranks = [RankSteps("main", r, 30.0, 30) for r in range(3)]
+    alone = incident("spike", {"excess_ms": 5000.0, "spiked": {"worker:1": [5030.0, 30.0]}})
+    assert spike.loss(alone, JobTick(1.0, ranks)) == pytest.approx(5.0)  # itself only
+    together = incident("spike", {"excess_ms": 5000.0, "spiked": {"main:0": [], "main:1": []}})
+    assert spike.loss(together, JobTick(1.0, ranks)) == pytest.approx(15.0)  # lockstep
+    # Only one rank's long step reached the rule first; its black box shows the others
+    # waited for one rank: every rank of the job here lost the excess, and no tick adds more.
+    first = incident("spike", {"excess_ms": 5000.0, "spiked": {"main:0": []}})
+    assert spike.loss(first, JobTick(1.0, ranks)) == pytest.approx(5.0)
+    first.lost_rank_s = 5.0
+    first.evidence["blackbox"] = {"held_up_by": [{"role": "main", "rank": 1}], "ranks_held": 3}
+    first.lost_rank_s = spike.loss(first, JobTick(2.0, ranks))
+    assert first.lost_rank_s == pytest.approx(15.0)
+    assert spike.loss(first, JobTick(3.0, ranks)) == pytest.approx(15.0)

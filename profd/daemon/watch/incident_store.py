@@ -425,8 +425,9 @@ class Incidents:
         inc.evidence["blackbox"] = doc
         held = doc.get("held_up_by")
         if inc.kind == "spike" and held:
-            named = {(h["role"], h["rank"]) for h in held}
-            inc.suspects = [s for s in inc.suspects if (s.role, s.rank) in named] or inc.suspects
+            # The rank the others waited for, whether or not its own long step reached the
+            # rule in the same tick as theirs.
+            inc.suspects = [Suspect(str(h["host"]), str(h["role"]), int(h["rank"])) for h in held]
         self._save(inc)
         return inc
 

@@ -10,6 +10,7 @@ schema 1 kept its version when later code had added columns.
 
 from __future__ import annotations
 
+import re
 import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -298,9 +299,15 @@ def _v6_to_v7(conn: sqlite3.Connection) -> None:
 
 def _v7_to_v8(conn: sqlite3.Connection) -> None:
     """The warehouse export's queue and its triggers, with what the index already holds
-    marked."""
+    marked. A trigger or a mark on a table an old index never had is left to the schema's
+    own pass after the steps, which creates the table empty, its triggers with it."""
     for stmt in statements(WAREHOUSE_QUEUE + WAREHOUSE_BACKFILL):
-        conn.execute(stmt)
+        if all(_columns(conn, t) is not None for t in _TABLES_NAMED.findall(stmt)):
+            conn.execute(stmt)
+
+
+#: The tables a statement reads or puts a trigger on.
+_TABLES_NAMED = re.compile(r"\b(?:ON|FROM)\s+([a-z_]+)\b")
 
 
 #: The step from each older version to the next, by the version it starts from.

@@ -17,12 +17,18 @@ def _text(inc: Incident, who: str) -> str:
 
 def _loss(inc: Incident, tick: JobTick) -> float:
     """The spike's excess over the median x the ranks it held up: a rank alone lost the
-    time itself; ranks that spiked together are a lockstep job, whose every rank here waited
-    it out (some of them may report their long step a tick later). The same figure every
-    tick (a spike is one step, not a rate): the largest seen."""
+    time itself; ranks that spiked together, or whose black box shows the others waiting for
+    one of them, are a lockstep job, whose every rank here waited it out (some of them may
+    report their long step a tick later). The same figure every tick (a spike is one step,
+    not a rate): the largest seen."""
     ev = inc.evidence
     spiked = len(ev.get("spiked") or {})
     held = 1 if spiked <= 1 else max(spiked, len(tick.ranks))
+    # The black box, once frozen, tells a lockstep job's waiters apart even when only one
+    # rank's long step reached the rule before it opened the incident.
+    bb = ev.get("blackbox")
+    if isinstance(bb, dict) and bb.get("held_up_by"):
+        held = max(held, int(num(bb.get("ranks_held"))), len(tick.ranks))
     return max(inc.lost_rank_s, num(ev.get("excess_ms")) / 1000.0 * held)
 
 
