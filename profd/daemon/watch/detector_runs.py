@@ -23,6 +23,7 @@ make the owner's real rank the slow one, and arm its capture on the owner's proc
 from __future__ import annotations
 
 from statistics import median
+from typing import Any
 
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
@@ -228,53 +229,45 @@ class Detectors:
     def _waited_for(
         self, job: str, role: str, clients: list[Client], found: list[WaitedFor]
     ) -> None:
-        by_rank = {c.rank: c for c in clients if c.role == role}
-        r = self.rules
-        for s in found:
-            c = by_rank.get(s.rank)
-            if c is None:
-                continue
-            self.incidents.open(
-                "slow_rank",
-                job,
-                role,
-                [Suspect(c.host, role, c.rank)],
-                c.step,
-                {
-                    "by": "wait",
-                    "wait_ms": round(s.wait_ms, 3),
-                    "peers_wait_ms": round(s.peers_wait_ms, 3),
-                    "step_ms": round(s.step_ms, 3),
-                    "peers_ms": round(s.step_ms, 3),
-                    "ratio": 1.0,
-                    "waited": round(s.share, 4),
-                    "threshold": round(s.threshold, 4),
-                    "window_s": r.window,
-                    "hold_s": r.hold,
-                    "ranks": len(by_rank),
-                },
-            )
+        named = {
+            s.rank: {
+                "by": "wait",
+                "wait_ms": round(s.wait_ms, 3),
+                "peers_wait_ms": round(s.peers_wait_ms, 3),
+                "step_ms": round(s.step_ms, 3),
+                "peers_ms": round(s.step_ms, 3),
+                "ratio": 1.0,
+                "waited": round(s.share, 4),
+                "threshold": round(s.threshold, 4),
+            }
+            for s in found
+        }
+        self._slow_ranks(job, role, clients, named)
 
     def _slow(self, job: str, role: str, clients: list[Client], slow: list[SlowRank]) -> None:
+        named = {
+            s.rank: {
+                "step_ms": round(s.step_ms, 3),
+                "peers_ms": round(s.peers_ms, 3),
+                "ratio": round(s.ratio, 4),
+                "threshold": round(s.threshold, 4),
+            }
+            for s in slow
+        }
+        self._slow_ranks(job, role, clients, named)
+
+    def _slow_ranks(
+        self, job: str, role: str, clients: list[Client], named: dict[int, dict[str, Any]]
+    ) -> None:
+        """A ``slow_rank`` incident for each rank in ``named`` (its rule's figures), whichever
+        rule found it: step times, or the collective wait of a lockstep role."""
         by_rank = {c.rank: c for c in clients if c.role == role}
         r = self.rules
-        for s in slow:
-            c = by_rank.get(s.rank)
+        for rank, figures in named.items():
+            c = by_rank.get(rank)
             if c is None:
                 continue
+            evidence = {**figures, "window_s": r.window, "hold_s": r.hold, "ranks": len(by_rank)}
             self.incidents.open(
-                "slow_rank",
-                job,
-                role,
-                [Suspect(c.host, role, c.rank)],
-                c.step,
-                {
-                    "step_ms": round(s.step_ms, 3),
-                    "peers_ms": round(s.peers_ms, 3),
-                    "ratio": round(s.ratio, 4),
-                    "threshold": round(s.threshold, 4),
-                    "window_s": r.window,
-                    "hold_s": r.hold,
-                    "ranks": len(by_rank),
-                },
+                "slow_rank", job, role, [Suspect(c.host, role, rank)], c.step, evidence
             )
