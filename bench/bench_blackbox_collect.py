@@ -45,19 +45,16 @@ def main() -> int:
         args.ranks, args.trials = 4, 2
     started = time.monotonic()
     d = B.Daemon().start()
-    env = {**d.env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    ranks = [
-        B.spawn_worker(B.BENCH / "steploop.py", [str(args.step_ms), str(r), str(args.ranks)], env)
-        for r in range(args.ranks)
-    ]
+    try:
+        env, ranks = B.steploop_ranks(d, args.ranks, args.step_ms)
+    except BaseException:
+        d.stop()
+        raise
     wall: list[float] = []
     collect: list[float] = []
     sizes: list[int] = []
     held: list[int] = []
     try:
-        for w in ranks:
-            B.read_reply(w)
-        B.wait_for(lambda: len(d.request("ps")) >= args.ranks, 120, "every rank attached")
         # Full rings: 512 steps of every rank (and their samples) before the first trial.
         time.sleep(max(5.0, 600 * args.step_ms / 1000.0))
         with tempfile.TemporaryDirectory() as tmp:

@@ -49,15 +49,12 @@ def reset(ranks: list[Any]) -> None:
 
 def local(args: Any) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     d = B.Daemon().start()
-    env = {**d.env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    ranks = [
-        B.spawn_worker(B.BENCH / "steploop.py", [str(args.step_ms), str(r), str(args.ranks)], env)
-        for r in range(args.ranks)
-    ]
     try:
-        for w in ranks:
-            B.read_reply(w)
-        B.wait_for(lambda: len(d.request("ps")) >= args.ranks, 120, "every rank attached")
+        env, ranks = B.steploop_ranks(d, args.ranks, args.step_ms)
+    except BaseException:
+        d.stop()
+        raise
+    try:
         profctl(env, "stacks", "--json")  # py-spy's first runs: its binary into the page cache
         wall, read_ms, during, quiet = [], [], [], []
         for _ in range(args.trials):

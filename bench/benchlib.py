@@ -367,6 +367,25 @@ def read_reply(w: subprocess.Popen[str]) -> Any:
         print(line, file=sys.stderr)
 
 
+def steploop_ranks(
+    d: Daemon, n: int, step_ms: float
+) -> tuple[dict[str, str], list[subprocess.Popen[str]]]:
+    """``n`` real processes of ``bench/steploop.py`` (job ``bench``, a step every ``step_ms``
+    on a thread of their own), each ready and attached to ``d``; and their environment."""
+    env = {**d.env(), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    ranks = [
+        spawn_worker(BENCH / "steploop.py", [str(step_ms), str(r), str(n)], env) for r in range(n)
+    ]
+    try:
+        for w in ranks:
+            read_reply(w)
+        wait_for(lambda: len(d.request("ps")) >= n, 120, "every rank attached")
+    except BaseException:
+        finish_workers(ranks)
+        raise
+    return env, ranks
+
+
 def finish_workers(ws: Iterable[subprocess.Popen[str]]) -> None:
     for w in ws:
         try:
