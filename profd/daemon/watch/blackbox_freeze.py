@@ -60,8 +60,6 @@ class Freezer:
         self.enabled = enabled
         #: Written and read, waiting for the loop to add them to their incidents.
         self.frozen: list[Frozen] = []
-        #: Collections and writes under way (``profctl status``, the tests' wait).
-        self.pending = 0
 
     def save(self, inc: Incident, new: bool) -> None:
         if not new or not self.enabled:
@@ -69,7 +67,6 @@ class Freezer:
         clients = self.clients_of(inc.job)
         if not clients:
             return
-        self.pending += 1
         asked = time.monotonic()
         ratio = float(inc.evidence.get("ratio") or 1.0)
 
@@ -110,22 +107,14 @@ class Freezer:
             }
         except Exception as exc:  # a full disk: the incident stays, without its black box
             log.warning("incident %s: cannot keep its black box: %s", iid, exc)
-            self.reactor.call_soon(self._failed)
             return
-        self.reactor.call_soon(self._done, (iid, doc, path))
+        self.reactor.call_soon(self.frozen.append, (iid, doc, path))
 
     def _path(self, job: str, iid: str) -> Path:
         parts = layout.blackbox_parts(job, iid)
         with made_dir(self.spool, [self.perms.shared(job), self.perms.final(parts[1])]):
             pass
         return self.spool.joinpath(*parts)
-
-    def _done(self, frozen: Frozen) -> None:
-        self.pending -= 1
-        self.frozen.append(frozen)
-
-    def _failed(self) -> None:
-        self.pending -= 1
 
     def take(self) -> list[Frozen]:
         out, self.frozen = self.frozen, []
