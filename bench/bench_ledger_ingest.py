@@ -96,6 +96,11 @@ def _spread(xs: list[float]) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--before", default="9bb6494", help="the commit of the map-taking module")
+    ap.add_argument(
+        "--before-typed",
+        action="store_true",
+        help="the module at --before takes the typed Ledger too (a commit since typed messages)",
+    )
     ap.add_argument("--pairs", type=int, default=40)
     ap.add_argument("--ranks", type=int, default=8)
     ap.add_argument("--per-run", type=int, default=4000)
@@ -109,23 +114,24 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         before = _before(args.before, Path(tmp))
         for _ in range(3):  # warm
-            _run(before, False, clients, hbs)
+            _run(before, args.before_typed, clients, hbs)
             _run(now_module, True, clients, hbs)
         olds: list[float] = []
         news: list[float] = []
         for i in range(args.pairs):
             if i % 2:
                 b = _run(now_module, True, clients, hbs)
-                a = _run(before, False, clients, hbs)
+                a = _run(before, args.before_typed, clients, hbs)
             else:
-                a = _run(before, False, clients, hbs)
+                a = _run(before, args.before_typed, clients, hbs)
                 b = _run(now_module, True, clients, hbs)
             olds.append(a)
             news.append(b)
     ratios = [b / a for a, b in zip(olds, news, strict=True)]
     print(
         f"Ledgers.heartbeat, {len(hbs) * len(clients)} heartbeats a run, {args.pairs} pairs:"
-        f" map {_spread(olds)} µs, typed {_spread(news)} µs, typed/map {_spread(ratios)}"
+        f" before ({args.before}) {_spread(olds)} µs, now {_spread(news)} µs,"
+        f" now/before {_spread(ratios)}"
     )
 
 
