@@ -44,6 +44,8 @@ MAX_FRAMES: Final = 4096
 MAX_STACKS: Final = 2048
 #: Innermost frames kept per sample, and characters per frame text.
 MAX_DEPTH: Final = 64
+#: Instruction offsets the walk remembers the frame index of (several share a line).
+MAX_AT: Final = MAX_FRAMES
 FRAME_TEXT: Final = 240
 _SAMPLE_MASK: Final = SAMPLE_SLOTS - 1
 assert SAMPLE_SLOTS & _SAMPLE_MASK == 0
@@ -100,6 +102,12 @@ class Sampler:
         self.stack = array("i", bytes(4 * SAMPLE_SLOTS))
         self.frames: list[str] = []
         self._frame_ids: dict[tuple[Any, int], int] = {}
+        #: ``(id(code), f_lasti)`` -> frame index: the walk's cache. A frame's line
+        #: (``f_lineno``) is computed from the code's line table and ``(code, line)`` hashes
+        #: the whole code object, each costing more than the rest of the walk; an instruction
+        #: offset is read as is. An id here stays its code's: ``_frame_ids`` holds every
+        #: code this names, and compaction, which drops codes, empties this first.
+        self._at: dict[tuple[int, int], int] = {}
         self.stacks: list[tuple[int, ...]] = []
         self._stack_ids: dict[tuple[int, ...], int] = {}
 
@@ -129,17 +137,23 @@ class Sampler:
         return self._frame(k) if i is None else i
 
     def _key(self, frame: Any) -> tuple[int, ...]:
-        ids = self._frame_ids
+        at = self._at
         out: list[int] = []
         f = frame
         while f is not None and len(out) < MAX_DEPTH:
-            k = (f.f_code, f.f_lineno or 0)
-            i = ids.get(k)
-            if i is None:
-                i = self._frame(k)
-            out.append(i)
+            i = at.get((id(f.f_code), f.f_lasti))
+            out.append(self._located(f) if i is None else i)
             f = f.f_back
         return tuple(out)
+
+    def _located(self, f: Any) -> int:
+        code = f.f_code
+        i = self.frame_id((code, f.f_lineno or 0))
+        if i >= 0:
+            if len(self._at) >= MAX_AT:
+                self._at.clear()  # a cache: it fills again from the stacks seen next
+            self._at[(id(code), f.f_lasti)] = i
+        return i
 
     def _frame(self, k: tuple[Any, int]) -> int:
         if len(self.frames) >= MAX_FRAMES:
@@ -172,6 +186,7 @@ class Sampler:
         frame_map = {old: new for new, old in enumerate(used)}
         keys = {i: k for k, i in self._frame_ids.items()}
         self.frames = [self.frames[i] for i in used]
+        self._at.clear()  # its indexes are the old ones
         self._frame_ids = {keys[old]: new for old, new in frame_map.items()}
         self.stacks = [tuple(frame_map[f] for f in self.stacks[s]) for s in live]
         self._stack_ids = {k: i for i, k in enumerate(self.stacks)}

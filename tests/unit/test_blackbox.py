@@ -23,7 +23,14 @@ from profd.daemon.clients.agent_dumps import AgentBlackboxes
 from profd.daemon.clients.blackbox_collect import BlackboxCollector
 from profd.daemon.clients.registry import Client
 from profd_client import protocol as P
-from profd_client.blackbox import MAX_FRAMES, MAX_STACKS, SAMPLE_SLOTS, BlackBox, env_overrides
+from profd_client.blackbox import (
+    MAX_AT,
+    MAX_FRAMES,
+    MAX_STACKS,
+    SAMPLE_SLOTS,
+    BlackBox,
+    env_overrides,
+)
 from profd_client.steps import RECORD_SLOTS, RING, Stepper
 
 MiB = 1 << 20
@@ -124,6 +131,8 @@ def test_memory_is_fixed_at_attach_and_within_8_mib() -> None:
             smp.step[i % len(smp.step)] = i
             smp.stack[i % len(smp.stack)] = i % MAX_STACKS
         smp.n = 5000
+        for i in range(MAX_AT):  # the walk's cache full, of ids of the size code ids have
+            smp._at[(id(code) + 64 * i, 1000 + i)] = i
         full = tracemalloc.get_traced_memory()[0] - before
     finally:
         tracemalloc.stop()
@@ -164,6 +173,37 @@ def test_samples_of_the_training_thread_tagged_with_their_step() -> None:
     assert [s[1] for s in b["samples"]] == [6, 6, 6]
     stack = [b["frames"][f] for f in b["stacks"][b["samples"][0][2]]]
     assert stack[0].startswith("inner_loop (") and stack[1].startswith("train (")
+
+
+def test_a_stack_read_again_through_the_walk_cache_is_the_same_stack() -> None:
+    _, box, _ = boxed()
+    smp = box.sampler
+    parked, stop = threading.Event(), threading.Event()
+
+    def parked_here() -> None:
+        parked.set()
+        stop.wait(30)
+
+    t = threading.Thread(target=parked_here)
+    t.start()
+    try:
+        parked.wait(10)
+        ident = t.ident
+        assert ident is not None
+        first = [smp.sample(ident, 1, 0.0) for _ in range(3)]
+        cached = len(smp._at)
+        smp._compact()  # renumbers what it keeps: the cache, in old numbers, goes
+        emptied = len(smp._at)
+        smp.sample(ident, 2, 0.0)
+    finally:
+        stop.set()
+        t.join()
+    _, steps, stacks = smp.held()
+    assert first == [True] * 3 and steps == [1, 1, 1, 2] and cached > 0 and emptied == 0
+    assert len(set(stacks)) == 1 and -1 not in stacks
+    texts = [smp.frames[f] for f in smp.stacks[stacks[0]]]
+    line = parked_here.__code__.co_firstlineno + 2
+    assert any(x.startswith("parked_here (") and x.endswith(f":{line})") for x in texts), texts
 
 
 def test_a_full_stack_table_forgets_what_no_kept_sample_uses() -> None:
