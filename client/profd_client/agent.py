@@ -85,6 +85,8 @@ class Agent(threading.Thread):
         self._unacked: dict[int, dict[str, Any]] = {}
         self._sock: Any = None
         self._last_rx = 0.0
+        #: Seconds between the daemon's answers to our heartbeats (its welcome's ``acks``).
+        self._answer_every = hb_interval
         self._last_tx = 0.0
         self._welcomed = False
         self._last_step = 0
@@ -175,7 +177,7 @@ class Agent(threading.Thread):
             else:
                 self._send(self._hello())
             self._last_tx = now
-        if self._welcomed and now - self._last_rx > MISSED_HEARTBEATS * self.hb_interval:
+        if self._welcomed and now - self._last_rx > MISSED_HEARTBEATS * self._answer_every:
             log.info("profd_client: daemon silent; re-registering")
             self._connect(zmq, ctx, poller)
 
@@ -224,6 +226,7 @@ class Agent(threading.Thread):
             extra["blackbox"] = True
         return P.encode(
             P.HELLO,
+            quiet=True,
             v=self.proto,
             pid=i.pid,
             host=i.host,
@@ -336,6 +339,9 @@ class Agent(threading.Thread):
         if type(msg) is P.Welcome:
             # The daemon drops clients after missing *its* heartbeat interval: follow it.
             self.hb_interval = max(0.05, msg.hb_interval)
+            # An older daemon answers every heartbeat and says nothing of it.
+            acks = 1 if msg.acks is P.UNSET else msg.acks
+            self._answer_every = acks * self.hb_interval
             if self.box is not None and msg.blackbox is not P.UNSET:
                 self.box.configure(P.fields_of(msg.blackbox))
             self._welcomed = True

@@ -716,8 +716,21 @@ def _prepare_spool(cfg: Config) -> tuple[Path, SpoolPerms]:
     return spool, perms
 
 
+#: Peer addresses seen, parsed: every message of every client carries its connection's, and
+#: a client's is the same string each time. Bounded by emptying it when full.
+_PEERS: dict[str, PeerCred | None] = {}
+_PEERS_MAX = 8192
+
+
 def _peer(frame: Any) -> PeerCred | None:
     try:
-        return PeerCred.parse(frame.get("Peer-Address"))
+        address = frame.get("Peer-Address")
     except zmq.ZMQError:  # no such property: not an IPC connection, or an old libzmq
         return None
+    try:
+        return _PEERS[address]
+    except KeyError:
+        if len(_PEERS) >= _PEERS_MAX:
+            _PEERS.clear()
+        cred = _PEERS[address] = PeerCred.parse(address)
+        return cred

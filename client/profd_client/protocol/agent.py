@@ -285,6 +285,10 @@ class Hello(Message, tag=HELLO):
     # It keeps a black box: ``blackbox`` may ask for it (a client that does not say so is
     # never asked, and is named as having none).
     blackbox: bool = False
+    # Its heartbeats need not each be answered: it waits for an answer every ``acks``
+    # heartbeat intervals, as the welcome says (a client that does not say so gets one
+    # answer per heartbeat, as before).
+    quiet: bool = False
 
     def __post_init__(self) -> None:
         IDENTITY_SOURCE.check(self.identity_source, "hello.identity_source")
@@ -391,6 +395,9 @@ class Welcome(Message, tag=WELCOME):
         | UnsetType
     ) = UNSET
     blackbox: BlackboxSettings | UnsetType = UNSET
+    # To a ``quiet`` hello: heartbeats are answered once every ``acks`` intervals, so the
+    # client takes the daemon for silent only after that many times its usual wait.
+    acks: Annotated[int, Meta(ge=1, le=60)] | UnsetType = UNSET
 
 
 class Disarm(Message, tag=DISARM):

@@ -99,7 +99,9 @@ class AgentHandler:
         self.ledgers.heartbeat(c, step, None if m.ledger is P.UNSET else m.ledger, now)
         if m.training_tid is not P.UNSET:
             self.registry.training_thread(c, m.training_tid)
-        self.send(c.ident, self._heartbeat(c.version))
+        if now - c.answered_at >= c.quiet_s:
+            c.answered_at = now
+            self.send(c.ident, self._heartbeat(c.version))
 
     def _armed(self, c: Client, m: P.Armed, now: float) -> None:
         self.registry.seen(c, now)

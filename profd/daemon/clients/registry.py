@@ -64,6 +64,10 @@ class Client:
     flight: bool = False
     #: It keeps a black box (hello ``blackbox``): ``blackbox`` may ask for it.
     blackbox: bool = False
+    #: Seconds after an answer to its heartbeat before the next one is answered (0: every
+    #: one; a ``quiet`` hello), and when (monotonic) the last one was.
+    quiet_s: float = 0.0
+    answered_at: float = 0.0
     #: When (monotonic) it re-registered as another rank within the last :data:`MOVES_S`.
     moves: tuple[float, ...] = ()
 
