@@ -126,3 +126,23 @@ def test_a_job_is_owned_by_the_uid_of_its_first_process_while_any_is_attached() 
     assert reg.owner("j") is None
     reg.add(other)  # the job attaches again: its first process decides
     assert reg.owner("j") == 1002
+
+
+def test_each_ps_row_is_fresh_and_carries_the_latest_heartbeat() -> None:
+    reg, c = Registry(), client(step=5, at=100.0)
+    first = c.row()
+    reg.heartbeat(c, 101.0, 9, 4.0, "capturing")
+    c.cpu, c.rss = 12.5, 1 << 20
+    second = c.row()
+    first["job"] = "changed by a reader"  # a row is the caller's to extend or change
+    third = c.row()
+    assert (first["step"], first["state"], first["cpu_percent"]) == (5, "idle", None)
+    assert (second["step"], second["steps_per_s"], second["state"]) == (9, 4.0, "capturing")
+    assert (second["cpu_percent"], second["rss_bytes"]) == (12.5, 1 << 20)
+    assert third == second and third["job"] == "j"
+    assert list(first) == list(second) == [
+        "host", "pid", "job", "role", "rank", "local_rank", "world_size", "step", "steps_per_s",
+        "state", "step_mode", "allowed", "cpu_percent", "rss_bytes", "gpu_util", "gpu_mem_bytes",
+        "torch", "device", "nsys_session", "attached_at", "protocol", "client_version", "uid",
+        "identity_source",
+    ]  # fmt: skip

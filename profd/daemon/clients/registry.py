@@ -70,6 +70,7 @@ class Client:
     answered_at: float = 0.0
     #: When (monotonic) it re-registered as another rank within the last :data:`MOVES_S`.
     moves: tuple[float, ...] = ()
+    _hello_row: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def key(self) -> tuple[str, int]:
@@ -84,6 +85,23 @@ class Client:
         return (self.job, self.role, self.rank, self.world_size)
 
     def row(self) -> dict[str, Any]:
+        """Its ``ps`` row, a fresh dict. Most fields are the hello's, fixed for this object (a
+        new hello makes a new one): they are built once and copied, the rest set on the copy
+        (``ps`` makes 1,024 rows on the loop at 1,024 clients)."""
+        row = self._hello_row
+        if row is None:
+            row = self._hello_row = self._row()
+        row = row.copy()
+        row["step"] = self.step
+        row["steps_per_s"] = round(self.sps, 2)
+        row["state"] = self.state
+        row["cpu_percent"] = self.cpu
+        row["rss_bytes"] = self.rss
+        row["gpu_util"] = self.gpu_util
+        row["gpu_mem_bytes"] = self.gpu_mem
+        return row
+
+    def _row(self) -> dict[str, Any]:
         return {
             "host": self.host,
             "pid": self.pid,
