@@ -21,6 +21,21 @@ def test_a_list_of_rows_is_one_sorted_row_per_line() -> None:
     ]
 
 
+#: Lists of rows, some with what a row boundary reads like inside them.
+_ROWS = [
+    [{"a": 1}, {}, {}, {"b": [1, {"c": 2}]}],
+    [{"s": "}, {"}, {"t": "x}, {y"}],
+    [{"files": [{"p": 1}, {"p": 2}]}, {"files": []}],
+    [{"path": Path("/x"), "n": float("nan")}, {"é": "ü\n"}],
+]
+
+
+@pytest.mark.parametrize("rows", _ROWS)
+def test_rows_are_jsons_own_text_one_per_line(rows: list[dict[str, Any]]) -> None:
+    row = json.JSONEncoder(sort_keys=True, default=str).encode
+    assert json_text(rows) == "[\n" + ",\n".join("  " + row(r) for r in rows) + "\n]"
+
+
 @pytest.mark.parametrize(
     "doc",
     [[], {"session": "s", "targets": [{"rank": 0}]}, [1, 2], [{"path": Path("/x")}], [{}]],
