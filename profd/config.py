@@ -18,7 +18,7 @@ from profd.watch import sampling
 from profd.watch.slowdown_rules import WatchRules
 from profd_client.locations import runtime_dir as resolve_runtime_dir
 from profd_client.locations import under_systemd
-from profd_client.protocol import MAX_CYCLE_STEPS, MAX_PIDS
+from profd_client.protocol.schema import MAX_CYCLE_STEPS, MAX_PIDS
 
 DEFAULT_CONFIG = Path("/etc/profd/profd.toml")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
-from profd_client.protocol import agent
 from profd_client.protocol.envelope import (
     ERROR,
     MAX_FRAME_BYTES,
@@ -46,6 +45,8 @@ from profd_client.protocol.schema import (
 )
 from profd_client.protocol.vocabulary import (
     BACKENDS,
+    ERROR_SCHEMA,
+    FLIGHT,
     HOST,
     IDENTITY_SOURCE,
     NAME,
@@ -58,6 +59,7 @@ from profd_client.protocol.vocabulary import (
     SESSION_ID,
     SESSION_STATES,
     SHORT,
+    STACK_FRAME,
     STEP,
     TEXT,
 )
@@ -153,7 +155,7 @@ def _msg(**fields: tuple[Field, bool]) -> Struct:
 _R, _O = True, False  # required, optional
 
 SCHEMAS: Final[dict[str, Struct]] = {
-    ERROR: agent.ERROR_SCHEMA,
+    ERROR: ERROR_SCHEMA,
     OK: _msg(data=(AnyValue(), _O)),
     C_STATUS: _msg(),
     C_PS: _msg(job=(Nullable(Str(MAX_TEXT)), _O), role=(Nullable(Str(MAX_TEXT)), _O)),
@@ -503,8 +505,6 @@ INCIDENT_DOC: Final = Struct(
 #: whose stacks could not be read has ``source`` null and ``error``.
 MAX_FRAMES: Final = 4096
 MAX_THREADS: Final = 4096
-STACK_FRAME: Final = agent.STACK_FRAME
-FLIGHT: Final = agent.FLIGHT
 STACK_FRAMES: Final = ListOf(STACK_FRAME, MAX_FRAMES)
 STACK_WHO: Final = _row(host=(HOST, _R), role=(Str(MAX_NAME, 1), _R), rank=(RANK, _R))
 STACK_THREAD: Final = _row(

@@ -10,13 +10,10 @@ connects to a socket there would follow whatever arms the listener sends.
 
 from __future__ import annotations
 
-import logging
 import os
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-
-log = logging.getLogger("profd_client")
 
 SYSTEMD_RUNTIME_DIR = Path("/run/profd")
 
@@ -246,6 +243,10 @@ def warn_untrusted(problem: Untrusted, connecting: Path | None) -> None:
     if key in _warned:
         return
     _warned.add(key)
+    # Imported here: profctl finds its socket through this module and never logs.
+    import logging
+
+    log = logging.getLogger("profd_client")
     if connecting is None:
         log.warning(
             "profd_client: not connecting to profd: %s; training goes on without profiling"

@@ -12,8 +12,8 @@ from typing import Any
 from profd import control_schema as C
 from profd.ctl.errors import CtlError, NoDaemon
 from profd.ctl.nodes import Answer, Fields, NodeLike
-from profd_client import protocol as P
 from profd_client.locations import locate_socket
+from profd_client.protocol import envelope as P
 
 DEFAULT_TIMEOUT_MS = 10_000
 

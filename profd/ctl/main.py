@@ -213,17 +213,23 @@ def cli(
     answer; 5 a node refused the key; 6 start --wait --timeout gave up (the session goes on).
     A SESSION may be given as any unique part of its id.
     """
-    from profd.config import ConfigError, configured_cluster, configured_runtime_dir
+    need_keys = bool(cluster_spec) and not (key_file and server_key_file)
+    if runtime_dir is None or need_keys:
+        # Only when the file can say something: the config module is a fifth of `profctl
+        # ps`'s start-up, and PROFD_RUNTIME_DIR (or --runtime-dir) is the common case.
+        from profd.config import ConfigError, configured_cluster, configured_runtime_dir
 
-    try:
-        if runtime_dir is None:
-            runtime_dir = configured_runtime_dir(config_file)
-        if cluster_spec and not (key_file and server_key_file):
-            keys = configured_cluster(config_file)
-            key_file = key_file or (str(keys.key) if keys.key else None)
-            server_key_file = server_key_file or (str(keys.server_key) if keys.server_key else None)
-    except ConfigError as exc:
-        raise click.UsageError(str(exc)) from None
+        try:
+            if runtime_dir is None:
+                runtime_dir = configured_runtime_dir(config_file)
+            if need_keys:
+                keys = configured_cluster(config_file)
+                key_file = key_file or (str(keys.key) if keys.key else None)
+                server_key_file = server_key_file or (
+                    str(keys.server_key) if keys.server_key else None
+                )
+        except ConfigError as exc:
+            raise click.UsageError(str(exc)) from None
     ctx.obj = Env(
         runtime_dir=runtime_dir,
         json=as_json,

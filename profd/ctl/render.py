@@ -10,11 +10,12 @@ escapes control characters itself).
 
 from __future__ import annotations
 
+import functools
 import json
 import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from typing import Any
+from typing import Any, Final
 
 import click
 
@@ -116,9 +117,98 @@ def json_text(doc: Any) -> str:
     if isinstance(doc, list) and doc and all(isinstance(r, dict) for r in doc):
         # json's indent= runs its pure-Python encoder: at 1,024 processes that was a fifth
         # of `profctl --json ps`. One line per row keeps the C encoder and stays greppable.
-        row = json.JSONEncoder(sort_keys=True, default=str).encode
-        return "[\n" + ",\n".join("  " + row(r) for r in doc) + "\n]"
-    return json.dumps(doc, indent=2, sort_keys=True, default=str)
+        # The whole list in one call, then a line break where one row's "}" meets the next
+        # one's "{": a row that holds that text itself (in a string, a list of maps) makes
+        # more pieces than there are rows, and is written row by row instead.
+        parts = _ENCODE(doc)[1:-1].split(_ROWS_APART)
+        if len(parts) == len(doc):
+            return "[\n  " + "},\n  {".join(parts) + "\n]"
+        return "[\n" + ",\n".join("  " + _ENCODE(r) for r in doc) + "\n]"
+    return indented(doc)
+
+
+_ENCODE: Final = json.JSONEncoder(sort_keys=True, default=str).encode
+#: Between two rows of a list of maps, as json writes the list on one line.
+_ROWS_APART: Final = "}, {"
+
+
+def indented(doc: Any) -> str:
+    """``json.dumps(doc, indent=2, sort_keys=True, default=str)``, the same text, with each
+    container's scalars written by json's C encoder: ``indent`` runs json's pure-Python
+    encoder, which was most of ``profctl --json top`` at 1,024 ranks."""
+    if not (isinstance(doc, _CONTAINERS) and doc):
+        return json.dumps(doc, sort_keys=True, default=str)  # no line breaks to make
+    try:
+        return _indented(doc, "\n")
+    except (_Ambiguous, RecursionError):
+        # A string that reads like a hole, or a reference cycle (json's own error then).
+        return json.dumps(doc, indent=2, sort_keys=True, default=str)
+
+
+_CONTAINERS = (list, tuple, dict)
+#: What a nested non-empty container is written as while its parent is encoded; the
+#: parent's text is then split where it stands. ``ensure_ascii`` writes the NUL escaped, so
+#: only another string made of exactly one NUL could read the same, and the count of
+#: pieces tells (:class:`_Ambiguous`).
+_HOLE = "\x00"
+_HOLE_TEXT = json.dumps(_HOLE)
+
+
+class _Nested:
+    __slots__ = ()
+
+
+_NESTED = _Nested()
+
+
+class _Ambiguous(Exception):
+    pass
+
+
+def _hole_or_str(o: object) -> str:
+    return _HOLE if o is _NESTED else str(o)
+
+
+@functools.cache
+def _level_encoder(newline: str) -> Callable[[Any], str]:
+    """The C encoder with the separators ``indent=2`` puts between the items of one level:
+    ``newline`` is a line break and that level's indentation."""
+    return json.JSONEncoder(
+        sort_keys=True, default=_hole_or_str, separators=("," + newline, ": ")
+    ).encode
+
+
+def _indented(o: dict[Any, Any] | list[Any] | tuple[Any, ...], outer: str) -> str:
+    """Non-empty ``o`` at the depth whose line break and indentation is ``outer``."""
+    inner = outer + "  "
+    nested: list[Any]
+    flat: Any = o
+    if isinstance(o, dict):
+        holes = [k for k, v in o.items() if isinstance(v, _CONTAINERS) and v]
+        # json writes a dict's items sorted: its nested containers come in that order too.
+        holes.sort()
+        nested = [o[k] for k in holes]
+        if holes:
+            flat = dict(o)
+            for k in holes:
+                flat[k] = _NESTED
+    else:
+        nested = [v for v in o if isinstance(v, _CONTAINERS) and v]
+        if nested:
+            flat = [_NESTED if isinstance(v, _CONTAINERS) and v else v for v in o]
+    text: str = _level_encoder(inner)(flat)
+    if nested:
+        parts = text.split(_HOLE_TEXT)
+        if len(parts) != len(nested) + 1:
+            raise _Ambiguous
+        out = [parts[0]]
+        for value, after in zip(nested, parts[1:], strict=True):
+            out.append(_indented(value, inner))
+            out.append(after)
+        text = "".join(out)
+    # The encoder wrote ``{a,<inner>b}``; indent=2 breaks the line after the opening
+    # bracket and before the closing one too.
+    return text[0] + inner + text[1:-1] + outer + text[-1]
 
 
 def steps_text(steps: Sequence[int]) -> str:

@@ -51,6 +51,50 @@ def test_a_training_job_loads_no_control_schemas() -> None:
     }
 
 
+# What `profctl ps` and `profctl top` load before they connect: the commands, the control
+# schemas and the envelope, and none of what only the daemon or a training job needs.
+_CTL_PROBE = """
+import json, sys
+import profd.ctl.main
+from profd.ctl.commands import ps, top
+print(json.dumps(sorted(sys.modules)))
+"""
+
+#: Modules `profctl ps` must not load: a third of its start-up when it did.
+_NOT_FOR_PS = (
+    "msgspec",  # the typed agent messages' decoder
+    "profd_client.protocol.agent",
+    "profd_client.protocol.typed",
+    "profd_client.protocol.adapter",
+    "profd.config",  # read only when no runtime dir is given
+    "profd.ctl.cluster",  # --cluster only
+    "profd.ctl.commands.start",
+    "zmq",  # imported when the request is sent
+)
+
+
+def test_profctl_ps_and_top_load_only_what_they_use() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", _CTL_PROBE], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    loaded = set(json.loads(out.stdout))
+    assert "profd.control_schema" in loaded  # the probe did import the commands
+    assert not {m for m in loaded if m.split(".")[0] in _NOT_FOR_PS or m in _NOT_FOR_PS}, loaded
+
+
+def test_the_protocol_package_names_every_submodules_names() -> None:
+    from profd_client.protocol import agent, envelope, schema, typed, vocabulary
+
+    # As the star imports bound them, in their order: a later module's name wins.
+    expected: dict[str, object] = {}
+    for module in (agent, envelope, schema, vocabulary):
+        expected.update((k, v) for k, v in vars(module).items() if not k.startswith("_"))
+    assert expected
+    for name, value in expected.items():
+        assert getattr(P, name) is value, name
+    assert P.Message is typed.Message and P.cycles is schema.cycles and P.Peer is P.adapter.Peer
+
+
 def _documented_codes() -> list[str]:
     text = (ROOT / "docs" / "protocol.md").read_text()
     section = text.split("## Error codes", 1)[1].split("\n## ", 1)[0]

@@ -32,17 +32,17 @@ from .schema import (
     MAX_SECONDS,
     MAX_STEP,
     MAX_TEXT,
-    Bool,
     Cycles,
     Field,
-    Int,
     ListOf,
-    Str,
     Struct,
 )
 from .typed import Message, Typed, Version
 from .vocabulary import (
     ACK,
+    AGENT_MAX_FRAMES,
+    AGENT_MAX_THREADS,
+    AGENT_STACK_THREAD,
     ARM,
     ARMED,
     BLACKBOX_REQUEST,
@@ -51,14 +51,13 @@ from .vocabulary import (
     CAPTURED,
     DISARM,
     ERROR,
+    FLIGHT,
     HEARTBEAT,
     HELLO,
     IDENTITY_SOURCE,
     PROGRESS,
-    SHORT,
     STACKS_REQUEST,
     STACKS_RESULT,
-    TID,
     WELCOME,
     ReportState,
 )
@@ -178,52 +177,8 @@ def _msg(open_: bool = True, **fields: tuple[Field, bool]) -> Struct:
 
 _R, _O = True, False  # required, optional
 
-# The stack schemas ``stacks_result`` is made of, shared with the control replies that carry
-# them on (``profd.control_schema``): one hand-written definition, which ``StacksResult``
-# checks its nested maps with. A process sends its own stacks innermost frames first, so
-# what is cut is the outermost (an agent frame is at most ``MAX_FRAME_BYTES``).
-AGENT_MAX_FRAMES: Final = 128
-AGENT_MAX_THREADS: Final = 64
-STACK_FRAME: Final = _msg(
-    function=(Str(MAX_TEXT), _R),
-    file=(Str(MAX_PATH), _R),
-    line=(Int(0, 1 << 31), _R),
-    native=(Bool(), _O),  # a C/C++ frame (py-spy --native): not part of a group's key
-)
-#: A flight recorder's summary (``profd_client.flight``): what a rank's last collectives were.
-FLIGHT_MAX_PGS: Final = 64
-FLIGHT_MAX_ENTRIES: Final = 256
-FLIGHT_SEQ: Final = Int(-1, MAX_STEP)  # -1: none yet
-FLIGHT_PG: Final = _msg(
-    pg=(Str(MAX_NAME), _R),
-    desc=(Str(MAX_NAME), _R),
-    enqueued=(FLIGHT_SEQ, _R),
-    started=(FLIGHT_SEQ, _R),
-    completed=(FLIGHT_SEQ, _R),
-)
-FLIGHT_ENTRY: Final = _msg(
-    pg=(Str(MAX_NAME), _R),
-    seq=(FLIGHT_SEQ, _R),
-    p2p=(Bool(), _R),
-    op=(Str(MAX_NAME), _R),
-    state=(Str(16), _R),
-    sizes=(ListOf(ListOf(FLIGHT_SEQ, 8), 4), _R),
-)
-FLIGHT: Final = _msg(
-    version=(Str(32), _R),
-    pgs=(ListOf(FLIGHT_PG, FLIGHT_MAX_PGS), _R),
-    entries=(ListOf(FLIGHT_ENTRY, FLIGHT_MAX_ENTRIES), _R),
-)
-#: A process's own threads (``stacks_result``), bounded to fit one agent frame.
-AGENT_STACK_THREAD: Final = _msg(
-    name=(Str(MAX_NAME), _R),
-    tid=(TID, _R),
-    frames=(ListOf(STACK_FRAME, AGENT_MAX_FRAMES), _R),
-)
 _AGENT_THREADS: Final = ListOf(AGENT_STACK_THREAD, AGENT_MAX_THREADS)
 
-#: ``error`` on control.sock (``profd.control_schema``); on agent.sock it is :class:`Error`.
-ERROR_SCHEMA: Final = _msg(code=(SHORT, _R), msg=(Str(MAX_ERROR_TEXT), _R))
 
 # --- the other agent messages, typed (see ``Heartbeat`` and ``Arm`` above) ---------------------
 # Each bound is its hand-written field type's (``vocabulary``): ``_Name`` is ``NAME``, and so on.

@@ -16,7 +16,6 @@ from collections.abc import Mapping
 from typing import Any, Final, Protocol, Union
 
 import msgpack
-import msgspec
 
 #: The release of profd and profd_client (one distribution, one version string).
 RELEASE: Final = "0.3.0"
@@ -130,6 +129,10 @@ class Inbound(dict[str, Schema]):
         types = tuple(s.type for s in schemas.values() if hasattr(s, "type"))
         self.fast: Any = None
         if types:
+            # Here, not at the top: profctl reads replies without msgspec (a fifth of its
+            # start-up), and only typed receivers build this.
+            import msgspec
+
             union: Any = types[0] if len(types) == 1 else Union[types]  # noqa: UP007
             self.fast = msgspec.msgpack.Decoder(union)
 
@@ -206,6 +209,8 @@ def decode(frame: bytes, accept: Mapping[str, Schema], reply: bool = False) -> A
     """
     fast = accept.fast if isinstance(accept, Inbound) else None
     if fast is not None and len(frame) <= MAX_FRAME_BYTES:
+        import msgspec  # loaded already: ``fast`` is its decoder
+
         try:
             return fast.decode(frame)
         except (msgspec.ValidationError, msgspec.DecodeError, RecursionError):
