@@ -8,24 +8,21 @@ from __future__ import annotations
 
 import os
 import socket
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+# ConfigError is this module's error too (every reader of settings catches it from here).
+from profd.config_file import ConfigError as ConfigError
+from profd.config_file import config_path, profctl_config, read_toml
 from profd.watch import sampling
 from profd.watch.slowdown_rules import WatchRules
 from profd_client.locations import runtime_dir as resolve_runtime_dir
 from profd_client.locations import under_systemd
 from profd_client.protocol.schema import MAX_CYCLE_STEPS, MAX_PIDS
 
-DEFAULT_CONFIG = Path("/etc/profd/profd.toml")
 _LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
-
-
-class ConfigError(ValueError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -270,7 +267,7 @@ def reload_watch(path: Path | None) -> WatchConfig:
     looked at. No file: the defaults. :class:`ConfigError` if it cannot be used."""
     if path is None:
         return WatchConfig()
-    table = _table(_read_toml(path), "watch")
+    table = _table(read_toml(path), "watch")
     try:
         return _watch(table)
     except (TypeError, ValueError) as exc:
@@ -460,18 +457,6 @@ def _default_state_dir() -> Path:
     return base / "profd"
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    try:
-        with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise ConfigError(f"config file {path}: {exc}") from None
-    except OSError as exc:  # a directory, no permission: one line, not a traceback
-        raise ConfigError(f"config file {path}: {exc.strerror or exc}") from None
-
-
 def _size(value: object, name: str, minimum: int = 0) -> int | None:
     """Sizes accept plain bytes or strings like ``"20GB"``/``"512MiB"``."""
     if value is None:
@@ -558,22 +543,9 @@ def _s3(table: Mapping[str, Any], url: str | None, endpoint: str | None) -> S3Co
     return cfg
 
 
-def _profctl_config(config_file: str | None) -> dict[str, Any]:
-    path = config_file or os.environ.get("PROFD_CONFIG")
-    p = Path(path) if path else (DEFAULT_CONFIG if DEFAULT_CONFIG.exists() else None)
-    return _read_toml(p) if p is not None else {}
-
-
-def configured_runtime_dir(config_file: str | None = None) -> str | None:
-    """``[daemon] runtime_dir`` from the config file profd would read, for profctl."""
-    daemon = _profctl_config(config_file).get("daemon", {})
-    value = daemon.get("runtime_dir") if isinstance(daemon, dict) else None
-    return str(value) if value else None
-
-
 def configured_cluster(config_file: str | None = None) -> ClusterConfig:
     """``[cluster]`` from the config file profd would read, for profctl's keys."""
-    return _cluster(_table(_profctl_config(config_file), "cluster"))
+    return _cluster(_table(profctl_config(config_file), "cluster"))
 
 
 def load(
@@ -586,8 +558,8 @@ def load(
     env: Mapping[str, str] | None = None,
 ) -> Config:
     e = os.environ if env is None else env
-    path = _config_path(config_file, e)
-    data = _read_toml(path) if path else {}
+    path = config_path(config_file, e)
+    data = read_toml(path) if path else {}
     daemon = _table(data, "daemon")
 
     def pick(flag: object, env_name: str, key: str) -> str | None:
@@ -646,17 +618,6 @@ def load(
         if isinstance(exc, ConfigError):
             raise
         raise ConfigError(f"config: {exc}") from None
-
-
-def _config_path(config_file: str | os.PathLike[str] | None, env: Mapping[str, str]) -> Path | None:
-    """The file to read: the argument, ``PROFD_CONFIG``, else the default one if it exists."""
-    if config_file:
-        return Path(config_file)
-    if env.get("PROFD_CONFIG"):
-        return Path(env["PROFD_CONFIG"])
-    if DEFAULT_CONFIG.exists():
-        return DEFAULT_CONFIG
-    return None
 
 
 def _table(data: Mapping[str, Any], name: str) -> dict[str, Any]:

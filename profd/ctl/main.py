@@ -215,14 +215,16 @@ def cli(
     """
     need_keys = bool(cluster_spec) and not (key_file and server_key_file)
     if runtime_dir is None or need_keys:
-        # Only when the file can say something: the config module is a fifth of `profctl
-        # ps`'s start-up, and PROFD_RUNTIME_DIR (or --runtime-dir) is the common case.
-        from profd.config import ConfigError, configured_cluster, configured_runtime_dir
+        # Only the file's reader for a runtime dir: the settings' schema (profd.config) is a
+        # fifth of `profctl ps`'s start-up, and only the cluster keys need it.
+        from profd.config_file import ConfigError, configured_runtime_dir
 
         try:
             if runtime_dir is None:
                 runtime_dir = configured_runtime_dir(config_file)
             if need_keys:
+                from profd.config import configured_cluster
+
                 keys = configured_cluster(config_file)
                 key_file = key_file or (str(keys.key) if keys.key else None)
                 server_key_file = server_key_file or (

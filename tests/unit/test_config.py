@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from profd import config as C
+from profd import config_file
 from profd.config import (
     Config,
     ConfigError,
@@ -23,10 +24,10 @@ from profd.config import (
     S3Config,
     WarehouseConfig,
     WatchConfig,
-    configured_runtime_dir,
     load,
     reload_watch,
 )
+from profd.config_file import configured_runtime_dir
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -42,7 +43,7 @@ def clean_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]
         ):
             monkeypatch.delenv(k)
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.setattr(C, "DEFAULT_CONFIG", tmp_path / "etc" / "profd.toml")
+    monkeypatch.setattr(config_file, "DEFAULT_CONFIG", tmp_path / "etc" / "profd.toml")
     yield
 
 
@@ -147,10 +148,10 @@ def test_systemd_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_config_file_is_read_when_present(tmp_path: Path) -> None:
-    C.DEFAULT_CONFIG.parent.mkdir()
-    C.DEFAULT_CONFIG.write_text('[daemon]\nlog_level = "debug"\n')
+    config_file.DEFAULT_CONFIG.parent.mkdir()
+    config_file.DEFAULT_CONFIG.write_text('[daemon]\nlog_level = "debug"\n')
     cfg = load(env={})
-    assert cfg.config_file == C.DEFAULT_CONFIG and cfg.log_level == "debug"
+    assert cfg.config_file == config_file.DEFAULT_CONFIG and cfg.log_level == "debug"
 
 
 # --- the file ---------------------------------------------------------------------------------

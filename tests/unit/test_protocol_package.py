@@ -4,6 +4,7 @@ and version adaptation (an older peer's shape of a message, made from the curren
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -80,6 +81,32 @@ def test_profctl_ps_and_top_load_only_what_they_use() -> None:
     loaded = set(json.loads(out.stdout))
     assert "profd.control_schema" in loaded  # the probe did import the commands
     assert not {m for m in loaded if m.split(".")[0] in _NOT_FOR_PS or m in _NOT_FOR_PS}, loaded
+
+
+_CTL_RUN = """
+import json, sys
+from profd.ctl.main import cli
+try:
+    cli.main(["--json", "ps"], prog_name="profctl", standalone_mode=False)
+except BaseException as exc:  # no daemon there: what matters is where it looked
+    print(json.dumps([type(exc).__name__, str(exc), sorted(sys.modules)]))
+"""
+
+
+def test_profctl_ps_reads_the_runtime_dir_from_the_config_file_without_the_settings(
+    tmp_path: Path,
+) -> None:
+    rdir = tmp_path / "from-the-file"
+    conf = tmp_path / "profd.toml"
+    conf.write_text(f'[daemon]\nruntime_dir = "{rdir}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PROFD_")}
+    env["PROFD_CONFIG"] = str(conf)
+    out = subprocess.run(
+        [sys.executable, "-c", _CTL_RUN], capture_output=True, text=True, cwd=ROOT, env=env
+    )
+    kind, message, loaded = json.loads(out.stdout.splitlines()[-1])
+    assert kind == "SystemExit" and str(rdir) in out.stderr, (kind, message, out.stderr)
+    assert "profd.config_file" in loaded and "profd.config" not in loaded
 
 
 def test_the_protocol_package_names_every_submodules_names() -> None:

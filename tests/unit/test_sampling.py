@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profd import config
+from profd import config_file
 from profd.config import ConfigError, load
 from profd.daemon.sessions.samples import rules_of
 from profd.scheduling.planner import TargetState, check_reachable
@@ -174,7 +174,7 @@ def toml(tmp_path: Path, text: str) -> Path:
 def test_watch_sample_keys_are_read_and_checked(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(config, "DEFAULT_CONFIG", tmp_path / "etc" / "profd.toml")
+    monkeypatch.setattr(config_file, "DEFAULT_CONFIG", tmp_path / "etc" / "profd.toml")
     cfg = load(toml(tmp_path, "[watch]\nsample_every = 500\nsample_steps = 3\n"), env={})
     assert rules_of(cfg.watch) == SampleRules(500, 3, 86400.0)
     assert rules_of(cfg.watch).timeout == 60.0
