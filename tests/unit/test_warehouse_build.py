@@ -25,7 +25,7 @@ from profd.store.index import (
 from profd.warehouse.build import Source, build, part_range, reason
 from profd.warehouse.export import Exporter
 from profd.warehouse.sink import LocalSink
-from profd.warehouse.tables import SCHEMAS
+from profd.warehouse.arrow import SCHEMAS, arrow_table
 
 DAY = "2026-03-04"
 HOUR = "2026-03-04/10"
@@ -83,7 +83,7 @@ def add_capture(db: Database, s3_uri: str | None) -> None:
 
 
 def rows(db: Database, table: str, part: str) -> list[dict[str, Any]]:
-    t = build(table, part, Source(WarehouseQueueRepo(db), "node-a"))
+    t = arrow_table(table, build(table, part, Source(WarehouseQueueRepo(db), "node-a")))
     assert t.schema.equals(SCHEMAS[table])
     out: list[dict[str, Any]] = t.to_pylist()
     return out
