@@ -22,10 +22,10 @@ from profd.store.index import (
     TraceRepo,
     WarehouseQueueRepo,
 )
+from profd.warehouse.arrow import SCHEMAS, arrow_table
 from profd.warehouse.build import Source, build, part_range, reason
 from profd.warehouse.export import Exporter
 from profd.warehouse.sink import LocalSink
-from profd.warehouse.arrow import SCHEMAS, arrow_table
 
 DAY = "2026-03-04"
 HOUR = "2026-03-04/10"

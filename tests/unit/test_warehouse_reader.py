@@ -201,15 +201,23 @@ def test_overlays_from_the_daemons_reply() -> None:
         ),
         ({"table": "incidents", "part": "2026-03-01", "stem": A, "columns": b"junk"}, "unreadable"),
         (
-            {"table": "incidents", "part": "2026-03-01", "stem": A,
-             "columns": {**columns(rows), "step": ["x", "y"]}},
+            {
+                "table": "incidents",
+                "part": "2026-03-01",
+                "stem": A,
+                "columns": {**columns(rows), "step": ["x", "y"]},
+            },
             "unreadable",
-        ),  # fmt: skip
+        ),
         (
-            {"table": "incidents", "part": "2026-03-01", "stem": A,
-             "columns": columns(rows.drop(["id"]))},
+            {
+                "table": "incidents",
+                "part": "2026-03-01",
+                "stem": A,
+                "columns": columns(rows.drop(["id"])),
+            },
             "lack ['id']",
-        ),  # fmt: skip
+        ),
         (
             {"table": "incidents", "part": "2026-03-01/02", "stem": A, "columns": columns(rows)},
             "part",
