@@ -13,6 +13,7 @@ object it is writing.
 from __future__ import annotations
 
 import ctypes
+import importlib.abc
 import json
 import os
 import signal
@@ -98,7 +99,19 @@ def _die_with(daemon_pid: int) -> None:
         os._exit(1)
 
 
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """Refuses ``import pandas``. pyarrow imports pandas on the first array it makes of
+    Python objects, only to ask whether they are pandas objects (they never are here):
+    without pandas it takes them as plain sequences. Importing it would cost this process
+    ~0.3 s of CPU and ~50 MB at each flush."""
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
+        if fullname == "pandas" or fullname.startswith("pandas."):
+            raise ModuleNotFoundError(f"{fullname}: not used by the flush process")
+
+
 def main() -> int:
+    sys.meta_path.insert(0, _NoPandas())
     job = json.loads(sys.stdin.read())
     _die_with(int(job["daemon_pid"]))
     stopping = threading.Event()
