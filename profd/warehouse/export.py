@@ -37,7 +37,6 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +46,7 @@ from profd.store.index import Database, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
 from profd.warehouse.instance import instance_id
 from profd.warehouse.sink import Sink, make_sink
-from profd.warehouse.tables import RANK_DAYS, TABLES, writer_stem
+from profd.warehouse.tables import RANK_DAYS, TABLES, cutoff_date, expired, writer_stem
 
 log = logging.getLogger("profd.warehouse")
 
@@ -55,17 +54,6 @@ BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 300.0
 RETENTION_EVERY_S = 86400.0
 STOP_JOIN_S = 10.0
-
-
-def cutoff_date(now: float, days: int) -> str:
-    """The oldest date (``YYYY-MM-DD``, UTC) a partition kept ``days`` days may have."""
-    return datetime.fromtimestamp(now - days * 86400.0, UTC).strftime("%Y-%m-%d")
-
-
-def expired(table: str, part: str, now: float, keep_days: int, keep_rank_days: int) -> bool:
-    """The partition is past its retention: never written again, its mark dropped."""
-    days = keep_rank_days if table in RANK_DAYS else keep_days
-    return part[:10] < cutoff_date(now, days)
 
 
 class FlushFailed(Exception):

@@ -14,6 +14,7 @@ and a day's files per table are one per writer (24 for the hourly tables).
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 
 #: Each table's columns, in order: (name, type). The types are named here so that this
 #: module (and the daemon, which names tables, partitions and objects through it) needs no
@@ -145,3 +146,14 @@ def object_key(table: str, part: str, stem: str) -> str:
     date, _, hour = part.partition("/")
     name = f"{stem}~{hour}" if hour else stem
     return f"{table}/date={date}/{name}.parquet"
+
+
+def cutoff_date(now: float, days: int) -> str:
+    """The oldest date (``YYYY-MM-DD``, UTC) a partition kept ``days`` days may have."""
+    return datetime.fromtimestamp(now - days * 86400.0, UTC).strftime("%Y-%m-%d")
+
+
+def expired(table: str, part: str, now: float, keep_days: int, keep_rank_days: int) -> bool:
+    """The partition is past its retention: never written again, its mark dropped."""
+    days = keep_rank_days if table in RANK_DAYS else keep_days
+    return part[:10] < cutoff_date(now, days)
