@@ -19,7 +19,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from profd.warehouse.tables import HOURLY, SCHEMAS, object_key, writer_stem
+from profd.warehouse.arrow import SCHEMAS
+from profd.warehouse.tables import HOURLY, object_key, writer_stem
 
 KINDS = ("regression", "straggler", "slow_rank", "hang")
 OPS = ("aten::mm", "nccl:all_reduce", "aten::copy_", "aten::layer_norm")

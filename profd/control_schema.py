@@ -566,12 +566,12 @@ BLACKBOX_DOC: Final = _row(
     collect_s=(FINITE, _R),
 )
 #: ``warehouse``: where the export writes and, per partition not written yet, its rows as
-#: the Arrow IPC stream of the table's schema (profd/warehouse/tables.py).
+#: columns: a map of each column of the table (profd/warehouse/tables.py) to its values.
 WAREHOUSE_OVERLAY: Final = _row(
     table=(Str(MAX_NAME, 1), _R),
     part=(Str(16, 10), _R),
     stem=(Str(MAX_TEXT, 1), _R),
-    ipc=(AnyValue(), _R),
+    columns=(AnyValue(), _R),
 )
 WAREHOUSE_DOC: Final = _row(
     url=(LONG_TEXT, _R),

@@ -23,7 +23,8 @@ from test_disk_full import fill, tmpfs  # noqa: F401  (the fixture)
 
 from profd.ctl.connection import Connection, decode_reply
 from profd.store.index import Database, IncidentRepo, StepMinuteRepo
-from profd.warehouse.tables import SCHEMAS
+from profd.warehouse.arrow import SCHEMAS
+from profd.warehouse.reader import overlays_from_reply
 
 WAIT = 30.0
 FAST = "[warehouse]\nflush_every = 0.5\n"
@@ -133,8 +134,8 @@ def test_rows_reach_the_local_warehouse_once_and_unwritten_rows_come_as_overlays
     feed(d, ranks=0, incident="inc-2")
     reply = ask_warehouse(d)
     assert (reply["url"], reply["stem"], reply["flush_every"]) == (f"{root}/", stem, 3600.0)
-    (ov,) = [o for o in reply["overlays"] if o["table"] == "incidents"]
-    rows = pa.ipc.open_stream(ov["ipc"]).read_all()
+    (ov,) = overlays_from_reply(o for o in reply["overlays"] if o["table"] == "incidents")
+    rows = ov.rows
     assert rows.schema.equals(SCHEMAS["incidents"])
     assert sorted(rows.column("id").to_pylist()) == ["inc-1", "inc-2"]
     assert read("incidents").num_rows == 1  # not written yet
@@ -212,12 +213,31 @@ def _maps_pyarrow(pid: int) -> bool:
     return "pyarrow" in Path(f"/proc/{pid}/maps").read_text()
 
 
-def test_a_disabled_export_never_loads_pyarrow(daemon_factory: Callable[..., Daemon]) -> None:
+def _children(pid: int) -> list[str]:
+    return [
+        c
+        for task in Path(f"/proc/{pid}/task").iterdir()
+        for c in (task / "children").read_text().split()
+    ]
+
+
+def test_the_daemon_never_loads_pyarrow_export_on_or_off(
+    daemon_factory: Callable[..., Daemon],
+) -> None:
     on = daemon_factory(config=FAST)
     off = daemon_factory(config="[warehouse]\nenabled = false\n")
     assert on.proc is not None and off.proc is not None
     feed(on)
-    wait_for(lambda: _maps_pyarrow(on.proc.pid), WAIT, "pyarrow in the exporting daemon")  # type: ignore[union-attr]
+    # Written by a flush process that has exited since; and the overlays built without it.
+    root = on.state_dir / "warehouse"
+    wait_for(lambda: local_rows(root, "incidents").num_rows == 1, WAIT, "the incident written")
+    wait_for(lambda: status(on)["pending_partitions"] == 0, WAIT, "every partition written")
+    assert status(on)["objects_written"] >= 3 and status(on)["last_flush_cpu_s"] > 0
+    # The overlays (built on the loop, from the index) need no pyarrow either.
+    feed(on, ranks=0, incident="inc-2")
+    ask_warehouse(on)
+    assert not _maps_pyarrow(on.proc.pid)
+    wait_for(lambda: not _children(on.proc.pid), WAIT, "the flush process to exit")  # type: ignore[union-attr]
     feed(off)
     assert status(off) == {"enabled": False}
     r = off.ctl("status")

@@ -1,5 +1,7 @@
-"""The rows of one partition of one warehouse table, built from this node's index as an Arrow
-table of exactly :data:`~profd.warehouse.tables.SCHEMAS` ``[table]``.
+"""The rows of one partition of one warehouse table, built from this node's index as columns
+(plain lists, one per column of :data:`~profd.warehouse.tables.COLUMNS` ``[table]``, in
+its order): :func:`profd.warehouse.arrow.arrow_table` makes them an Arrow table. No pyarrow
+here: the daemon builds the ``warehouse`` request's overlays with it.
 
 Every builder reads the whole partition (a day, or an hour for the minute tables): the
 object it becomes replaces the one before it.
@@ -13,10 +15,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-import pyarrow as pa
-
 from profd.store.index import MinuteRow, WarehouseQueueRepo, history_rows
-from profd.warehouse.tables import HOURLY, SCHEMAS, check_part
+from profd.warehouse.tables import COLUMNS, HOURLY, check_part
 from profd.watch.stats import weighted_quantile
 
 #: The longest ``reason`` kept: one line, as ``profctl incidents`` prints it.
@@ -54,7 +54,7 @@ def part_range(table: str, part: str) -> tuple[float, float]:
     return start, start + 86400.0
 
 
-def build(table: str, part: str, src: Source) -> pa.Table:
+def build(table: str, part: str, src: Source) -> Columns:
     """The partition's rows, as its object holds them."""
     since, until = part_range(table, part)
     return _BUILDERS[table](src, since, until)
@@ -64,13 +64,12 @@ def _ts(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds * 1000.0)
 
 
-def _table(table: str, rows: dict[str, list[Any]]) -> pa.Table:
-    schema = SCHEMAS[table]
-    return pa.Table.from_arrays([pa.array(rows[f.name], f.type) for f in schema], schema=schema)
+#: A partition's rows, column by column.
+Columns = dict[str, list[Any]]
 
 
-def _columns(table: str) -> dict[str, list[Any]]:
-    return {f.name: [] for f in SCHEMAS[table]}
+def _columns(table: str) -> Columns:
+    return {name: [] for name, _ in COLUMNS[table]}
 
 
 # --- captures and what their statistics hold ------------------------------------------------------
@@ -80,7 +79,7 @@ def _trace_key(r: dict[str, Any]) -> str | None:
     return r.get("s3_uri") or r.get("rel")
 
 
-def captures(src: Source, since: float, until: float) -> pa.Table:
+def captures(src: Source, since: float, until: float) -> Columns:
     cols = _columns("captures")
     for r in src.traces(since, until):
         steps = r["steps"]
@@ -105,7 +104,7 @@ def captures(src: Source, since: float, until: float) -> pa.Table:
         }
         for k, v in row.items():
             cols[k].append(v)
-    return _table("captures", cols)
+    return cols
 
 
 def _who(src: Source, r: dict[str, Any]) -> dict[str, Any]:
@@ -119,12 +118,12 @@ def _who(src: Source, r: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _repeat(cols: dict[str, list[Any]], values: dict[str, Any], n: int) -> None:
+def _repeat(cols: Columns, values: dict[str, Any], n: int) -> None:
     for k, v in values.items():
         cols[k].extend([v] * n)
 
 
-def rank_steps(src: Source, since: float, until: float) -> pa.Table:
+def rank_steps(src: Source, since: float, until: float) -> Columns:
     cols = _columns("rank_steps")
     parts = ("ms", "compute_ms", "collective_ms", "idle_ms")
     for r in src.traces(since, until):
@@ -140,10 +139,10 @@ def rank_steps(src: Source, since: float, until: float) -> pa.Table:
             col = list(steps.get(p) or [])[:n]
             cols[p].extend(col + [None] * (n - len(col)))
         cols["mode"].extend([stats.get("mode")] * n)
-    return _table("rank_steps", cols)
+    return cols
 
 
-def operators(src: Source, since: float, until: float) -> pa.Table:
+def operators(src: Source, since: float, until: float) -> Columns:
     cols = _columns("operators")
     for r in src.traces(since, until):
         stats = r["stats"] or {}
@@ -171,7 +170,7 @@ def operators(src: Source, since: float, until: float) -> pa.Table:
                 cols["total_ms"].extend(fields[total])
             else:
                 cols["total_ms"].extend([None] * len(listed))
-    return _table("operators", cols)
+    return cols
 
 
 # --- minutes -----------------------------------------------------------------------------------
@@ -215,7 +214,7 @@ def _rank_minutes(src: Source, since: float, until: float) -> list[_RankMinute]:
     return out
 
 
-def rank_minutes(src: Source, since: float, until: float) -> pa.Table:
+def rank_minutes(src: Source, since: float, until: float) -> Columns:
     cols = _columns("rank_minutes")
     for m in _rank_minutes(src, since, until):
         cols["job"].append(m.job)
@@ -228,11 +227,11 @@ def rank_minutes(src: Source, since: float, until: float) -> pa.Table:
         cols["p90_ms"].append(m.p90_ms)
         cols["p99_ms"].append(None)  # the step ledger keeps no p99
         cols["max_ms"].append(m.max_ms)
-        cols["regions"].append(list(m.regions.items()))
-    return _table("rank_minutes", cols)
+        cols["regions"].append(m.regions)  # a map: name -> ms
+    return cols
 
 
-def job_minutes(src: Source, since: float, until: float) -> pa.Table:
+def job_minutes(src: Source, since: float, until: float) -> Columns:
     """This node's part of each job's minute: its ranks, their steps, and (as ``profctl
     history`` computes them, :func:`~profd.store.index.history_rows`) the median over its
     ranks of each rank's p50 and of each rank's p90, the longest step, and the rank with the
@@ -263,7 +262,7 @@ def job_minutes(src: Source, since: float, until: float) -> pa.Table:
             }
             for k, v in row.items():
                 cols[k].append(v)
-    return _table("job_minutes", cols)
+    return cols
 
 
 # --- incidents ---------------------------------------------------------------------------------
@@ -285,7 +284,7 @@ def _lost(doc: dict[str, Any]) -> float | None:
     return float(v) if isinstance(v, int | float) and not isinstance(v, bool) else None
 
 
-def incidents(src: Source, since: float, until: float) -> pa.Table:
+def incidents(src: Source, since: float, until: float) -> Columns:
     cols = _columns("incidents")
     for d in src.repo.incident_docs(since, until, job=src.job):
         row = {
@@ -308,10 +307,10 @@ def incidents(src: Source, since: float, until: float) -> pa.Table:
         }
         for k, v in row.items():
             cols[k].append(v)
-    return _table("incidents", cols)
+    return cols
 
 
-_BUILDERS: dict[str, Callable[[Source, float, float], pa.Table]] = {
+_BUILDERS: dict[str, Callable[[Source, float, float], Columns]] = {
     "captures": captures,
     "rank_steps": rank_steps,
     "operators": operators,
@@ -319,4 +318,4 @@ _BUILDERS: dict[str, Callable[[Source, float, float], pa.Table]] = {
     "job_minutes": job_minutes,
     "incidents": incidents,
 }
-assert set(_BUILDERS) == set(SCHEMAS)
+assert set(_BUILDERS) == set(COLUMNS)

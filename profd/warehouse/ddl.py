@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from profd.warehouse.tables import SCHEMAS
+from profd.warehouse.arrow import SCHEMAS
 
 _HIVE = {
     pa.string(): "string",

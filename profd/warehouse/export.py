@@ -1,12 +1,17 @@
 """The warehouse export: a worker thread that, every ``flush_every`` seconds, rewrites the
 object of each partition the index marked dirty (``warehouse_dirty``), then unmarks it.
 
-Off the event loop: the thread has its own index connection (as upload workers do), and
-reads each partition's rows and its mark's ``gen`` in one read transaction. A mark goes
-only once its object is written and only if its ``gen`` did not change meanwhile, so:
+Off the event loop: the thread has its own index connection (as upload workers do). The
+objects themselves are built and written by a short-lived process (:mod:`profd.warehouse.flush`),
+started only when some partition is dirty and gone once it has written them: Parquet needs
+pyarrow (~50 MB resident once loaded), which the daemon itself never loads. That process
+reads each partition's rows and its mark's ``gen`` in one read transaction. A mark goes only
+once its object is written and only if its ``gen`` did not change meanwhile, so:
 
-* a daemon killed at any point leaves its marks, and the next one writes those partitions
-  again, whole: nothing lost, nothing twice (an object is replaced, never appended to);
+* a daemon or flush process killed at any point leaves its marks, and the next flush writes
+  those partitions again, whole: nothing lost, nothing twice (an object is replaced, never
+  appended to). The flush process dies with the daemon (``PR_SET_PDEATHSIG``), so a
+  restarted daemon's flush never races an orphaned one;
 * a write that fails (store unreachable, disk full, anything) leaves the marks; the flush
   stops there and the next one is tried after a backoff that doubles up to
   :data:`BACKOFF_MAX_S`. The first failure of an outage is logged, and the recovery.
@@ -20,24 +25,28 @@ it whole races with nobody; the fleet's smallest ``keep_days`` wins.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
+import json
 import logging
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-import pyarrow as pa
-
 from profd.config import Config
-from profd.daemon.runtime import faults
 from profd.store import s3
-from profd.store.index import Database, Mark, WarehouseQueueRepo
+from profd.store.index import Database, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
 from profd.warehouse.instance import instance_id
-from profd.warehouse.sink import Sink, make_sink, parquet_bytes
-from profd.warehouse.tables import RANK_DAYS, SCHEMAS, TABLES, object_key, writer_stem
+from profd.warehouse.sink import Sink, make_sink
+from profd.warehouse.tables import RANK_DAYS, TABLES, cutoff_date, expired, writer_stem
 
 log = logging.getLogger("profd.warehouse")
 
@@ -47,18 +56,8 @@ RETENTION_EVERY_S = 86400.0
 STOP_JOIN_S = 10.0
 
 
-def cutoff_date(now: float, days: int) -> str:
-    """The oldest date (``YYYY-MM-DD``, UTC) a partition kept ``days`` days may have."""
-    return datetime.fromtimestamp(now - days * 86400.0, UTC).strftime("%Y-%m-%d")
-
-
-def ipc_bytes(table: pa.Table) -> bytes:
-    """``table`` in the Arrow IPC stream format (what the ``warehouse`` request's overlays
-    carry)."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
+class FlushFailed(Exception):
+    """The flush process's error, in its words, or how it ended without saying."""
 
 
 class Exporter:
@@ -82,6 +81,7 @@ class Exporter:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._db: Database | None = None
+        self._child: subprocess.Popen[bytes] | None = None  # the flush process, while it runs
         # Counters, guarded by _lock (read by status() on the event loop).
         self._pending = 0
         self._flushes = 0
@@ -106,6 +106,12 @@ class Exporter:
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
+        child = self._child
+        if child is not None:
+            # It stops after the object it is writing; one it leaves marked is written by
+            # the next daemon.
+            with contextlib.suppress(OSError):
+                child.send_signal(signal.SIGTERM)
         if self._thread is not None:
             self._thread.join(STOP_JOIN_S)
             if self._thread.is_alive():
@@ -168,21 +174,19 @@ class Exporter:
     def flush(self, repo: WarehouseQueueRepo) -> bool:
         """Write every dirty partition; False if a write failed (the rest waits)."""
         cpu0 = time.thread_time()
+        child_cpu = 0.0
         now = self.clock()
         objects = rows = nbytes = 0
         error: BaseException | None = None
         try:
-            by_part: dict[str, list[str]] = {}
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):
                     repo.drop(mark.table, mark.part)
-                else:
-                    by_part.setdefault(mark.part, []).append(mark.table)
-            for part, tables in by_part.items():
-                if self._stopping.is_set():
-                    break
-                n, size = self._write(repo, part, tables)
-                objects, rows, nbytes = objects + len(tables), rows + n, nbytes + size
+            if repo.pending() and not self._stopping.is_set():
+                res, child_cpu = self._flush_process(repo.db_path, now)
+                objects, rows, nbytes = int(res["objects"]), int(res["rows"]), int(res["bytes"])
+                if res["error"]:
+                    raise FlushFailed(str(res["error"]))
             pending = repo.pending()
         except Exception as exc:
             error = exc
@@ -190,32 +194,56 @@ class Exporter:
                 pending = repo.pending()
             except Exception:
                 pending = -1
-        self._flushed(now, time.thread_time() - cpu0, objects, rows, nbytes, pending, error)
+        cpu = time.thread_time() - cpu0 + child_cpu
+        self._flushed(now, cpu, objects, rows, nbytes, pending, error)
         return error is None
 
-    def _write(self, repo: WarehouseQueueRepo, part: str, tables: list[str]) -> tuple[int, int]:
-        """One partition's objects: the marks' gens and the rows read in one snapshot (the
-        capture tables of an hour share one read of its traces), then each object written
-        and its mark removed, unless marked again meanwhile."""
-        built: list[tuple[Mark, pa.Table]] = []
-        with repo.snapshot():
-            src = Source(repo, self.node)
-            for table in tables:
-                gen = repo.gen(table, part)
-                if gen is not None:
-                    built.append((Mark(table, part, gen), build(table, part, src)))
-        rows = nbytes = 0
-        for mark, table in built:
-            data = parquet_bytes(table)
-            self.sink.put(object_key(mark.table, mark.part, self.stem), data)
-            faults.point("warehouse-written")
-            repo.written(mark)
-            rows, nbytes = rows + table.num_rows, nbytes + len(data)
-        return rows, nbytes
+    def _flush_process(self, index: Path, now: float) -> tuple[dict[str, Any], float]:
+        """Run :mod:`profd.warehouse.flush` on the marks there are: its result (the
+        objects, rows and bytes it wrote, and its error or None) and the CPU seconds it
+        took. :class:`FlushFailed` if it ended without a result or not cleanly."""
+        job = {
+            "index": str(index),
+            "url": self.url,
+            "s3": dataclasses.asdict(self.cfg.s3),
+            "node": self.node,
+            "stem": self.stem,
+            "keep_days": self.keep_days,
+            "keep_rank_days": self.keep_rank_days,
+            "now": now,
+            "daemon_pid": os.getpid(),
+        }
+        child = subprocess.Popen(
+            # -P: nothing from the daemon's working directory is imported.
+            [sys.executable, "-P", "-m", "profd.warehouse.flush"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            close_fds=True,
+        )
+        self._child = child
+        try:
+            assert child.stdin is not None and child.stdout is not None
+            with contextlib.suppress(BrokenPipeError):  # it died at once: its exit says why
+                child.stdin.write(json.dumps(job).encode())
+                child.stdin.close()
+            out = child.stdout.read()
+            child.stdout.close()
+            # Reaped here rather than by Popen.wait: wait4 gives this child's own CPU.
+            _, status, ru = os.wait4(child.pid, 0)
+            child.returncode = os.waitstatus_to_exitcode(status)
+        finally:
+            self._child = None
+        cpu = ru.ru_utime + ru.ru_stime
+        try:
+            res = json.loads(out.decode().strip().splitlines()[-1])
+        except (ValueError, IndexError, UnicodeDecodeError):
+            raise FlushFailed(f"flush process ended with {_exit(child.returncode)}") from None
+        if child.returncode != 0 and not res.get("error"):
+            res["error"] = f"flush process ended with {_exit(child.returncode)}"
+        return res, cpu
 
     def _expired(self, table: str, part: str, now: float) -> bool:
-        days = self.keep_rank_days if table in RANK_DAYS else self.keep_days
-        return part[:10] < cutoff_date(now, days)
+        return expired(table, part, now, self.keep_days, self.keep_rank_days)
 
     def _flushed(
         self,
@@ -240,7 +268,9 @@ class Exporter:
             else:
                 self._errors += 1
                 self._failing += 1
-                self._last_error = s3.describe(error)
+                self._last_error = (
+                    str(error) if isinstance(error, FlushFailed) else s3.describe(error)
+                )
                 self._last_error_at = now
                 first = self._failing == 1
         if error is not None:
@@ -282,7 +312,7 @@ class Exporter:
 
     # --- unflushed rows, for readers on this node (event loop) --------------------------------
     def overlays(self, repo: WarehouseQueueRepo, job: str | None = None) -> list[dict[str, Any]]:
-        """Each dirty partition's rows as its object will hold them (Arrow IPC stream), for
+        """Each dirty partition's rows as its object will hold them (a list per column), for
         a reader to use in place of that object; ``repo`` is the caller's connection."""
         out: list[dict[str, Any]] = []
         now = self.clock()
@@ -291,13 +321,12 @@ class Exporter:
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):
                     continue
-                table = build(mark.table, mark.part, src)
                 out.append(
                     {
                         "table": mark.table,
                         "part": mark.part,
                         "stem": self.stem,
-                        "ipc": ipc_bytes(table),
+                        "columns": build(mark.table, mark.part, src),
                     }
                 )
         return out
@@ -313,4 +342,7 @@ class Exporter:
         }
 
 
-assert set(SCHEMAS) == set(TABLES)
+def _exit(code: int | None) -> str:
+    if code is not None and code < 0:
+        return f"signal {-code}"
+    return f"exit code {code}"

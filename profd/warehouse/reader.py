@@ -23,7 +23,8 @@ from typing import TYPE_CHECKING, Any
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from profd.warehouse.tables import SCHEMAS, TABLES, Overlay, object_key
+from profd.warehouse.arrow import SCHEMAS, Overlay, arrow_table
+from profd.warehouse.tables import TABLES, object_key
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -337,8 +338,9 @@ def _one_line(exc: BaseException) -> str:
 
 
 def overlays_from_reply(items: Iterable[Mapping[str, Any]]) -> list[Overlay]:
-    """The ``overlays`` of a daemon's ``warehouse`` reply: each one's rows from its Arrow
-    IPC stream, checked against its table's schema."""
+    """The ``overlays`` of a daemon's ``warehouse`` reply: each one's rows from its
+    ``columns`` (a list per column, as :func:`profd.warehouse.build.build` makes them),
+    made an Arrow table of its table's schema."""
     out: list[Overlay] = []
     for item in items:
         table, part, stem = str(item["table"]), str(item["part"]), str(item["stem"])
@@ -348,13 +350,15 @@ def overlays_from_reply(items: Iterable[Mapping[str, Any]]) -> list[Overlay]:
             object_key(table, part, stem)  # the partition is well formed
         except ValueError as exc:
             raise WarehouseError(f"daemon sent a bad partition: {exc}") from None
-        try:
-            with pa.ipc.open_stream(pa.py_buffer(bytes(item["ipc"]))) as reader:
-                rows = reader.read_all()
-        except (pa.ArrowInvalid, OSError) as exc:
-            raise WarehouseError(f"daemon sent unreadable {table} rows: {_one_line(exc)}") from None
-        missing = set(SCHEMAS[table].names) - set(rows.schema.names)
+        cols = item["columns"]
+        if not isinstance(cols, Mapping):
+            raise WarehouseError(f"daemon sent unreadable {table} rows: not a map of columns")
+        missing = set(SCHEMAS[table].names) - set(cols)
         if missing:
             raise WarehouseError(f"daemon's {table} rows lack {sorted(missing)}")
+        try:
+            rows = arrow_table(table, {k: list(v) for k, v in cols.items()})
+        except (pa.ArrowException, TypeError, ValueError) as exc:
+            raise WarehouseError(f"daemon sent unreadable {table} rows: {_one_line(exc)}") from None
         out.append(Overlay(table, part, stem, rows))
     return out

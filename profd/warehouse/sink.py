@@ -5,24 +5,13 @@ object whole). Either way a reader sees the old object or the new one, never a p
 from __future__ import annotations
 
 import contextlib
-import io
 import os
 import tempfile
 from pathlib import Path
 from typing import Any, Protocol
 
-import pyarrow as pa
-import pyarrow.parquet as pq
-
 from profd.config import S3Config
 from profd.store import s3
-
-
-def parquet_bytes(table: pa.Table) -> bytes:
-    """The table as one Parquet file, zstd-compressed, in memory."""
-    buf = io.BytesIO()
-    pq.write_table(table, buf, compression="zstd")
-    return buf.getvalue()
 
 
 class Sink(Protocol):

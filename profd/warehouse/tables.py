@@ -1,5 +1,6 @@
-"""The warehouse's tables: their columns (one Arrow schema each, the only definition; the docs
-and the DDL in docs/warehouse.md are checked against it) and where their objects live.
+"""The warehouse's tables: their columns (the only definition: the Arrow schemas, the docs and
+the DDL in docs/warehouse.md are made from or checked against it) and where their objects
+live. No pyarrow here: the daemon imports this module and never loads pyarrow.
 
 Layout (docs/warehouse.md "Layout"): ``{url}/{table}/date=YYYY-MM-DD/{stem}.parquet``, where
 the stem names the writer: ``{node}~{instance}`` (``instance``: a random id the daemon keeps in
@@ -13,119 +14,107 @@ and a day's files per table are one per writer (24 for the hourly tables).
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from datetime import UTC, datetime
 
-import pyarrow as pa
-
-_TS = pa.timestamp("ms", tz="UTC")
-_SUSPECT = pa.struct([("node", pa.string()), ("role", pa.string()), ("rank", pa.int32())])
-
-SCHEMAS: dict[str, pa.Schema] = {
-    "captures": pa.schema(
-        [
-            ("job", pa.string()),
-            ("session", pa.string()),
-            ("node", pa.string()),
-            ("host", pa.string()),
-            ("role", pa.string()),
-            ("rank", pa.int32()),
-            ("world_size", pa.int32()),
-            ("cycle", pa.int32()),
-            ("step_first", pa.int64()),
-            ("step_last", pa.int64()),
-            ("backend", pa.string()),
-            ("label", pa.string()),
-            ("state", pa.string()),
-            ("bytes", pa.int64()),
-            ("stall_ms", pa.float64()),
-            ("trace_key", pa.string()),
-            ("created", _TS),
-        ]
+#: Each table's columns, in order: (name, type). The types are named here so that this
+#: module (and the daemon, which names tables, partitions and objects through it) needs no
+#: pyarrow; :data:`profd.warehouse.arrow.SCHEMAS` makes the Arrow schemas of them:
+#: ``ts`` is a UTC timestamp in ms, ``regions`` a map of region name to ms (float32),
+#: ``suspects`` a list of {node, role, rank}.
+COLUMNS: dict[str, tuple[tuple[str, str], ...]] = {
+    "captures": (
+        ("job", "string"),
+        ("session", "string"),
+        ("node", "string"),
+        ("host", "string"),
+        ("role", "string"),
+        ("rank", "int32"),
+        ("world_size", "int32"),
+        ("cycle", "int32"),
+        ("step_first", "int64"),
+        ("step_last", "int64"),
+        ("backend", "string"),
+        ("label", "string"),
+        ("state", "string"),
+        ("bytes", "int64"),
+        ("stall_ms", "float64"),
+        ("trace_key", "string"),
+        ("created", "ts"),
     ),
-    "rank_steps": pa.schema(
-        [
-            ("job", pa.string()),
-            ("session", pa.string()),
-            ("node", pa.string()),
-            ("role", pa.string()),
-            ("rank", pa.int32()),
-            ("cycle", pa.int32()),
-            ("step", pa.int64()),
-            ("ms", pa.float64()),
-            ("compute_ms", pa.float64()),
-            ("collective_ms", pa.float64()),
-            ("idle_ms", pa.float64()),
-            ("mode", pa.string()),
-        ]
+    "rank_steps": (
+        ("job", "string"),
+        ("session", "string"),
+        ("node", "string"),
+        ("role", "string"),
+        ("rank", "int32"),
+        ("cycle", "int32"),
+        ("step", "int64"),
+        ("ms", "float64"),
+        ("compute_ms", "float64"),
+        ("collective_ms", "float64"),
+        ("idle_ms", "float64"),
+        ("mode", "string"),
     ),
-    "operators": pa.schema(
-        [
-            ("job", pa.string()),
-            ("session", pa.string()),
-            ("node", pa.string()),
-            ("role", pa.string()),
-            ("rank", pa.int32()),
-            ("cycle", pa.int32()),
-            ("name", pa.string()),
-            ("kind", pa.string()),  # cpu | gpu | collective
-            ("calls", pa.int64()),
-            ("self_ms", pa.float64()),
-            ("total_ms", pa.float64()),
-            ("steps", pa.int32()),  # the steps the capture held: per step = self_ms / steps
-        ]
+    "operators": (
+        ("job", "string"),
+        ("session", "string"),
+        ("node", "string"),
+        ("role", "string"),
+        ("rank", "int32"),
+        ("cycle", "int32"),
+        ("name", "string"),
+        ("kind", "string"),  # cpu | gpu | collective
+        ("calls", "int64"),
+        ("self_ms", "float64"),
+        ("total_ms", "float64"),
+        ("steps", "int32"),  # the steps the capture held: per step = self_ms / steps
     ),
-    "job_minutes": pa.schema(
-        [
-            ("job", pa.string()),
-            ("role", pa.string()),
-            ("minute", _TS),
-            ("node", pa.string()),
-            ("nodes", pa.int32()),
-            ("ranks", pa.int32()),
-            ("steps", pa.int64()),
-            ("p50_ms", pa.float64()),
-            ("p90_ms", pa.float64()),
-            ("max_ms", pa.float64()),
-            ("slowest_rank", pa.int32()),
-            ("slowest_node", pa.string()),
-            ("vs_baseline", pa.float64()),
-        ]
+    "job_minutes": (
+        ("job", "string"),
+        ("role", "string"),
+        ("minute", "ts"),
+        ("node", "string"),
+        ("nodes", "int32"),
+        ("ranks", "int32"),
+        ("steps", "int64"),
+        ("p50_ms", "float64"),
+        ("p90_ms", "float64"),
+        ("max_ms", "float64"),
+        ("slowest_rank", "int32"),
+        ("slowest_node", "string"),
+        ("vs_baseline", "float64"),
     ),
-    "rank_minutes": pa.schema(
-        [
-            ("job", pa.string()),
-            ("node", pa.string()),
-            ("role", pa.string()),
-            ("rank", pa.int32()),
-            ("minute", _TS),
-            ("steps", pa.int32()),
-            ("p50_ms", pa.float32()),
-            ("p90_ms", pa.float32()),
-            ("p99_ms", pa.float32()),
-            ("max_ms", pa.float32()),
-            ("regions", pa.map_(pa.string(), pa.float32())),
-        ]
+    "rank_minutes": (
+        ("job", "string"),
+        ("node", "string"),
+        ("role", "string"),
+        ("rank", "int32"),
+        ("minute", "ts"),
+        ("steps", "int32"),
+        ("p50_ms", "float32"),
+        ("p90_ms", "float32"),
+        ("p99_ms", "float32"),
+        ("max_ms", "float32"),
+        ("regions", "regions"),
     ),
-    "incidents": pa.schema(
-        [
-            ("id", pa.string()),
-            ("kind", pa.string()),
-            ("job", pa.string()),
-            ("role", pa.string()),
-            ("node", pa.string()),
-            ("state", pa.string()),
-            ("detected", _TS),
-            ("resolved", _TS),
-            ("step", pa.int64()),
-            ("suspects", pa.list_(_SUSPECT)),
-            ("session", pa.string()),
-            ("reason", pa.string()),
-            ("lost_rank_s", pa.float64()),
-        ]
+    "incidents": (
+        ("id", "string"),
+        ("kind", "string"),
+        ("job", "string"),
+        ("role", "string"),
+        ("node", "string"),
+        ("state", "string"),
+        ("detected", "ts"),
+        ("resolved", "ts"),
+        ("step", "int64"),
+        ("suspects", "suspects"),
+        ("session", "string"),
+        ("reason", "string"),
+        ("lost_rank_s", "float64"),
     ),
 }
 
-TABLES = tuple(SCHEMAS)
+TABLES = tuple(COLUMNS)
 #: Tables written one object per writer per UTC hour: a node's day of them is too large to
 #: rewrite at every flush (at one capture a second, the day's capture tables cost the export
 #: some 1.3 s of CPU per flush for each hour of the day so far: docs/benchmarks.md).
@@ -140,7 +129,7 @@ _STEM_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 def check_part(table: str, part: str) -> None:
     """A partition as the export queue names it: ``YYYY-MM-DD``, or ``YYYY-MM-DD/HH`` for
     the hourly tables. ValueError otherwise."""
-    if table not in SCHEMAS:
+    if table not in COLUMNS:
         raise ValueError(f"no warehouse table {table!r}")
     if not _PART.match(part) or (("/" in part) != (table in HOURLY)):
         raise ValueError(f"{table}: bad partition {part!r}")
@@ -159,13 +148,12 @@ def object_key(table: str, part: str, stem: str) -> str:
     return f"{table}/date={date}/{name}.parquet"
 
 
-@dataclass(frozen=True)
-class Overlay:
-    """Rows a node holds that its objects do not have yet: a reader on that node uses
-    ``rows`` in place of the object at ``object_key(table, part, stem)`` (present or not),
-    so each row is still seen exactly once."""
+def cutoff_date(now: float, days: int) -> str:
+    """The oldest date (``YYYY-MM-DD``, UTC) a partition kept ``days`` days may have."""
+    return datetime.fromtimestamp(now - days * 86400.0, UTC).strftime("%Y-%m-%d")
 
-    table: str
-    part: str
-    stem: str
-    rows: pa.Table
+
+def expired(table: str, part: str, now: float, keep_days: int, keep_rank_days: int) -> bool:
+    """The partition is past its retention: never written again, its mark dropped."""
+    days = keep_rank_days if table in RANK_DAYS else keep_days
+    return part[:10] < cutoff_date(now, days)

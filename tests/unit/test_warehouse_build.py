@@ -5,11 +5,15 @@ directory."""
 from __future__ import annotations
 
 import dataclasses
+import os
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pyarrow.parquet as pq
 import pytest
 
@@ -22,10 +26,10 @@ from profd.store.index import (
     TraceRepo,
     WarehouseQueueRepo,
 )
+from profd.warehouse.arrow import SCHEMAS, arrow_table
 from profd.warehouse.build import Source, build, part_range, reason
 from profd.warehouse.export import Exporter
 from profd.warehouse.sink import LocalSink
-from profd.warehouse.tables import SCHEMAS
 
 DAY = "2026-03-04"
 HOUR = "2026-03-04/10"
@@ -83,7 +87,7 @@ def add_capture(db: Database, s3_uri: str | None) -> None:
 
 
 def rows(db: Database, table: str, part: str) -> list[dict[str, Any]]:
-    t = build(table, part, Source(WarehouseQueueRepo(db), "node-a"))
+    t = arrow_table(table, build(table, part, Source(WarehouseQueueRepo(db), "node-a")))
     assert t.schema.equals(SCHEMAS[table])
     out: list[dict[str, Any]] = t.to_pylist()
     return out
@@ -216,6 +220,43 @@ def test_pending_partitions_counts_rows_indexed_since_the_last_flush(
     assert ex.status(q)["pending_partitions"] == 2  # rank_minutes, job_minutes
     assert ex.status()["pending_partitions"] == 0
     assert ex.flush(q) and ex.status(q)["pending_partitions"] == 0
+
+
+def _kill_child_when_started(pid: int) -> int:
+    """SIGKILL the first child process of ``pid`` once there is one; its pid."""
+    proc = psutil.Process(pid)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        for child in proc.children():
+            child.kill()
+            return int(child.pid)
+        time.sleep(0.01)
+    raise AssertionError("no flush process started")
+
+
+def test_a_killed_flush_process_keeps_every_mark_for_the_next_flush(
+    db: Database, tmp_path: Path
+) -> None:
+    add_capture(db, None)
+    StepMinuteRepo(db).add_step_minutes([minute(0, 100.0)])
+    ex = exporter(tmp_path, T0)
+    q = WarehouseQueueRepo(db)
+    marked = q.marks()
+    killed: list[int] = []
+    killer = threading.Thread(target=lambda: killed.append(_kill_child_when_started(os.getpid())))
+    # The index locked by this connection: the flush process waits at its open, so it is
+    # killed before it writes anything, however slow the machine.
+    with db.transaction():
+        killer.start()
+        assert not ex.flush(q)
+    killer.join()
+    assert killed
+    st = ex.status(q)
+    assert st["failing"] and st["last_error"] == "flush process ended with signal 9"
+    assert q.marks() == marked and not list(tmp_path.rglob("*.parquet"))
+    assert ex.flush(q) and q.pending() == 0
+    assert len(list((tmp_path / "warehouse").rglob("*.parquet"))) == len(marked)
+    assert not ex.status(q)["failing"]
 
 
 def test_retention_deletes_whole_dates_of_every_writer(tmp_path: Path) -> None:

@@ -14,7 +14,8 @@ import pytest
 
 from profd.warehouse import queries as Q
 from profd.warehouse import reader as R
-from profd.warehouse.tables import SCHEMAS, TABLES, Overlay, object_key, writer_stem
+from profd.warehouse.arrow import SCHEMAS, Overlay
+from profd.warehouse.tables import TABLES, object_key, writer_stem
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "warehouse.md"
 A, B = writer_stem("gpu01", "aaaa"), writer_stem("gpu02", "bbbb")
@@ -181,27 +182,46 @@ def test_errors_are_one_line_with_their_position() -> None:
         assert str(e.value).endswith(f"(line 1, column {long.index(' x') + 2})")
 
 
-def ipc(rows: pa.Table) -> bytes:
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, rows.schema) as w:
-        w.write_table(rows)
-    return bytes(sink.getvalue().to_pybytes())
+def columns(rows: pa.Table) -> dict[str, list[Any]]:
+    """``rows`` as the daemon sends them: a list per column, a map as a dict."""
+    cols: dict[str, list[Any]] = rows.to_pydict()
+    return cols
 
 
 def test_overlays_from_the_daemons_reply() -> None:
     rows = incidents("x1", "x2")
     got = R.overlays_from_reply(
-        [{"table": "incidents", "part": "2026-03-01", "stem": A, "ipc": ipc(rows)}]
+        [{"table": "incidents", "part": "2026-03-01", "stem": A, "columns": columns(rows)}]
     )
     assert got == [Overlay("incidents", "2026-03-01", A, rows)]
     bad = [
-        ({"table": "nope", "part": "2026-03-01", "stem": A, "ipc": ipc(rows)}, "unknown table"),
-        ({"table": "incidents", "part": "2026-03-01", "stem": A, "ipc": b"junk"}, "unreadable"),
         (
-            {"table": "incidents", "part": "2026-03-01", "stem": A, "ipc": ipc(rows.drop(["id"]))},
+            {"table": "nope", "part": "2026-03-01", "stem": A, "columns": columns(rows)},
+            "unknown table",
+        ),
+        ({"table": "incidents", "part": "2026-03-01", "stem": A, "columns": b"junk"}, "unreadable"),
+        (
+            {
+                "table": "incidents",
+                "part": "2026-03-01",
+                "stem": A,
+                "columns": {**columns(rows), "step": ["x", "y"]},
+            },
+            "unreadable",
+        ),
+        (
+            {
+                "table": "incidents",
+                "part": "2026-03-01",
+                "stem": A,
+                "columns": columns(rows.drop(["id"])),
+            },
             "lack ['id']",
         ),
-        ({"table": "incidents", "part": "2026-03-01/02", "stem": A, "ipc": ipc(rows)}, "part"),
+        (
+            {"table": "incidents", "part": "2026-03-01/02", "stem": A, "columns": columns(rows)},
+            "part",
+        ),
     ]
     for item, says in bad:
         with pytest.raises(R.WarehouseError, match=re.escape(says)):

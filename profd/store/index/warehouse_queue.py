@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import msgspec
@@ -30,6 +31,11 @@ class Mark(NamedTuple):
 
 
 class WarehouseQueueRepo(Repo):
+    @property
+    def db_path(self) -> Path:
+        """The index file: the export's flush process opens a connection of its own to it."""
+        return self._db.path
+
     def marks(self) -> list[Mark]:
         """Every dirty partition, oldest first."""
         rows = self.conn.execute("SELECT tbl, part, gen FROM warehouse_dirty ORDER BY part, tbl")
