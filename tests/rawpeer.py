@@ -37,6 +37,26 @@ HELLO = {
 }
 
 
+def agent_double(
+    ctx: zmq.Context, tmp_path: Path, heartbeat: float, **env: str
+) -> tuple[zmq.Socket, dict[str, str]]:
+    """A test double of the daemon's ``agent.sock``: a ROUTER bound in a fresh runtime dir
+    under ``tmp_path``, and the environment a training process finds it with (no PROFD_,
+    SLURM_ or torchelastic variables of the test's own; heartbeats every ``heartbeat`` s)."""
+    rdir = tmp_path / "run"
+    rdir.mkdir(mode=0o700)
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.LINGER, 0)
+    router.bind(f"ipc://{rdir / P.AGENT_SOCKET}")
+    out = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("PROFD_", "SLURM_", "TORCHELASTIC_"))
+    }
+    out.update(PROFD_RUNTIME_DIR=str(rdir), PROFD_HEARTBEAT=str(heartbeat), **env)
+    return router, out
+
+
 def pack(m: object) -> bytes:
     return msgpack.packb(m, use_bin_type=True)
 

@@ -8,7 +8,6 @@ daemon, a scripted ZeroMQ ROUTER, which decides exactly when the daemon is silen
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from pathlib import Path
@@ -18,7 +17,7 @@ import msgpack
 import zmq
 from daemonproc import BIN
 from harness import Daemon
-from rawpeer import HELLO, dealer, pack, reply
+from rawpeer import HELLO, agent_double, dealer, pack, reply
 
 from profd_client import protocol as P
 
@@ -75,14 +74,8 @@ def test_a_quiet_client_waits_acks_intervals_before_it_calls_the_daemon_silent(
     tmp_path: Path,
 ) -> None:
     hb, acks = 0.2, 3
-    rdir = tmp_path / "run"
-    rdir.mkdir(mode=0o700)
     ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(f"ipc://{rdir / P.AGENT_SOCKET}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROFD_", "SLURM_"))}
-    env.update(PROFD_RUNTIME_DIR=str(rdir), PROFD_HEARTBEAT=str(hb))
+    router, env = agent_double(ctx, tmp_path, hb)
     proc = subprocess.Popen([str(BIN / "python"), "-c", JOB], env=env)
     hellos: list[tuple[float, dict[str, Any]]] = []
     beats = 0

@@ -12,7 +12,6 @@ to compare the ledgers with.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import time
@@ -23,7 +22,7 @@ import msgpack
 import msgspec
 import zmq
 from daemonproc import BIN
-from rawpeer import pack
+from rawpeer import agent_double, pack
 
 from profd.watch.stats import weighted_quantile
 from profd_client import protocol as P
@@ -56,14 +55,8 @@ print(json.dumps({{"steps": steps, "fwd": fwd}}), flush=True)
 def _run_against(tmp_path: Path, serves: tuple[int, int]) -> tuple[list[dict[str, Any]], Any, str]:
     """Run the job against a daemon double serving versions ``serves``; the heartbeats it
     received (validated), what the job measured itself, and its stderr."""
-    rdir = tmp_path / "run"
-    rdir.mkdir(mode=0o700)
     ctx = zmq.Context()
-    router = ctx.socket(zmq.ROUTER)
-    router.setsockopt(zmq.LINGER, 0)
-    router.bind(f"ipc://{rdir / P.AGENT_SOCKET}")
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PROFD_", "SLURM_"))}
-    env.update(PROFD_RUNTIME_DIR=str(rdir), PROFD_HEARTBEAT="0.2")
+    router, env = agent_double(ctx, tmp_path, 0.2)
     proc = subprocess.Popen(
         [str(BIN / "python"), "-c", JOB], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
     )

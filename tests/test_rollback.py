@@ -15,24 +15,14 @@ from pathlib import Path
 import msgpack
 import zmq
 from harness import JOBS, Job
-from rawpeer import pack
+from rawpeer import agent_double, pack
 
 from profd_client import protocol as P
 
 
 def test_a_client_steps_down_when_the_daemon_is_rolled_back(tmp_path: Path) -> None:
-    rdir = tmp_path / "run"
-    rdir.mkdir(mode=0o700)
     ctx = zmq.Context()
-    daemon = ctx.socket(zmq.ROUTER)
-    daemon.setsockopt(zmq.LINGER, 0)
-    daemon.bind(f"ipc://{rdir / P.AGENT_SOCKET}")
-    env = {
-        k: v
-        for k, v in __import__("os").environ.items()
-        if not k.startswith(("PROFD_", "SLURM_", "TORCHELASTIC_"))
-    }
-    env.update(PROFD_RUNTIME_DIR=str(rdir), PROFD_HEARTBEAT="0.1", PROFD_JOB="rolled")
+    daemon, env = agent_double(ctx, tmp_path, 0.1, PROFD_JOB="rolled")
     job = Job.spawn([sys.executable, str(JOBS / "lone.py")], env, tmp_path / "lone.log")
     welcome = {"spool": str(tmp_path / "spool"), "hb_interval": 0.1, "daemon": "fake"}
     served: list[int] = []  # versions of the hellos welcomed
