@@ -8,8 +8,9 @@ were written.
 
 Peers: one process registers ``--peers`` peers (500; 20 with ``--quick``), each on its own
 socket with its own host, job and role, and heartbeats each of them once a second with a
-ledger of 4 regions for ``--peer-seconds`` (20; 1 with ``--quick``). Measured: peers accepted, the daemon's RSS,
-``/metrics`` (bytes, job labels), the size of one ``top`` reply and ``index.db``'s growth.
+ledger of 4 regions for ``--peer-seconds`` (20; 1 with ``--quick``). Measured: peers
+accepted, the daemon's RSS, ``/metrics`` (bytes, job labels), the size of one ``top`` reply
+and ``index.db``'s growth.
 
 Run it against another tree for a before/after: ``PYTHONPATH=/other:/other/client``.
 Target: bounded by ``[daemon] max_regions_per_rank``, ``max_heartbeat_rate``,

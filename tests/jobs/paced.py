@@ -20,8 +20,9 @@ What the job does can change while it runs: each step reads MODE_FILE, whose tex
 ``key=value`` pairs: ``base_ms`` (default 150), ``jitter`` (0.0), ``slow`` (-1: nobody),
 ``extra_ms`` (0), ``extra`` (``mm`` or ``sleep``), ``work`` (``sleep`` or ``compute``),
 ``nap_share`` (0), ``pause`` (0; 1: the step's sleep ends as soon as MODE_FILE changes, so a
-job can rest on long steps that cost next to no CPU and still take up a new mode at once). Env: MODE_FILE, STEPS (default 100000), WIDTH (0: the tiny model of two
-layers of 32; else three layers of WIDTH, a bucket each), BATCH (16).
+job can rest on long steps that cost next to no CPU and still take up a new mode at once).
+Env: MODE_FILE, STEPS (default 100000), WIDTH (0: the tiny model of two layers of 32; else
+three layers of WIDTH, a bucket each), BATCH (16).
 """
 
 import os
