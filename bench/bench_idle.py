@@ -48,7 +48,7 @@ LABEL = {
 
 
 # --- worker -----------------------------------------------------------------------------------
-def worker(variant: str) -> None:
+def worker(variant: str, quick: bool) -> None:
     import torch
 
     torch.set_num_threads(1)
@@ -78,7 +78,10 @@ def worker(variant: str) -> None:
 
     def run(key: str, n: int) -> float:
         m, opt, x = models[key]
-        gc.collect()
+        # A full collection costs ~80 ms of CPU with torch loaded: worth it before a block
+        # that is timed, not before each of a smoke run's ~50 tiny ones.
+        if not quick:
+            gc.collect()
         t0 = time.perf_counter()
         for _ in range(n):
             opt.zero_grad(set_to_none=True)
@@ -276,7 +279,7 @@ def main() -> None:
     ap.add_argument("--worker", choices=VARIANTS, help=argparse_hidden())
     args = ap.parse_args()
     if args.worker:
-        worker(args.worker)
+        worker(args.worker, args.quick)
         return
     started = time.monotonic()
     quick = args.quick
@@ -291,7 +294,8 @@ def main() -> None:
     ws: dict[str, Any] = {}
     try:
         for v in VARIANTS:
-            ws[v] = B.spawn_worker(Path(__file__), ["--worker", v], env=env)
+            wargs = ["--worker", v, *(["--quick"] if quick else [])]
+            ws[v] = B.spawn_worker(Path(__file__), wargs, env=env)
         for v in VARIANTS:
             B.read_reply(ws[v])
         dims = B.ask(

@@ -32,14 +32,17 @@ import profd_client
 profd_client.attach(job=sys.argv[3], role="trainer")
 torch.manual_seed(0)
 torch.set_num_threads(1)
-m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
+# argv: warm-up steps, timed steps, the job (new each run), hidden width, sleep a step (s)
+warm, steps, hidden, pace = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[4]), float(sys.argv[5])
+m = torch.nn.Sequential(torch.nn.Linear(256, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, 10))
 opt = torch.optim.SGD(m.parameters(), lr=1e-3)
 x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
-warm, steps = int(sys.argv[1]), int(sys.argv[2])  # argv[3]: the job, new each run
 def step():
     torch.nn.functional.cross_entropy(m(x), y).backward()
     opt.step()
     opt.zero_grad()
+    if pace:
+        time.sleep(pace)
 for _ in range(warm):
     step()
 t0, c0 = time.perf_counter(), time.process_time()
@@ -50,14 +53,16 @@ print(json.dumps({"seconds": t1 - t0, "cpu_s": c1 - c0, "steps": steps}), flush=
 """
 
 
-def one_run(d: B.Daemon, warm: int, steps: int, job: str) -> tuple[float, float]:
+def one_run(d: B.Daemon, warm: int, steps: int, job: str, quick: bool) -> tuple[float, float]:
     """One run's steps/s, and its steps per CPU second of the whole training process (its
     agent thread and the profiler's included). Each run is a job of its own name: a job
     restarted under its old name is not sampled again at steps it was sampled at (the
-    sample's id is taken)."""
+    sample's id is taken). ``quick``: a tiny model whose steps mostly sleep, so that a run
+    lasts the seconds sampling needs (see ``main``) at a fraction of the CPU."""
     env = {**d.env(), "OMP_NUM_THREADS": "1", "PROFD_HEARTBEAT": "1.0"}
+    hidden, pace = (8, "0.003") if quick else (512, "0")
     out = subprocess.run(
-        [sys.executable, "-c", WORKER, str(warm), str(steps), job],
+        [sys.executable, "-c", WORKER, str(warm), str(steps), job, str(hidden), pace],
         env=env, capture_output=True, text=True, timeout=900, check=True,
     )  # fmt: skip
     r = json.loads(out.stdout.strip().splitlines()[-1])
@@ -96,9 +101,12 @@ def main() -> int:
     args = B.parser(__doc__).parse_args()
     started = time.monotonic()
     every = 100 if args.quick else 1000
-    # Quick runs last ~3 s: a sample is armed from a heartbeat (1 s) for steps ahead, so a
-    # 1.4 s run was sampled in one of two runs at best, and the smoke test flaked on none.
-    warm, steps, pairs = (50, 5000, 1) if args.quick else (300, 4000, 3)
+    # Quick runs last ~4 s: a sample is armed from a heartbeat (1 s) for steps ahead, so a
+    # 1.4 s run was sampled in one of two runs at best, and at ~3 s the smoke test flaked on
+    # none. Their steps are a tiny model's and a 3 ms sleep (one_run), not ~2 ms of torch
+    # work: the seconds are what sampling needs, not the CPU (5,000 such steps took ~10 s of
+    # CPU a run, four runs, on a loaded machine).
+    warm, steps, pairs = (50, 1200, 1) if args.quick else (300, 4000, 3)
     watch = f"[watch]\nsample_every = {every}\nsample_steps = 2\n"
     sps: dict[str, list[float]] = {"off": [], "on": []}
     spc: dict[str, list[float]] = {"off": [], "on": []}  # steps per CPU second
@@ -111,7 +119,8 @@ def main() -> int:
                 d = off if which == "off" else on
                 order_run.append(which)
                 before = samples(d) if which == "on" else 0
-                wall, cpu = one_run(d, warm, steps, f"sampled-{which}-{len(sps[which])}")
+                job = f"sampled-{which}-{len(sps[which])}"
+                wall, cpu = one_run(d, warm, steps, job, args.quick)
                 sps[which].append(wall)
                 spc[which].append(cpu)
                 if which == "on":

@@ -52,13 +52,14 @@ def _functions(frames: list[dict[str, Any]]) -> list[str]:
 
 
 def test_a_stuck_rank_is_a_hang_incident_naming_it_alone_resolved_when_the_job_steps_again(
-    daemon_factory: Callable[..., Daemon], torchrun: Callable[..., Job]
+    daemon_factory: Callable[..., Daemon], torchrun: Callable[..., Job], tmp_path: Path
 ) -> None:
     d = daemon_factory(config=WATCH)
+    release = tmp_path / "release"  # rank 1 comes back once the open incident is checked
     # With torch's flight recorder on (gloo records into it too).
     torchrun(
-        "stuck.py", 3, d, PROFD_JOB="stuck", STUCK_RANK="1", STUCK_AT="30", STUCK_S="20",
-        STEPS="60", TORCH_FR_BUFFER_SIZE="200",
+        "stuck.py", 3, d, PROFD_JOB="stuck", STUCK_RANK="1", STUCK_AT="30", STUCK_S=str(WAIT),
+        STUCK_UNTIL=str(release), STEPS="60", TORCH_FR_BUFFER_SIZE="200",
     )  # fmt: skip
     d.wait_attached(3, WAIT, min_step=5)
     (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident")
@@ -95,6 +96,8 @@ def test_a_stuck_rank_is_a_hang_incident_naming_it_alone_resolved_when_the_job_s
     assert "hang" in d.log.read_text()
 
     # Rank 1 comes back, the job steps again: resolved, and nothing new opened.
+    release.touch()
+
     def resolved() -> dict[str, Any] | None:
         rows = hangs(d.ctl_json)
         return rows[0] if rows and rows[0]["state"] == "resolved" else None

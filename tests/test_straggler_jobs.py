@@ -1,9 +1,10 @@
 """The straggler rule on real jobs: gloo DDP on CPU at 2, 3 and 8 ranks.
 
 One daemon, three jobs of ``tests/jobs/paced.py`` started together (8 ranks are 8 processes:
-the step's work is a sleep, so they share two cores). A job rests (long, even steps) until
-its case comes; then the test switches what it does through its mode file, captures
-:data:`ACTIVE` steps with ``profctl start --wait`` and asks ``profctl report --json``:
+the step's work is a sleep, so they share two cores). A job rests (long, even steps that end
+as soon as its mode changes) until its case comes; then the test switches what it does
+through its mode file, captures :data:`ACTIVE` steps with ``profctl start --wait`` and asks
+``profctl report --json``:
 
 * one rank computes (``aten::mm``) 25 % of the step the same job takes without it more than
   the others, every rank's work jittering ±10 %: the report names exactly that rank;
@@ -39,7 +40,11 @@ pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("straggler_jobs")]
 WAIT = 120.0
 ACTIVE = 20
 BASE_MS = 40.0
-REST = "base_ms=150"
+#: Between its cases a job rests on long steps that end as soon as its mode file changes: the
+#: jobs not being captured then cost next to no CPU while the one being captured runs.
+REST = "base_ms=1000 pause=1"
+#: Until every rank is attached and stepping: short steps, so that they reach step 2 soon.
+STARTING = "base_ms=150"
 EVEN = f"base_ms={BASE_MS:g} jitter=0.1"
 
 
@@ -169,13 +174,15 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         started = sorted({(c.job, c.ranks) for c in CASES})
         for job, n in started:
             name = job_name(n, job)
-            (root / f"mode-{name}").write_text(REST)
+            (root / f"mode-{name}").write_text(STARTING)
             env = COMPUTE_ENV if job == "compute" else {}
             jobs.start(
                 "paced.py", nproc=n, daemon=d, MODE_FILE=str(root / f"mode-{name}"),
                 PROFD_JOB=name, **env,
             )  # fmt: skip
         d.wait_attached(sum(n for _, n in started), timeout=WAIT, min_step=2)
+        for job, n in started:
+            (root / f"mode-{job_name(n, job)}").write_text(REST)
         for k in range(ROUNDS):
             for case in CASES:
                 r.docs.setdefault(case.name, []).append(capture_and_report(r, case, k))

@@ -19,8 +19,10 @@ straggler of its own.
 What the job does can change while it runs: each step reads MODE_FILE, whose text is
 ``key=value`` pairs: ``base_ms`` (default 150), ``jitter`` (0.0), ``slow`` (-1: nobody),
 ``extra_ms`` (0), ``extra`` (``mm`` or ``sleep``), ``work`` (``sleep`` or ``compute``),
-``nap_share`` (0). Env: MODE_FILE, STEPS (default 100000), WIDTH (0: the tiny model of two
-layers of 32; else three layers of WIDTH, a bucket each), BATCH (16).
+``nap_share`` (0), ``pause`` (0; 1: the step's sleep ends as soon as MODE_FILE changes, so a
+job can rest on long steps that cost next to no CPU and still take up a new mode at once).
+Env: MODE_FILE, STEPS (default 100000), WIDTH (0: the tiny model of two layers of 32; else
+three layers of WIDTH, a bucket each), BATCH (16).
 """
 
 import os
@@ -55,18 +57,35 @@ rng = random.Random(rank)
 mode_file = os.environ["MODE_FILE"]
 DEFAULTS = {
     "base_ms": "150", "jitter": "0", "slow": "-1", "extra_ms": "0", "extra": "mm",
-    "work": "sleep", "nap_share": "0",
+    "work": "sleep", "nap_share": "0", "pause": "0",
 }  # fmt: skip
 own_steps: list[float] = []  # this rank's recent steps without its nap, s
 
 
-def read_mode() -> dict[str, str]:
+def mode_text() -> str | None:
     try:
         with open(mode_file) as fh:
-            pairs = (kv.split("=", 1) for kv in fh.read().split())
-            return {**DEFAULTS, **dict(p for p in pairs if len(p) == 2)}
+            return fh.read()
     except OSError:
+        return None
+
+
+def read_mode() -> dict[str, str]:
+    text = mode_text()
+    if text is None:
         return DEFAULTS
+    pairs = (kv.split("=", 1) for kv in text.split())
+    return {**DEFAULTS, **dict(p for p in pairs if len(p) == 2)}
+
+
+def pause(seconds: float) -> None:
+    """Sleep until ``seconds`` are up or MODE_FILE changes, whichever comes first."""
+    before = mode_text()
+    end = time.perf_counter() + seconds
+    while (left := end - time.perf_counter()) > 0:
+        time.sleep(min(left, 0.05))
+        if mode_text() != before:
+            return
 
 
 def busy(seconds: float) -> None:
@@ -105,7 +124,11 @@ for _ in range(int(os.environ.get("STEPS", "100000"))):
     loss = ddp(x).pow(2).mean()
     loss.backward()
     jitter = float(mode["jitter"])
-    time.sleep(float(mode["base_ms"]) / 1000 * (1 + rng.uniform(-jitter, jitter)))
+    seconds = float(mode["base_ms"]) / 1000 * (1 + rng.uniform(-jitter, jitter))
+    if mode["pause"] == "1":
+        pause(seconds)
+    else:
+        time.sleep(seconds)
     if rank == int(mode["slow"]):
         extra = float(mode["extra_ms"]) / 1000
         if mode["extra"] == "sleep":

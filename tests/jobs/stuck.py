@@ -13,11 +13,15 @@ instead (catastrophic backtracking: minutes in one C call that never releases th
 the process's own threads (its agent thread too) cannot run; only a reader from outside
 sees where it is.
 
+``STUCK_UNTIL``: a path; the stuck rank comes back as soon as it exists (or STUCK_S is up),
+so that a test need not wait out a STUCK_S long enough for a loaded machine.
+
 ``PAUSE_AT``: at that step every rank calls ``save_checkpoint()``, which sleeps STUCK_S (a
 pause on purpose: every rank in the same place, none waiting for another).
 
 Env: STUCK_HOW (sleep), STEP_MS (20), STUCK_RANK (-1: nobody; or several, "2,3"),
-STUCK_AT (20), STUCK_S (600), PAUSE_AT (0: never), STEPS (100000), THREAD (0).
+STUCK_AT (20), STUCK_S (600), STUCK_UNTIL (none), PAUSE_AT (0: never), STEPS (100000),
+THREAD (0).
 """
 
 import os
@@ -39,6 +43,7 @@ stuck_ranks = {int(r) for r in os.environ.get("STUCK_RANK", "-1").split(",")}
 pause_at = int(os.environ.get("PAUSE_AT", "0"))
 stuck_at = int(os.environ.get("STUCK_AT", "20"))
 stuck_s = float(os.environ.get("STUCK_S", "600"))
+release = os.environ.get("STUCK_UNTIL", "")
 torch.manual_seed(0)
 model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 2))
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
@@ -48,6 +53,16 @@ x = torch.randn(4, 8)
 def stuck_in_data_loading() -> None:
     if os.environ.get("STUCK_HOW") == "gil":
         re.match(r"(a*)*b", "a" * 40)  # ~2^40 steps inside the regex engine, GIL held
+    elif release:
+        # Polled with os.stat (no Python frame of its own): a reader of the stack from
+        # outside sees this function, as it does in the plain sleep.
+        end = time.monotonic() + stuck_s
+        while time.monotonic() < end:
+            try:
+                os.stat(release)
+                return
+            except FileNotFoundError:
+                time.sleep(0.1)
     else:
         time.sleep(stuck_s)
 
