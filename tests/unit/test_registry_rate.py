@@ -5,9 +5,9 @@ from __future__ import annotations
 from profd.daemon.clients.registry import RATE_WINDOW_S, Client, Registry
 
 
-def client(step: int, at: float) -> Client:
+def client(step: int, at: float, host: str = "h", pid: int = 1) -> Client:
     c = Client(
-        ident=b"x", host="h", pid=1, job="j", role="main", rank=0, local_rank=0, world_size=1,
+        ident=b"x", host=host, pid=pid, job="j", role="main", rank=0, local_rank=0, world_size=1,
         step_mode="auto", allowed=True, torch=None, device=None,
     )  # fmt: skip
     c.step, c.step_at = step, at
@@ -86,8 +86,8 @@ def test_peers_are_counted_per_process_and_per_user() -> None:
     reg = Registry()
 
     def peer(host: str, node_pid: int, uid: int) -> Client:
-        c = client(0, 0.0)
-        c.host, c.ident, c.node_pid, c.uid = host, host.encode(), node_pid, uid
+        c = client(0, 0.0, host)
+        c.ident, c.node_pid, c.uid = host.encode(), node_pid, uid
         return c
 
     a, b, other = peer("a", 10, 1000), peer("b", 10, 1000), peer("c", 11, 1001)
@@ -110,10 +110,9 @@ def test_peers_are_counted_per_process_and_per_user() -> None:
 
 def test_a_job_is_owned_by_the_uid_of_its_first_process_while_any_is_attached() -> None:
     reg = Registry()
-    first, other, second = (client(step=0, at=100.0) for _ in range(3))
+    first, other, second = (client(step=0, at=100.0, pid=pid) for pid in (1, 2, 3))
     first.uid, other.uid, second.uid = 1001, 1002, 1001
     first.ident, other.ident, second.ident = b"a", b"b", b"c"
-    first.pid, other.pid, second.pid = 1, 2, 3
     reg.add(first)
     reg.add(other)
     assert reg.owner("j") == 1001 and reg.owner("elsewhere") is None

@@ -72,9 +72,10 @@ class Client:
     moves: tuple[float, ...] = ()
     _hello_row: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
 
-    @property
-    def key(self) -> tuple[str, int]:
-        return (self.host, self.pid)
+    def __post_init__(self) -> None:
+        #: Its key in the registry's and the ledgers' maps: asked of every client on every
+        #: heartbeat and tick, so made once (host and pid never change for this object).
+        self.key: tuple[str, int] = (self.host, self.pid)
 
     def recent_moves(self, now: float) -> tuple[float, ...]:
         return tuple(t for t in self.moves if now - t < MOVES_S)
