@@ -6,8 +6,9 @@
 2. A CPU training loop of ~1 ms steps (a small MLP's forward, backward and optimizer step on
    one thread, a ``region("fwd")`` each step) with the black box and its sampler taking the
    training thread's stack at 10 Hz from another thread (as the agent thread does), against
-   the same loop without a black box: windows alternate (off, on, on, off, ...) in one
-   process. Target: <= 0.5 % of step time.
+   the same loop without a black box, in pairs of ~25 ms blocks (which half is on decided by
+   a coin), with an A/A run of the same method as its floor, and the samples' share read
+   from the steps they overlapped. Target: <= 0.5 % of step time.
 3. Sampling, separately: one ``sys._current_frames()`` sample's time on the sampling thread,
    and py-spy's non-blocking dump (``py-spy dump --nonblocking``) of the same loop in a child
    process at 10 Hz from outside: each dump's wall time and the loop's slowdown (windows with
@@ -21,6 +22,7 @@ import bisect
 import functools
 import json
 import operator
+import random
 import shutil
 import statistics
 import subprocess
@@ -76,8 +78,20 @@ def hook_cost(rounds: int, n: int) -> dict[str, Any]:
     return {k: statistics.median(v) for k, v in out.items()} | {"raw": out}
 
 
-def training(windows: int, window_s: float) -> dict[str, Any]:
-    """Step time of the ~1 ms loop without and with the black box sampling at 10 Hz."""
+def _pairs_pct(pairs: list[tuple[float, float]]) -> dict[str, Any]:
+    """The relative difference of each (on, off) pair of blocks, in %: mean, its 95 %
+    confidence half-width, median."""
+    d = [(on / off - 1) * 100 for on, off in pairs]
+    half = 1.96 * statistics.stdev(d) / len(d) ** 0.5 if len(d) > 1 else None
+    return {"mean": statistics.fmean(d), "ci95": half, "median": statistics.median(d), "n": len(d)}
+
+
+def training(seconds: float, aa_seconds: float, block_steps: int = 40) -> dict[str, Any]:
+    """Step time of the ~1 ms loop with the black box (region records, samples at 10 Hz)
+    against without, in blocks of ``block_steps`` steps (~25 ms) taken in pairs, on then off
+    or off then on by a coin, for ``seconds``: the machine's drift, which in longer windows
+    is as large as the effect, is the same for both halves of a pair. Then ``aa_seconds`` of
+    the same with nothing different (A/A): what this method reads when there is nothing."""
     ns: dict[str, Any] = {}
     exec(LOOP, ns)
     step = ns["step"]
@@ -107,36 +121,42 @@ def training(windows: int, window_s: float) -> dict[str, Any]:
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
     timer = st.timer("fwd")
-    per: dict[str, list[float]] = {"off": [], "on": []}
-    on_steps: list[list[float]] = []  # the step end times of each "on" window
-    order = ["off", "on", "on", "off"]
-    for w in range(windows):
-        cond = order[w % 4]
-        box.log.on = cond == "on"
-        (sampling.set if cond == "on" else sampling.clear)()
-        n, t0 = 0, time.perf_counter()
-        ends = [t0]
-        while ends[-1] - t0 < window_s:
+    coin = random.Random(0)
+    on_steps: list[list[float]] = []  # the step end times of each "on" block
+
+    def block(on: bool) -> float:
+        box.log.on = on
+        (sampling.set if on else sampling.clear)()
+        ends = [time.perf_counter()]
+        for _ in range(block_steps):
             with timer:
                 step()
             st.tick()
             ends.append(time.perf_counter())
-        n = len(ends) - 1
-        per[cond].append((ends[-1] - t0) / n)
-        if cond == "on":
+        if on:
             on_steps.append(ends)
+        return (ends[-1] - ends[0]) / block_steps
+
+    def run(for_s: float, differ: bool) -> list[tuple[float, float]]:
+        pairs = []
+        end = time.perf_counter() + for_s
+        while time.perf_counter() < end:
+            first_on = coin.random() < 0.5
+            a = block(differ and first_on)
+            b = block(differ and not first_on)
+            pairs.append((a, b) if first_on else (b, a))
+        return pairs
+
+    pairs = run(seconds, True)
+    aa = run(aa_seconds, False)
     stop.set()
     th.join()
-    off, on = statistics.median(per["off"]), statistics.median(per["on"])
-    pairs = [(a / b - 1) * 100 for a, b in zip(per["on"], per["off"], strict=False)]
     sample = statistics.median(sample_s) if sample_s else 0.0
     return {
         **attributed(on_steps, held),
-        "step_ms_off": off * 1e3,
-        "step_ms_on": on * 1e3,
-        "overhead_pct": (on / off - 1) * 100,
-        "pairs_pct_median": statistics.median(pairs),
-        "pairs_pct_iqr": [round(B.pct(pairs, 25), 2), round(B.pct(pairs, 75), 2)],
+        "step_ms_off": statistics.median(off for _, off in pairs) * 1e3,
+        "blocks": _pairs_pct(pairs),
+        "aa": _pairs_pct(aa),
         "samples": len(sample_s),
         "sample_us_p50": sample * 1e6,
         "sample_us_p99": B.pct(sample_s, 99) * 1e6 if sample_s else None,
@@ -250,6 +270,19 @@ def pyspy(windows: int, window_s: float) -> dict[str, Any] | None:
     }
 
 
+def _ci(r: dict[str, Any]) -> str:
+    return "-" if r["ci95"] is None else f"{r['ci95']:.3f}"
+
+
+def _within(r: dict[str, Any], limit: float) -> bool | None:
+    """Met when the whole 95 % interval is under ``limit``; None when it straddles it."""
+    if r["ci95"] is None:
+        return None
+    if r["mean"] + r["ci95"] <= limit:
+        return True
+    return False if r["mean"] - r["ci95"] > limit else None
+
+
 def trace_size(ranks: int, steps: int) -> dict[str, Any]:
     """The Perfetto file of ``ranks`` boxes of ``steps`` steps each (3 regions a step, 10 Hz
     samples of 40-frame stacks over 1 s steps), made by the real client and conversion."""
@@ -316,7 +349,7 @@ def main() -> None:
     started = time.monotonic()
     q = args.quick
     hook = hook_cost(4 if q else 10, 50_000 if q else 200_000)
-    train = training(4 if q else 160, 0.5 if q else 0.25)
+    train = training(3.0 if q else 120.0, 2.0 if q else 60.0)
     spy = pyspy(4 if q else 8, 1.0 if q else 3.0)
     mem = memory()
     size = trace_size(8 if q else 64, 64 if q else 512)
@@ -330,8 +363,10 @@ def main() -> None:
               hook["tick_off"], "without", met=added <= 1000),
         B.row("region enter+exit with black box", "-", hook["region_on"], "ns",
               hook["region_off"], "without"),
-        B.row("~1 ms step, black box + 10 Hz samples", "<= 0.5 %", train["pairs_pct_median"],
-              "%", spread=f"pairs IQR {train['pairs_pct_iqr']}"),
+        B.row("~1 ms step, black box + 10 Hz samples", "<= 0.5 %", train["blocks"]["mean"],
+              "%", met=_within(train["blocks"], 0.5),
+              spread=f"95 % CI +-{_ci(train['blocks'])}, {train['blocks']['n']} block pairs; "
+              f"A/A {train['aa']['mean']:.3f} +-{_ci(train['aa'])}"),
         B.row("the samples' share, from the step times", "<= 0.5 %", train["attributed_pct"],
               "%", spread=f"{train['attributed_us_per_sample']:.0f} us a sample, "
               f"{train['attributed_samples']} samples"),
