@@ -223,13 +223,19 @@ def test_pending_partitions_counts_rows_indexed_since_the_last_flush(
 
 
 def _kill_child_when_started(pid: int) -> int:
-    """SIGKILL the first child process of ``pid`` once there is one; its pid."""
+    """SIGKILL ``pid``'s flush process once it is there; its pid. Only that child: a test
+    worker may have others (another module's daemon and jobs)."""
     proc = psutil.Process(pid)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for child in proc.children():
-            child.kill()
-            return int(child.pid)
+            try:
+                flush = "profd.warehouse.flush" in child.cmdline()
+            except psutil.Error:  # gone meanwhile: not ours to wait for
+                continue
+            if flush:
+                child.kill()
+                return int(child.pid)
         time.sleep(0.01)
     raise AssertionError("no flush process started")
 
