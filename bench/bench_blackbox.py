@@ -46,7 +46,9 @@ torch.manual_seed(0)
 torch.set_num_threads(1)
 m = torch.nn.Sequential(torch.nn.Linear(256, 512), torch.nn.ReLU(), torch.nn.Linear(512, 10))
 opt = torch.optim.SGD(m.parameters(), lr=1e-3)
-x, y = torch.randn(32, 256), torch.randint(0, 10, (32,))
+# A batch of 112: ~1 ms steps on this 2-core VM, the step length the target names (a batch
+# of 32 ran 0.49 ms steps, where a per-step cost weighs twice as much).
+x, y = torch.randn(112, 256), torch.randint(0, 10, (112,))
 def step():
     torch.nn.functional.cross_entropy(m(x), y).backward()
     opt.step()
