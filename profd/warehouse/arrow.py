@@ -59,11 +59,3 @@ def parquet_bytes(table: pa.Table) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()
-
-
-def ipc_bytes(table: pa.Table) -> bytes:
-    """``table`` in the Arrow IPC stream format."""
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as w:
-        w.write_table(table)
-    return bytes(sink.getvalue().to_pybytes())
