@@ -26,10 +26,14 @@ def stem(role: str, rank: int, pid: int | None = None) -> str:
 def claimants(procs: Iterable[tuple[Identity, int]]) -> dict[Identity, list[int]]:
     """Identities that more than one of ``procs`` (identity, pid) claim, with their pids in
     ascending order."""
-    by: dict[Identity, set[int]] = {}
+    # A set only for an identity claimed twice: ``ps`` asks this of every process at once.
+    first: dict[Identity, int] = {}
+    more: dict[Identity, set[int]] = {}
     for ident, pid in procs:
-        by.setdefault(ident, set()).add(pid)
-    return {k: sorted(v) for k, v in sorted(by.items()) if len(v) > 1}
+        seen = first.setdefault(ident, pid)
+        if seen != pid:
+            more.setdefault(ident, {seen}).add(pid)
+    return {k: sorted(v) for k, v in sorted(more.items())}
 
 
 def note(role: str, rank: int, named: Sequence[tuple[int, str]]) -> str:

@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from types import MappingProxyType
 from typing import Any, Final
 
+import msgpack
+
 from profd_client.protocol.envelope import (
     ERROR,
     MAX_FRAME_BYTES,
@@ -48,7 +50,6 @@ from profd_client.protocol.vocabulary import (
     ERROR_SCHEMA,
     FLIGHT,
     HOST,
-    IDENTITY_SOURCE,
     NAME,
     OPTIONS,
     PATH,
@@ -226,45 +227,6 @@ _ANY_DATA: Final = AnyValue()
 def _row(**fields: tuple[Field, bool]) -> Struct:
     return Struct(fields, open=True)
 
-
-#: One process in ``ps``. A peer of a protocol version the daemon does not serve is listed
-#: with state ``incompatible``, an ``error``, and only what it claimed (unchecked by any
-#: schema, hence the wide ``pid`` and ``rank``); the other fields are every served client's.
-PS_ROW: Final = _row(
-    host=(HOST, _R),
-    pid=(Nullable(WIRE_INT), _R),
-    job=(Str(MAX_NAME, 1), _R),
-    role=(Str(MAX_NAME, 1), _R),
-    rank=(Nullable(WIRE_INT), _R),
-    state=(SHORT, _R),
-    protocol=(Nullable(Int(-(1 << 31), 1 << 31)), _R),
-    node=(NODE, _R),
-    error=(TEXT, _O),
-    local_rank=(RANK, _O),
-    world_size=(Int(1, MAX_RANK + 1), _O),
-    step=(STEP, _O),
-    # ``step`` as of now: moved on from the last heartbeat's at the rank's rate (as in
-    # ``TOP_ROW``); ``age_s``: seconds since the heartbeat that carried the step.
-    step_extrapolated=(Bool(), _O),
-    age_s=(FINITE, _O),
-    steps_per_s=(Num(0.0, math.inf), _O),
-    step_mode=(Str(16), _O),
-    allowed=(Bool(), _O),
-    cpu_percent=(Nullable(Num(0.0, math.inf)), _O),
-    rss_bytes=(Nullable(BYTES), _O),
-    gpu_util=(Nullable(Num(0.0, math.inf)), _O),
-    gpu_mem_bytes=(Nullable(BYTES), _O),
-    torch=(Nullable(SHORT), _O),
-    device=(Nullable(SHORT), _O),
-    nsys_session=(Nullable(NAME), _O),
-    attached_at=(WHEN, _O),
-    uid=(UID, _O),
-    identity_source=(IDENTITY_SOURCE, _O),
-    client_version=(Nullable(SHORT), _O),
-    # Another served process claims the same job, role and rank; every pid that claims it.
-    duplicate=(Bool(), _O),
-    claimed_by=(ListOf(PID, 1 << 22), _O),
-)
 
 _SESSION_FIELDS: Final[dict[str, tuple[Field, bool]]] = {
     "id": (Str(MAX_NAME, 1), _R),
@@ -586,7 +548,7 @@ WAREHOUSE_DOC: Final = _row(
 #: ``cancel``, ``retry``: small maps) are not described here.
 REPLIES: Final[dict[str, Field]] = {
     C_STATUS: STATUS_DOC,
-    C_PS: ListOf(PS_ROW, 1 << 22),
+    # C_PS: its rows are typed (profd.control_rows.PsRow) and come packed.
     C_SESSIONS: ListOf(SESSION_ROW, 100_000),
     C_SHOW: SESSION_DOC,
     C_TRACES: ListOf(TRACE_ROW, 1_000_000),
@@ -606,10 +568,20 @@ def encode(t: str, *, v: int = VERSION, **fields: Any) -> bytes:
     return encode_with(SCHEMAS, t, v, fields)
 
 
+class Packed(bytes):
+    """A reply's ``data`` packed already, and checked against its type by whoever packed it
+    (typed rows, ``profd.control_rows``): :func:`reply` frames it as it is."""
+
+
 def reply(request: Mapping[str, Any], data: object) -> bytes:
     """The ``ok`` answer to a validated control request, in the request's version. ``data``
     is checked against the request type's reply schema (:data:`REPLIES`) like any message
     this side sends: a reply that breaks it is a bug here (``ProtocolError``)."""
+    if isinstance(data, Packed):
+        # The same bytes as packing the map with ``data`` unpacked: its last value, nil (one
+        # byte), replaced by ``data``.
+        head: bytes = msgpack.packb({"v": request["v"], "t": OK, "data": None})
+        return head[:-1] + data
     t = request["t"]
     REPLIES.get(t, _ANY_DATA).check(data, f"{t}.data")
     return encode(OK, v=request["v"], data=data)

@@ -8,6 +8,7 @@ sees this object: each gets the collaborators it needs.
 from __future__ import annotations
 
 import dataclasses
+import gc
 import logging
 import signal
 import sqlite3
@@ -496,6 +497,12 @@ class Daemon:
         if self.publisher is not None:  # a scrape before the first tick finds the daemon as it is
             guarded("publishing metrics", self.publisher.tick, time.monotonic(), time.time())
         self.sd.ready(f"listening on {self.cfg.runtime_dir}")
+        # What start-up built (modules, classes, the config, the restored index) lives as long
+        # as the daemon: frozen out of the collector's full passes, which otherwise walk all of
+        # it every few seconds at 1,024 clients, ~20 ms on the loop each time (the ps round
+        # trip's p99, docs/benchmarks.md).
+        gc.collect()
+        gc.freeze()
         try:
             self._loop()
         finally:

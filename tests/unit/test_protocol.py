@@ -272,23 +272,47 @@ def test_the_reply_version_is_the_peers_when_it_fits(v: object, answer_in: int) 
 
 
 # --- ok replies: the data of each control request has a schema -----------------------------------
-def _ps_row(**over: Any) -> dict[str, Any]:
+def _client() -> Any:
     from profd.daemon.clients.registry import Client
 
     # ident, host, pid, job, role, rank, local_rank, world_size, step_mode, allowed, torch, device
     c = Client(b"x", "node1", 42, "j", "trainer", 3, 3, 8, "optimizer", True, "2.13", "cuda:0")
     c.uid, c.cpu, c.rss, c.identity_source = 1000, 150.5, 1 << 30, {"rank": "env:RANK"}
-    return {**c.row(), "node": "n1", **over}
+    return c
 
 
-def test_ps_rows_of_served_and_incompatible_peers_pass() -> None:
+def _ps_row(**over: Any) -> Any:
+    from msgspec.structs import replace
+
+    return replace(_client().ps_row("n1", 7, True, 0.25, ()), **over)
+
+
+def test_ps_rows_of_served_and_incompatible_peers_read_back_as_maps() -> None:
+    from profd.control_rows import pack
     from profd.daemon.clients.registry import Incompatible
 
-    odd = Incompatible(b"y", 99, {"pid": 1 << 40, "host": 5, "rank": -3}).row()
-    rows = [_ps_row(), {**odd, "node": "n1"}] * 20  # long enough for the column check
-    frame = C.reply({"v": 1, "t": C.C_PS}, rows)
+    odd = Incompatible(b"y", 99, {"pid": 1 << 40, "host": 5, "rank": -3}).ps_row("n1")
+    frame = C.reply({"v": 1, "t": C.C_PS}, pack([_ps_row(), odd]))
     msg = P.decode(frame, C.REPLY_INBOUND, reply=True)
-    assert msg["v"] == 1 and msg["data"] == rows
+    assert msg["v"] == 1 and msg["t"] == C.OK
+    served, listed = msg["data"]
+    assert served["pid"] == 42 and served["step"] == 7 and served["step_extrapolated"] is True
+    assert served["claimed_by"] == [42] and served["duplicate"] is False
+    assert served["identity_source"] == {"rank": "env:RANK"} and served["node"] == "n1"
+    assert served["cpu_percent"] == 150.5 and served["gpu_util"] is None  # None is sent
+    # An incompatible peer's row has only what it claimed: the rest is left out, not None.
+    assert listed == {
+        "host": "?",
+        "pid": 1 << 40,
+        "job": "?",
+        "role": "?",
+        "rank": -3,
+        "state": "incompatible",
+        "protocol": 99,
+        "client_version": None,
+        "error": "speaks protocol version 99",
+        "node": "n1",
+    }
 
 
 @pytest.mark.parametrize(
@@ -297,28 +321,75 @@ def test_ps_rows_of_served_and_incompatible_peers_pass() -> None:
         ({"pid": "42"}, "pid"),
         ({"rank": 1.5}, "rank"),
         ({"steps_per_s": math.nan}, "steps_per_s"),
+        ({"steps_per_s": math.inf}, "steps_per_s"),
         ({"allowed": 1}, "allowed"),
         ({"node": ""}, "node"),
-        ({"identity_source": {"rank": 3}}, "identity_source.rank"),
+        ({"job": "j" * 201}, "job"),
+        ({"claimed_by": (42, 0)}, "claimed_by[1]"),
+    ],
+)
+def test_a_ps_row_beyond_its_definition_does_not_leave(over: dict[str, Any], field: str) -> None:
+    from profd.control_rows import pack
+
+    rows = [_ps_row() for _ in range(6)]
+    rows[5] = _ps_row(**over)
+    with pytest.raises(P.ProtocolError) as exc:
+        pack(rows)
+    assert exc.value.code == "bad_request"
+    assert str(exc.value).startswith(f"ps.data[5].{field}:"), str(exc.value)
+
+
+def _top_row(**over: Any) -> dict[str, Any]:
+    row = {
+        "host": "node1",
+        "node": "n1",
+        "pid": 42,
+        "job": "j",
+        "role": "trainer",
+        "rank": 3,
+        "world_size": 8,
+        "step": 7,
+        "step_extrapolated": False,
+        "age_s": 0.25,
+        "sps": 4.0,
+        "step_ms_p50": 250.0,
+        "step_ms_p99": 300.0,
+        "window_s": 60.0,
+        "source": "ledger",
+        "vs_role": 1.0,
+        "marked": False,
+        "regions": {"forward": 0.5},
+        "cpu_percent": 150.5,
+    }
+    return {**row, **over}
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"pid": "42"}, "pid"),
+        ({"rank": 1.5}, "rank"),
+        ({"sps": math.nan}, "sps"),
+        ({"marked": 1}, "marked"),
+        ({"node": ""}, "node"),
     ],
 )
 def test_a_reply_that_breaks_its_schema_does_not_leave(over: dict[str, Any], field: str) -> None:
     for n in (1, 40):  # one by one, and column by column
-        rows = [_ps_row() for _ in range(n)]
-        rows[n - 1] = _ps_row(**over)
+        rows = [_top_row() for _ in range(n)]
+        rows[n - 1] = _top_row(**over)
         with pytest.raises(P.ProtocolError) as exc:
-            C.reply({"v": P.VERSION, "t": C.C_PS}, rows)
-        assert str(exc.value).startswith(f"ps.data[{n - 1}].{field}:"), str(exc.value)
-    row = _ps_row()
+            C.reply({"v": P.VERSION, "t": C.C_TOP}, rows)
+        assert str(exc.value).startswith(f"top.data[{n - 1}].{field}:"), str(exc.value)
+    row = _top_row()
     del row["host"]
     with pytest.raises(P.ProtocolError, match="missing field 'host'"):
-        C.reply({"v": P.VERSION, "t": C.C_PS}, [row])
+        C.reply({"v": P.VERSION, "t": C.C_TOP}, [row])
 
 
 def test_replies_without_a_schema_are_any_map() -> None:
     assert set(C.REPLIES) == {
         C.C_STATUS,
-        C.C_PS,
         C.C_TRACES,
         C.C_SHOW,
         C.C_SESSIONS,
@@ -439,14 +510,14 @@ def test_column_checks_accept_exactly_what_value_checks_accept(i: int, values: l
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(sorted(C.PS_ROW.fields)), max_size=3), anything)
-def test_ps_rows_with_any_value_in_any_field(fields: list[str], value: Any) -> None:
-    rows = [_ps_row() for _ in range(20)]
+@given(st.lists(st.sampled_from(sorted(C.TOP_ROW.fields)), max_size=3), anything)
+def test_top_rows_with_any_value_in_any_field(fields: list[str], value: Any) -> None:
+    rows = [_top_row() for _ in range(20)]
     for name in fields:
         rows[5][name] = value
-    ok = not _refused(C.PS_ROW, rows[5])
-    assert ok == (not _refused(C.REPLIES[C.C_PS], rows))
-    assert C.PS_ROW.all_valid(rows) in (ok, False)
+    ok = not _refused(C.TOP_ROW, rows[5])
+    assert ok == (not _refused(C.REPLIES[C.C_TOP], rows))
+    assert C.TOP_ROW.all_valid(rows) in (ok, False)
 
 
 def _refused(f: P.Field, value: Any) -> bool:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import msgspec
+
 from profd.daemon.clients.registry import RATE_WINDOW_S, Client, Registry
 
 
@@ -127,21 +129,17 @@ def test_a_job_is_owned_by_the_uid_of_its_first_process_while_any_is_attached() 
     assert reg.owner("j") == 1002
 
 
-def test_each_ps_row_is_fresh_and_carries_the_latest_heartbeat() -> None:
+def test_each_ps_row_carries_the_latest_heartbeat_and_its_claimants() -> None:
     reg, c = Registry(), client(step=5, at=100.0)
-    first = c.row()
+    first = c.ps_row("n1", 5, False, 0.5, ())
     reg.heartbeat(c, 101.0, 9, 4.0, "capturing")
     c.cpu, c.rss = 12.5, 1 << 20
-    second = c.row()
-    first["job"] = "changed by a reader"  # a row is the caller's to extend or change
-    third = c.row()
-    assert (first["step"], first["state"], first["cpu_percent"]) == (5, "idle", None)
-    assert (second["step"], second["steps_per_s"], second["state"]) == (9, 4.0, "capturing")
-    assert (second["cpu_percent"], second["rss_bytes"]) == (12.5, 1 << 20)
-    assert third == second and third["job"] == "j"
-    assert list(first) == list(second) == [
-        "host", "pid", "job", "role", "rank", "local_rank", "world_size", "step", "steps_per_s",
-        "state", "step_mode", "allowed", "cpu_percent", "rss_bytes", "gpu_util", "gpu_mem_bytes",
-        "torch", "device", "nsys_session", "attached_at", "protocol", "client_version", "uid",
-        "identity_source",
-    ]  # fmt: skip
+    second = c.ps_row("n1", 11, True, 0.5, ())
+    assert (first.step, first.state, first.cpu_percent, first.age_s) == (5, "idle", None, 0.5)
+    assert (second.step, second.steps_per_s, second.state) == (11, 4.0, "capturing")
+    assert (second.cpu_percent, second.rss_bytes, second.step_extrapolated) == (12.5, 1 << 20, True)
+    assert (second.duplicate, second.claimed_by) == (False, (1,))
+    shared = c.ps_row("n2", 11, True, 0.5, (1, 7))
+    assert (shared.duplicate, shared.claimed_by, shared.node) == (True, (1, 7), "n2")
+    assert c.ps_row("n1", 11, True, 0.5, ()).claimed_by == (1,)  # not the last row's
+    assert msgspec.structs.asdict(first).keys() == msgspec.structs.asdict(second).keys()

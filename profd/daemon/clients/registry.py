@@ -11,6 +11,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from msgspec.structs import replace
+
+from profd.control_rows import PsRow
 from profd_client import protocol as P
 
 
@@ -70,7 +73,7 @@ class Client:
     answered_at: float = 0.0
     #: When (monotonic) it re-registered as another rank within the last :data:`MOVES_S`.
     moves: tuple[float, ...] = ()
-    _hello_row: dict[str, Any] | None = field(default=None, init=False, repr=False, compare=False)
+    _ps_base: PsRow | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         #: Its key in the registry's and the ledgers' maps: asked of every client on every
@@ -85,50 +88,54 @@ class Client:
         """What sessions select it by and name its files after."""
         return (self.job, self.role, self.rank, self.world_size)
 
-    def row(self) -> dict[str, Any]:
-        """Its ``ps`` row, a fresh dict. Most fields are the hello's, fixed for this object (a
-        new hello makes a new one): they are built once and copied, the rest set on the copy
-        (``ps`` makes 1,024 rows on the loop at 1,024 clients)."""
-        row = self._hello_row
-        if row is None:
-            row = self._hello_row = self._row()
-        row = row.copy()
-        row["step"] = self.step
-        row["steps_per_s"] = round(self.sps, 2)
-        row["state"] = self.state
-        row["cpu_percent"] = self.cpu
-        row["rss_bytes"] = self.rss
-        row["gpu_util"] = self.gpu_util
-        row["gpu_mem_bytes"] = self.gpu_mem
-        return row
-
-    def _row(self) -> dict[str, Any]:
-        return {
-            "host": self.host,
-            "pid": self.pid,
-            "job": self.job,
-            "role": self.role,
-            "rank": self.rank,
-            "local_rank": self.local_rank,
-            "world_size": self.world_size,
-            "step": self.step,
-            "steps_per_s": round(self.sps, 2),
-            "state": self.state,
-            "step_mode": self.step_mode,
-            "allowed": self.allowed,
-            "cpu_percent": self.cpu,
-            "rss_bytes": self.rss,
-            "gpu_util": self.gpu_util,
-            "gpu_mem_bytes": self.gpu_mem,
-            "torch": self.torch,
-            "device": self.device,
-            "nsys_session": self.nsys_session,
-            "attached_at": self.attached_at,
-            "protocol": self.version,
-            "client_version": self.client_version,
-            "uid": self.uid,
-            "identity_source": self.identity_source,
-        }
+    def ps_row(
+        self, node: str, step: int, extrapolated: bool, age_s: float, claimed_by: tuple[int, ...]
+    ) -> PsRow:
+        """Its ``ps`` row as listed by daemon ``node``, its step as of now (``step_now``) and
+        every pid that claims its identity (its own alone, unless another served process
+        claims it too). The hello's fields are fixed for this object (a new hello makes a
+        new one): made into a row once and copied with the live ones set (``ps`` makes
+        1,024 rows on the loop at 1,024 clients)."""
+        base = self._ps_base
+        if base is None or base.node != node:
+            base = self._ps_base = PsRow(
+                host=self.host,
+                pid=self.pid,
+                job=self.job,
+                role=self.role,
+                rank=self.rank,
+                local_rank=self.local_rank,
+                world_size=self.world_size,
+                state=self.state,
+                step_mode=self.step_mode,
+                allowed=self.allowed,
+                torch=self.torch,
+                device=self.device,
+                nsys_session=self.nsys_session,
+                attached_at=self.attached_at,
+                protocol=self.version,
+                client_version=self.client_version,
+                uid=self.uid,
+                identity_source=self.identity_source,
+                duplicate=False,
+                claimed_by=(self.pid,),
+                node=node,
+            )
+        shared = len(claimed_by) > 1
+        return replace(
+            base,
+            step=step,
+            steps_per_s=round(self.sps, 2),
+            state=self.state,
+            cpu_percent=self.cpu,
+            rss_bytes=self.rss,
+            gpu_util=self.gpu_util,
+            gpu_mem_bytes=self.gpu_mem,
+            duplicate=shared,
+            claimed_by=claimed_by if shared else base.claimed_by,
+            step_extrapolated=extrapolated,
+            age_s=round(age_s, 3),
+        )
 
 
 @dataclass
@@ -140,24 +147,26 @@ class Incompatible:
     fields: dict[str, Any]
     last_seen: float = field(default_factory=time.monotonic)
 
-    def row(self) -> dict[str, Any]:
+    def ps_row(self, node: str) -> PsRow:
+        """Its ``ps`` row: what it claimed, each field cut to what a row carries."""
         f = self.fields
 
         def pick(name: str, kind: type) -> Any:
             v = f.get(name)
             return v if isinstance(v, kind) and not isinstance(v, bool) else None
 
-        return {
-            "host": (pick("host", str) or "?")[:255],
-            "pid": pick("pid", int),
-            "job": (pick("job", str) or "?")[:200],
-            "role": (pick("role", str) or "?")[:200],
-            "rank": pick("rank", int),
-            "state": "incompatible",
-            "protocol": self.version,
-            "client_version": (pick("client_version", str) or "")[:64] or None,
-            "error": f"speaks protocol version {self.version}",
-        }
+        return PsRow(
+            host=(pick("host", str) or "?")[:255],
+            pid=pick("pid", int),
+            job=(pick("job", str) or "?")[:200],
+            role=(pick("role", str) or "?")[:200],
+            rank=pick("rank", int),
+            state="incompatible",
+            protocol=self.version,
+            client_version=(pick("client_version", str) or "")[:64] or None,
+            error=f"speaks protocol version {self.version}",
+            node=node,
+        )
 
 
 #: A rank's step is moved on at its rate for this many heartbeat intervals after the heartbeat
