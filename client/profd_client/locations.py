@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import os
 import stat
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 SYSTEMD_RUNTIME_DIR = Path("/run/profd")
 
@@ -67,8 +67,9 @@ def runtime_dir(explicit: str | os.PathLike[str] | None = None) -> Path:
     return default_runtime_dirs()[0]
 
 
-@dataclass(frozen=True)
-class Untrusted:
+# Named tuples, not dataclasses: profctl loads this module on every command, and
+# ``dataclasses`` with the code it makes per class is milliseconds of its start-up.
+class Untrusted(NamedTuple):
     """A runtime dir or socket that someone other than root or this user controls."""
 
     path: Path
@@ -78,8 +79,7 @@ class Untrusted:
         return f"{self.path}: {self.why}"
 
 
-@dataclass(frozen=True)
-class SocketChoice:
+class SocketChoice(NamedTuple):
     """The outcome of :func:`locate_socket`."""
 
     #: Where to connect; None when no place looked at can be trusted.

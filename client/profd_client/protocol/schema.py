@@ -16,7 +16,6 @@ import operator
 import re
 import zlib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
 from typing import Any, Final
 
 from .envelope import ProtocolError
@@ -61,6 +60,11 @@ _COLUMNS: Final = 16
 
 
 class Field:
+    # Plain classes with slots, not dataclasses: every profctl command and every training
+    # job imports these, and ``dataclasses`` (with ``inspect``) plus the code it generates
+    # per class was ~10 ms of profctl's start-up.
+    __slots__ = ()
+
     def check(self, value: object, where: str) -> Any:
         raise NotImplementedError
 
@@ -85,10 +89,11 @@ def _types(values: list[Any]) -> set[type]:
 _not_none = functools.partial(operator.is_not, None)
 
 
-@dataclass(frozen=True)
 class Int(Field):
-    lo: int
-    hi: int
+    __slots__ = ("hi", "lo")
+
+    def __init__(self, lo: int, hi: int) -> None:
+        self.lo, self.hi = lo, hi
 
     def check(self, value: object, where: str) -> Any:
         # ``type() is``: bool is an int subclass, and True where a step is wanted is still a
@@ -108,10 +113,11 @@ class Int(Field):
         return _types(values) == {int} and self.lo <= min(values) and max(values) <= self.hi
 
 
-@dataclass(frozen=True)
 class Num(Field):
-    lo: float
-    hi: float
+    __slots__ = ("hi", "lo")
+
+    def __init__(self, lo: float, hi: float) -> None:
+        self.lo, self.hi = lo, hi
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, int | float) or isinstance(value, bool):
@@ -136,13 +142,19 @@ class Num(Field):
             return False
 
 
-@dataclass(frozen=True)
 class Str(Field):
-    max_len: int
-    min_len: int = 0
-    choices: frozenset[str] | None = None
-    #: Becomes one path component (job, role, session): see :func:`safe_name`.
-    name: bool = False
+    __slots__ = ("choices", "max_len", "min_len", "name")
+
+    def __init__(
+        self,
+        max_len: int,
+        min_len: int = 0,
+        choices: frozenset[str] | None = None,
+        name: bool = False,
+    ) -> None:
+        self.max_len, self.min_len, self.choices = max_len, min_len, choices
+        #: Becomes one path component (job, role, session): see :func:`safe_name`.
+        self.name = name
 
     def check(self, value: object, where: str) -> Any:
         if type(value) is not str:
@@ -177,8 +189,9 @@ class Str(Field):
         return self.min_len == 0 or min(map(len, values)) >= self.min_len
 
 
-@dataclass(frozen=True)
 class Bool(Field):
+    __slots__ = ()
+
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, bool):
             raise _bad(where, f"must be true or false, got {_kind(value)}")
@@ -191,9 +204,11 @@ class Bool(Field):
         return not values or _types(values) == {bool}
 
 
-@dataclass(frozen=True)
 class Nullable(Field):
-    inner: Field
+    __slots__ = ("inner",)
+
+    def __init__(self, inner: Field) -> None:
+        self.inner = inner
 
     def check(self, value: object, where: str) -> Any:
         return None if value is None else self.inner.check(value, where)
@@ -205,9 +220,11 @@ class Nullable(Field):
         return self.inner.all_valid(list(filter(_not_none, values)))
 
 
-@dataclass(frozen=True)
 class OneOf(Field):
-    alternatives: tuple[Field, ...]
+    __slots__ = ("alternatives",)
+
+    def __init__(self, alternatives: tuple[Field, ...]) -> None:
+        self.alternatives = alternatives
 
     def check(self, value: object, where: str) -> Any:
         errors = []
@@ -226,11 +243,11 @@ class OneOf(Field):
         return " or ".join(a.describe() for a in self.alternatives)
 
 
-@dataclass(frozen=True)
 class ListOf(Field):
-    item: Field
-    max_len: int
-    min_len: int = 0
+    __slots__ = ("item", "max_len", "min_len")
+
+    def __init__(self, item: Field, max_len: int, min_len: int = 0) -> None:
+        self.item, self.max_len, self.min_len = item, max_len, min_len
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, list):
@@ -263,9 +280,10 @@ class ListOf(Field):
         return self.item.all_valid(list(itertools.chain.from_iterable(values)))
 
 
-@dataclass(frozen=True)
 class AnyValue(Field):
     """Reply payloads: their shape is the request's business, the frame limits bound them."""
+
+    __slots__ = ()
 
     def check(self, value: object, where: str) -> Any:
         return value
@@ -277,35 +295,32 @@ class AnyValue(Field):
         return True
 
 
-@dataclass(frozen=True)
 class Struct(Field):
     """A map with known keys. ``open``: unknown keys are ignored (a newer peer's additions);
     closed structs (start specs, options, filters) refuse them, since a misspelt option
     silently ignored would capture something else than asked."""
 
-    fields: Mapping[str, tuple[Field, bool]]
-    open: bool = False
-    #: Cross-field rule run after every field passed, e.g. a cycle's ordering.
-    rule: Callable[[dict[str, Any], str], None] | None = None
-    _checks: tuple[tuple[str, Callable[[object, str], Any], bool], ...] = field(
-        default=(), init=False, repr=False, compare=False
-    )
+    __slots__ = ("_checks", "_columns", "fields", "open", "rule")
 
-    _columns: tuple[tuple[str, Callable[[Any], Any], Field, bool], ...] = field(
-        default=(), init=False, repr=False, compare=False
-    )
-
-    def __post_init__(self) -> None:
+    def __init__(
+        self,
+        fields: Mapping[str, tuple[Field, bool]],
+        open: bool = False,
+        rule: Callable[[dict[str, Any], str], None] | None = None,
+    ) -> None:
+        self.fields, self.open = fields, open
+        #: Cross-field rule run after every field passed, e.g. a cycle's ordering.
+        self.rule = rule
         # Bound methods looked up once: this loop runs for every message on both sockets.
-        checks = tuple((n, f.check, r) for n, (f, r) in self.fields.items())
-        object.__setattr__(self, "_checks", checks)
+        self._checks: tuple[tuple[str, Callable[[object, str], Any], bool], ...] = tuple(
+            (n, f.check, r) for n, (f, r) in fields.items()
+        )
         # Fields that can fail, for column checks (an optional ``any`` never does).
-        columns = tuple(
+        self._columns: tuple[tuple[str, Callable[[Any], Any], Field, bool], ...] = tuple(
             (n, operator.itemgetter(n), f, r)
-            for n, (f, r) in self.fields.items()
+            for n, (f, r) in fields.items()
             if r or not isinstance(f, AnyValue)
         )
-        object.__setattr__(self, "_columns", columns)
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, dict):
@@ -350,9 +365,10 @@ class Struct(Field):
         return True
 
 
-@dataclass(frozen=True)
 class Cycles(Field):
     """``[warmup_start, start, stop)`` triples of absolute 1-indexed steps, in order."""
+
+    __slots__ = ()
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, list) or not 1 <= len(value) <= MAX_CYCLES:
