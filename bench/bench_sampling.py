@@ -59,7 +59,7 @@ def one_run(d: B.Daemon, warm: int, steps: int, job: str, quick: bool) -> tuple[
     restarted under its old name is not sampled again at steps it was sampled at (the
     sample's id is taken). ``quick``: a tiny model whose steps mostly sleep, so that a run
     lasts the seconds sampling needs (see ``main``) at a fraction of the CPU."""
-    env = {**d.env(), "OMP_NUM_THREADS": "1", "PROFD_HEARTBEAT": "1.0"}
+    env = {**d.env(), "OMP_NUM_THREADS": "1", "PROFD_HEARTBEAT": str(d.heartbeat)}
     hidden, pace = (8, "0.003") if quick else (512, "0")
     out = subprocess.run(
         [sys.executable, "-c", WORKER, str(warm), str(steps), job, str(hidden), pace],
@@ -101,18 +101,24 @@ def main() -> int:
     args = B.parser(__doc__).parse_args()
     started = time.monotonic()
     every = 100 if args.quick else 1000
-    # Quick runs last ~4 s: a sample is armed from a heartbeat (1 s) for steps ahead, so a
-    # 1.4 s run was sampled in one of two runs at best, and at ~3 s the smoke test flaked on
-    # none. Their steps are a tiny model's and a 3 ms sleep (one_run), not ~2 ms of torch
-    # work: the seconds are what sampling needs, not the CPU (5,000 such steps took ~10 s of
-    # CPU a run, four runs, on a loaded machine).
-    warm, steps, pairs = (50, 1200, 1) if args.quick else (300, 4000, 3)
+    # A sample is armed from a heartbeat once the job's step rate is known (a heartbeat or
+    # two), for steps ahead: at 1 s heartbeats a 1.4 s run was sampled in one of two runs at
+    # best, and at ~3 s the smoke test flaked on none. Quick daemons (both, alike) ask for
+    # heartbeats every 0.25 s, so ~2 s runs see several samples. Their steps are a tiny
+    # model's and a 3 ms sleep (one_run), not ~2 ms of torch work: the seconds are what
+    # sampling needs, not the CPU (5,000 such steps took ~10 s of CPU a run, four runs, on a
+    # loaded machine).
+    warm, steps, pairs = (50, 600, 1) if args.quick else (300, 4000, 3)
+    heartbeat = 0.25 if args.quick else 1.0
     watch = f"[watch]\nsample_every = {every}\nsample_steps = 2\n"
     sps: dict[str, list[float]] = {"off": [], "on": []}
     spc: dict[str, list[float]] = {"off": [], "on": []}  # steps per CPU second
     taken: list[int] = []
     order_run: list[str] = []
-    with B.Daemon(tables="") as off, B.Daemon(tables=watch) as on:
+    with (
+        B.Daemon(tables="", heartbeat=heartbeat) as off,
+        B.Daemon(tables=watch, heartbeat=heartbeat) as on,
+    ):
         for i in range(pairs):
             order = ("off", "on") if i % 2 == 0 else ("on", "off")
             for which in (*order, *reversed(order)):
@@ -156,7 +162,13 @@ def main() -> int:
         "sampling",
         args.out,
         args.quick,
-        {"sample_every": every, "steps": steps, "warm": warm, "runs_each": 2 * pairs},
+        {
+            "sample_every": every,
+            "steps": steps,
+            "warm": warm,
+            "runs_each": 2 * pairs,
+            "heartbeat_s": heartbeat,
+        },
         rows,
         {
             "sps_on": sps["on"],

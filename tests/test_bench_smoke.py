@@ -29,12 +29,12 @@ NAMES = (
     "idle", "trigger", "stall", "daemon", "index", "s3", "cluster", "report", "metrics", "stacks",
     "watch", "sampling", "hostile", "warehouse",
 )  # fmt: skip
-# Two lanes side by side, of about equal length (each ~70 s on a lightly loaded 2-core
+# Two lanes side by side, of about equal length (each ~65 s on a lightly loaded 2-core
 # machine): bench_trigger (its torchrun job and sessions mostly wait) and bench_sampling (its
 # runs last the seconds a sample needs) are the longest, so they share a lane with short ones.
 LANES = (
-    ("trigger", "index", "watch", "sampling"),
-    ("idle", "daemon", "stall", "cluster", "metrics", "stacks", "s3", "report", "hostile",
+    ("trigger", "index", "watch", "s3", "sampling"),
+    ("idle", "daemon", "stall", "cluster", "metrics", "stacks", "report", "hostile",
      "warehouse"),
 )  # fmt: skip
 #: One worker runs the lanes (``--dist loadgroup``): each worker given a test of this file

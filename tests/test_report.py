@@ -135,7 +135,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         jobs.start("straggler.py", nproc=3, daemon=d, MODE_FILE=str(mode), EXTRA_MS="150")
         d.wait_attached(3, timeout=WAIT, min_step=3)
         wait_for(lambda: all(p["steps_per_s"] > 0 for p in d.ps()), WAIT, "step rates", every=0.2)
-        for name, text in (("A", "straggler 1"), ("B", "none"), ("C", "slow"), ("D", "none")):
+        # Slow steps first, then fast ones: ``--next`` puts a session about a second of the
+        # job's measured step rate ahead, so a capture right after a switch from fast steps
+        # to slow ones would wait out many slow steps (~5 s) before it begins.
+        for name, text in (("A", "straggler 1"), ("C", "slow"), ("B", "none"), ("D", "none")):
             mode.write_text(text)
             steps_on(d, 4)  # every rank has read the new mode
             stack = ("--with-stack", "--profile-memory") if name == "D" else ()

@@ -52,7 +52,9 @@ else:
     ddp = torch.nn.parallel.DistributedDataParallel(model)
 opt = torch.optim.SGD(ddp.parameters(), lr=1e-6 if width else 1e-3)
 x = torch.randn(int(os.environ.get("BATCH", "16")), width or 32)
-a = torch.randn(64, 64)
+#: The extra work's operand: a product takes ~50 us, so that the profiler records a few
+#: hundred of them a step, not thousands of 64-wide ones (each one the daemon takes in).
+a = torch.randn(128, 128)
 rng = random.Random(rank)
 mode_file = os.environ["MODE_FILE"]
 DEFAULTS = {

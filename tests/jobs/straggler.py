@@ -29,6 +29,10 @@ mode = os.environ.get("MODE", "")
 w = torch.nn.Parameter(torch.randn(128, 128))
 opt = torch.optim.SGD([w], lr=1e-6)
 a = torch.randn(128, 128)
+#: The products' operand: large enough that one takes about a third of a millisecond. The profiler
+#: records every product, and 150 ms of 128-wide ones (~50 us each) made traces of tens of
+#: thousands of events that the daemon took seconds to take in.
+big = torch.randn(256, 256)
 
 
 def work(seconds: float, op: str = "mm") -> None:
@@ -37,9 +41,9 @@ def work(seconds: float, op: str = "mm") -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         if op == "addmm":
-            torch.addmm(a, a, a)
+            torch.addmm(big, big, big)
         else:
-            torch.mm(a, a)
+            torch.mm(big, big)
 
 
 for _ in range(steps):
