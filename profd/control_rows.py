@@ -1,18 +1,20 @@
-"""``ps`` rows as one typed definition, built on the daemon's loop and packed in one C call.
+"""``ps`` and ``top`` rows, one typed definition each, built on the daemon's loop and packed
+in one C call.
 
-``ps`` lists every attached process at once (1,024 rows at 1,024 clients) on the loop that
-also reads every heartbeat. As dicts its rows were built field by field, checked by the
-hand-written schema field by field and packed: ~5 ms, with ~3,000 new objects for the
-collector each time (its full passes, ~20 ms each, were the round trip's p99). A
-:class:`PsRow` is a msgspec ``Struct`` the collector does not track (``gc=False``): the
-hello's part of a client's row is made once and copied with the live fields set
-(:meth:`profd.daemon.clients.registry.Client.ps_row`), and :func:`pack` encodes the listing
-and checks it against this same definition, as a receiver would, in C.
+``ps`` lists every attached process at once (1,024 rows at 1,024 clients), and ``top`` every
+rank, on the loop that also reads every heartbeat. As dicts their rows were built field by
+field, checked by the hand-written schema field by field and packed: ~5 ms for ``ps``, with
+~3,000 new objects for the collector each time (its full passes, ~20 ms each, were the round
+trip's p99). A :class:`PsRow` is a msgspec ``Struct`` the collector does not track
+(``gc=False``): the hello's part of a client's row is made once and copied with the live
+fields set (:meth:`profd.daemon.clients.registry.Client.ps_row`), and :func:`pack` encodes the
+listing and checks it against this same definition, as a receiver would, in C. A
+:class:`TopRow` is made the same way, whole, once its rank's ratio to its role is known.
 
-A field the row does not have (an ``incompatible`` peer's, which lists only what it
-claimed) is ``UNSET`` and left out of the map on the wire, as before: readers see the same
-rows as from a daemon that built dicts. profctl reads them as plain maps and never loads
-this module (msgspec is a fifth of its start-up).
+A field the row does not have (an ``incompatible`` peer's, which lists only what it claimed)
+is ``UNSET`` and left out of the map on the wire, as before: readers see the same rows as
+from a daemon that built dicts. profctl reads them as plain maps and never loads this module
+(msgspec is a fifth of its start-up).
 """
 
 from __future__ import annotations
@@ -80,16 +82,62 @@ class PsRow(msgspec.Struct, frozen=True, gc=False, kw_only=True):
     node: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
 
 
+_Finite = Annotated[float, Meta(ge=-_BIG, le=_BIG)]
+
+
+class TopRow(msgspec.Struct, frozen=True, gc=False, kw_only=True):
+    """One served rank in ``top``: its step times over the last minute (``window_s``: what
+    the figures cover), ``step`` as of now (``step_extrapolated``: moved on from the last
+    heartbeat's at the rank's rate) and ``age_s`` (seconds since that heartbeat). ``source``:
+    ``ledger`` (step times the client measured), ``rate`` (a protocol-2 client: 1/steps per
+    second), ``index`` (the last minute the index holds, right after a daemon restart) or
+    None. ``vs_role``: the rank's p50 over its role's median p50 on this node; ``marked``: far
+    from it (``profd.watch.stats.FAR``). ``regions``: each region's share of the step time.
+    ``wait_ms``: its collective wait per step over the window, as its flight recorder timed
+    it (None: unknown, see docs/operations.md)."""
+
+    host: Annotated[str, Meta(min_length=1, max_length=MAX_HOST)]
+    pid: _Pid
+    job: _Name
+    role: _Name
+    rank: Annotated[int, Meta(ge=0, le=MAX_RANK)]
+    world_size: Annotated[int, Meta(ge=1, le=MAX_RANK + 1)]
+    # As of now (moved on at the rank's rate, as in ``ps``), and seconds since its heartbeat.
+    step: Annotated[int, Meta(ge=0, le=MAX_STEP)]
+    step_extrapolated: bool
+    age_s: _Finite | None
+    sps: _Rate
+    step_ms_p50: _Finite | None
+    step_ms_p99: _Finite | None
+    window_s: _Finite | None
+    source: _Short | None  # "ledger", "index", "rate"; None: nothing yet
+    regions: dict[str, _Finite]  # share of the step time in the window, by region
+    wait_ms: _Finite | None  # collective wait per step; None: unknown
+    cpu_percent: _Rate | None
+    rss_bytes: _Count | None
+    gpu_util: _Rate | None
+    gpu_mem_bytes: _Count | None
+    # Its p50 over the median p50 of its role's other ranks here, and slower by far.
+    vs_role: _Finite | None
+    marked: bool
+    node: Annotated[str, Meta(min_length=1, max_length=MAX_TEXT)]
+
+
 _ENCODE: Final = msgspec.msgpack.Encoder().encode
-_CHECK: Final = msgspec.msgpack.Decoder(Annotated[list[PsRow], Meta(max_length=1 << 22)]).decode
+_LISTING: Final = Meta(max_length=1 << 22)
+_CHECKS: Final[dict[str, Any]] = {
+    "ps": msgspec.msgpack.Decoder(Annotated[list[PsRow], _LISTING]).decode,
+    "top": msgspec.msgpack.Decoder(Annotated[list[TopRow], _LISTING]).decode,
+}
 
 
-def pack(rows: list[PsRow]) -> Packed:
-    """The ``ps`` listing packed, checked as profctl's side would read it: a row beyond its
-    definition is a bug here (``ProtocolError``), never a reply nobody can read."""
+def pack(t: str, rows: list[PsRow] | list[TopRow]) -> Packed:
+    """The listing of request ``t`` (``ps``, ``top``) packed, checked as profctl's side would
+    read it: a row beyond its definition is a bug here (``ProtocolError``), never a reply
+    nobody can read."""
     data = _ENCODE(rows)
     try:
-        _CHECK(data)
+        _CHECKS[t](data)
     except msgspec.ValidationError as exc:
-        raise refusal("ps.data", exc) from None
+        raise refusal(f"{t}.data", exc) from None
     return Packed(data)

@@ -374,41 +374,6 @@ STATUS_DOC: Final = _row(
     watch=(_row(implausible_steps=(COUNT, _R)), _O),
 )
 
-#: One rank in ``top``: its step times over the last minute (``window_s``: what the figures
-#: cover), ``step`` as of now (``step_extrapolated``: moved on from the last heartbeat's at
-#: the rank's rate) and ``age_s`` (seconds since that heartbeat). ``source``: ``ledger``
-#: (step times the client measured), ``rate`` (a protocol-2 client: 1/steps-per-second),
-#: ``index`` (the last minute the index holds, right after a daemon restart) or null.
-#: ``vs_role``: the rank's p50 over its role's median p50 on this node; ``marked``: far
-#: from it (``profd.watch.stats.FAR``). ``regions``: each region's share of the step time.
-#: ``wait_ms``: the rank's collective wait per step over the window, as its flight recorder
-#: timed it (absent or null: unknown, see docs/operations.md).
-TOP_ROW: Final = _row(
-    host=(HOST, _R),
-    node=(NODE, _R),
-    pid=(PID, _R),
-    job=(Str(MAX_NAME, 1), _R),
-    role=(Str(MAX_NAME, 1), _R),
-    rank=(RANK, _R),
-    world_size=(Int(1, MAX_RANK + 1), _R),
-    step=(STEP, _R),
-    step_extrapolated=(Bool(), _R),
-    age_s=(Nullable(FINITE), _R),
-    sps=(Num(0.0, math.inf), _R),
-    step_ms_p50=(Nullable(FINITE), _R),
-    step_ms_p99=(Nullable(FINITE), _R),
-    window_s=(Nullable(FINITE), _R),
-    source=(Nullable(SHORT), _R),
-    vs_role=(Nullable(FINITE), _R),
-    marked=(Bool(), _R),
-    regions=(MAP, _R),
-    wait_ms=(Nullable(FINITE), _O),
-    cpu_percent=(Nullable(Num(0.0, math.inf)), _O),
-    rss_bytes=(Nullable(BYTES), _O),
-    gpu_util=(Nullable(Num(0.0, math.inf)), _O),
-    gpu_mem_bytes=(Nullable(BYTES), _O),
-)
-
 #: One role of a job in one minute, in ``history``: ``ranks`` ranks that stepped, ``steps``
 #: steps in all; ``p50_ms``/``p90_ms`` the median over ranks of each rank's own p50/p90,
 #: ``max_ms`` the longest step; ``slowest``: the ranks with the highest p50 (at most 3).
@@ -548,11 +513,10 @@ WAREHOUSE_DOC: Final = _row(
 #: ``cancel``, ``retry``: small maps) are not described here.
 REPLIES: Final[dict[str, Field]] = {
     C_STATUS: STATUS_DOC,
-    # C_PS: its rows are typed (profd.control_rows.PsRow) and come packed.
+    # C_PS, C_TOP: their rows are typed (profd.control_rows) and come packed.
     C_SESSIONS: ListOf(SESSION_ROW, 100_000),
     C_SHOW: SESSION_DOC,
     C_TRACES: ListOf(TRACE_ROW, 1_000_000),
-    C_TOP: ListOf(TOP_ROW, 1 << 22),
     C_HISTORY: HISTORY_DOC,
     C_INCIDENTS: ListOf(INCIDENT_ROW, 100_000),
     C_INCIDENT: INCIDENT_DOC,

@@ -271,7 +271,7 @@ def _exit(code: object) -> NoReturn:
     if code is None or isinstance(code, int):
         status = code or 0
     else:
-        print(code, file=sys.stderr)  # sys.exit("why"), as the interpreter would
+        say(str(code), err=True)  # sys.exit("why"), as the interpreter would
         status = 1
     for stream in (sys.stdout, sys.stderr):
         try:

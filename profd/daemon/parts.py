@@ -65,10 +65,14 @@ class Parts:
         #: Ticks and reconfigurations that raised, by the part's ``what``.
         self.failures: dict[str, int] = {p.what: 0 for p in self.parts}
 
-    def tick(self, mono: float, wall: float) -> None:
+    def tick(self, mono: float, wall: float, between: Callable[[], None] | None = None) -> None:
+        """Run every part once; ``between`` after each (the loop answers operators there, so
+        a request waits for one part at most, not for the whole tick)."""
         for p in self.parts:
             if not guarded(p.what, p.tick, mono, wall):
                 self.failures[p.what] += 1
+            if between is not None:
+                between()
 
     def reconfigure(self, watch: WatchConfig) -> None:
         for p in self.parts:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from typing import Any
 
 #: A rank is marked in ``top`` when its p50 is this much slower than its role's other ranks
@@ -69,38 +69,59 @@ def others_medians(values: Sequence[float]) -> list[float | None]:
     return out
 
 
-def mark_vs_role(rows: list[dict[str, Any]]) -> None:
-    """Set ``vs_role`` (p50 over the median p50 of the role's other ranks) and ``marked``
-    (slower than that by more than :data:`FAR`) on ``top`` rows, grouped by job and role.
+def vs_role(
+    groups: Sequence[Hashable], p50s: Sequence[float | None]
+) -> list[tuple[float | None, bool]]:
+    """``top``'s ``vs_role`` and ``marked`` of each rank, given its group (its job and role)
+    and its p50: the p50 over the median p50 of the group's other ranks (rounded as shown)
+    and whether that is slower by more than :data:`FAR`; (None, False) for a rank without a
+    p50, or without others in its group that have one (they are left out of its median)."""
+    members: dict[Hashable, tuple[list[int], list[float]]] = defaultdict(lambda: ([], []))
+    for i, (g, p50) in enumerate(zip(groups, p50s, strict=True)):
+        if p50 is not None and p50 > 0:
+            ranks, values = members[g]
+            ranks.append(i)
+            values.append(float(p50))
+    out: list[tuple[float | None, bool]] = [(None, False)] * len(p50s)
+    for ranks, values in members.values():
+        for i, value, med in zip(ranks, values, others_medians(values), strict=True):
+            if med is not None and med > 0:
+                ratio = value / med
+                out[i] = (round(ratio, 3), ratio > 1.0 + FAR)
+    return out
 
-    Rows without a p50 get ``vs_role`` None and are left out of their role's median.
-    """
-    groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
-    for r in rows:
-        r["vs_role"], r["marked"] = None, False
-        if r.get("step_ms_p50") is not None and r["step_ms_p50"] > 0:
-            groups[(r["job"], r["role"])].append(r)
-    for members in groups.values():
-        meds = others_medians([float(r["step_ms_p50"]) for r in members])
-        for r, med in zip(members, meds, strict=True):
-            if med is None or med <= 0:
-                continue
-            ratio = float(r["step_ms_p50"]) / med
-            r["vs_role"] = round(ratio, 3)
-            r["marked"] = ratio > 1.0 + FAR
+
+def mark_vs_role(rows: list[dict[str, Any]]) -> None:
+    """Set ``vs_role`` and ``marked`` (:func:`vs_role`) on ``top`` rows, grouped by job and
+    role (profctl ``--cluster``: a role spans nodes)."""
+    marks = vs_role([(r["job"], r["role"]) for r in rows], [r.get("step_ms_p50") for r in rows])
+    for r, (ratio, marked) in zip(rows, marks, strict=True):
+        r["vs_role"], r["marked"] = ratio, marked
+
+
+def top_order(
+    vs_role: float | None, p50: float | None, host: str, job: str, role: str, rank: int
+) -> tuple[float, float, str, str, int]:
+    """``top``'s order: the slowest against its role first, then by p50, then by name."""
+    return (
+        -(vs_role if vs_role is not None else 0.0),
+        -(p50 if p50 is not None else -1.0),
+        host,
+        job + "\0" + role,
+        rank,
+    )
 
 
 def slowest_first(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """``top``'s order: the slowest against its role first, then by p50, then by name."""
+    """``top`` rows in :func:`top_order`."""
 
     def key(r: dict[str, Any]) -> tuple[float, float, str, str, int]:
-        vs = r.get("vs_role")
-        p50 = r.get("step_ms_p50")
-        return (
-            -(vs if vs is not None else 0.0),
-            -(p50 if p50 is not None else -1.0),
+        return top_order(
+            r.get("vs_role"),
+            r.get("step_ms_p50"),
             str(r.get("host", "")),
-            str(r["job"]) + "\0" + str(r["role"]),
+            str(r["job"]),
+            str(r["role"]),
             int(r["rank"]),
         )
 

@@ -292,7 +292,7 @@ def test_ps_rows_of_served_and_incompatible_peers_read_back_as_maps() -> None:
     from profd.daemon.clients.registry import Incompatible
 
     odd = Incompatible(b"y", 99, {"pid": 1 << 40, "host": 5, "rank": -3}).ps_row("n1")
-    frame = C.reply({"v": 1, "t": C.C_PS}, pack([_ps_row(), odd]))
+    frame = C.reply({"v": 1, "t": C.C_PS}, pack(C.C_PS, [_ps_row(), odd]))
     msg = P.decode(frame, C.REPLY_INBOUND, reply=True)
     assert msg["v"] == 1 and msg["t"] == C.OK
     served, listed = msg["data"]
@@ -334,32 +334,27 @@ def test_a_ps_row_beyond_its_definition_does_not_leave(over: dict[str, Any], fie
     rows = [_ps_row() for _ in range(6)]
     rows[5] = _ps_row(**over)
     with pytest.raises(P.ProtocolError) as exc:
-        pack(rows)
+        pack(C.C_PS, rows)
     assert exc.value.code == "bad_request"
     assert str(exc.value).startswith(f"ps.data[5].{field}:"), str(exc.value)
 
 
-def _top_row(**over: Any) -> dict[str, Any]:
+def _session_row(**over: Any) -> dict[str, Any]:
     row = {
-        "host": "node1",
-        "node": "n1",
-        "pid": 42,
+        "id": "s1",
         "job": "j",
-        "role": "trainer",
-        "rank": 3,
-        "world_size": 8,
-        "step": 7,
-        "step_extrapolated": False,
-        "age_s": 0.25,
-        "sps": 4.0,
-        "step_ms_p50": 250.0,
-        "step_ms_p99": 300.0,
-        "window_s": 60.0,
-        "source": "ledger",
-        "vs_role": 1.0,
-        "marked": False,
-        "regions": {"forward": 0.5},
-        "cpu_percent": 150.5,
+        "state": "done",
+        "backend": "torch",
+        "label": None,
+        "region": None,
+        "request": {"steps": "2:5"},
+        "cycles": [[1, 2, 5]],
+        "plan": 0,
+        "owner": 1000,
+        "error": None,
+        "created_at": 1.7e9,
+        "updated_at": 1.7e9,
+        "node": "n1",
     }
     return {**row, **over}
 
@@ -367,24 +362,25 @@ def _top_row(**over: Any) -> dict[str, Any]:
 @pytest.mark.parametrize(
     ("over", "field"),
     [
-        ({"pid": "42"}, "pid"),
-        ({"rank": 1.5}, "rank"),
-        ({"sps": math.nan}, "sps"),
-        ({"marked": 1}, "marked"),
+        ({"id": ""}, "id"),
+        ({"plan": 1.5}, "plan"),
+        ({"created_at": math.nan}, "created_at"),
+        ({"owner": "1000"}, "owner"),
         ({"node": ""}, "node"),
+        ({"cycles": [[1, 2, "5"]]}, "cycles[0][2]"),
     ],
 )
 def test_a_reply_that_breaks_its_schema_does_not_leave(over: dict[str, Any], field: str) -> None:
     for n in (1, 40):  # one by one, and column by column
-        rows = [_top_row() for _ in range(n)]
-        rows[n - 1] = _top_row(**over)
+        rows = [_session_row() for _ in range(n)]
+        rows[n - 1] = _session_row(**over)
         with pytest.raises(P.ProtocolError) as exc:
-            C.reply({"v": P.VERSION, "t": C.C_TOP}, rows)
-        assert str(exc.value).startswith(f"top.data[{n - 1}].{field}:"), str(exc.value)
-    row = _top_row()
-    del row["host"]
-    with pytest.raises(P.ProtocolError, match="missing field 'host'"):
-        C.reply({"v": P.VERSION, "t": C.C_TOP}, [row])
+            C.reply({"v": P.VERSION, "t": C.C_SESSIONS}, rows)
+        assert str(exc.value).startswith(f"sessions.data[{n - 1}].{field}:"), str(exc.value)
+    row = _session_row()
+    del row["job"]
+    with pytest.raises(P.ProtocolError, match="missing field 'job'"):
+        C.reply({"v": P.VERSION, "t": C.C_SESSIONS}, [row])
 
 
 def test_replies_without_a_schema_are_any_map() -> None:
@@ -393,7 +389,6 @@ def test_replies_without_a_schema_are_any_map() -> None:
         C.C_TRACES,
         C.C_SHOW,
         C.C_SESSIONS,
-        C.C_TOP,
         C.C_HISTORY,
         C.C_INCIDENTS,
         C.C_INCIDENT,
@@ -510,14 +505,14 @@ def test_column_checks_accept_exactly_what_value_checks_accept(i: int, values: l
 
 
 @settings(max_examples=200, deadline=None)
-@given(st.lists(st.sampled_from(sorted(C.TOP_ROW.fields)), max_size=3), anything)
-def test_top_rows_with_any_value_in_any_field(fields: list[str], value: Any) -> None:
-    rows = [_top_row() for _ in range(20)]
+@given(st.lists(st.sampled_from(sorted(C.SESSION_ROW.fields)), max_size=3), anything)
+def test_session_rows_with_any_value_in_any_field(fields: list[str], value: Any) -> None:
+    rows = [_session_row() for _ in range(20)]
     for name in fields:
         rows[5][name] = value
-    ok = not _refused(C.TOP_ROW, rows[5])
-    assert ok == (not _refused(C.REPLIES[C.C_TOP], rows))
-    assert C.TOP_ROW.all_valid(rows) in (ok, False)
+    ok = not _refused(C.SESSION_ROW, rows[5])
+    assert ok == (not _refused(C.REPLIES[C.C_SESSIONS], rows))
+    assert C.SESSION_ROW.all_valid(rows) in (ok, False)
 
 
 def _refused(f: P.Field, value: Any) -> bool:
@@ -561,3 +556,63 @@ def test_session_ids_have_one_bound_the_documented_one() -> None:
     # A name field's own bound holds too, below the name rule's.
     with pytest.raises(P.ProtocolError, match=r"1\.\.8"):
         P.Str(8, min_len=1, name=True).check("s" * 9, "f")
+
+
+def _top_row(**over: Any) -> Any:
+    from profd.control_rows import TopRow
+
+    row = TopRow(
+        host="node1",
+        pid=42,
+        job="j",
+        role="trainer",
+        rank=3,
+        world_size=8,
+        step=7,
+        step_extrapolated=False,
+        age_s=0.25,
+        sps=4.0,
+        step_ms_p50=250.0,
+        step_ms_p99=300.0,
+        window_s=60.0,
+        source="ledger",
+        regions={"forward": 0.5},
+        wait_ms=None,
+        cpu_percent=150.5,
+        rss_bytes=1 << 30,
+        gpu_util=None,
+        gpu_mem_bytes=None,
+        vs_role=1.0,
+        marked=False,
+        node="n1",
+    )
+    return msgspec.structs.replace(row, **over)
+
+
+def test_top_rows_read_back_as_maps_with_every_field() -> None:
+    from profd.control_rows import pack
+
+    frame = C.reply({"v": 2, "t": C.C_TOP}, pack(C.C_TOP, [_top_row(), _top_row(rank=4)]))
+    msg = P.decode(frame, C.REPLY_INBOUND, reply=True)
+    assert msg["v"] == 2 and [r["rank"] for r in msg["data"]] == [3, 4]
+    first = msg["data"][0]
+    assert first["regions"] == {"forward": 0.5} and first["wait_ms"] is None
+    assert list(first) == list(msgspec.structs.asdict(_top_row()))  # None is sent, not left out
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"pid": 0}, "pid"),
+        ({"sps": math.inf}, "sps"),
+        ({"step_ms_p50": math.nan}, "step_ms_p50"),
+        ({"regions": {"forward": math.inf}}, "regions[...]"),
+        ({"node": ""}, "node"),
+    ],
+)
+def test_a_top_row_beyond_its_definition_does_not_leave(over: dict[str, Any], field: str) -> None:
+    from profd.control_rows import pack
+
+    with pytest.raises(P.ProtocolError) as exc:
+        pack(C.C_TOP, [_top_row(), _top_row(**over)])
+    assert str(exc.value).startswith(f"top.data[1].{field}:"), str(exc.value)

@@ -27,7 +27,7 @@ top = {m.split(".")[0] for m in sys.modules}
 print(json.dumps({
     "profd": sorted(m for m in sys.modules if m == "profd" or m.startswith("profd.")),
     "third_party": sorted(t for t in top - set(sys.stdlib_module_names) if not t.startswith("_")),
-    "control_names": [n for n in ("STATUS_DOC", "TOP_ROW", "REPLIES", "C_STATUS", "START_SPEC")
+    "control_names": [n for n in ("STATUS_DOC", "SESSION_ROW", "REPLIES", "C_STATUS", "START_SPEC")
                       if hasattr(protocol, n)],
 }))
 """

@@ -59,7 +59,7 @@ def test_the_reply_repairs_only_rows_from_the_index() -> None:
     sent = P.decode(frame, C.REPLY_INBOUND, reply=True)["data"]
     assert len(sent) == 40 and sent[5]["stats"] is None and "stats" in sent[5]["skipped"]
     with pytest.raises(P.ProtocolError):
-        ControlHandler._reply({"v": P.VERSION, "t": C.C_TOP}, [{"host": "h", "pid": "x"}])
+        ControlHandler._reply({"v": P.VERSION, "t": C.C_INCIDENTS}, [{"host": "h", "pid": "x"}])
 
 
 def test_values_beyond_msgpack_or_the_schema_are_emptied_and_named() -> None:

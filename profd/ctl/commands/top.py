@@ -61,10 +61,13 @@ COLUMNS: list[Column] = [
 
 
 def ranks(env: Env, job: str | None, role: str | None) -> list[dict[str, Any]]:
-    """Every node's rows as one listing: a role may span nodes, so each rank is compared with
-    its whole role again here (one node's daemon saw only its own ranks), slowest first."""
+    """Every node's rows as one listing, slowest first: a role may span nodes, so with
+    ``--cluster`` each rank is compared with its whole role again here (one node's daemon saw
+    only its own ranks); the local daemon's rows come compared and in order."""
     env.gathered.clear()  # only this frame's missing nodes count
     rows = env.rows(C.C_TOP, job=job, role=role)
+    if not env.nodes.remote:
+        return rows
     mark_vs_role(rows)
     return slowest_first(rows)
 

@@ -7,12 +7,12 @@ from typing import Any
 
 from profd import claims
 from profd import control_schema as C
-from profd.control_rows import pack
+from profd.control_rows import TopRow, pack
 from profd.daemon.clients.registry import step_now
 from profd.daemon.control.requests.context import Context, Handler, by_identity
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.selector import Selector
-from profd.watch.stats import mark_vs_role, slowest_first
+from profd.watch.stats import top_order, vs_role
 
 
 def ps(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
@@ -33,52 +33,55 @@ def ps(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
         row = p.ps_row(node)
         if job is None or row.job == job:
             rows.append(row)
-    return pack(rows)
+    return pack(C.C_PS, rows)
 
 
-def top(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any]]:
-    """One row per served rank (``P.TOP_ROW``), slowest against its role first."""
+def top(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
+    """One row per served rank (:class:`TopRow`), slowest against its role first."""
     job: str | None = m.get("job")
     role: str | None = m.get("role")
     clients: Any = ctx.registry
     if job is not None or role is not None:
         clients = filter(Selector(job=job, roles=(role,) if role else ()).matches, clients)
-    now, hb = time.monotonic(), ctx.facts.heartbeat_interval
+    now, hb, node = time.monotonic(), ctx.facts.heartbeat_interval, ctx.facts.host
     figures = ctx.ledgers.figures
-    rows = []
-    for c in clients:
-        f = figures(c, now)
-        step, extrapolated, age = step_now(c, now, hb)
-        rows.append(
-            {
-                "host": c.host,
-                "pid": c.pid,
-                "job": c.job,
-                "role": c.role,
-                "rank": c.rank,
-                "world_size": c.world_size,
-                "step": step,
-                "step_extrapolated": extrapolated,
-                "age_s": round(age, 3),
-                "sps": round(c.sps, 2),
-                "step_ms_p50": _ms(f.p50_ms),
-                "step_ms_p99": _ms(f.p99_ms),
-                "window_s": None if f.window_s is None else round(f.window_s, 1),
-                "source": f.source,
-                "regions": f.regions,
-                "wait_ms": _ms(f.wait_ms),
-                "cpu_percent": c.cpu,
-                "rss_bytes": c.rss,
-                "gpu_util": c.gpu_util,
-                "gpu_mem_bytes": c.gpu_mem,
-            }
-        )
+    ranks = [(c, figures(c, now)) for c in clients]
+    p50s = [_ms(f.p50_ms) for _, f in ranks]
     # A role's ranks are all here whatever the filter (it selects whole jobs and roles),
     # so each is compared with its whole role on this node.
-    mark_vs_role(rows)
-    rows = slowest_first(rows)
-    ctx.stamp(rows)
-    return rows
+    marks = vs_role([(c.job, c.role) for c, _ in ranks], p50s)
+    rows = []
+    for (c, f), p50, (ratio, marked) in zip(ranks, p50s, marks, strict=True):
+        step, extrapolated, age = step_now(c, now, hb)
+        rows.append(
+            TopRow(
+                host=c.host,
+                pid=c.pid,
+                job=c.job,
+                role=c.role,
+                rank=c.rank,
+                world_size=c.world_size,
+                step=step,
+                step_extrapolated=extrapolated,
+                age_s=round(age, 3),
+                sps=round(c.sps, 2),
+                step_ms_p50=p50,
+                step_ms_p99=_ms(f.p99_ms),
+                window_s=None if f.window_s is None else round(f.window_s, 1),
+                source=f.source,
+                regions=f.regions,
+                wait_ms=_ms(f.wait_ms),
+                cpu_percent=c.cpu,
+                rss_bytes=c.rss,
+                gpu_util=c.gpu_util,
+                gpu_mem_bytes=c.gpu_mem,
+                vs_role=ratio,
+                marked=marked,
+                node=node,
+            )
+        )
+    rows.sort(key=lambda r: top_order(r.vs_role, r.step_ms_p50, r.host, r.job, r.role, r.rank))
+    return pack(C.C_TOP, rows)
 
 
 def _ms(v: float | None) -> float | None:
