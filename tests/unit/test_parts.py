@@ -126,3 +126,11 @@ def test_reconfigure_reaches_every_part_that_has_a_setting(daemon: Daemon) -> No
         parts.IncidentKeeping,
         parts.Sampling,
     }
+
+
+def test_operators_are_answered_after_every_part_even_one_that_failed(daemon: Daemon) -> None:
+    """The loop answers waiting requests between parts: one waits for a part, not a tick."""
+    daemon.index.close()  # sampling raises, as above
+    answered: list[int] = []
+    daemon.parts.tick(time.monotonic(), time.time(), lambda: answered.append(1))
+    assert len(answered) == len(daemon.parts.parts) and daemon.parts.failures["sampling"] == 1
