@@ -499,6 +499,8 @@ class SimNodes:
                     str(first),
                     "--count",
                     str(min(per, nodes - first)),
+                    "--world",
+                    str(nodes * ranks),
                     "--ranks",
                     str(ranks),
                     "--secret",

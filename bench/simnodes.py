@@ -7,7 +7,8 @@ the authorization lookup of a real daemon does not), answering ``status``, ``ps`
 ``stacks`` (a DDP job's stacks as py-spy reads them, grouped by the daemon's own code; on
 node ``--stuck-node`` its rank 1 is stuck loading data) for ``--ranks`` simulated ranks.
 The time a node gets its start is when its ranks would be armed (a real daemon sends the
-arms inside that handler). Rows come from the daemon's own ``Client.row()``.
+arms inside that handler). Rows come from the daemon's own ``Client.ps_row()``, packed as
+the daemon packs them.
 
 Commands on stdin, one JSON line each, one JSON reply line on stdout:
 ``{"cmd": "ready"}`` -> ``{"ports": [...]}``; ``{"cmd": "arms"}`` -> ``{"arms": [[session,
@@ -28,6 +29,7 @@ import zmq
 import zmq.auth
 
 from profd import control_schema as C
+from profd.control_rows import pack
 from profd.daemon.clients.pyspy_reader import job_doc
 from profd.daemon.clients.registry import Client
 from profd.daemon.clients.stack_sources import target
@@ -35,7 +37,7 @@ from profd.watch.rankrow import ReadStatus, Source, threads_of
 from profd_client import protocol as P
 
 
-def make_clients(node: int, ranks: int) -> list[Client]:
+def make_clients(node: int, ranks: int, world: int) -> list[Client]:
     now = time.monotonic()
     return [
         Client(
@@ -46,7 +48,7 @@ def make_clients(node: int, ranks: int) -> list[Client]:
             role="trainer",
             rank=node * ranks + k,
             local_rank=k,
-            world_size=0,
+            world_size=world,
             step_mode="optimizer",
             allowed=True,
             torch="2.13.0",
@@ -124,7 +126,7 @@ def stacks_doc(node: str, clients: list[Client], stuck: bool) -> dict[str, Any]:
 
 class Nodes:
     def __init__(
-        self, first: int, count: int, ranks: int, secret: str, stuck_node: int = -1
+        self, first: int, count: int, ranks: int, world: int, secret: str, stuck_node: int = -1
     ) -> None:
         public, secret_key = zmq.auth.load_certificate(secret)
         self.ctx = zmq.Context()
@@ -140,7 +142,7 @@ class Nodes:
             port = s.bind_to_random_port("tcp://127.0.0.1")
             self.socks[s] = node
             self.ports.append(port)
-            self.clients[node] = make_clients(node, ranks)
+            self.clients[node] = make_clients(node, ranks, world)
         self.stuck_node = stuck_node
         self.arms: list[tuple[str, int, float]] = []
         self.lock = threading.Lock()
@@ -158,7 +160,10 @@ class Nodes:
                 node = self.socks[s]
                 try:
                     data = self.answer(node, msg)
-                    reply = C.encode(C.OK, data=data)
+                    if isinstance(data, C.Packed):  # typed rows, packed as the daemon does
+                        reply = C.reply(msg, data)
+                    else:
+                        reply = C.encode(C.OK, data=data)
                 except Exception as exc:  # a bench bug: say so to the coordinator
                     reply = P.error("internal", repr(exc))
                 s.send_multipart(P.join_envelope(envelope, reply))
@@ -168,7 +173,7 @@ class Nodes:
         clients = self.clients[node]
         name = f"sim{node:04d}"
         if t == C.C_PS:
-            return [{**c.row(), "node": name} for c in clients]
+            return pack(C.C_PS, [c.ps_row(name, c.step, False, 0.0, ()) for c in clients])
         if t == C.C_STATUS:
             return {"host": name, "version": "sim", "clients": len(clients)}
         if t == C.C_START:
@@ -217,10 +222,11 @@ def main() -> None:
     ap.add_argument("--first", type=int, required=True)
     ap.add_argument("--count", type=int, required=True)
     ap.add_argument("--ranks", type=int, default=8)
+    ap.add_argument("--world", type=int, required=True, help="ranks on every node of the fleet")
     ap.add_argument("--secret", required=True)
     ap.add_argument("--stuck-node", type=int, default=-1)
     a = ap.parse_args()
-    nodes = Nodes(a.first, a.count, a.ranks, a.secret, a.stuck_node)
+    nodes = Nodes(a.first, a.count, a.ranks, a.world, a.secret, a.stuck_node)
     t = threading.Thread(target=nodes.serve, daemon=True)
     t.start()
     for line in sys.stdin:
