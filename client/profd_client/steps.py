@@ -98,38 +98,41 @@ def pending_write(reports: Iterable[dict[str, Any]]) -> SnapshotWrite | None:
 #: Region exits the black box keeps (all regions together).
 RECORD_SLOTS: Final = 1 << 14
 _RECORD_MASK: Final = RECORD_SLOTS - 1
+_FIELDS: Final = 4  # a record's doubles in ``RegionLog.records``
 assert RECORD_SLOTS & _RECORD_MASK == 0
 
 
 class RegionLog:
     """Region exits, written by whichever thread exits a region (:meth:`RegionTimer.__exit__`)
     and read by the agent thread: a record is stored before ``n`` counts it, so a reader that
-    copies after reading ``n`` finds the records below ``n`` written (as the step ring)."""
+    copies after reading ``n`` finds the records below ``n`` written (as the step ring).
 
-    __slots__ = ("end", "n", "on", "region", "seconds", "step")
+    One record is four adjacent doubles of :attr:`records` (step, region index, end,
+    seconds; a step is exact as a double up to 2**53, and steps stop at 2**48): a region's
+    exit comes after a step's work has pushed this process's data out of the CPU's caches,
+    and one array's one cache line costs the exit less than four arrays' four (measured on
+    cold caches, docs/benchmarks.md)."""
+
+    __slots__ = ("n", "on", "records")
 
     def __init__(self) -> None:
         self.n = 0
         self.on = True
-        self.step = array("q", bytes(8 * RECORD_SLOTS))
-        self.region = array("h", bytes(2 * RECORD_SLOTS))
-        self.end = array("d", bytes(8 * RECORD_SLOTS))
-        self.seconds = array("d", bytes(8 * RECORD_SLOTS))
+        self.records = array("d", bytes(8 * _FIELDS * RECORD_SLOTS))
 
     def held(self) -> tuple[list[int], list[int], list[float], list[float]]:
         """The records still held, oldest first: steps, region indexes, ends, durations."""
         n1 = self.n
-        step, region = self.step.tolist(), self.region.tolist()
-        end, seconds = self.end.tolist(), self.seconds.tolist()
+        rec = self.records.tolist()
         # Records up to n2 may have been written meanwhile, each over the one RECORD_SLOTS
         # before it: only those after that are whole.
         first = max(0, n1 - RECORD_SLOTS, self.n + 1 - RECORD_SLOTS)
-        order = [i & _RECORD_MASK for i in range(first, n1)]
+        order = [(i & _RECORD_MASK) * _FIELDS for i in range(first, n1)]
         return (
-            [step[j] for j in order],
-            [region[j] for j in order],
-            [end[j] for j in order],
-            [seconds[j] for j in order],
+            [int(rec[k]) for k in order],
+            [int(rec[k + 1]) for k in order],
+            [rec[k + 2] for k in order],
+            [rec[k + 3] for k in order],
         )
 
 
@@ -191,11 +194,12 @@ class RegionTimer:
                 if log is not None and log.on:
                     # Stored before ``n`` counts the record (see :class:`RegionLog`).
                     i = log.n
-                    j = i & _RECORD_MASK
-                    log.step[j] = st.count + 1
-                    log.region[j] = self.index
-                    log.end[j] = t1
-                    log.seconds[j] = t1 - t0
+                    k = (i & _RECORD_MASK) * _FIELDS
+                    rec = log.records
+                    rec[k] = st.count + 1
+                    rec[k + 1] = self.index
+                    rec[k + 2] = t1
+                    rec[k + 3] = t1 - t0
                     log.n = i + 1
 
 

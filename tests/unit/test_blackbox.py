@@ -139,7 +139,7 @@ def test_memory_is_fixed_at_attach_and_within_8_mib() -> None:
     assert len(smp.frames) == MAX_FRAMES and len(smp.stacks) == MAX_STACKS
     # The rings are arrays allocated at attach; only the tables and the step ring's floats
     # fill in, up to their bounds.
-    assert len(box.log.step) == RECORD_SLOTS and len(st._ring) == RING
+    assert len(box.log.records) == 4 * RECORD_SLOTS and len(st._ring) == RING
     assert at_attach < 2 * MiB and full < 8 * MiB, (at_attach, full)
 
 
