@@ -274,10 +274,17 @@ def _exit(code: object) -> NoReturn:
         say(str(code), err=True)  # sys.exit("why"), as the interpreter would
         status = 1
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started with the descriptor closed
+            continue
         try:
             stream.flush()
-        except (BrokenPipeError, ValueError):  # a reader that left (`| head`), or closed
+        except BrokenPipeError:  # a reader that left (`| head`): nothing more to say
             pass
+        except (OSError, ValueError):
+            # Output that could not be written (a full disk): not a success, as the
+            # interpreter's own exit says with 120.
+            if stream is sys.stdout and status == 0:
+                status = 120
     os._exit(status)
 
 

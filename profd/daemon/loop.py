@@ -111,6 +111,9 @@ BATCH = 512
 #: per heartbeat (docs/benchmarks.md). Operators (control.sock, TCP) and workers (the
 #: reactor) still wake it at once, so a start is never delayed; a client's reply may be.
 AGENT_LINGER_S = 0.02
+#: Requests answered from each operator socket between two parts of a tick (the rest at the
+#: next loop pass): a tick that answers a burst of ``ps`` at 1,024 clients must still end.
+BETWEEN_PARTS = 4
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
@@ -473,6 +476,13 @@ class Daemon:
         self.bind()
         self._install_signals()
         self._restore()
+        # What start-up built (modules, classes, the config, the restored index) lives as long
+        # as the daemon: frozen out of the collector's full passes, which otherwise walk all of
+        # it every few seconds at 1,024 clients, ~20 ms on the loop each time (the ps round
+        # trip's p99, docs/benchmarks.md). Before any worker thread starts: nothing a thread
+        # holds for a while (a request, a frame) is frozen with it.
+        gc.collect()
+        gc.freeze()
         liveness = self.liveness
         procstats = ProcStats(
             self.cfg.sample_interval,
@@ -497,12 +507,6 @@ class Daemon:
         if self.publisher is not None:  # a scrape before the first tick finds the daemon as it is
             guarded("publishing metrics", self.publisher.tick, time.monotonic(), time.time())
         self.sd.ready(f"listening on {self.cfg.runtime_dir}")
-        # What start-up built (modules, classes, the config, the restored index) lives as long
-        # as the daemon: frozen out of the collector's full passes, which otherwise walk all of
-        # it every few seconds at 1,024 clients, ~20 ms on the loop each time (the ps round
-        # trip's p99, docs/benchmarks.md).
-        gc.collect()
-        gc.freeze()
         try:
             self._loop()
         finally:
@@ -642,15 +646,22 @@ class Daemon:
                 self.flush()
                 next_tick = now + hb
 
-    def _answer_operators(self) -> None:
+    def _answer_operators(self) -> bool:
         """Requests waiting on control.sock or the TCP socket, answered now (between the
-        parts of a tick); a socket's events are read without blocking, nothing else is."""
+        parts of a tick), at most :data:`BETWEEN_PARTS` from each: a burst of requests waits
+        for the next loop pass rather than stretch the tick. A socket's events are read
+        without blocking. True when a request was answered."""
+        handled = 0
         if self.control_sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._drain(self.control_sock, self.control.handle)
+            handled += self._drain(self.control_sock, self.control.handle, BETWEEN_PARTS)
         tcp = self.tcp
         if tcp is not None and tcp.sock.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._drain(tcp.sock, self._handle_tcp)
+            handled += self._drain(tcp.sock, self._handle_tcp, BETWEEN_PARTS)
+        if not handled:
+            return False
         self.flush()
+        self.sd.watchdog(time.monotonic())
+        return True
 
     def _sample_incident(
         self,
@@ -667,8 +678,14 @@ class Daemon:
             kind, job, role, suspects, step, evidence, keep_for=self.cfg.watch.cooldown
         )
 
-    def _drain(self, sock: Any, handle: Callable[[list[bytes], PeerCred | None], None]) -> None:
-        for _ in range(BATCH):
+    def _drain(
+        self,
+        sock: Any,
+        handle: Callable[[list[bytes], PeerCred | None], None],
+        limit: int = BATCH,
+    ) -> int:
+        """Messages waiting on ``sock`` handled, at most ``limit``; how many there were."""
+        for n in range(limit):
             try:
                 # copy=False: only a zmq.Frame carries the connection's kernel credentials.
                 # Frame by frame rather than recv_multipart, which asks the socket for
@@ -679,8 +696,9 @@ class Daemon:
                     last = sock.recv(zmq.NOBLOCK, copy=False)
                     frames.append(last.bytes)
             except zmq.Again:
-                return
+                return n
             guarded("handling a message", handle, frames, _peer(last))
+        return limit
 
     def flush(self) -> None:
         """Persist this iteration's session changes; write finished sessions' manifests."""

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import sqlite3
+import time
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
@@ -65,14 +66,15 @@ class Parts:
         #: Ticks and reconfigurations that raised, by the part's ``what``.
         self.failures: dict[str, int] = {p.what: 0 for p in self.parts}
 
-    def tick(self, mono: float, wall: float, between: Callable[[], None] | None = None) -> None:
+    def tick(self, mono: float, wall: float, between: Callable[[], bool] | None = None) -> None:
         """Run every part once; ``between`` after each (the loop answers operators there, so
-        a request waits for one part at most, not for the whole tick)."""
+        a request waits for one part at most, not for the whole tick). When ``between`` did
+        something (True), the parts after it are given the clocks as they are then."""
         for p in self.parts:
             if not guarded(p.what, p.tick, mono, wall):
                 self.failures[p.what] += 1
-            if between is not None:
-                between()
+            if between is not None and between():
+                mono, wall = time.monotonic(), time.time()
 
     def reconfigure(self, watch: WatchConfig) -> None:
         for p in self.parts:

@@ -132,5 +132,10 @@ def test_operators_are_answered_after_every_part_even_one_that_failed(daemon: Da
     """The loop answers waiting requests between parts: one waits for a part, not a tick."""
     daemon.index.close()  # sampling raises, as above
     answered: list[int] = []
-    daemon.parts.tick(time.monotonic(), time.time(), lambda: answered.append(1))
+
+    def between() -> bool:
+        answered.append(1)
+        return False  # nothing was waiting
+
+    daemon.parts.tick(time.monotonic(), time.time(), between)
     assert len(answered) == len(daemon.parts.parts) and daemon.parts.failures["sampling"] == 1
