@@ -52,7 +52,10 @@ class Daemon(DaemonProcess):
 
         def ready() -> list[dict[str, Any]] | None:
             rows = self.ps()
-            return rows if len(rows) >= n and all(r["step"] >= min_step for r in rows) else None
+            # A row without a step is a peer listed as incompatible: not attached (yet: a
+            # client newer than the daemon is listed so until it steps down to its version).
+            ok = len(rows) >= n and all(r.get("step", -1) >= min_step for r in rows)
+            return rows if ok else None
 
         rows: list[dict[str, Any]] = wait_for(
             ready, timeout, f"{n} attached processes at step >= {min_step}"
