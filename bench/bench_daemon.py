@@ -86,7 +86,8 @@ def sample(pid: int, window: float, extra_pids: list[int] | None = None) -> dict
 def ps_latency(
     d: B.Daemon, cli_runs: int, raw_runs: int, command: str = "ps", args: tuple[str, ...] = ()
 ) -> dict[str, Any]:
-    """``profctl --json COMMAND`` as a user runs it, and the raw request on one connection."""
+    """``profctl --json COMMAND`` as a user runs it, and the raw request on one connection
+    (the reply unpacked: a table, or maps from a daemon before the table form)."""
     cli = []
     n_rows = None
     for _ in range(cli_runs):
@@ -96,12 +97,16 @@ def ps_latency(
         assert r.returncode == 0, r.stderr
         n_rows = r.stdout.count('"pid"')
     raw = []
-    d.request(command)
+    # As profctl asks: a daemon from before the table form ignores ``form`` and sends maps.
+    form = {"form": "table"}
+    d.request(command, **form)
     for _ in range(raw_runs):
         t0 = time.perf_counter()
-        rows = d.request(command)
+        data = d.request(command, **form)
         raw.append((time.perf_counter() - t0) * 1000)
+    rows = data["rows"] if isinstance(data, dict) else data
     return {
+        "form": "table" if isinstance(data, dict) else "maps",
         "rows": len(rows),
         "cli_rows": n_rows,
         "cli_ms": B.summary(cli, 1),

@@ -173,7 +173,8 @@ class Nodes:
         clients = self.clients[node]
         name = f"sim{node:04d}"
         if t == C.C_PS:
-            return pack(C.C_PS, [c.ps_row(name, c.step, False, 0.0, ()) for c in clients])
+            rows = [c.ps_row(name, c.step, False, 0.0, ()) for c in clients]
+            return pack(C.C_PS, rows, table=m.get("form") == C.FORM_TABLE)
         if t == C.C_STATUS:
             return {"host": name, "version": "sim", "clients": len(clients)}
         if t == C.C_START:

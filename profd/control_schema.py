@@ -148,6 +148,37 @@ TRACE_FILTERS: Final = Struct(
 )
 
 
+#: ``form`` of a ``ps`` or ``top`` request: ``table`` asks for the rows as column names and
+#: one array of values per row (``profd.control_rows``), a third of the bytes of maps and
+#: unpacked in a third of the time. A daemon from before ignores the field (requests are open
+#: maps) and answers with maps: :func:`listing_rows` reads both.
+FORM_TABLE: Final = "table"
+FORM: Final = Str(16, choices=frozenset(("rows", FORM_TABLE)))
+
+
+def listing_rows(data: Any) -> list[dict[str, Any]]:
+    """A listing reply's rows as maps, whether it came as a table or (from a daemon before the
+    table form) as a list of maps. A table that is not one is refused (``ProtocolError``)."""
+    if not isinstance(data, dict):
+        if not isinstance(data, list) or not all(isinstance(r, dict) for r in data):
+            raise _bad("data", "a listing must be a table or a list of maps")
+        return data
+    columns, rows, others = data.get("columns"), data.get("rows"), data.get("others", [])
+    if not (
+        isinstance(columns, list)
+        and all(isinstance(c, str) for c in columns)
+        and isinstance(rows, list)
+        and all(isinstance(r, list) and len(r) == len(columns) for r in rows)
+        and isinstance(others, list)
+        and all(isinstance(r, dict) for r in others)
+    ):
+        raise _bad(
+            "data",
+            "a table needs columns (names), rows (each one value a column) and others (maps)",
+        )
+    return [dict(zip(columns, r, strict=True)) for r in rows] + others
+
+
 def _msg(**fields: tuple[Field, bool]) -> Struct:
     # Top-level messages are open: a newer peer may add fields an older one ignores.
     return Struct(fields, open=True)
@@ -159,7 +190,11 @@ SCHEMAS: Final[dict[str, Struct]] = {
     ERROR: ERROR_SCHEMA,
     OK: _msg(data=(AnyValue(), _O)),
     C_STATUS: _msg(),
-    C_PS: _msg(job=(Nullable(Str(MAX_TEXT)), _O), role=(Nullable(Str(MAX_TEXT)), _O)),
+    C_PS: _msg(
+        job=(Nullable(Str(MAX_TEXT)), _O),
+        role=(Nullable(Str(MAX_TEXT)), _O),
+        form=(Nullable(FORM), _O),
+    ),
     C_START: _msg(spec=(START_SPEC, _R)),
     C_STOP: _msg(session=(SESSION_ID, _R)),
     C_CANCEL: _msg(session=(SESSION_ID, _R)),
@@ -171,7 +206,11 @@ SCHEMAS: Final[dict[str, Struct]] = {
     C_SHOW: _msg(session=(SESSION_ID, _R)),
     C_TRACES: _msg(filters=(TRACE_FILTERS, _R)),
     C_RETRY: _msg(session=(Nullable(SESSION_ID), _O)),
-    C_TOP: _msg(job=(Nullable(Str(MAX_TEXT)), _O), role=(Nullable(Str(MAX_TEXT)), _O)),
+    C_TOP: _msg(
+        job=(Nullable(Str(MAX_TEXT)), _O),
+        role=(Nullable(Str(MAX_TEXT)), _O),
+        form=(Nullable(FORM), _O),
+    ),
     C_HISTORY: _msg(
         job=(Str(MAX_TEXT, 1), _R),
         since=(Nullable(SECONDS), _O),  # unix seconds; default: an hour ago

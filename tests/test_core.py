@@ -62,6 +62,20 @@ def test_ps_shows_both_ranks_with_advancing_steps(daemon: Daemon, torchrun) -> N
     assert daemon.ctl_json("ps", "--job", rows[0]["job"]) != []
     human = daemon.ctl("ps")
     assert human.returncode == 0 and "STEPS/S" in human.stdout
+    # profctl asks for a table; a profctl from before the table form asks without ``form``
+    # and gets the same rows as maps.
+    from profd.ctl.connection import Connection
+
+    conn = Connection(str(daemon.runtime_dir), timeout_ms=30_000)
+    try:
+        for t in ("ps", "top"):
+            table, maps = conn.request(t, form="table"), conn.request(t)
+            assert set(table) == {"columns", "rows", "others"} and isinstance(maps, list), t
+            assert [list(r) for r in maps] == [table["columns"]] * len(table["rows"]), t
+            pid = table["columns"].index("pid")
+            assert sorted(r["pid"] for r in maps) == sorted(r[pid] for r in table["rows"]), t
+    finally:
+        conn.close()
     job.kill()
 
 

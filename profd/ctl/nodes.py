@@ -14,7 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol
 
+from profd.control_schema import listing_rows
 from profd.ctl.errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, CtlError, NoAnswer
+from profd_client.protocol.envelope import ProtocolError
 
 
 class NodeLike(Protocol):
@@ -139,8 +141,16 @@ class Gathered:
         raise CtlError("no node answered")
 
     def rows(self) -> list[dict[str, Any]]:
-        """The answering nodes' row lists as one, each row naming its node."""
-        return [a.node.named(r) for a in self.answered() for r in a.data]
+        """The answering nodes' row lists as one (each as a table or as maps), each row
+        naming its node."""
+        out: list[dict[str, Any]] = []
+        for a in self.answered():
+            try:
+                rows = listing_rows(a.data)
+            except ProtocolError as exc:
+                raise CtlError(f"bad reply from {a.node.address}: {exc}", code=exc.code) from None
+            out.extend(a.node.named(r) for r in rows)
+        return out
 
     def require_some(self) -> None:
         """Nobody answered: that is the whole result, one line and the exit code."""

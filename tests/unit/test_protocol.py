@@ -287,15 +287,19 @@ def _ps_row(**over: Any) -> Any:
     return replace(_client().ps_row("n1", 7, True, 0.25, ()), **over)
 
 
-def test_ps_rows_of_served_and_incompatible_peers_read_back_as_maps() -> None:
+@pytest.mark.parametrize("table", [True, False], ids=["table", "maps"])
+def test_ps_rows_of_served_and_incompatible_peers_read_back_as_maps(table: bool) -> None:
+    """Either form reads back as the same maps: the table (columns, an array a row, then the
+    rows of another shape as maps) and the list of maps a profctl from before asks for."""
     from profd.control_rows import pack
     from profd.daemon.clients.registry import Incompatible
 
     odd = Incompatible(b"y", 99, {"pid": 1 << 40, "host": 5, "rank": -3}).ps_row("n1")
-    frame = C.reply({"v": 1, "t": C.C_PS}, pack(C.C_PS, [_ps_row(), odd]))
+    frame = C.reply({"v": 1, "t": C.C_PS}, pack(C.C_PS, [_ps_row()], [odd], table=table))
     msg = P.decode(frame, C.REPLY_INBOUND, reply=True)
     assert msg["v"] == 1 and msg["t"] == C.OK
-    served, listed = msg["data"]
+    assert isinstance(msg["data"], dict) == table
+    served, listed = C.listing_rows(msg["data"])
     assert served["pid"] == 42 and served["step"] == 7 and served["step_extrapolated"] is True
     assert served["claimed_by"] == [42] and served["duplicate"] is False
     assert served["identity_source"] == {"rank": "env:RANK"} and served["node"] == "n1"
@@ -333,10 +337,46 @@ def test_a_ps_row_beyond_its_definition_does_not_leave(over: dict[str, Any], fie
 
     rows = [_ps_row() for _ in range(6)]
     rows[5] = _ps_row(**over)
+    for table in (True, False):  # checked the same way, and named as in the listing
+        with pytest.raises(P.ProtocolError) as exc:
+            pack(C.C_PS, rows, table=table)
+        assert exc.value.code == "bad_request"
+        assert str(exc.value).startswith(f"ps.data[5].{field}:"), str(exc.value)
+
+
+def test_an_incompatible_peers_row_beyond_its_definition_is_named_after_the_served_rows() -> None:
+    from profd.control_rows import pack
+    from profd.daemon.clients.registry import Incompatible
+
+    odd = msgspec.structs.replace(Incompatible(b"y", 99, {}).ps_row("n1"), node="")
     with pytest.raises(P.ProtocolError) as exc:
-        pack(C.C_PS, rows)
+        pack(C.C_PS, [_ps_row(), _ps_row()], [odd])
+    assert str(exc.value).startswith("ps.data[2].node:"), str(exc.value)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        {"columns": ["a", "b"], "rows": [[1]], "others": []},  # a row short of a column
+        {"columns": ["a", 2], "rows": [], "others": []},
+        {"columns": ["a"], "rows": [{"a": 1}], "others": []},
+        {"columns": ["a"], "rows": [[1]], "others": [[1]]},
+        {"rows": [[1]]},
+        [{"a": 1}, 5],
+        "rows",
+    ],
+)
+def test_a_listing_that_is_neither_a_table_nor_maps_is_refused(data: Any) -> None:
+    with pytest.raises(P.ProtocolError) as exc:
+        C.listing_rows(data)
     assert exc.value.code == "bad_request"
-    assert str(exc.value).startswith(f"ps.data[5].{field}:"), str(exc.value)
+
+
+def test_a_table_reads_as_the_maps_its_columns_name() -> None:
+    data = {"columns": ["a", "b"], "rows": [[1, None], [2, [3]]], "others": [{"a": 9}]}
+    assert C.listing_rows(data) == [{"a": 1, "b": None}, {"a": 2, "b": [3]}, {"a": 9}]
+    assert C.listing_rows({"columns": ["a"], "rows": []}) == []  # ``others`` may be left out
+    assert C.listing_rows([{"a": 1}]) == [{"a": 1}]
 
 
 def _session_row(**over: Any) -> dict[str, Any]:
@@ -589,13 +629,16 @@ def _top_row(**over: Any) -> Any:
     return msgspec.structs.replace(row, **over)
 
 
-def test_top_rows_read_back_as_maps_with_every_field() -> None:
+@pytest.mark.parametrize("table", [True, False], ids=["table", "maps"])
+def test_top_rows_read_back_as_maps_with_every_field(table: bool) -> None:
     from profd.control_rows import pack
 
-    frame = C.reply({"v": 2, "t": C.C_TOP}, pack(C.C_TOP, [_top_row(), _top_row(rank=4)]))
+    rows = [_top_row(), _top_row(rank=4)]
+    frame = C.reply({"v": 2, "t": C.C_TOP}, pack(C.C_TOP, rows, table=table))
     msg = P.decode(frame, C.REPLY_INBOUND, reply=True)
-    assert msg["v"] == 2 and [r["rank"] for r in msg["data"]] == [3, 4]
-    first = msg["data"][0]
+    data = C.listing_rows(msg["data"])
+    assert msg["v"] == 2 and [r["rank"] for r in data] == [3, 4]
+    first = data[0]
     assert first["regions"] == {"forward": 0.5} and first["wait_ms"] is None
     assert list(first) == list(msgspec.structs.asdict(_top_row()))  # None is sent, not left out
 
@@ -613,6 +656,7 @@ def test_top_rows_read_back_as_maps_with_every_field() -> None:
 def test_a_top_row_beyond_its_definition_does_not_leave(over: dict[str, Any], field: str) -> None:
     from profd.control_rows import pack
 
-    with pytest.raises(P.ProtocolError) as exc:
-        pack(C.C_TOP, [_top_row(), _top_row(**over)])
-    assert str(exc.value).startswith(f"top.data[1].{field}:"), str(exc.value)
+    for table in (True, False):
+        with pytest.raises(P.ProtocolError) as exc:
+            pack(C.C_TOP, [_top_row(), _top_row(**over)], table=table)
+        assert str(exc.value).startswith(f"top.data[1].{field}:"), str(exc.value)

@@ -100,7 +100,7 @@ def ps(
     """
     while True:
         env.gathered.clear()  # --watch: only the latest round's missing nodes count
-        rows = env.rows(C.C_PS, job=job, role=role)
+        rows = env.rows(C.C_PS, job=job, role=role, form=C.FORM_TABLE)
         if env.json:
             emit_json(rows)
         else:

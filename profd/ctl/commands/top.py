@@ -65,7 +65,7 @@ def ranks(env: Env, job: str | None, role: str | None) -> list[dict[str, Any]]:
     ``--cluster`` each rank is compared with its whole role again here (one node's daemon saw
     only its own ranks); the local daemon's rows come compared and in order."""
     env.gathered.clear()  # only this frame's missing nodes count
-    rows = env.rows(C.C_TOP, job=job, role=role)
+    rows = env.rows(C.C_TOP, job=job, role=role, form=C.FORM_TABLE)
     if not env.nodes.remote:
         return rows
     mark_vs_role(rows)

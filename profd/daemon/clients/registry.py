@@ -13,7 +13,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
-from profd.control_rows import PsRow
+from profd.control_rows import PeerRow, PsRow
 from profd_client import protocol as P
 
 
@@ -120,6 +120,15 @@ class Client:
                 duplicate=False,
                 claimed_by=(self.pid,),
                 node=node,
+                # The live fields, set on each copy below.
+                step=0,
+                steps_per_s=0.0,
+                cpu_percent=None,
+                rss_bytes=None,
+                gpu_util=None,
+                gpu_mem_bytes=None,
+                step_extrapolated=False,
+                age_s=0.0,
             )
         shared = len(claimed_by) > 1
         return replace(
@@ -147,7 +156,7 @@ class Incompatible:
     fields: dict[str, Any]
     last_seen: float = field(default_factory=time.monotonic)
 
-    def ps_row(self, node: str) -> PsRow:
+    def ps_row(self, node: str) -> PeerRow:
         """Its ``ps`` row: what it claimed, each field cut to what a row carries."""
         f = self.fields
 
@@ -155,7 +164,7 @@ class Incompatible:
             v = f.get(name)
             return v if isinstance(v, kind) and not isinstance(v, bool) else None
 
-        return PsRow(
+        return PeerRow(
             host=(pick("host", str) or "?")[:255],
             pid=pick("pid", int),
             job=(pick("job", str) or "?")[:200],

@@ -29,11 +29,10 @@ def ps(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
         step, extrapolated, age = step_now(c, now, hb)
         rows.append(c.ps_row(node, step, extrapolated, age, tuple(pids) if pids else ()))
     # Peers of another protocol version are listed so nobody wonders where a job went.
-    for p in ctx.registry.incompatible.values():
-        row = p.ps_row(node)
-        if job is None or row.job == job:
-            rows.append(row)
-    return pack(C.C_PS, rows)
+    peers = [p.ps_row(node) for p in ctx.registry.incompatible.values()]
+    if job is not None:
+        peers = [p for p in peers if p.job == job]
+    return pack(C.C_PS, rows, peers, table=m.get("form") == C.FORM_TABLE)
 
 
 def top(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
@@ -81,7 +80,7 @@ def top(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
             )
         )
     rows.sort(key=lambda r: top_order(r.vs_role, r.step_ms_p50, r.host, r.job, r.role, r.rank))
-    return pack(C.C_TOP, rows)
+    return pack(C.C_TOP, rows, table=m.get("form") == C.FORM_TABLE)
 
 
 def _ms(v: float | None) -> float | None:
