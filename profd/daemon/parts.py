@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from profd.config import WatchConfig
@@ -49,8 +49,10 @@ class Part(Protocol):
     #: What it does, as the log says when it fails ("running the detectors").
     what: str
 
-    def tick(self, mono: float, wall: float) -> None:
-        """Once a tick: ``mono`` from ``time.monotonic``, ``wall`` from ``time.time``."""
+    def tick(self, mono: float, wall: float) -> Iterator[None] | None:
+        """Once a tick: ``mono`` from ``time.monotonic``, ``wall`` from ``time.time``. A part
+        whose work grows with the ranks returns an iterator that does it in slices, yielding
+        between two (where nothing it holds is half changed): operators are answered there."""
         ...
 
     def reconfigure(self, watch: WatchConfig) -> None:
@@ -67,11 +69,12 @@ class Parts:
         self.failures: dict[str, int] = {p.what: 0 for p in self.parts}
 
     def tick(self, mono: float, wall: float, between: Callable[[], bool] | None = None) -> None:
-        """Run every part once; ``between`` after each (the loop answers operators there, so
-        a request waits for one part at most, not for the whole tick). When ``between`` did
-        something (True), the parts after it are given the clocks as they are then."""
+        """Run every part once; ``between`` after each and after each slice of a sliced part
+        (the loop answers operators there, so a request waits for one slice at most, not for
+        the whole tick: ~1 ms at 1,024 ranks). When ``between`` did something (True), the
+        parts after it are given the clocks as they are then."""
         for p in self.parts:
-            if not guarded(p.what, p.tick, mono, wall):
+            if not guarded(p.what, _run, p, mono, wall, between):
                 self.failures[p.what] += 1
             if between is not None and between():
                 mono, wall = time.monotonic(), time.time()
@@ -80,6 +83,14 @@ class Parts:
         for p in self.parts:
             if not guarded(f"reconfiguring {p.what}", p.reconfigure, watch):
                 self.failures[p.what] += 1
+
+
+def _run(p: Part, mono: float, wall: float, between: Callable[[], bool] | None) -> None:
+    slices = p.tick(mono, wall)
+    if slices is not None:
+        for _ in slices:
+            if between is not None:
+                between()
 
 
 def guarded(what: str, fn: Callable[..., Any], *args: Any) -> bool:
@@ -159,8 +170,8 @@ class Detecting(Part):
     def __init__(self, detectors: Detectors) -> None:
         self.detectors = detectors
 
-    def tick(self, mono: float, wall: float) -> None:
-        self.detectors.tick(mono)
+    def tick(self, mono: float, wall: float) -> Iterator[None]:
+        return self.detectors.slices(mono)
 
     def reconfigure(self, watch: WatchConfig) -> None:
         self.detectors.reconfigure(watch.rules(), watch.enabled)

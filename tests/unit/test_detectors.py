@@ -34,6 +34,8 @@ class Rig:
             self.registry.add(c)
         self.detectors = Detectors(self.ledgers, self.registry, self.incidents, cfg.rules())
         self.rng = random.Random(7)
+        #: Tick in slices (as the loop does), counting them; else all at once.
+        self.slices: list[int] | None = None
         self.steps = {c.key: 0 for c in clients}
         self.epochs = {c.key: 0 for c in clients}
 
@@ -63,7 +65,10 @@ class Rig:
                         -jitter, jitter) * base) for _ in range(n))  # fmt: skip
                     msg = msgspec.structs.replace(msg, wait=(w, n))
                 self.ledgers.heartbeat(c, c.step, msg, self.mono)
-            self.detectors.tick(self.mono)
+            if self.slices is None:
+                self.detectors.tick(self.mono)
+            else:
+                self.slices.append(sum(1 for _ in self.detectors.slices(self.mono)) + 1)
             self.incidents.tick()
 
     def found(self) -> list[tuple[str, list[int]]]:
@@ -92,6 +97,26 @@ def test_a_slow_worker_is_one_slow_rank_incident(tmp_path: Path) -> None:
     rig.run(60, dict.fromkeys(range(3), 30.0))
     (inc,) = rig.incidents.rows()
     assert inc["state"] == "resolved"
+
+
+def test_a_pass_over_many_ranks_comes_in_slices_and_finds_the_same(tmp_path: Path) -> None:
+    """The loop answers operators between slices of a pass; a pass in slices must decide
+    exactly what one whole pass decides."""
+    from profd.daemon.watch.detector_runs import SLICE
+
+    n = 2 * SLICE + 44
+    found = []
+    for sliced in (False, True):
+        (tmp_path / str(sliced)).mkdir()
+        rig = Rig(tmp_path / str(sliced), workers(n))
+        if sliced:
+            rig.slices = []
+        rig.run(100, {r: 42.0 if r == 7 else 30.0 for r in range(n)})
+        found.append(rig.found())
+        if rig.slices is not None:
+            # Three slices of ranks (SLICE, SLICE, 44), then the rules over the role.
+            assert set(rig.slices) == {4}, rig.slices
+    assert found[0] == found[1] == [("slow_rank", [7])]
 
 
 def test_a_job_that_slows_down_on_every_rank_is_one_regression(tmp_path: Path) -> None:

@@ -139,3 +139,54 @@ def test_operators_are_answered_after_every_part_even_one_that_failed(daemon: Da
 
     daemon.parts.tick(time.monotonic(), time.time(), between)
     assert len(answered) == len(daemon.parts.parts) and daemon.parts.failures["sampling"] == 1
+
+
+class _Sliced:
+    """A part whose work comes in ``n`` slices, the last one raising when ``fail``."""
+
+    what = "slicing"
+
+    def __init__(self, n: int, fail: bool, log: list[str]) -> None:
+        self.n, self.fail, self.log = n, fail, log
+
+    def tick(self, mono: float, wall: float) -> Iterator[None]:
+        for i in range(self.n):
+            if i:
+                yield
+            self.log.append(f"slice {i}")
+        if self.fail:
+            raise RuntimeError("a bug in the last slice")
+
+    def reconfigure(self, watch: object) -> None:
+        return None
+
+
+class _Whole:
+    what = "whole"
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def tick(self, mono: float, wall: float) -> None:
+        self.log.append("whole")
+
+    def reconfigure(self, watch: object) -> None:
+        return None
+
+
+@pytest.mark.parametrize("fail", [False, True])
+def test_operators_are_answered_between_the_slices_of_a_sliced_part(fail: bool) -> None:
+    log: list[str] = []
+    ps = parts.Parts([_Sliced(3, fail, log), _Whole(log)])
+
+    def between() -> bool:
+        log.append("operators")
+        return False
+
+    ps.tick(time.monotonic(), time.time(), between)
+    assert log == [
+        "slice 0", "operators", "slice 1", "operators", "slice 2",
+        "operators",  # after the part, failed or not
+        "whole", "operators",
+    ]  # fmt: skip
+    assert ps.failures == {"slicing": int(fail), "whole": 0}
