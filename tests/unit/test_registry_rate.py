@@ -143,3 +143,35 @@ def test_each_ps_row_carries_the_latest_heartbeat_and_its_claimants() -> None:
     assert (shared.duplicate, shared.claimed_by, shared.node) == (True, (1, 7), "n2")
     assert c.ps_row("n1", 11, True, 0.5, ()).claimed_by == (1,)  # not the last row's
     assert msgspec.structs.asdict(first).keys() == msgspec.structs.asdict(second).keys()
+
+
+def test_the_identity_order_and_the_claimants_follow_every_attach_and_detach() -> None:
+    """``ps`` reads both at every request from a view the registry keeps until who is attached
+    changes: it must never show a process gone or miss one come."""
+    reg = Registry()
+
+    def proc(host: str, pid: int, rank: int, job: str = "j") -> Client:
+        c = client(0, 0.0, host, pid)
+        c.ident, c.rank, c.job = f"{host}{pid}".encode(), rank, job
+        return c
+
+    def listed() -> list[tuple[str, int, str, int]]:
+        return [(c.job, c.rank, c.host, c.pid) for c in reg.by_identity()]
+
+    b1, a0, other = proc("b", 7, 1), proc("a", 5, 0), proc("a", 9, 0, job="i")
+    for c in (b1, a0, other):
+        reg.add(c)
+    assert listed() == [("i", 0, "a", 9), ("j", 0, "a", 5), ("j", 1, "b", 7)]
+    assert reg.claimants() == {}
+    twin = proc("c", 3, 1)  # a second process claims j rank 1
+    reg.add(twin)
+    assert listed() == [("i", 0, "a", 9), ("j", 0, "a", 5), ("j", 1, "b", 7), ("j", 1, "c", 3)]
+    assert reg.claimants() == {("j", "main", 1): [3, 7]}
+    reg.remove(b1)
+    assert listed() == [("i", 0, "a", 9), ("j", 0, "a", 5), ("j", 1, "c", 3)]
+    assert reg.claimants() == {}
+    again = proc("a", 5, 2)  # the same process (host, pid) says hello as rank 2
+    assert reg.add(again) is a0
+    assert listed() == [("i", 0, "a", 9), ("j", 1, "c", 3), ("j", 2, "a", 5)]
+    reg.remove(a0)  # the record it replaced: nothing changes
+    assert listed() == [("i", 0, "a", 9), ("j", 1, "c", 3), ("j", 2, "a", 5)]

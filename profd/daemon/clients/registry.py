@@ -13,6 +13,7 @@ from typing import Any
 
 from msgspec.structs import replace
 
+from profd import claims
 from profd.control_rows import PeerRow, PsRow
 from profd_client import protocol as P
 
@@ -191,7 +192,9 @@ def step_now(c: Client, now: float, heartbeat_s: float) -> tuple[int, bool, floa
     so the rows of one lockstep job running 100 steps/s differ by up to 100 steps; moved on
     at the rank's rate they agree, and are marked as moved.
     """
-    age = max(0.0, now - c.step_at)
+    age = now - c.step_at
+    if age < 0.0:
+        age = 0.0
     if c.sps > 0 and age < FRESH_HEARTBEATS * heartbeat_s:
         # Never past the protocol's bound on a step: the row must stay sendable.
         return min(c.step + math.floor(c.sps * age), P.MAX_STEP), True, age
@@ -212,6 +215,10 @@ MAX_MOVES = 6
 MOVES_S = 60.0
 
 
+def _identity_order(c: Client) -> tuple[str, str, int, str, int]:
+    return (c.job, c.role, c.rank, c.host, c.pid)
+
+
 class Registry:
     """Attached processes, and each job's owner on this node: the uid of the job's first
     process attached here, kept while any of its processes is. A job name is whatever its
@@ -228,6 +235,11 @@ class Registry:
         self._per_user: dict[int, int] = {}
         #: Job -> [owner uid, processes of the job attached].
         self._jobs: dict[str, list[int]] = {}
+        #: :meth:`by_identity` and :meth:`claimants` as of the last change of who is attached
+        #: (None: changed since). A client's identity never changes in place (a new hello
+        #: makes a new record), so only ``add`` and ``remove`` change them; ``ps`` asks for
+        #: both at every request, ~0.5 ms at 1,024 clients.
+        self._view: tuple[list[Client], dict[claims.Identity, list[int]]] | None = None
 
     def __len__(self) -> int:
         return len(self.by_key)
@@ -255,6 +267,24 @@ class Registry:
         """Whether ``c`` is a process of its job's owner: only those speak for the job."""
         held = self._jobs.get(c.job)
         return held is not None and held[0] == c.uid
+
+    def by_identity(self) -> list[Client]:
+        """Every client in (job, role, rank, host, pid) order (the listings' order). The list
+        is shared until the next change: callers do not change it."""
+        return self._membership()[0]
+
+    def claimants(self) -> dict[claims.Identity, list[int]]:
+        """Identities (job, role, rank) that several clients claim, with their pids in
+        ascending order (:func:`profd.claims.claimants`). Shared as :meth:`by_identity`."""
+        return self._membership()[1]
+
+    def _membership(self) -> tuple[list[Client], dict[claims.Identity, list[int]]]:
+        view = self._view
+        if view is None:
+            ordered = sorted(self.by_key.values(), key=_identity_order)
+            shared = claims.claimants(((c.job, c.role, c.rank), c.pid) for c in ordered)
+            view = self._view = (ordered, shared)
+        return view
 
     def owned_by_job(self) -> dict[str, list[Client]]:
         """Every job's processes of its owner, by job."""
@@ -357,6 +387,7 @@ class Registry:
             self._count(old, -1)
             self._left(old.job)
         self.incompatible.pop(c.ident, None)  # it stepped down to a version we serve
+        self._view = None
         self.by_key[c.key] = c
         self.by_ident[c.ident] = c
         self._count(c, 1)
@@ -374,6 +405,7 @@ class Registry:
     def remove(self, c: Client) -> None:
         self.by_ident.pop(c.ident, None)
         if self.by_key.get(c.key) is c:
+            self._view = None
             del self.by_key[c.key]
             self._count(c, -1)
             self._left(c.job)

@@ -9,7 +9,7 @@ from typing import Any
 
 from profd import control_schema as C
 from profd.daemon.clients.blackbox_collect import Collected
-from profd.daemon.control.requests.context import Context, Handler, Later, by_identity
+from profd.daemon.control.requests.context import Context, Handler, Later
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
 
@@ -22,7 +22,7 @@ def blackbox(ctx: Context, m: dict[str, Any], by: Requester) -> Later:
     ranks = m.get("ranks")
     clients = [
         c
-        for c in by_identity(ctx.registry)
+        for c in ctx.registry.by_identity()
         if c.job == job and (ranks is None or c.rank in ranks) and by.may_act_on(c.uid)
     ]
     node = ctx.facts.host

@@ -10,7 +10,7 @@ from typing import Any
 
 from profd.daemon.clients.blackbox_collect import BlackboxCollector
 from profd.daemon.clients.ledger import Ledgers
-from profd.daemon.clients.registry import Client, Registry
+from profd.daemon.clients.registry import Registry
 from profd.daemon.clients.stack_sources import RankStacks
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.starts import Starter
@@ -93,7 +93,3 @@ class Later:
 
     def __init__(self, start: Callable[[Callable[[Any], None]], None]) -> None:
         self.start = start
-
-
-def by_identity(clients: Iterable[Client]) -> list[Client]:
-    return sorted(clients, key=lambda c: (c.job, c.role, c.rank, c.host, c.pid))

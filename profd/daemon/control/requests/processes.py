@@ -5,11 +5,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from profd import claims
 from profd import control_schema as C
 from profd.control_rows import TopRow, pack
 from profd.daemon.clients.registry import step_now
-from profd.daemon.control.requests.context import Context, Handler, by_identity
+from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.selector import Selector
 from profd.watch.stats import top_order, vs_role
@@ -19,9 +18,9 @@ def ps(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
     job: str | None = m.get("job")
     role: str | None = m.get("role")
     sel = Selector(job=job, roles=(role,) if role else ())
-    served = by_identity(ctx.registry)
+    served = ctx.registry.by_identity()
     # Processes that claim one identity are marked, whatever the filter shows of them.
-    shared = claims.claimants(((c.job, c.role, c.rank), c.pid) for c in served)
+    shared = ctx.registry.claimants()
     rows = []
     now, hb, node = time.monotonic(), ctx.facts.heartbeat_interval, ctx.facts.host
     for c in served if job is None and role is None else filter(sel.matches, served):

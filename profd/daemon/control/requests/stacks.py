@@ -9,7 +9,7 @@ from profd import control_schema as C
 from profd.daemon.clients.pyspy_reader import job_doc
 from profd.daemon.clients.registry import Client
 from profd.daemon.clients.stack_sources import Rows
-from profd.daemon.control.requests.context import Context, Handler, Later, by_identity
+from profd.daemon.control.requests.context import Context, Handler, Later
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
 
@@ -42,7 +42,7 @@ def stack_clients(ctx: Context, job: str | None, rank: int | None, by: Requester
     the requester's own processes unless it may act on everyone's."""
     return [
         c
-        for c in by_identity(ctx.registry)
+        for c in ctx.registry.by_identity()
         if (job is None or c.job == job)
         and (rank is None or c.rank == rank)
         and by.may_act_on(c.uid)
