@@ -92,12 +92,14 @@ def steps_on(d: Daemon, n: int) -> None:
     d.wait_attached(3, timeout=WAIT, min_step=now + n)
 
 
-def capture(d: Daemon, *options: str) -> str:
-    res = ctl_json(
-        d, "start", "--next", "--active", ACTIVE, *options, "--wait", "--timeout", str(WAIT)
-    )
-    assert res["state"] == "done", res
-    sid: str = res["session"]
+def capture(d: Daemon, mode: Path, *options: str) -> str:
+    """A session of ``ACTIVE`` steps; the job rests (``mode``) as soon as every rank has
+    captured them, so that it leaves the CPU to the daemon taking in the traces."""
+    sid: str = ctl_json(d, "start", "--next", "--active", ACTIVE, *options)["session"]
+    d.wait_captured(sid, WAIT)
+    mode.write_text("rest")
+    final = d.wait_ended(sid, WAIT)
+    assert final["state"] == "done", final
     return sid
 
 
@@ -142,7 +144,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             mode.write_text(text)
             steps_on(d, 4)  # every rank has read the new mode
             stack = ("--with-stack", "--profile-memory") if name == "D" else ()
-            r.sessions[name] = capture(d, *stack)
+            r.sessions[name] = capture(d, mode, *stack)
         jobs.kill_all()
         a, b, c = (r.sessions[k] for k in "ABC")
         r.html = root / "a.html"
