@@ -136,7 +136,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         # collective times of 3 ranks (tens of ms).
         jobs.start("straggler.py", nproc=3, daemon=d, MODE_FILE=str(mode), EXTRA_MS="150")
         d.wait_attached(3, timeout=WAIT, min_step=3)
-        wait_for(lambda: all(p["steps_per_s"] > 0 for p in d.ps()), WAIT, "step rates", every=0.2)
+        wait_for(
+            lambda: all(p["steps_per_s"] > 0 for p in d.polled_ps()), WAIT, "step rates", every=0.2
+        )
         # Slow steps first, then fast ones: ``--next`` puts a session about a second of the
         # job's measured step rate ahead, so a capture right after a switch from fast steps
         # to slow ones would wait out many slow steps (~5 s) before it begins.
