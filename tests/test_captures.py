@@ -153,7 +153,9 @@ def shared(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Daemon, s
         rows = d.wait_attached(2, timeout=WAIT, min_step=1)
         # --next leads by half a second of each rank's reported step rate; until the first
         # rate arrives that lead is only 2 steps, which a loaded machine can overrun.
-        wait_for(lambda: all(r["steps_per_s"] > 0 for r in d.ps()), WAIT, "step rates", every=0.2)
+        wait_for(
+            lambda: all(r["steps_per_s"] > 0 for r in d.polled_ps()), WAIT, "step rates", every=0.2
+        )
         yield d, rows[0]["job"]
     finally:
         job.kill()

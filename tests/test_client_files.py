@@ -152,7 +152,7 @@ def test_a_routing_id_taken_over_is_not_the_client(daemon: Daemon, ctx: zmq.Cont
     d = daemon
     # A real process attaches under a routing id of its own choosing, then dies ...
     victim = spawn_peer(d, "victim", routing_id="victim-id")
-    wait_for(lambda: [r for r in d.ps() if r["job"] == "victim"], 15, "the victim attached")
+    wait_for(lambda: [r for r in d.polled_ps() if r["job"] == "victim"], 15, "the victim attached")
     victim.kill()
     victim.wait()
 

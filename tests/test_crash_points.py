@@ -50,7 +50,9 @@ def test_a_daemon_killed_at_each_point_of_a_capture_loses_nothing(
     d = daemon_factory()
     torchrun("train.py", nproc=2, daemon=d, STEPS="1000000", STEP_SLEEP="0.05")
     d.wait_attached(2, timeout=WAIT, min_step=1)
-    wait_for(lambda: all(r["steps_per_s"] > 0 for r in d.ps()), WAIT, "step rates", every=0.2)
+    wait_for(
+        lambda: all(r["steps_per_s"] > 0 for r in d.polled_ps()), WAIT, "step rates", every=0.2
+    )
     for point in POINTS:
         d.stop()
         d.extra_env["PROFD_FAULT_KILL"] = point

@@ -210,7 +210,9 @@ def test_a_job_whose_trace_does_not_fit_fails_the_capture_as_disk_full_and_train
     d = daemon_factory(PROFD_SPOOL_DIR=str(spool))
     job = torchrun("train.py", nproc=1, daemon=d, STEPS="1000000", STEP_SLEEP="0.05")
     d.wait_attached(1, timeout=WAIT, min_step=1)
-    wait_for(lambda: all(r["steps_per_s"] > 0 for r in d.ps()), WAIT, "step rates", every=0.2)
+    wait_for(
+        lambda: all(r["steps_per_s"] > 0 for r in d.polled_ps()), WAIT, "step rates", every=0.2
+    )
     filler = fill(fs)
 
     def capture() -> dict[str, Any]:

@@ -40,6 +40,9 @@ stall_after = {STALL_AFTER}
 hold = 2.0
 """
 WAIT = 120.0
+#: Between two ``profctl incidents`` while waiting for one: each is a Python process, and the
+#: incident comes seconds after the stall (``stall_after`` and ``hold``), not within 0.1 s.
+POLL = 0.5
 
 
 def hangs(read: Callable[..., Any], *args: str) -> list[dict[str, Any]]:
@@ -62,7 +65,7 @@ def test_a_stuck_rank_is_a_hang_incident_naming_it_alone_resolved_when_the_job_s
         STUCK_UNTIL=str(release), STEPS="60", TORCH_FR_BUFFER_SIZE="200",
     )  # fmt: skip
     d.wait_attached(3, WAIT, min_step=5)
-    (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident")
+    (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident", every=POLL)
     assert inc["state"] == "open", inc
     assert [(s["rank"], s["host"]) for s in inc["suspects"]] == [(1, inc["host"])]
     ev = inc["evidence"]
@@ -112,7 +115,7 @@ def test_a_rank_holding_the_gil_is_read_from_outside_and_named_at_2_ranks(
     d = daemon_factory(config=WATCH)
     torchrun("stuck.py", 2, d, PROFD_JOB="gil", STUCK_RANK="1", STUCK_AT="30", STUCK_HOW="gil")
     d.wait_attached(2, WAIT, min_step=5)
-    (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident")
+    (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident", every=POLL)
     # One against one: the rank waiting in the all-reduce is the majority.
     assert [s["rank"] for s in inc["suspects"]] == [1], inc
     majority, suspect = inc["evidence"]["groups"]
@@ -137,7 +140,7 @@ def test_a_hang_restored_after_a_restart_is_resolved_when_the_job_steps_again(
         d.wait_attached(2, WAIT, min_step=100)
         for p in peers:
             p.stop()
-        (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident")
+        (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident", every=POLL)
         assert inc["state"] == "open", inc
         d.stop()
         d.start()
@@ -163,7 +166,7 @@ def test_every_rank_paused_in_the_same_place_is_a_hang_with_no_suspect_that_says
     d = daemon_factory(config=WATCH)
     torchrun("stuck.py", 2, d, PROFD_JOB="pause", PAUSE_AT="30", STUCK_S="600")
     d.wait_attached(2, WAIT, min_step=5)
-    (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident")
+    (inc,) = wait_for(lambda: hangs(d.ctl_json), WAIT, "a hang incident", every=POLL)
     assert inc["suspects"] == []
     (only,) = inc["evidence"]["groups"]
     assert [m["rank"] for m in only["ranks"]] == [0, 1]

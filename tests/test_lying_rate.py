@@ -84,7 +84,9 @@ def real_row(d: Daemon, job: Job) -> dict[str, Any]:
 
 
 def test_a_lying_rate_moves_no_other_ranks_plan(daemon: Daemon, real: Job) -> None:
-    wait_for(lambda: any(r["pid"] == real.proc.pid for r in daemon.ps()), 60, "the real rank")
+    wait_for(
+        lambda: any(r["pid"] == real.proc.pid for r in daemon.polled_ps()), 60, "the real rank"
+    )
     liars = [spawn_liar(daemon, 1, 0, P.MAX_RATE)]
     try:
         step = real_row(daemon, real)["step"]

@@ -50,7 +50,7 @@ def test_each_users_traces_are_theirs(setup: tuple[Daemon, User, User]) -> None:
     d, attacker, victim = setup
     jobs = [u.popen([PYTHON, "-c", JOB, f"{u.name}-job"]) for u in (victim, attacker)]
     try:
-        wait_for(lambda: len(d.ps()) == 2, 60, "both users' jobs attached")
+        wait_for(lambda: len(d.polled_ps()) == 2, 60, "both users' jobs attached")
         by_job = {r["job"]: r for r in d.ps()}
         assert by_job["profd-victim-job"]["uid"] == victim.uid
 

@@ -104,7 +104,9 @@ def test_killed_idle_worker_is_replaced_and_the_next_capture_is_done(
     torchrun("train.py", nproc=2, daemon=daemon, STEPS="1000000", STEP_SLEEP="0.05")
     daemon.wait_attached(2, timeout=WAIT, min_step=1)
     # --next leads by the ranks' step rates: wait for them (see test_captures' shared job).
-    wait_for(lambda: all(r["steps_per_s"] > 0 for r in daemon.ps()), WAIT, "step rates", every=0.2)
+    wait_for(
+        lambda: all(r["steps_per_s"] > 0 for r in daemon.polled_ps()), WAIT, "step rates", every=0.2
+    )
 
     def capture() -> dict[str, Any]:
         r = daemon.ctl(

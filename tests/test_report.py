@@ -92,12 +92,14 @@ def steps_on(d: Daemon, n: int) -> None:
     d.wait_attached(3, timeout=WAIT, min_step=now + n)
 
 
-def capture(d: Daemon, *options: str) -> str:
-    res = ctl_json(
-        d, "start", "--next", "--active", ACTIVE, *options, "--wait", "--timeout", str(WAIT)
-    )
-    assert res["state"] == "done", res
-    sid: str = res["session"]
+def capture(d: Daemon, mode: Path, *options: str) -> str:
+    """A session of ``ACTIVE`` steps; the job rests (``mode``) as soon as every rank has
+    captured them, so that it leaves the CPU to the daemon taking in the traces."""
+    sid: str = ctl_json(d, "start", "--next", "--active", ACTIVE, *options)["session"]
+    d.wait_captured(sid, WAIT)
+    mode.write_text("rest")
+    final = d.wait_ended(sid, WAIT)
+    assert final["state"] == "done", final
     return sid
 
 
@@ -134,7 +136,9 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
         # collective times of 3 ranks (tens of ms).
         jobs.start("straggler.py", nproc=3, daemon=d, MODE_FILE=str(mode), EXTRA_MS="150")
         d.wait_attached(3, timeout=WAIT, min_step=3)
-        wait_for(lambda: all(p["steps_per_s"] > 0 for p in d.ps()), WAIT, "step rates", every=0.2)
+        wait_for(
+            lambda: all(p["steps_per_s"] > 0 for p in d.polled_ps()), WAIT, "step rates", every=0.2
+        )
         # Slow steps first, then fast ones: ``--next`` puts a session about a second of the
         # job's measured step rate ahead, so a capture right after a switch from fast steps
         # to slow ones would wait out many slow steps (~5 s) before it begins.
@@ -142,7 +146,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             mode.write_text(text)
             steps_on(d, 4)  # every rank has read the new mode
             stack = ("--with-stack", "--profile-memory") if name == "D" else ()
-            r.sessions[name] = capture(d, *stack)
+            r.sessions[name] = capture(d, mode, *stack)
         jobs.kill_all()
         a, b, c = (r.sessions[k] for k in "ABC")
         r.html = root / "a.html"

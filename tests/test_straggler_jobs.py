@@ -3,7 +3,8 @@
 One daemon, three jobs of ``tests/jobs/paced.py`` started together (8 ranks are 8 processes:
 the step's work is a sleep, so they share two cores). A job rests (long, even steps that end
 as soon as its mode changes) until its case comes; then the test switches what it does
-through its mode file, captures :data:`ACTIVE` steps with ``profctl start --wait`` and asks
+through its mode file, captures :data:`ACTIVE` steps with ``profctl start``, rests the job
+again as soon as every rank has captured them, and when the session is done asks
 ``profctl report --json``:
 
 * one rank computes (``aten::mm``) 25 % of the step the same job takes without it more than
@@ -133,7 +134,8 @@ def job_name(ranks: int, job: str = "paced") -> str:
 
 
 def job_rows(d: Daemon, job: str) -> list[dict[str, Any]]:
-    return [r for r in d.ps() if r["job"] == job]
+    # Polled: the daemon's answer as profctl gets it, without a profctl process each time.
+    return [r for r in d.request("ps") if r["job"] == job]
 
 
 def steps_on(d: Daemon, job: str, ranks: int, n: int) -> None:
@@ -175,13 +177,19 @@ def capture_and_report(run: Run, case: Case, k: int) -> dict[str, Any]:
     waits0, step0 = queue_waits(d, case.job_name)
     res = d.ctl_json(
         "start", "--job", case.job_name, "--next", "--active", str(case.active),
-        "--wait", "--timeout", str(WAIT), timeout=WAIT + 30,
+        timeout=WAIT,
     )  # fmt: skip
+    sid = res["session"]
+    # The job rests as soon as every rank has captured its steps: a compute job would
+    # otherwise keep both cores from the daemon while it takes in the traces (~10 s for 100
+    # steps), and the capture would cost twice the CPU.
+    d.wait_captured(sid, WAIT)
     waits1, step1 = queue_waits(d, case.job_name)
     mode.write_text(REST)
-    assert res["state"] == "done", res
+    final = d.wait_ended(sid, WAIT)
+    assert final["state"] == "done", final
     out = run.root / f"{case.name}-{k}.html"
-    doc: dict[str, Any] = d.ctl_json("report", res["session"], "-o", str(out), timeout=WAIT)
+    doc: dict[str, Any] = d.ctl_json("report", sid, "-o", str(out), timeout=WAIT)
     if case.mode == EVEN:
         run.even_step_ms[case.ranks] = median(x["step_ms"] for x in doc["ranks"])
     steps = max(step1 - step0, 1)

@@ -113,7 +113,7 @@ def test_two_nodes_one_warehouse(
     # Every rank detaches: each node's index holds its minutes (minute rows close then).
     for p in ranks.values():
         p.bye()
-    wait_for(lambda: not d1.ps() and not d2.ps(), WAIT, "every rank detached")
+    wait_for(lambda: not d1.polled_ps() and not d2.polled_ps(), WAIT, "every rank detached")
     # At least one minute of each of a node's two ranks (two each if the run crossed a
     # minute); a detached rank's minute may be indexed a moment after ps stops listing it.
     n1, n2 = (

@@ -4,7 +4,9 @@ Each step every rank computes for BASE_MS (``aten::mm``), the slow rank computes
 then all ranks all-reduce their gradient and step the optimizer, so the others wait for the
 slow rank in the collective. What is slow can change while the job runs: each step reads
 MODE_FILE (when set), whose text is ``straggler R`` (rank R does EXTRA_MS more ``aten::mm``),
-``slow`` (every rank does EXTRA_MS more ``aten::addmm``) or anything else (no extra work).
+``slow`` (every rank does EXTRA_MS more ``aten::addmm``), ``rest`` (no work at all: steps of a
+50 ms sleep, so that the job costs next to no CPU between captures) or anything else (no extra
+work).
 Env: STEPS (default 100000), BASE_MS (10), EXTRA_MS (40), MODE_FILE, MODE (when no file).
 """
 
@@ -55,7 +57,10 @@ for _ in range(steps):
             mode = ""
     loss = (a @ w).pow(2).mean()
     loss.backward()
-    work(base)
+    if mode == "rest":
+        time.sleep(0.05)
+    else:
+        work(base)
     if mode == f"straggler {rank}":
         work(extra)
     elif mode == "slow":
