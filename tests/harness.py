@@ -21,10 +21,6 @@ from typing import Any
 import psutil
 from daemonproc import BIN, DaemonProcess, wait_for
 
-from profd.ctl.connection import Connection
-from profd.ctl.errors import CtlError
-from profd.states import LIVE, TERMINAL
-
 __all__ = ["BIN", "JOBS", "ROOT", "Daemon", "Daemons", "Job", "Jobs", "wait_for"]
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -46,6 +42,8 @@ class Daemon(DaemonProcess):
         :meth:`request`) when the daemon is this tree's, else its own environment's profctl."""
         if self.bin != BIN:
             return self.ctl("status").returncode == 0
+        from profd.ctl.errors import CtlError
+
         try:
             self.request("status")
         except CtlError:
@@ -66,7 +64,12 @@ class Daemon(DaemonProcess):
         """A control request's ``data``, asked as ``profctl`` asks it but from this process:
         for polls, where a ``profctl`` process each time (~0.2 s of CPU, ten times a second)
         would take the CPU the processes waited for need. Failures raise ``CtlError``; a
-        daemon that does not answer, after profctl's own 10 s."""
+        daemon that does not answer, after profctl's own 10 s.
+
+        profd is imported here, not when this module is: conftest imports it before it takes
+        the checkout off ``sys.path`` (``dev.py test`` runs the installed wheels)."""
+        from profd.ctl.connection import Connection
+
         conn = Connection(str(self.runtime_dir))
         try:
             return conn.request(t, **fields)
@@ -76,6 +79,8 @@ class Daemon(DaemonProcess):
     def wait_captured(self, session: str, timeout: float) -> None:
         """Until every rank of ``session`` has captured its steps: the session is past the
         live states before ``processing`` (its traces are on their way), or it has ended."""
+        from profd.states import LIVE
+
         capturing = LIVE[: LIVE.index("processing")]
         wait_for(
             lambda: self.request("show", session=session)["state"] not in capturing,
@@ -84,6 +89,7 @@ class Daemon(DaemonProcess):
 
     def wait_ended(self, session: str, timeout: float) -> dict[str, Any]:
         """``show``'s document of ``session`` once it has ended."""
+        from profd.states import TERMINAL
 
         def ended() -> dict[str, Any] | None:
             doc: dict[str, Any] = self.request("show", session=session)
@@ -94,6 +100,8 @@ class Daemon(DaemonProcess):
 
     def polled_ps(self) -> list[dict[str, Any]]:
         """``ps``'s rows for a poll (:meth:`request`); none while the daemon does not answer."""
+        from profd.ctl.errors import CtlError
+
         try:
             return list(self.request("ps"))
         except CtlError:
