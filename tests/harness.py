@@ -37,10 +37,17 @@ class Daemon(DaemonProcess):
             wait_for(self.answers, 15, "daemon to answer")
         return self
 
+    #: The daemon is this tree's (speaks its protocol): polls ask it from this process. A
+    #: daemon of another release or environment is asked by its own profctl (``ctl``).
+    this_tree = True
+
+    def _own_client(self) -> bool:
+        return self.this_tree and self.bin == BIN
+
     def answers(self) -> bool:
         """Whether the daemon answers ``status``: through this tree's client code (see
         :meth:`request`) when the daemon is this tree's, else its own environment's profctl."""
-        if self.bin != BIN:
+        if not self._own_client():
             return self.ctl("status").returncode == 0
         from profd.ctl.errors import CtlError
 
@@ -100,6 +107,8 @@ class Daemon(DaemonProcess):
 
     def polled_ps(self) -> list[dict[str, Any]]:
         """``ps``'s rows for a poll (:meth:`request`); none while the daemon does not answer."""
+        if not self._own_client():
+            return self.ps()
         from profd.ctl.errors import CtlError
 
         try:

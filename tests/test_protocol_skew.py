@@ -46,6 +46,7 @@ class OldDaemon(Daemon):
     """The protocol-2 release's ``profd run`` and ``profctl``, from its own sources."""
 
     tree: Path = Path()
+    this_tree = False
 
     def env(self) -> dict[str, str]:
         e = super().env()
