@@ -5,9 +5,10 @@ Four rings, all allocated at attach and never grown:
 
 - step end times: the :class:`~.steps.Stepper`'s own clock ring (:data:`STEP_SLOTS` steps;
   the training thread's ``tick`` writes it anyway, for the ledger);
-- region records (:class:`~.steps.RegionLog`, ``RECORD_SLOTS`` of them): each outermost
-  exit of a ``region()`` stores its step, region, end time and duration (four array stores
-  on the region's exit, none per step);
+- region exits (:class:`~.steps.RegionLog`, ``REGION_SLOTS`` per region): each outermost
+  exit of a ``region()`` stores its end time and duration in its region's ring (two array
+  stores on the exit, none per step); its step is found when the box is read, as the one
+  whose end follows it;
 - stack samples (:class:`Sampler`): the agent thread reads the training thread's frames
   (``sys._current_frames()``) at ``sample_hz``, interning each frame's text once, and keeps
   ``(time, step, stack)`` per sample;
@@ -21,6 +22,7 @@ every step that ended within the last ``keep_seconds``, as far as the rings reac
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 import sys
@@ -218,7 +220,7 @@ class BlackBox:
         self.st = stepper
         self.overrides = dict(env_overrides() if overrides is None else overrides)
         self.settings = replace(Settings(), **self.overrides)
-        self.log = RegionLog()
+        self.log = RegionLog(stepper.regions)
         self.sampler = Sampler()
         self.next_sample = 0.0
         stepper.blackbox_log = self.log
@@ -268,7 +270,11 @@ class BlackBox:
         out["ends"] = _bytes("d", ends)
         last = step0 + len(ends) - 1
         names = [t.name for t in list(self.st.regions.values())]
-        steps, regions, rends, seconds = self.log.held()
+        regions, rends, seconds = self.log.held()
+        # An exit ran in the step whose end follows it (ends[0] is step0's end): those
+        # before step0's end are older than what is sent, those after the last end ran in
+        # the step not finished yet (last + 1).
+        steps = [step0 + bisect.bisect_left(ends, t) for t in rends]
         keep = [i for i, x in enumerate(steps) if step0 < x <= last + 1]
         out["regions"] = names
         out["region_steps"] = _bytes("q", [steps[i] for i in keep])

@@ -95,45 +95,68 @@ def pending_write(reports: Iterable[dict[str, Any]]) -> SnapshotWrite | None:
     return None
 
 
-#: Region exits the black box keeps (all regions together).
-RECORD_SLOTS: Final = 1 << 14
-_RECORD_MASK: Final = RECORD_SLOTS - 1
-_FIELDS: Final = 4  # a record's doubles in ``RegionLog.records``
-assert RECORD_SLOTS & _RECORD_MASK == 0
+#: Exits the black box keeps of each region: its last ``REGION_SLOTS`` outermost exits.
+REGION_SLOTS: Final = 1 << 12
+_REGION_MASK: Final = REGION_SLOTS - 1
+assert REGION_SLOTS & _REGION_MASK == 0
 
 
 class RegionLog:
-    """Region exits, written by whichever thread exits a region (:meth:`RegionTimer.__exit__`)
-    and read by the agent thread: a record is stored before ``n`` counts it, so a reader that
-    copies after reading ``n`` finds the records below ``n`` written (as the step ring).
+    """Whether the region timers record their exits for the black box, and reading them.
 
-    One record is four adjacent doubles of :attr:`records` (step, region index, end,
-    seconds; a step is exact as a double up to 2**53, and steps stop at 2**48): a region's
-    exit comes after a step's work has pushed this process's data out of the CPU's caches,
-    and one array's one cache line costs the exit less than four arrays' four (measured on
-    cold caches, docs/benchmarks.md)."""
+    Each timer (:class:`RegionTimer`) keeps its own ring of ``REGION_SLOTS`` exits, two
+    adjacent doubles each (end, seconds), allocated when the black box first records it and
+    never grown: at most ``MAX_LEDGER_REGIONS`` of them. An exit stores its record before
+    ``entries`` counts it, so a reader that copies after reading ``entries`` finds the
+    records below it written (as the step ring). An exit stores no step: the step it ran in
+    is the one whose end follows it on the same clock (:meth:`BlackBox.snapshot` looks it
+    up in the step ring), so the exit, which comes right after a step's work has pushed this
+    process's data out of the CPU's caches, costs two array stores (docs/design.md "Black
+    box"; measured in docs/benchmarks.md)."""
 
-    __slots__ = ("n", "on", "records")
+    __slots__ = ("_on", "_timers")
 
-    def __init__(self) -> None:
-        self.n = 0
-        self.on = True
-        self.records = array("d", bytes(8 * _FIELDS * RECORD_SLOTS))
+    def __init__(self, timers: dict[str, RegionTimer]) -> None:
+        self._timers = timers
+        self._on = False
 
-    def held(self) -> tuple[list[int], list[int], list[float], list[float]]:
-        """The records still held, oldest first: steps, region indexes, ends, durations."""
-        n1 = self.n
-        rec = self.records.tolist()
-        # Records up to n2 may have been written meanwhile, each over the one RECORD_SLOTS
-        # before it: only those after that are whole.
-        first = max(0, n1 - RECORD_SLOTS, self.n + 1 - RECORD_SLOTS)
-        order = [(i & _RECORD_MASK) * _FIELDS for i in range(first, n1)]
-        return (
-            [int(rec[k]) for k in order],
-            [int(rec[k + 1]) for k in order],
-            [rec[k + 2] for k in order],
-            [rec[k + 3] for k in order],
-        )
+    @property
+    def on(self) -> bool:
+        return self._on
+
+    @on.setter
+    def on(self, on: bool) -> None:
+        if on != self._on:
+            self._on = on
+            for t in list(self._timers.values()):
+                t.recording(on)
+
+    def adopt(self, timer: RegionTimer) -> None:
+        """A timer made after the black box: it records if the box does."""
+        if self._on:
+            timer.recording(True)
+
+    def held(self) -> tuple[list[int], list[float], list[float]]:
+        """The exits still held, by end time: region indexes, ends, durations."""
+        out: list[tuple[float, int, float]] = []
+        if not self._on:
+            return [], [], []
+        for t in list(self._timers.values()):
+            ring = t._ring
+            if ring is None:
+                continue
+            n1 = t.entries
+            rec = ring.tolist()
+            # Exits up to n2 may have been stored meanwhile, each over the one REGION_SLOTS
+            # before it: only those after that are whole. A slot never written (or cleared
+            # when recording restarted) holds an end of 0.
+            first = max(0, n1 - REGION_SLOTS, t.entries + 1 - REGION_SLOTS)
+            for i in range(first, n1):
+                k = (i & _REGION_MASK) << 1
+                if rec[k] > 0.0:
+                    out.append((rec[k], t.index, rec[k + 1]))
+        out.sort()
+        return [r[1] for r in out], [r[0] for r in out], [r[2] for r in out]
 
 
 def slots(ring: list[float], first: int, last: int) -> list[float]:
@@ -152,26 +175,35 @@ class RegionTimer:
     The open entries are a stack of start times: ``list.append``/``pop`` are atomic under the
     GIL, so entries from several threads can make the time the span during which any of them
     was open, but never leave the timer stuck open (as a depth counter's lost update could).
-    Time is added when the outermost entry exits; with a black box (``stepper`` given and its
-    ``blackbox_log`` set) that exit is also recorded there, with the step it ran in.
+    Time is added when the outermost entry exits; while the black box records
+    (:class:`RegionLog`), that exit's end and duration also go into this timer's ring.
     """
 
-    __slots__ = ("_clock", "_open", "_st", "entries", "index", "name", "seconds")
+    __slots__ = ("_clock", "_open", "_rec", "_ring", "entries", "index", "name", "seconds")
 
-    def __init__(
-        self,
-        name: str,
-        clock: Callable[[], float],
-        stepper: Stepper | None = None,
-        index: int = 0,
-    ) -> None:
+    def __init__(self, name: str, clock: Callable[[], float], index: int = 0) -> None:
         self.name = name
         self.seconds = 0.0
         self.entries = 0
         self._open: list[float] = []
         self._clock = clock
-        self._st = stepper
         self.index = index  # its place in ``Stepper.regions`` (the black box's records name it)
+        #: This timer's ring of exits, once the black box has recorded it; ``_rec`` is the
+        #: ring while recording and None otherwise (one load and one test on the exit).
+        self._ring: array[float] | None = None
+        self._rec: array[float] | None = None
+
+    def recording(self, on: bool) -> None:
+        """Start or stop storing exits (the agent thread, between the training thread's
+        exits or during one: an exit reads ``_rec`` once)."""
+        if not on:
+            self._rec = None
+            return
+        if self._ring is None:
+            self._ring = array("d", bytes(16 * REGION_SLOTS))
+        else:  # what was stored before a pause would be read as exits after it
+            self._ring[:] = array("d", bytes(16 * REGION_SLOTS))
+        self._rec = self._ring
 
     def __enter__(self) -> None:
         self._open.append(self._clock())
@@ -186,21 +218,16 @@ class RegionTimer:
         t0 = opened.pop()
         if not opened:
             t1 = self._clock()
-            self.seconds += t1 - t0
-            self.entries += 1
-            st = self._st
-            if st is not None:
-                log = st.blackbox_log
-                if log is not None and log.on:
-                    # Stored before ``n`` counts the record (see :class:`RegionLog`).
-                    i = log.n
-                    k = (i & _RECORD_MASK) * _FIELDS
-                    rec = log.records
-                    rec[k] = st.count + 1
-                    rec[k + 1] = self.index
-                    rec[k + 2] = t1
-                    rec[k + 3] = t1 - t0
-                    log.n = i + 1
+            d = t1 - t0
+            self.seconds += d
+            n = self.entries
+            rec = self._rec
+            if rec is not None:
+                # Stored before ``entries`` counts the exit (see :class:`RegionLog`).
+                k = (n & _REGION_MASK) << 1
+                rec[k] = t1
+                rec[k + 1] = d
+            self.entries = n + 1
 
 
 def _sendable(name: object) -> bool:
@@ -562,7 +589,10 @@ class Stepper:
             return t
         if len(regions) >= P.MAX_LEDGER_REGIONS or not _sendable(name):
             return NULL_REGION
-        t = regions[name] = RegionTimer(name, self._clock, self, len(regions))
+        t = regions[name] = RegionTimer(name, self._clock, len(regions))
+        log = self.blackbox_log
+        if log is not None:
+            log.adopt(t)
         return t
 
     @contextlib.contextmanager

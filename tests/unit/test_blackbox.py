@@ -31,7 +31,7 @@ from profd_client.blackbox import (
     BlackBox,
     env_overrides,
 )
-from profd_client.steps import RECORD_SLOTS, RING, Stepper
+from profd_client.steps import REGION_SLOTS, RING, Stepper
 
 MiB = 1 << 20
 
@@ -99,18 +99,47 @@ def test_keep_seconds_keeps_more_than_keep_steps_within_the_ring() -> None:
 
 
 def test_region_records_per_step_wrap_around() -> None:
-    st, box, clock = boxed(keep_steps=RECORD_SLOTS, keep_seconds=0.0)
-    run(st, clock, RECORD_SLOTS + 100, 0.004, region="data")
+    st, box, clock = boxed(keep_steps=REGION_SLOTS, keep_seconds=0.0)
+    run(st, clock, REGION_SLOTS + 100, 0.004, region="data")
     b = wire(box)
     steps = [r[0] for r in b["records"]]
     # The oldest records were overwritten: those kept are the newest, one per step, each
     # in the step it ran in (count + 1 at its exit).
-    assert len(steps) == RECORD_SLOTS - 1 and steps[-1] == st.count
+    assert len(steps) == REGION_SLOTS - 1 and steps[-1] == st.count
     assert steps == list(range(st.count - len(steps) + 1, st.count + 1))
     assert all(
         r[3] == pytest.approx(0.001, abs=1e-6) and b["regions"][r[1]] == "data"
         for r in b["records"]
     )
+
+
+def test_each_exit_in_the_step_it_ran_in_across_regions_and_pauses() -> None:
+    st, box, clock = boxed(keep_steps=64, keep_seconds=0.0)
+    run(st, clock, 3, 0.004)
+    for _ in range(4):  # two regions, one of them entered twice a step, one nested
+        with st.timer("data"):
+            clock.now += 0.001
+        with st.timer("fwd"), st.timer("fwd"):
+            clock.now += 0.002
+        with st.timer("data"):
+            clock.now += 0.0005
+        st.tick()
+    with st.timer("fwd"):  # in the step not finished yet
+        clock.now += 0.003
+    records = wire(box)["records"]
+    names = wire(box)["regions"]
+    got = [(r[0], names[r[1]], round(r[3], 6)) for r in records]
+    each = (("data", 0.001), ("fwd", 0.002), ("data", 0.0005))
+    want = [(s, n, d) for s in range(4, 8) for n, d in each]
+    assert got == [*want, (8, "fwd", 0.003)]
+    # Recording paused and resumed: nothing from before the pause is read as after it,
+    # nothing from the pause is recorded.
+    box.configure({"enabled": False})
+    assert wire(box)["records"] == []
+    run(st, clock, 5, 0.004, region="data")
+    box.configure({"keep_steps": 64, "keep_seconds": 0.0})
+    run(st, clock, 2, 0.004, region="data")
+    assert [r[0] for r in wire(box)["records"]] == [st.count - 1, st.count]
 
 
 def test_memory_is_fixed_at_attach_and_within_8_mib() -> None:
@@ -120,6 +149,9 @@ def test_memory_is_fixed_at_attach_and_within_8_mib() -> None:
         st, box, clock = boxed()
         at_attach = tracemalloc.get_traced_memory()[0] - before
         run(st, clock, RING + 10, 0.002, region="data")
+        for i in range(P.MAX_LEDGER_REGIONS - 1):  # every region a rank may time, each its ring
+            with st.timer(f"r{i}"):
+                clock.now += 0.001
         # The worst case for the tables: every frame text at its longest, every stack at
         # its deepest, every sample slot used.
         code = compile("def f(): pass", "x" * 300, "exec")
@@ -139,7 +171,8 @@ def test_memory_is_fixed_at_attach_and_within_8_mib() -> None:
     assert len(smp.frames) == MAX_FRAMES and len(smp.stacks) == MAX_STACKS
     # The rings are arrays allocated at attach; only the tables and the step ring's floats
     # fill in, up to their bounds.
-    assert len(box.log.records) == 4 * RECORD_SLOTS and len(st._ring) == RING
+    ring = st.regions["data"]._ring
+    assert ring is not None and len(ring) == 2 * REGION_SLOTS and len(st._ring) == RING
     assert at_attach < 2 * MiB and full < 8 * MiB, (at_attach, full)
 
 
