@@ -1,0 +1,236 @@
+"""Could one Iceberg table take every node's flush? Commits a second from many writers,
+what a commit costs as snapshots pile up, and one node's day replaced in one commit.
+
+The warehouse's decision between its own layout and a table format (docs/warehouse.md, "Why
+not Iceberg or Delta Lake") turns on one number: 1,024 nodes flushing every 60 s are 17
+commits a second on each table. This measures what pyiceberg (the Python Iceberg library, a
+SQL catalog) sustains on this machine: ``--writers`` processes each append 8 rows and commit,
+as fast as they can, for ``--seconds``; a commit that loses the race reloads the table and
+tries again. Then, on the table they made: the time to plan a scan (the files a reader must
+open), and a compaction of one node's day (its files replaced by one, in one ``overwrite``
+commit), checked to keep every row exactly once.
+
+Not part of ``make bench`` or the smoke test: pyiceberg is no dependency of profd. Run it in
+a virtual environment of its own::
+
+    python3 -m venv /tmp/ice
+    /tmp/ice/bin/pip install 'pyiceberg[sql-postgres,sql-sqlite,pyarrow]==0.9.1'
+    /tmp/ice/bin/python bench/bench_iceberg_commits.py --writers 1,4,8 --pg-user pgice
+
+The catalog is a PostgreSQL server this script starts in a temporary directory (``initdb`` and
+``pg_ctl`` on ``PATH``; as root, ``--pg-user`` names the user it runs as, who must exist), or
+SQLite with ``--sqlite`` (the embedded case). Data and metadata files go to local disk: an
+upper bound on what S3 would allow, where every metadata read and write is a request.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import multiprocessing as mp
+import os
+import random
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyiceberg.catalog.sql import SqlCatalog
+from pyiceberg.exceptions import CommitFailedException
+from pyiceberg.expressions import And, EqualTo
+from pyiceberg.partitioning import PartitionField, PartitionSpec
+from pyiceberg.schema import Schema
+from pyiceberg.transforms import IdentityTransform
+from pyiceberg.types import DateType, DoubleType, LongType, NestedField, StringType
+
+TABLE = "fleet.job_minutes"
+DAY = datetime.date(2026, 11, 27)
+SCHEMA = Schema(
+    NestedField(1, "node", StringType(), required=False),
+    NestedField(2, "job", StringType(), required=False),
+    NestedField(3, "minute", LongType(), required=False),
+    NestedField(4, "p50_ms", DoubleType(), required=False),
+    NestedField(5, "date", DateType(), required=False),
+)
+SPEC = PartitionSpec(
+    PartitionField(source_id=5, field_id=1000, transform=IdentityTransform(), name="date")
+)
+ARROW = pa.schema(
+    [
+        ("node", pa.string()),
+        ("job", pa.string()),
+        ("minute", pa.int64()),
+        ("p50_ms", pa.float64()),
+        ("date", pa.date32()),
+    ]
+)
+
+
+def catalog(uri: str, warehouse: str) -> SqlCatalog:
+    return SqlCatalog("fleet", uri=uri, warehouse=warehouse)
+
+
+def rows(node: str, n: int = 8) -> pa.Table:
+    """One flush of one node: a few minutes of one job."""
+    return pa.table(
+        {
+            "node": [node] * n,
+            "job": ["j"] * n,
+            "minute": list(range(n)),
+            "p50_ms": [random.random() for _ in range(n)],
+            "date": [DAY] * n,
+        },
+        schema=ARROW,
+    )
+
+
+def writer(i: int, uri: str, warehouse: str, seconds: float, q: Any) -> None:
+    cat = catalog(uri, warehouse)
+    t = cat.load_table(TABLE)
+    ok = lost = 0
+    latency = []
+    end = time.time() + seconds
+    while time.time() < end:
+        t0 = time.perf_counter()
+        while time.time() < end + seconds:  # a writer that keeps losing gives up, counted
+            try:
+                t.append(rows(f"node{i}"))
+            except CommitFailedException:  # another writer committed first: read it, retry
+                lost += 1
+                t = cat.load_table(TABLE)
+                continue
+            latency.append(time.perf_counter() - t0)
+            ok += 1
+            break
+    q.put((ok, lost, latency))
+
+
+def one_run(uri: str, warehouse: str, writers: int, seconds: float) -> dict[str, Any]:
+    cat = catalog(uri, warehouse)
+    try:
+        cat.create_namespace("fleet")
+    except Exception:  # it exists from the run before
+        pass
+    try:
+        cat.drop_table(TABLE)
+    except Exception:  # the first run
+        pass
+    cat.create_table(TABLE, SCHEMA, partition_spec=SPEC)
+    # Spawned, not forked: a forked writer would share the parent's catalog connections.
+    ctx = mp.get_context("spawn")
+    q: Any = ctx.Queue()
+    procs = [
+        ctx.Process(target=writer, args=(i, uri, warehouse, seconds, q)) for i in range(writers)
+    ]
+    t0 = time.time()
+    for p in procs:
+        p.start()
+    results = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    wall = time.time() - t0
+    commits = sum(r[0] for r in results)
+    latency = sorted(x for r in results for x in r[2]) or [0.0]
+    t = cat.load_table(TABLE)
+    meta = Path(t.metadata_location.removeprefix("file://"))
+    p0 = time.perf_counter()
+    files = list(t.scan().plan_files())
+    plan_s = time.perf_counter() - p0
+    # Compaction: node0's files of the day become one, in one commit that swaps them.
+    c0 = time.perf_counter()
+    node0 = t.scan(row_filter=EqualTo("node", "node0")).to_arrow()
+    t.overwrite(
+        node0, overwrite_filter=And(EqualTo("node", "node0"), EqualTo("date", DAY.isoformat()))
+    )
+    compact_s = time.perf_counter() - c0
+    t = cat.load_table(TABLE)
+    after = t.scan(row_filter=EqualTo("node", "node0")).to_arrow()
+    node0_files = [f for f in t.scan(row_filter=EqualTo("node", "node0")).plan_files()]
+    return {
+        "writers": writers,
+        "seconds": round(wall, 1),
+        "commits": commits,
+        "commits_per_s": round(commits / wall, 2),
+        "lost_races": sum(r[1] for r in results),
+        "commit_s_p50": round(latency[len(latency) // 2], 3),
+        "commit_s_p90": round(latency[int(len(latency) * 0.9)], 3),
+        "snapshots": len(t.metadata.snapshots),
+        "metadata_json_bytes": meta.stat().st_size,
+        "plan_files_s": round(plan_s, 3),
+        "data_files": len(files),
+        "compaction_commit_s": round(compact_s, 3),
+        "node0_rows_before_after": [node0.num_rows, after.num_rows],
+        "node0_same_rows": _same(node0, after),
+        "node0_files_after": len(node0_files),
+    }
+
+
+def _same(a: pa.Table, b: pa.Table) -> bool:
+    return sorted(a.to_pylist(), key=repr) == sorted(b.to_pylist(), key=repr)
+
+
+def _as(user: str | None, cmd: str) -> None:
+    subprocess.run(["su", user, "-c", cmd] if user else ["sh", "-c", cmd], check=True)
+
+
+def postgres(root: Path, user: str | None, port: int) -> str:
+    if user:
+        shutil.chown(root, user)
+    data = root / "data"
+    _as(user, f"initdb -D {data} -A trust -U fleet >/dev/null")
+    _as(
+        user,
+        f"pg_ctl -D {data} -l {root}/log -w start"
+        f" -o '-p {port} -k {root} -c listen_addresses=127.0.0.1' >/dev/null",
+    )
+    _as(user, f"createdb -h 127.0.0.1 -p {port} -U fleet fleet")
+    return f"postgresql+psycopg2://fleet@127.0.0.1:{port}/fleet"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
+    ap.add_argument("--writers", default="1,4,8", help="writer processes, one run each")
+    ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--sqlite", action="store_true", help="a SQLite catalog, no server")
+    ap.add_argument("--pg-user", default=None, help="run PostgreSQL as this user (as root)")
+    ap.add_argument("--port", type=int, default=55433)
+    ap.add_argument("--out", default="bench/results")
+    args = ap.parse_args()
+    if os.geteuid() == 0 and not args.sqlite and not args.pg_user:
+        ap.error("PostgreSQL will not run as root: name a user with --pg-user, or use --sqlite")
+    root = Path(tempfile.mkdtemp(prefix="profd-iceberg-"))
+    root.chmod(0o755)
+    runs = []
+    try:
+        if args.sqlite:
+            uri = f"sqlite:///{root}/catalog.db"
+        else:
+            (root / "pg").mkdir()
+            uri = postgres(root / "pg", args.pg_user, args.port)
+        for w in (int(x) for x in args.writers.split(",")):
+            warehouse = root / f"wh{w}"
+            warehouse.mkdir()
+            runs.append(one_run(uri, f"file://{warehouse}", w, args.seconds))
+            print(json.dumps(runs[-1]), flush=True)
+    finally:
+        if not args.sqlite:
+            subprocess.run(
+                ["su", args.pg_user, "-c", f"pg_ctl -D {root}/pg/data stop -m fast >/dev/null"]
+                if args.pg_user
+                else ["pg_ctl", "-D", f"{root}/pg/data", "stop", "-m", "fast"],
+                check=False,
+            )
+        shutil.rmtree(root, ignore_errors=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "iceberg_commits.json").write_text(
+        json.dumps({"catalog": "sqlite" if args.sqlite else "postgresql", "runs": runs}, indent=1)
+    )
+
+
+if __name__ == "__main__":
+    main()
