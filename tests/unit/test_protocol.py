@@ -346,6 +346,83 @@ def test_a_ps_row_beyond_its_definition_does_not_leave(over: dict[str, Any], fie
         assert str(exc.value).startswith(f"ps.data[5].{field}:"), str(exc.value)
 
 
+def _parts(row: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    from msgspec.structs import astuple
+
+    from profd.control_rows import PS_HELLO
+
+    values = astuple(row)
+    return values[: len(PS_HELLO)], values[len(PS_HELLO) :]
+
+
+@pytest.mark.parametrize("table", [True, False], ids=["table", "maps"])
+def test_ps_packed_from_its_two_parts_is_the_same_as_from_whole_rows(table: bool) -> None:
+    """What the ``ps`` handler sends (each row's hello part made once, its live part now)
+    is byte for byte what the whole rows pack to."""
+    from profd.control_rows import pack, pack_ps
+    from profd.daemon.clients.registry import Incompatible
+
+    c = _client()
+    rows = [
+        c.ps_row("n1", 7 + i, i % 2 == 0, 0.25 * i, (42, 43) if i == 2 else ()) for i in range(4)
+    ]
+    odd = Incompatible(b"y", 99, {"pid": 1 << 40}).ps_row("n1")
+    hellos = [c.ps_hello("n1")] * 4
+    lives = [c.ps_live(7 + i, i % 2 == 0, 0.25 * i, (42, 43) if i == 2 else ()) for i in range(4)]
+    assert [_parts(r) for r in rows] == list(zip(hellos, lives, strict=True))
+    assert pack_ps(hellos, lives, [odd], table=table) == pack(C.C_PS, rows, [odd], table=table)
+    assert rows[2].duplicate and rows[2].claimed_by == (42, 43) and rows[1].claimed_by == (42,)
+
+
+@pytest.mark.parametrize(
+    ("over", "field"),
+    [
+        ({"pid": "42"}, "pid"),
+        ({"rank": 1.5}, "rank"),
+        ({"steps_per_s": math.nan}, "steps_per_s"),
+        ({"steps_per_s": math.inf}, "steps_per_s"),
+        ({"allowed": 1}, "allowed"),
+        ({"node": ""}, "node"),
+        ({"job": "j" * 201}, "job"),
+        ({"claimed_by": (42, 0)}, "claimed_by[1]"),
+        ({"age_s": math.nan}, "age_s"),
+    ],
+)
+def test_a_ps_part_beyond_its_definition_does_not_leave(over: dict[str, Any], field: str) -> None:
+    """A live part is checked with the listing and named by its row; a hello part when it
+    is made (once per client), and the listing names the row it would have been."""
+    from msgspec.structs import astuple
+
+    from profd.control_rows import PS_HELLO, PsHello, RowFault, hello_part, pack_ps
+
+    bad_row = _ps_row(**over)
+    hello, live = _parts(bad_row)
+    if field.partition("[")[0] in PS_HELLO:
+        with pytest.raises(RowFault) as fault:
+            hello_part(PsHello(**dict(zip(PS_HELLO, hello, strict=True))))
+        assert fault.value.field == field, fault.value
+        return
+    good_hello, good_live = _parts(_ps_row())
+    lives = [good_live] * 5 + [live]
+    for table in (True, False):
+        with pytest.raises(P.ProtocolError) as exc:
+            pack_ps([good_hello] * 6, lives, table=table)
+        assert exc.value.code == "bad_request"
+        assert str(exc.value).startswith(f"ps.data[5].{field}:"), str(exc.value)
+    assert astuple(bad_row)  # (the row itself was made: only its packing refuses it)
+
+
+def test_a_peers_row_beyond_its_definition_is_named_after_the_served_parts() -> None:
+    from profd.control_rows import pack_ps
+    from profd.daemon.clients.registry import Incompatible
+
+    odd = msgspec.structs.replace(Incompatible(b"y", 99, {}).ps_row("n1"), node="")
+    hello, live = _parts(_ps_row())
+    with pytest.raises(P.ProtocolError) as exc:
+        pack_ps([hello, hello], [live, live], [odd])
+    assert str(exc.value).startswith("ps.data[2].node:"), str(exc.value)
+
+
 def test_an_incompatible_peers_row_beyond_its_definition_is_named_after_the_served_rows() -> None:
     from profd.control_rows import pack
     from profd.daemon.clients.registry import Incompatible

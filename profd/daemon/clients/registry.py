@@ -11,10 +11,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from msgspec.structs import replace
-
 from profd import claims
-from profd.control_rows import PeerRow, PsRow
+from profd.control_rows import PeerRow, PsHello, PsRow, hello_part
 from profd_client import protocol as P
 
 
@@ -74,7 +72,9 @@ class Client:
     answered_at: float = 0.0
     #: When (monotonic) it re-registered as another rank within the last :data:`MOVES_S`.
     moves: tuple[float, ...] = ()
-    _ps_base: PsRow | None = field(default=None, init=False, repr=False, compare=False)
+    _ps_hello: tuple[tuple[Any, ...], str] | None = field(
+        default=None, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         #: Its key in the registry's and the ledgers' maps: asked of every client on every
@@ -89,17 +89,14 @@ class Client:
         """What sessions select it by and name its files after."""
         return (self.job, self.role, self.rank, self.world_size)
 
-    def ps_row(
-        self, node: str, step: int, extrapolated: bool, age_s: float, claimed_by: tuple[int, ...]
-    ) -> PsRow:
-        """Its ``ps`` row as listed by daemon ``node``, its step as of now (``step_now``) and
-        every pid that claims its identity (its own alone, unless another served process
-        claims it too). The hello's fields are fixed for this object (a new hello makes a
-        new one): made into a row once and copied with the live ones set (``ps`` makes
-        1,024 rows on the loop at 1,024 clients)."""
-        base = self._ps_base
-        if base is None or base.node != node:
-            base = self._ps_base = PsRow(
+    def ps_hello(self, node: str) -> tuple[Any, ...]:
+        """The first columns of its ``ps`` row as listed by daemon ``node``: the hello's
+        fields, fixed for this object (a new hello makes a new one), so made and checked once
+        (``ps`` lists 1,024 rows on the loop at 1,024 clients). ``RowFault`` names a field
+        beyond its definition."""
+        part = self._ps_hello
+        if part is None or part[1] != node:
+            hello = PsHello(
                 host=self.host,
                 pid=self.pid,
                 job=self.job,
@@ -107,7 +104,6 @@ class Client:
                 rank=self.rank,
                 local_rank=self.local_rank,
                 world_size=self.world_size,
-                state=self.state,
                 step_mode=self.step_mode,
                 allowed=self.allowed,
                 torch=self.torch,
@@ -118,34 +114,38 @@ class Client:
                 client_version=self.client_version,
                 uid=self.uid,
                 identity_source=self.identity_source,
-                duplicate=False,
-                claimed_by=(self.pid,),
                 node=node,
-                # The live fields, set on each copy below.
-                step=0,
-                steps_per_s=0.0,
-                cpu_percent=None,
-                rss_bytes=None,
-                gpu_util=None,
-                gpu_mem_bytes=None,
-                step_extrapolated=False,
-                age_s=0.0,
             )
+            part = self._ps_hello = (hello_part(hello), node)
+        return part[0]
+
+    def ps_live(
+        self, step: int, extrapolated: bool, age_s: float, claimed_by: tuple[int, ...]
+    ) -> tuple[Any, ...]:
+        """The rest of its ``ps`` row (``control_rows.PS_LIVE``, in that order): its step as
+        of now (``step_now``) and every pid that claims its identity (its own alone, unless
+        another served process claims it too)."""
         shared = len(claimed_by) > 1
-        return replace(
-            base,
-            step=step,
-            steps_per_s=round(self.sps, 2),
-            state=self.state,
-            cpu_percent=self.cpu,
-            rss_bytes=self.rss,
-            gpu_util=self.gpu_util,
-            gpu_mem_bytes=self.gpu_mem,
-            duplicate=shared,
-            claimed_by=claimed_by if shared else base.claimed_by,
-            step_extrapolated=extrapolated,
-            age_s=round(age_s, 3),
+        return (
+            step,
+            round(self.sps, 2),
+            self.state,
+            self.cpu,
+            self.rss,
+            self.gpu_util,
+            self.gpu_mem,
+            shared,
+            claimed_by if shared else (self.pid,),
+            extrapolated,
+            round(age_s, 3),
         )
+
+    def ps_row(
+        self, node: str, step: int, extrapolated: bool, age_s: float, claimed_by: tuple[int, ...]
+    ) -> PsRow:
+        """Its whole ``ps`` row as one typed value (what ``ps`` sends as two parts)."""
+        values = self.ps_hello(node) + self.ps_live(step, extrapolated, age_s, claimed_by)
+        return PsRow(**dict(zip(PsRow.__struct_fields__, values, strict=True)))
 
 
 @dataclass

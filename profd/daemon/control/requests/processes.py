@@ -6,12 +6,13 @@ import time
 from typing import Any
 
 from profd import control_schema as C
-from profd.control_rows import TopRow, pack
+from profd.control_rows import RowFault, TopRow, pack, pack_ps
 from profd.daemon.clients.registry import step_now
 from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.selector import Selector
 from profd.watch.stats import top_order, vs_role
+from profd_client.protocol.envelope import bad
 
 
 def ps(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
@@ -21,17 +22,22 @@ def ps(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
     served = ctx.registry.by_identity()
     # Processes that claim one identity are marked, whatever the filter shows of them.
     shared = ctx.registry.claimants()
-    rows = []
+    hellos: list[tuple[Any, ...]] = []
+    lives: list[tuple[Any, ...]] = []
     now, hb, node = time.monotonic(), ctx.facts.heartbeat_interval, ctx.facts.host
     for c in served if job is None and role is None else filter(sel.matches, served):
+        try:
+            hellos.append(c.ps_hello(node))
+        except RowFault as f:
+            raise bad(f"ps.data[{len(lives)}].{f.field}", f.why) from None
         pids = shared.get((c.job, c.role, c.rank))
         step, extrapolated, age = step_now(c, now, hb)
-        rows.append(c.ps_row(node, step, extrapolated, age, tuple(pids) if pids else ()))
+        lives.append(c.ps_live(step, extrapolated, age, tuple(pids) if pids else ()))
     # Peers of another protocol version are listed so nobody wonders where a job went.
     peers = [p.ps_row(node) for p in ctx.registry.incompatible.values()]
     if job is not None:
         peers = [p for p in peers if p.job == job]
-    return pack(C.C_PS, rows, peers, table=m.get("form") == C.FORM_TABLE)
+    return pack_ps(hellos, lives, peers, table=m.get("form") == C.FORM_TABLE)
 
 
 def top(ctx: Context, m: dict[str, Any], by: Requester) -> C.Packed:
