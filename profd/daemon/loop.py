@@ -114,6 +114,10 @@ AGENT_LINGER_S = 0.02
 #: Requests answered from each operator socket between two parts of a tick (the rest at the
 #: next loop pass): a tick that answers a burst of ``ps`` at 1,024 clients must still end.
 BETWEEN_PARTS = 4
+#: Agent messages handled between two looks at the operators' sockets: a burst of heartbeats
+#: (a batch reads up to :data:`BATCH`, ~50 us each at 1,024 clients) would otherwise hold a
+#: ``ps`` for the whole batch, ~10 ms when many clients' heartbeats fall together.
+OPERATORS_EVERY = 32
 _MORE = zmq.SNDMORE | zmq.NOBLOCK
 
 
@@ -635,7 +639,7 @@ class Daemon:
                 if tcp.sock in events:
                     self._drain(tcp.sock, self._handle_tcp)
             if self.agent_sock in events:
-                self._drain(self.agent_sock, self.agents.handle)
+                self._drain(self.agent_sock, self.agents.handle, between=self._answer_operators)
                 agent_due = time.monotonic() + AGENT_LINGER_S
             self.flush()
             now = time.monotonic()
@@ -648,7 +652,8 @@ class Daemon:
 
     def _answer_operators(self) -> bool:
         """Requests waiting on control.sock or the TCP socket, answered now (between the
-        parts of a tick), at most :data:`BETWEEN_PARTS` from each: a burst of requests waits
+        parts of a tick, or between agent messages of one batch), at most
+        :data:`BETWEEN_PARTS` from each: a burst of requests waits
         for the next loop pass rather than stretch the tick. A socket's events are read
         without blocking. True when a request was answered."""
         handled = 0
@@ -683,9 +688,13 @@ class Daemon:
         sock: Any,
         handle: Callable[[list[bytes], PeerCred | None], None],
         limit: int = BATCH,
+        between: Callable[[], object] | None = None,
     ) -> int:
-        """Messages waiting on ``sock`` handled, at most ``limit``; how many there were."""
+        """Messages waiting on ``sock`` handled, at most ``limit``; how many there were.
+        ``between`` is called after every :data:`OPERATORS_EVERY` of them."""
         for n in range(limit):
+            if between is not None and n and n % OPERATORS_EVERY == 0:
+                between()
             try:
                 # copy=False: only a zmq.Frame carries the connection's kernel credentials.
                 # Frame by frame rather than recv_multipart, which asks the socket for
