@@ -321,19 +321,21 @@ def test_ps_rows_of_served_and_incompatible_peers_read_back_as_maps(table: bool)
     }
 
 
-@pytest.mark.parametrize(
-    ("over", "field"),
-    [
-        ({"pid": "42"}, "pid"),
-        ({"rank": 1.5}, "rank"),
-        ({"steps_per_s": math.nan}, "steps_per_s"),
-        ({"steps_per_s": math.inf}, "steps_per_s"),
-        ({"allowed": 1}, "allowed"),
-        ({"node": ""}, "node"),
-        ({"job": "j" * 201}, "job"),
-        ({"claimed_by": (42, 0)}, "claimed_by[1]"),
-    ],
-)
+#: A field of a ``ps`` row beyond its definition, and the name a refusal gives it.
+PS_FAULTS: list[tuple[dict[str, Any], str]] = [
+    ({"pid": "42"}, "pid"),
+    ({"rank": 1.5}, "rank"),
+    ({"steps_per_s": math.nan}, "steps_per_s"),
+    ({"steps_per_s": math.inf}, "steps_per_s"),
+    ({"allowed": 1}, "allowed"),
+    ({"node": ""}, "node"),
+    ({"job": "j" * 201}, "job"),
+    ({"claimed_by": (42, 0)}, "claimed_by[1]"),
+    ({"age_s": math.nan}, "age_s"),
+]
+
+
+@pytest.mark.parametrize(("over", "field"), PS_FAULTS)
 def test_a_ps_row_beyond_its_definition_does_not_leave(over: dict[str, Any], field: str) -> None:
     from profd.control_rows import pack
 
@@ -374,20 +376,7 @@ def test_ps_packed_from_its_two_parts_is_the_same_as_from_whole_rows(table: bool
     assert rows[2].duplicate and rows[2].claimed_by == (42, 43) and rows[1].claimed_by == (42,)
 
 
-@pytest.mark.parametrize(
-    ("over", "field"),
-    [
-        ({"pid": "42"}, "pid"),
-        ({"rank": 1.5}, "rank"),
-        ({"steps_per_s": math.nan}, "steps_per_s"),
-        ({"steps_per_s": math.inf}, "steps_per_s"),
-        ({"allowed": 1}, "allowed"),
-        ({"node": ""}, "node"),
-        ({"job": "j" * 201}, "job"),
-        ({"claimed_by": (42, 0)}, "claimed_by[1]"),
-        ({"age_s": math.nan}, "age_s"),
-    ],
-)
+@pytest.mark.parametrize(("over", "field"), PS_FAULTS)
 def test_a_ps_part_beyond_its_definition_does_not_leave(over: dict[str, Any], field: str) -> None:
     """A live part is checked with the listing and named by its row; a hello part when it
     is made (once per client), and the listing names the row it would have been."""
