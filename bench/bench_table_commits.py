@@ -1,25 +1,30 @@
-"""Could one Iceberg table take every node's flush? Commits a second from many writers,
-what a commit costs as snapshots pile up, and one node's day replaced in one commit.
+"""Could one table of a table format (Iceberg, Delta Lake) take every node's flush? Commits a
+second from many writers, what a commit costs as they pile up, and one node's day replaced in
+one commit.
 
 The warehouse's decision between its own layout and a table format (docs/warehouse.md, "Why
 not Iceberg or Delta Lake") turns on one number: 1,024 nodes flushing every 60 s are 17
 commits a second on each table. This measures what pyiceberg (the Python Iceberg library, a
-SQL catalog) sustains on this machine: ``--writers`` processes each append 8 rows and commit,
-as fast as they can, for ``--seconds``; a commit that loses the race reloads the table and
-tries again. Then, on the table they made: the time to plan a scan (the files a reader must
-open), and a compaction of one node's day (its files replaced by one, in one ``overwrite``
-commit), checked to keep every row exactly once.
+SQL catalog; ``--format iceberg``) or delta-rs (``deltalake``; ``--format delta``, which
+retries a blind append that lost the race itself) sustains on this machine: ``--writers``
+processes each append 8 rows and commit, as fast as they can, for ``--seconds``; an Iceberg
+commit that loses the race reloads the table and tries again. Then, on the table they made:
+the time to plan a scan (the files a reader must open, Iceberg), and a compaction of one
+node's day (its files replaced by one, in one ``overwrite`` commit), checked to keep every
+row exactly once.
 
-Not part of ``make bench`` or the smoke test: pyiceberg is no dependency of profd. Run it in
+Not part of ``make bench`` or the smoke test: neither library is a dependency of profd. Run it in
 a virtual environment of its own::
 
     python3 -m venv /tmp/ice
-    /tmp/ice/bin/pip install 'pyiceberg[sql-postgres,sql-sqlite,pyarrow]==0.9.1'
-    /tmp/ice/bin/python bench/bench_iceberg_commits.py --writers 1,4,8 --pg-user pgice
+    /tmp/ice/bin/pip install 'pyiceberg[sql-postgres,sql-sqlite,pyarrow]==0.9.1' deltalake==1.6.6
+    /tmp/ice/bin/python bench/bench_table_commits.py --writers 1,4,8 --pg-user pgice
+    /tmp/ice/bin/python bench/bench_table_commits.py --writers 1,4,8 --format delta
 
 The catalog is a PostgreSQL server this script starts in a temporary directory (``initdb`` and
 ``pg_ctl`` on ``PATH``; as root, ``--pg-user`` names the user it runs as, who must exist), or
-SQLite with ``--sqlite`` (the embedded case). Data and metadata files go to local disk: an
+SQLite with ``--sqlite`` (the embedded case); Delta Lake needs none (its log's next entry is
+created only if absent, a rename on local disk). Data and metadata files go to local disk: an
 upper bound on what S3 would allow, where every metadata read and write is a request.
 """
 
@@ -151,6 +156,7 @@ def one_run(uri: str, warehouse: str, writers: int, seconds: float) -> dict[str,
     after = t.scan(row_filter=EqualTo("node", "node0")).to_arrow()
     node0_files = [f for f in t.scan(row_filter=EqualTo("node", "node0")).plan_files()]
     return {
+        "format": "iceberg",
         "writers": writers,
         "seconds": round(wall, 1),
         "commits": commits,
@@ -166,6 +172,75 @@ def one_run(uri: str, warehouse: str, writers: int, seconds: float) -> dict[str,
         "node0_rows_before_after": [node0.num_rows, after.num_rows],
         "node0_same_rows": _same(node0, after),
         "node0_files_after": len(node0_files),
+    }
+
+
+def delta_writer(i: int, path: str, seconds: float, q: Any) -> None:
+    from deltalake import write_deltalake
+
+    ok = gave_up = 0
+    latency = []
+    end = time.time() + seconds
+    while time.time() < end:
+        t0 = time.perf_counter()
+        try:
+            write_deltalake(path, _delta_rows(f"node{i}"), mode="append", partition_by=["date"])
+        except Exception:  # lost the race more times than delta-rs retries: counted
+            gave_up += 1
+            continue
+        latency.append(time.perf_counter() - t0)
+        ok += 1
+    q.put((ok, gave_up, latency))
+
+
+def _delta_rows(node: str) -> pa.Table:
+    t = rows(node)  # Delta partitions by a string column here
+    return t.set_column(4, "date", pa.array([DAY.isoformat()] * t.num_rows))
+
+
+def delta_run(root: Path, writers: int, seconds: float) -> dict[str, Any]:
+    from deltalake import DeltaTable, write_deltalake
+
+    path = str(root / f"delta{writers}")
+    write_deltalake(path, _delta_rows("first"), mode="append", partition_by=["date"])
+    ctx = mp.get_context("spawn")
+    q: Any = ctx.Queue()
+    procs = [ctx.Process(target=delta_writer, args=(i, path, seconds, q)) for i in range(writers)]
+    t0 = time.time()
+    for p in procs:
+        p.start()
+    results = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    wall = time.time() - t0
+    commits = sum(r[0] for r in results)
+    latency = sorted(x for r in results for x in r[2]) or [0.0]
+    dt = DeltaTable(path)
+    files = len(dt.file_uris())
+    node0 = [("node", "=", "node0")]
+    c0 = time.perf_counter()
+    before = dt.to_pyarrow_table(filters=node0)
+    write_deltalake(
+        path, before, mode="overwrite", predicate="node = 'node0'", partition_by=["date"]
+    )
+    compact_s = time.perf_counter() - c0
+    dt = DeltaTable(path)
+    after = dt.to_pyarrow_table(filters=node0)
+    return {
+        "format": "delta",
+        "writers": writers,
+        "seconds": round(wall, 1),
+        "commits": commits,
+        "commits_per_s": round(commits / wall, 2),
+        "gave_up": sum(r[1] for r in results),
+        "commit_s_p50": round(latency[len(latency) // 2], 3),
+        "commit_s_p90": round(latency[int(len(latency) * 0.9)], 3),
+        "log_entries": dt.version(),
+        "data_files": files,
+        "compaction_commit_s": round(compact_s, 3),
+        "node0_rows_before_after": [before.num_rows, after.num_rows],
+        "node0_same_rows": _same(before, after),
+        "data_files_after": len(dt.file_uris()),
     }
 
 
@@ -195,29 +270,33 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--writers", default="1,4,8", help="writer processes, one run each")
     ap.add_argument("--seconds", type=float, default=30.0)
+    ap.add_argument("--format", choices=("iceberg", "delta"), default="iceberg")
     ap.add_argument("--sqlite", action="store_true", help="a SQLite catalog, no server")
     ap.add_argument("--pg-user", default=None, help="run PostgreSQL as this user (as root)")
     ap.add_argument("--port", type=int, default=55433)
     ap.add_argument("--out", default="bench/results")
     args = ap.parse_args()
-    if os.geteuid() == 0 and not args.sqlite and not args.pg_user:
+    iceberg = args.format == "iceberg"
+    if iceberg and os.geteuid() == 0 and not args.sqlite and not args.pg_user:
         ap.error("PostgreSQL will not run as root: name a user with --pg-user, or use --sqlite")
     root = Path(tempfile.mkdtemp(prefix="profd-iceberg-"))
     root.chmod(0o755)
     runs = []
     try:
-        if args.sqlite:
-            uri = f"sqlite:///{root}/catalog.db"
-        else:
+        uri = f"sqlite:///{root}/catalog.db"
+        if iceberg and not args.sqlite:
             (root / "pg").mkdir()
             uri = postgres(root / "pg", args.pg_user, args.port)
         for w in (int(x) for x in args.writers.split(",")):
-            warehouse = root / f"wh{w}"
-            warehouse.mkdir()
-            runs.append(one_run(uri, f"file://{warehouse}", w, args.seconds))
+            if iceberg:
+                warehouse = root / f"wh{w}"
+                warehouse.mkdir()
+                runs.append(one_run(uri, f"file://{warehouse}", w, args.seconds))
+            else:
+                runs.append(delta_run(root, w, args.seconds))
             print(json.dumps(runs[-1]), flush=True)
     finally:
-        if not args.sqlite:
+        if iceberg and not args.sqlite:
             subprocess.run(
                 ["su", args.pg_user, "-c", f"pg_ctl -D {root}/pg/data stop -m fast >/dev/null"]
                 if args.pg_user
@@ -227,8 +306,9 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "iceberg_commits.json").write_text(
-        json.dumps({"catalog": "sqlite" if args.sqlite else "postgresql", "runs": runs}, indent=1)
+    catalog = None if not iceberg else "sqlite" if args.sqlite else "postgresql"
+    (out / f"table_commits_{args.format}.json").write_text(
+        json.dumps({"format": args.format, "catalog": catalog, "runs": runs}, indent=1)
     )
 
 
