@@ -114,6 +114,35 @@ def writer(i: int, uri: str, warehouse: str, seconds: float, q: Any) -> None:
     q.put((ok, lost, latency))
 
 
+def _writers(
+    target: Any, args: tuple[Any, ...], writers: int, seconds: float, lost: str
+) -> dict[str, Any]:
+    """``writers`` processes of ``target(i, *args, seconds, queue)`` at once, and what they
+    report: commits, a second, ``lost`` (the commits that lost or gave up), latency."""
+    # Spawned, not forked: a forked writer would share the parent's catalog connections.
+    ctx = mp.get_context("spawn")
+    q: Any = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(i, *args, seconds, q)) for i in range(writers)]
+    t0 = time.time()
+    for p in procs:
+        p.start()
+    results = [q.get() for _ in procs]
+    for p in procs:
+        p.join()
+    wall = time.time() - t0
+    commits = sum(r[0] for r in results)
+    latency = sorted(x for r in results for x in r[2]) or [0.0]
+    return {
+        "writers": writers,
+        "seconds": round(wall, 1),
+        "commits": commits,
+        "commits_per_s": round(commits / wall, 2),
+        lost: sum(r[1] for r in results),
+        "commit_s_p50": round(latency[len(latency) // 2], 3),
+        "commit_s_p90": round(latency[int(len(latency) * 0.9)], 3),
+    }
+
+
 def one_run(uri: str, warehouse: str, writers: int, seconds: float) -> dict[str, Any]:
     cat = catalog(uri, warehouse)
     try:
@@ -125,21 +154,7 @@ def one_run(uri: str, warehouse: str, writers: int, seconds: float) -> dict[str,
     except Exception:  # the first run
         pass
     cat.create_table(TABLE, SCHEMA, partition_spec=SPEC)
-    # Spawned, not forked: a forked writer would share the parent's catalog connections.
-    ctx = mp.get_context("spawn")
-    q: Any = ctx.Queue()
-    procs = [
-        ctx.Process(target=writer, args=(i, uri, warehouse, seconds, q)) for i in range(writers)
-    ]
-    t0 = time.time()
-    for p in procs:
-        p.start()
-    results = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
-    wall = time.time() - t0
-    commits = sum(r[0] for r in results)
-    latency = sorted(x for r in results for x in r[2]) or [0.0]
+    runs = _writers(writer, (uri, warehouse), writers, seconds, "lost_races")
     t = cat.load_table(TABLE)
     meta = Path(t.metadata_location.removeprefix("file://"))
     p0 = time.perf_counter()
@@ -157,13 +172,7 @@ def one_run(uri: str, warehouse: str, writers: int, seconds: float) -> dict[str,
     node0_files = [f for f in t.scan(row_filter=EqualTo("node", "node0")).plan_files()]
     return {
         "format": "iceberg",
-        "writers": writers,
-        "seconds": round(wall, 1),
-        "commits": commits,
-        "commits_per_s": round(commits / wall, 2),
-        "lost_races": sum(r[1] for r in results),
-        "commit_s_p50": round(latency[len(latency) // 2], 3),
-        "commit_s_p90": round(latency[int(len(latency) * 0.9)], 3),
+        **runs,
         "snapshots": len(t.metadata.snapshots),
         "metadata_json_bytes": meta.stat().st_size,
         "plan_files_s": round(plan_s, 3),
@@ -203,18 +212,7 @@ def delta_run(root: Path, writers: int, seconds: float) -> dict[str, Any]:
 
     path = str(root / f"delta{writers}")
     write_deltalake(path, _delta_rows("first"), mode="append", partition_by=["date"])
-    ctx = mp.get_context("spawn")
-    q: Any = ctx.Queue()
-    procs = [ctx.Process(target=delta_writer, args=(i, path, seconds, q)) for i in range(writers)]
-    t0 = time.time()
-    for p in procs:
-        p.start()
-    results = [q.get() for _ in procs]
-    for p in procs:
-        p.join()
-    wall = time.time() - t0
-    commits = sum(r[0] for r in results)
-    latency = sorted(x for r in results for x in r[2]) or [0.0]
+    runs = _writers(delta_writer, (path,), writers, seconds, "gave_up")
     dt = DeltaTable(path)
     files = len(dt.file_uris())
     node0 = [("node", "=", "node0")]
@@ -228,13 +226,7 @@ def delta_run(root: Path, writers: int, seconds: float) -> dict[str, Any]:
     after = dt.to_pyarrow_table(filters=node0)
     return {
         "format": "delta",
-        "writers": writers,
-        "seconds": round(wall, 1),
-        "commits": commits,
-        "commits_per_s": round(commits / wall, 2),
-        "gave_up": sum(r[1] for r in results),
-        "commit_s_p50": round(latency[len(latency) // 2], 3),
-        "commit_s_p90": round(latency[int(len(latency) * 0.9)], 3),
+        **runs,
         "log_entries": dt.version(),
         "data_files": files,
         "compaction_commit_s": round(compact_s, 3),
