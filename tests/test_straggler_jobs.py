@@ -21,7 +21,8 @@ again as soon as every rank has captured them, and when the session is done asks
 Two compute-bound ranks share the two cores with whatever else runs there, and the scheduler
 can hold one of them back for a whole capture: it then is the straggler, made by the machine,
 and the report is right to name it. An even job may name a rank only where the kernel's count
-of each rank's wait for a CPU (``/proc/PID/task/TID/schedstat``) shows that rank held back.
+of each rank's wait for a CPU (``/proc/PID/task/TID/schedstat``), logged by the job after
+every step and read over exactly the captured steps, shows that rank held back.
 
 Every case repeats ``ROUNDS`` times (env ``STRAGGLER_JOB_ROUNDS``, default 1) on fresh
 captures, as the rule must hold on each one, not on the average. On a loaded 2-core machine
@@ -149,22 +150,22 @@ def steps_on(d: Daemon, job: str, ranks: int, n: int) -> None:
     wait_for(moved, WAIT, f"{job} {n} steps on", every=0.1)
 
 
-def queue_wait_ms(pid: int) -> float:
-    """How long all of a process's threads have waited for a CPU so far (the kernel's
-    scheduler statistics: ``/proc/PID/task/TID/schedstat``, second field, ns)."""
-    total = 0
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        try:
-            total += int((task / "schedstat").read_text().split()[1])
-        except (OSError, IndexError, ValueError):
-            pass  # a thread that ended in between
-    return total / 1e6
-
-
-def queue_waits(d: Daemon, job: str) -> tuple[dict[int, float], int]:
-    """Per rank, its wait for a CPU so far; and the furthest step of the job."""
-    rows = job_rows(d, job)
-    return {r["rank"]: queue_wait_ms(r["pid"]) for r in rows}, max(r["step"] for r in rows)
+def queue_waits(run: Run, job: str, steps: list[int]) -> dict[int, float]:
+    """Per rank, how long it waited for a CPU per step over exactly ``steps`` (ms): the
+    kernel's count as the job logged it after every step (paced.py, WAITS_DIR); ranks that
+    have not logged both ends of the steps are left out."""
+    first, last = min(steps), max(steps)
+    out: dict[int, float] = {}
+    for log in (run.root / f"waits-{job}").glob("r*.tsv"):
+        at: dict[int, int] = {}
+        for line in log.read_text().splitlines():
+            step, _, ns = line.partition(" ")
+            if ns.strip().isdigit():
+                at[int(step)] = int(ns)  # the last line for a step count is its end
+        # Step s runs while profd's count is s - 1 and ends with the count at s.
+        if first - 1 in at and last in at:
+            out[int(log.stem[1:])] = (at[last] - at[first - 1]) / 1e6 / (last - first + 1)
+    return out
 
 
 def capture_and_report(run: Run, case: Case, k: int) -> dict[str, Any]:
@@ -174,7 +175,6 @@ def capture_and_report(run: Run, case: Case, k: int) -> dict[str, Any]:
     mode.write_text(case.mode.format(extra_ms=f"{0.25 * even:.1f}"))
     # Every rank has read the new mode, and a napping rank has measured its own steps.
     steps_on(d, case.job_name, case.ranks, 8 if case.job == "compute" else 3)
-    waits0, step0 = queue_waits(d, case.job_name)
     res = d.ctl_json(
         "start", "--job", case.job_name, "--next", "--active", str(case.active),
         timeout=WAIT,
@@ -184,7 +184,6 @@ def capture_and_report(run: Run, case: Case, k: int) -> dict[str, Any]:
     # otherwise keep both cores from the daemon while it takes in the traces (~10 s for 100
     # steps), and the capture would cost twice the CPU.
     d.wait_captured(sid, WAIT)
-    waits1, step1 = queue_waits(d, case.job_name)
     mode.write_text(REST)
     final = d.wait_ended(sid, WAIT)
     assert final["state"] == "done", final
@@ -192,8 +191,8 @@ def capture_and_report(run: Run, case: Case, k: int) -> dict[str, Any]:
     doc: dict[str, Any] = d.ctl_json("report", sid, "-o", str(out), timeout=WAIT)
     if case.mode == EVEN:
         run.even_step_ms[case.ranks] = median(x["step_ms"] for x in doc["ranks"])
-    steps = max(step1 - step0, 1)
-    doc["queue_wait_ms"] = {r: (waits1[r] - waits0[r]) / steps for r in waits0 if r in waits1}
+    if doc["steps"]:
+        doc["queue_wait_ms"] = queue_waits(run, case.job_name, doc["steps"])
     return doc
 
 
@@ -211,9 +210,10 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Run]:
             name = job_name(n, job)
             (root / f"mode-{name}").write_text(STARTING)
             env = COMPUTE_ENV if job == "compute" else {}
+            (root / f"waits-{name}").mkdir()
             jobs.start(
                 "paced.py", nproc=n, daemon=d, MODE_FILE=str(root / f"mode-{name}"),
-                PROFD_JOB=name, **env,
+                PROFD_JOB=name, WAITS_DIR=str(root / f"waits-{name}"), **env,
             )  # fmt: skip
         d.wait_attached(sum(n for _, n in started), timeout=WAIT, min_step=2)
         for job, n in started:
@@ -248,6 +248,7 @@ def assert_held_back_by_the_machine(case: Case, doc: dict[str, Any]) -> None:
     half of its lead.
     """
     waits = doc["queue_wait_ms"]
+    assert sorted(waits) == list(range(case.ranks)), f"{case.name}: CPU waits logged {waits}"
     for s in doc["stragglers"]:
         held = waits[s["rank"]] - median(w for r, w in waits.items() if r != s["rank"])
         assert held >= s["lead_ms"] / 2, f"{case.name}: {table(doc)}\nCPU wait per step: {waits}"

@@ -22,7 +22,10 @@ What the job does can change while it runs: each step reads MODE_FILE, whose tex
 ``nap_share`` (0), ``pause`` (0; 1: the step's sleep ends as soon as MODE_FILE changes, so a
 job can rest on long steps that cost next to no CPU and still take up a new mode at once).
 Env: MODE_FILE, STEPS (default 100000), WIDTH (0: the tiny model of two layers of 32; else
-three layers of WIDTH, a bucket each), BATCH (16).
+three layers of WIDTH, a bucket each), BATCH (16), WAITS_DIR (where each rank appends, after
+every step, ``step wait_ns``: profd's step count and how long all of its threads have waited
+for a CPU so far, from the kernel's scheduler statistics; a test reads them over exactly the
+steps a capture took).
 """
 
 import os
@@ -62,6 +65,23 @@ DEFAULTS = {
     "work": "sleep", "nap_share": "0", "pause": "0",
 }  # fmt: skip
 own_steps: list[float] = []  # this rank's recent steps without its nap, s
+waits_dir = os.environ.get("WAITS_DIR")
+# Open for the job's life, line-buffered: a line a step, each readable as soon as written.
+waits_log = open(os.path.join(waits_dir, f"r{rank}.tsv"), "a", buffering=1) if waits_dir else None  # noqa: SIM115
+
+
+def log_wait() -> None:
+    """Append profd's step count and this process's wait for a CPU so far (ns)."""
+    if waits_log is None:
+        return
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as fh:
+                total += int(fh.read().split()[1])
+        except (OSError, IndexError, ValueError):
+            pass  # a thread that ended in between
+    waits_log.write(f"{profd_client.current_step()} {total}\n")
 
 
 def mode_text() -> str | None:
@@ -115,6 +135,7 @@ def compute_step(
     opt.step()
     opt.zero_grad()
     own_steps.append(time.perf_counter() - start - nap)
+    log_wait()
 
 
 for _ in range(int(os.environ.get("STEPS", "100000"))):
@@ -139,5 +160,6 @@ for _ in range(int(os.environ.get("STEPS", "100000"))):
             busy(extra)
     opt.step()
     opt.zero_grad()
+    log_wait()
 del ddp, opt
 end_process_group()
