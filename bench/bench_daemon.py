@@ -174,6 +174,16 @@ def loop_profile(pid: int, seconds: float, top: int = 25) -> dict[str, Any]:
     }
 
 
+def gc_note(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
+    """The collector's full passes between two ``status`` answers, for the round trip's
+    row (a daemon before 0.3 does not report them)."""
+    if not before or not after:
+        return ""
+    n = after["passes"][2] - before["passes"][2]
+    longest = after["longest_ms"][2]
+    return f"; {n} full gc pass(es) in the busy phase, longest since start {longest} ms"
+
+
 def main() -> None:
     ap = B.parser(__doc__)
     ap.add_argument("--clients", type=int, default=None)
@@ -204,10 +214,12 @@ def main() -> None:
         fleet.wait_connected(300)
         B.wait_for(lambda: d.request("status")["clients"] >= n, 120, "daemon to see clients")
         time.sleep(1.0 if quick else 3.0)
+        gc0 = d.request("status").get("gc")
         busy = sample(d.pid, window, extra_pids=[w.pid for w in fleet.workers])
         assert d.request("status")["clients"] >= n
         busy_ps = ps_latency(d, cli_runs, raw_runs)
         busy_top = top_latency(d, cli_runs, raw_runs)
+        gc1 = d.request("status").get("gc")
         floor = python_floor(cli_runs)
         profile = loop_profile(d.pid, args.profile) if args.profile > 0 else None
     except BaseException:
@@ -281,7 +293,7 @@ def main() -> None:
             "ms",
             baseline=idle_ps["raw_request_ms"]["p50"],
             baseline_what="0 clients",
-            spread=f"p99 {busy_ps['raw_request_ms']['p99']} ms",
+            spread=f"p99 {busy_ps['raw_request_ms']['p99']} ms" + gc_note(gc0, gc1),
         ),
     ]
     details = {
@@ -294,6 +306,9 @@ def main() -> None:
         "top_busy": busy_top,
         "python_floor_ms": floor,
         "loop_profile": profile,
+        # The daemon's garbage collector (status' gc, 0.3+) when the busy window began and
+        # after the ps and top runs.
+        "gc": {"busy_start": gc0, "after_requests": gc1},
         "baseline": "dynolog has no way to list attached processes; compared with 0 clients",
     }
     params = {"clients": n, "window_s": window, "cli_runs": cli_runs, "raw_runs": raw_runs}

@@ -411,6 +411,8 @@ STATUS_DOC: Final = _row(
     ),
     # ``implausible_steps``: step jumps a rank's rate cannot explain, left out of samples.
     watch=(_row(implausible_steps=(COUNT, _R)), _O),
+    # The garbage collector's pauses by generation (profd/daemon/runtime/gcpauses.py).
+    gc=(MAP, _O),
 )
 
 #: One role of a job in one minute, in ``history``: ``ranks`` ranks that stepped, ``steps``

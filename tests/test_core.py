@@ -108,6 +108,9 @@ def test_status_and_no_daemon_errors(daemon: Daemon, tmp_path: Path) -> None:
     st = daemon.ctl_json("status")
     assert st["clients"] == 0 and st["version"]
     assert st["s3"]["configured"] is False
+    # What start-up built is frozen out of the collector; the pauses are counted from then.
+    assert st["gc"]["frozen_objects"] > 10_000 and len(st["gc"]["passes"]) == 3, st["gc"]
+    assert "full pass(es)" in daemon.ctl("status").stdout
     env = dict(os.environ, PROFD_RUNTIME_DIR=str(tmp_path / "nowhere"))
     for args in (["status"], ["ps"], ["ps", "--json"]):
         r = subprocess.run([str(BIN / "profctl"), *args], env=env, capture_output=True, text=True)

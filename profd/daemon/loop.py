@@ -61,6 +61,7 @@ from profd.daemon.parts import (
 from profd.daemon.results import Results
 from profd.daemon.runtime import faults
 from profd.daemon.runtime import rundir as runtime
+from profd.daemon.runtime.gcpauses import GcPauses
 from profd.daemon.runtime.peers import PeerCred
 from profd.daemon.runtime.sdnotify import Notifier
 from profd.daemon.sessions.arming import Arms
@@ -148,6 +149,7 @@ class Daemon:
         self.metrics = MetricsServer(m.host, m.port, time.time) if m.listen else None
         self.reactor = Reactor()
         self.temp_files_removed = 0  # left in the spool by a killed daemon, removed at start
+        self.gc_pauses = GcPauses()
         spool, perms = _prepare_spool(cfg)
         rules = check_rules(cfg.auto)
         repos = self._build_store(spool, perms, make_uploads)
@@ -436,6 +438,7 @@ class Daemon:
             },
             # Step jumps a rank's rate cannot explain, left out of the samples' steps.
             "watch": {"implausible_steps": self.samples.arming.trust.implausible},
+            "gc": self.gc_pauses.status(),
             "s3": self.uploads.status() if self.uploads is not None else {"configured": False},
             "warehouse": (
                 self.warehouse.status(WarehouseQueueRepo(self.index))
@@ -487,6 +490,7 @@ class Daemon:
         # holds for a while (a request, a frame) is frozen with it.
         gc.collect()
         gc.freeze()
+        self.gc_pauses.install()
         liveness = self.liveness
         procstats = ProcStats(
             self.cfg.sample_interval,
@@ -546,6 +550,7 @@ class Daemon:
 
     def _shutdown(self) -> None:
         self.sd.stopping("shutting down")
+        self.gc_pauses.uninstall()
         if self.metrics is not None:
             self.metrics.stop()
         for s in (self.agent_sock, self.control_sock):

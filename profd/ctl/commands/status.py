@@ -51,6 +51,8 @@ def status_text(st: dict[str, Any]) -> str:
     limited = limits_line(st.get("limits") or {})
     if limited:
         lines.append(limited)
+    if st.get("gc"):  # a daemon older than 0.3 does not say
+        lines.append(gc_line(st["gc"]))
     if s3.get("configured"):
         lines += s3_lines(s3)
     else:
@@ -97,6 +99,16 @@ def limits_line(lim: dict[str, Any]) -> str | None:
         if n
     ]
     return "limits   " + ", ".join(parts) if parts else None
+
+
+def gc_line(g: dict[str, Any]) -> str:
+    """The garbage collector's full passes (generation 2): how many and how long they
+    stopped the daemon, with what it watches."""
+    n, total, longest = g["passes"][2], g["total_ms"][2], g["longest_ms"][2]
+    return (
+        f"gc       {n} full pass(es), {total:.0f} ms in all, longest {longest:.1f} ms;"
+        f" {g['tracked_objects']:,} objects watched, {g['frozen_objects']:,} frozen at start"
+    )
 
 
 def pipeline_line(p: dict[str, Any]) -> str:
