@@ -36,6 +36,8 @@ from operator import add
 from statistics import median
 from typing import Any, NamedTuple
 
+import msgspec
+
 from profd.daemon.clients.registry import Client
 from profd.watch.snapshot import RankSeries
 from profd.watch.stats import weighted_quantile
@@ -243,10 +245,14 @@ class _Identity(NamedTuple):
     pid: int
 
 
-class _Window(NamedTuple):
+class _Window(msgspec.Struct, frozen=True, gc=False):
     """An interval of ``top``'s window, with the rank's running totals as of its end.
 
     A window's sums are the newest totals less those of the entry before its first interval.
+    Outside the cyclic collector (``gc=False``): a minute of them per rank is most of what
+    the daemon keeps at 1,024 ranks (63,000 objects), and as tracked tuples each full pass of
+    the collector walked them all, ~30 ms on the loop every 20-30 s (the ``ps`` round trip's
+    p99). They cannot be part of a cycle: floats, ints and a dict of str to float.
     """
 
     end: float  # monotonic
