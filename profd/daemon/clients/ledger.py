@@ -155,8 +155,11 @@ class _Minute:
     start: int
     steps: int = 0
     sum_s: float = 0.0
-    p50s: list[tuple[float, float]] = field(default_factory=list)
-    p90s: list[tuple[float, float]] = field(default_factory=list)
+    # Each interval's p50 and p90 and the steps they cover, in arrays rather than lists of
+    # pairs: a minute of them per rank is numbers the garbage collector need not walk.
+    p50s: array[float] = field(default_factory=lambda: array("d"))
+    p90s: array[float] = field(default_factory=lambda: array("d"))
+    weights: array[float] = field(default_factory=lambda: array("d"))
     max_s: float = 0.0
     regions: dict[str, float] = field(default_factory=dict)
 
@@ -220,8 +223,9 @@ class Ledger:
         self.wait_held = (0.0, 0)
         #: The entry before the oldest interval held (the last one dropped).
         self.window_base = _NO_WINDOW
-        self.window_p50: list[float] = []
-        self.window_p99: list[float] = []
+        # Sorted arrays, not lists: numbers the garbage collector need not walk.
+        self.window_p50: array[float] = array("d")
+        self.window_p99: array[float] = array("d")
         self.last_step = step
         self.epoch: int | None = None
         self.timed = False  # a ledger arrived: its figures are the client's own
@@ -279,13 +283,13 @@ class _Held(NamedTuple):
 _FOLDED, _COALESCED = 1, 2
 
 
-def _nth_without(values: list[float], i: int, gone: list[float]) -> float:
+def _nth_without(values: array[float], i: int, gone: list[float]) -> float:
     """The ``i``-th of sorted ``values`` once ``gone`` (some of them) are taken out."""
     if not gone:
         return values[i]
     if len(gone) == 1:  # the usual stale head: one heartbeat just out of the window
         return values[i] if i < bisect_left(values, gone[0]) else values[i + 1]
-    rest = values.copy()
+    rest = values[:]
     for v in gone:
         del rest[bisect_left(rest, v)]
     return rest[i]
@@ -452,8 +456,9 @@ class Ledgers:
         self._interval(led, now, n, total, p50, p90, p99, top)
         m.steps += n
         m.sum_s += total
-        m.p50s.append((p50, n))
-        m.p90s.append((p90, n))
+        m.p50s.append(p50)
+        m.p90s.append(p90)
+        m.weights.append(n)
         m.max_s = max(m.max_s, top)
 
     def _interval(
@@ -578,8 +583,8 @@ class Ledgers:
         """End the rank's current minute: keep it in memory and queue it for the index."""
         m = led.minute
         if m.steps > 0:
-            p50 = weighted_quantile(m.p50s, 0.5)
-            p90 = weighted_quantile(m.p90s, 0.9)
+            p50 = weighted_quantile(zip(m.p50s, m.weights, strict=True), 0.5)
+            p90 = weighted_quantile(zip(m.p90s, m.weights, strict=True), 0.9)
             host, job, role, rank, pid = led.identity
             self._pending.append(
                 MinuteSummary(
