@@ -25,7 +25,12 @@ The catalog is a PostgreSQL server this script starts in a temporary directory (
 ``pg_ctl`` on ``PATH``; as root, ``--pg-user`` names the user it runs as, who must exist), or
 SQLite with ``--sqlite`` (the embedded case); Delta Lake needs none (its log's next entry is
 created only if absent, a rename on local disk). Data and metadata files go to local disk: an
-upper bound on what S3 would allow, where every metadata read and write is a request.
+upper bound on what S3 would allow, where every metadata read and write is a request. With
+``--s3 MOTO_SERVER`` (Delta only) the table lives in a moto S3 server the script starts, each
+log entry created by a conditional PUT (``If-None-Match: *``, delta-rs' ``aws_conditional_put
+= etag``, no lock table), and the rows read back are checked against the commits made::
+
+    /tmp/ice/bin/python bench/bench_table_commits.py --format delta --s3 .venv/bin/moto_server
 """
 
 from __future__ import annotations
@@ -184,7 +189,7 @@ def one_run(uri: str, warehouse: str, writers: int, seconds: float) -> dict[str,
     }
 
 
-def delta_writer(i: int, path: str, seconds: float, q: Any) -> None:
+def delta_writer(i: int, path: str, store: dict[str, str] | None, seconds: float, q: Any) -> None:
     from deltalake import write_deltalake
 
     ok = gave_up = 0
@@ -193,7 +198,10 @@ def delta_writer(i: int, path: str, seconds: float, q: Any) -> None:
     while time.time() < end:
         t0 = time.perf_counter()
         try:
-            write_deltalake(path, _delta_rows(f"node{i}"), mode="append", partition_by=["date"])
+            write_deltalake(
+                path, _delta_rows(f"node{i}"), mode="append", partition_by=["date"],
+                storage_options=store,
+            )  # fmt: skip
         except Exception:  # lost the race more times than delta-rs retries: counted
             gave_up += 1
             continue
@@ -207,26 +215,41 @@ def _delta_rows(node: str) -> pa.Table:
     return t.set_column(4, "date", pa.array([DAY.isoformat()] * t.num_rows))
 
 
-def delta_run(root: Path, writers: int, seconds: float) -> dict[str, Any]:
+def delta_run(
+    root: Path, writers: int, seconds: float, s3: tuple[str, dict[str, str]] | None = None
+) -> dict[str, Any]:
+    """One run of Delta Lake commits: on local disk, or with ``s3`` (a bucket URL and the
+    storage options that reach it) in an S3-compatible store, where each commit is created
+    only if absent by a conditional PUT (``If-None-Match``)."""
     from deltalake import DeltaTable, write_deltalake
 
-    path = str(root / f"delta{writers}")
-    write_deltalake(path, _delta_rows("first"), mode="append", partition_by=["date"])
-    runs = _writers(delta_writer, (path,), writers, seconds, "gave_up")
-    dt = DeltaTable(path)
+    path, store = str(root / f"delta{writers}"), None
+    if s3 is not None:
+        path, store = f"{s3[0]}/delta{writers}", s3[1]
+    write_deltalake(
+        path, _delta_rows("first"), mode="append", partition_by=["date"], storage_options=store
+    )
+    runs = _writers(delta_writer, (path, store), writers, seconds, "gave_up")
+    dt = DeltaTable(path, storage_options=store)
     files = len(dt.file_uris())
+    # Every commit a writer was told succeeded holds its 8 rows, none twice: a store whose
+    # conditional PUT let two writers take one log entry would lose one of them here.
+    rows_read = dt.to_pyarrow_table().num_rows
     node0 = [("node", "=", "node0")]
     c0 = time.perf_counter()
     before = dt.to_pyarrow_table(filters=node0)
     write_deltalake(
-        path, before, mode="overwrite", predicate="node = 'node0'", partition_by=["date"]
-    )
+        path, before, mode="overwrite", predicate="node = 'node0'", partition_by=["date"],
+        storage_options=store,
+    )  # fmt: skip
     compact_s = time.perf_counter() - c0
-    dt = DeltaTable(path)
+    dt = DeltaTable(path, storage_options=store)
     after = dt.to_pyarrow_table(filters=node0)
     return {
         "format": "delta",
+        "store": "s3" if s3 is not None else "local",
         **runs,
+        "rows_committed_read": [8 * (runs["commits"] + 1), rows_read],
         "log_entries": dt.version(),
         "data_files": files,
         "compaction_commit_s": round(compact_s, 3),
@@ -258,6 +281,33 @@ def postgres(root: Path, user: str | None, port: int) -> str:
     return f"postgresql+psycopg2://fleet@127.0.0.1:{port}/fleet"
 
 
+def moto_store(
+    server: str, port: int
+) -> tuple[subprocess.Popen[bytes], tuple[str, dict[str, str]]]:
+    """A moto S3 server on 127.0.0.1:``port`` with one bucket; the bucket's URL and the
+    delta-rs storage options that reach it (conditional PUT for the log: ``etag``)."""
+    from pyarrow import fs
+
+    proc = subprocess.Popen([server, "-p", str(port)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)  # fmt: skip
+    endpoint = f"127.0.0.1:{port}"
+    s3fs = fs.S3FileSystem(access_key="bench", secret_key="bench", endpoint_override=endpoint,
+                           scheme="http", region="us-east-1",
+                           allow_bucket_creation=True)  # fmt: skip
+    for _ in range(100):
+        try:
+            s3fs.create_dir("tables")
+            break
+        except OSError:  # not listening yet
+            time.sleep(0.1)
+    store = {
+        "AWS_ENDPOINT_URL": f"http://{endpoint}", "AWS_ACCESS_KEY_ID": "bench",
+        "AWS_SECRET_ACCESS_KEY": "bench", "AWS_REGION": "us-east-1", "AWS_ALLOW_HTTP": "true",
+        "aws_conditional_put": "etag",
+    }  # fmt: skip
+    return proc, ("s3://tables", store)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.strip().splitlines()[0])
     ap.add_argument("--writers", default="1,4,8", help="writer processes, one run each")
@@ -267,14 +317,26 @@ def main() -> None:
     ap.add_argument("--pg-user", default=None, help="run PostgreSQL as this user (as root)")
     ap.add_argument("--port", type=int, default=55433)
     ap.add_argument("--out", default="bench/results")
+    ap.add_argument(
+        "--s3",
+        metavar="MOTO_SERVER",
+        help="Delta only: the table in a moto S3 server this script starts from this"
+        " executable (e.g. the repository's .venv/bin/moto_server)",
+    )
     args = ap.parse_args()
+    if args.s3 and args.format != "delta":
+        ap.error("--s3 is for --format delta")
     iceberg = args.format == "iceberg"
     if iceberg and os.geteuid() == 0 and not args.sqlite and not args.pg_user:
         ap.error("PostgreSQL will not run as root: name a user with --pg-user, or use --sqlite")
     root = Path(tempfile.mkdtemp(prefix="profd-iceberg-"))
     root.chmod(0o755)
     runs = []
+    moto = None
     try:
+        s3 = None
+        if args.s3:
+            moto, s3 = moto_store(args.s3, args.port + 1)
         uri = f"sqlite:///{root}/catalog.db"
         if iceberg and not args.sqlite:
             (root / "pg").mkdir()
@@ -285,9 +347,12 @@ def main() -> None:
                 warehouse.mkdir()
                 runs.append(one_run(uri, f"file://{warehouse}", w, args.seconds))
             else:
-                runs.append(delta_run(root, w, args.seconds))
+                runs.append(delta_run(root, w, args.seconds, s3))
             print(json.dumps(runs[-1]), flush=True)
     finally:
+        if moto is not None:
+            moto.terminate()
+            moto.wait()
         if iceberg and not args.sqlite:
             subprocess.run(
                 ["su", args.pg_user, "-c", f"pg_ctl -D {root}/pg/data stop -m fast >/dev/null"]
@@ -299,7 +364,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     catalog = None if not iceberg else "sqlite" if args.sqlite else "postgresql"
-    (out / f"table_commits_{args.format}.json").write_text(
+    name = f"table_commits_{args.format}{'_s3' if args.s3 else ''}.json"
+    (out / name).write_text(
         json.dumps({"format": args.format, "catalog": catalog, "runs": runs}, indent=1)
     )
 
