@@ -21,8 +21,9 @@ again as soon as every rank has captured them, and when the session is done asks
 Two compute-bound ranks share the two cores with whatever else runs there, and the scheduler
 can hold one of them back for a whole capture: it then is the straggler, made by the machine,
 and the report is right to name it. An even job may name a rank only where the kernel's count
-of each rank's wait for a CPU (``/proc/PID/task/TID/schedstat``), logged by the job after
-every step and read over exactly the captured steps, shows that rank held back.
+of its training thread's time on a CPU or waiting for one (``/proc/self/task/TID/schedstat``),
+logged by the job after every step and read over exactly the captured steps, shows that rank
+spending more of each step on its work than its peers.
 
 Every case repeats ``ROUNDS`` times (env ``STRAGGLER_JOB_ROUNDS``, default 1) on fresh
 captures, as the rule must hold on each one, not on the average. On a loaded 2-core machine
@@ -150,18 +151,18 @@ def steps_on(d: Daemon, job: str, ranks: int, n: int) -> None:
     wait_for(moved, WAIT, f"{job} {n} steps on", every=0.1)
 
 
-def queue_waits(run: Run, job: str, steps: list[int]) -> dict[int, float]:
-    """Per rank, how long it waited for a CPU per step over exactly ``steps`` (ms): the
-    kernel's count as the job logged it after every step (paced.py, WAITS_DIR); ranks that
-    have not logged both ends of the steps are left out."""
+def runnable_ms(run: Run, job: str, steps: list[int]) -> dict[int, float]:
+    """Per rank, how long its training thread ran on a CPU or waited for one, per step over
+    exactly ``steps`` (ms): the kernel's counts as the job logged them after every step
+    (paced.py, WAITS_DIR); ranks that have not logged both ends of the steps are left out."""
     first, last = min(steps), max(steps)
     out: dict[int, float] = {}
     for log in (run.root / f"waits-{job}").glob("r*.tsv"):
         at: dict[int, int] = {}
         for line in log.read_text().splitlines():
-            step, _, ns = line.partition(" ")
-            if ns.strip().isdigit():
-                at[int(step)] = int(ns)  # the last line for a step count is its end
+            fields = line.split()
+            if len(fields) == 3 and all(f.isdigit() for f in fields):
+                at[int(fields[0])] = int(fields[1]) + int(fields[2])  # a step's last line
         # Step s runs while profd's count is s - 1 and ends with the count at s.
         if first - 1 in at and last in at:
             out[int(log.stem[1:])] = (at[last] - at[first - 1]) / 1e6 / (last - first + 1)
@@ -192,7 +193,7 @@ def capture_and_report(run: Run, case: Case, k: int) -> dict[str, Any]:
     if case.mode == EVEN:
         run.even_step_ms[case.ranks] = median(x["step_ms"] for x in doc["ranks"])
     if doc["steps"]:
-        doc["queue_wait_ms"] = queue_waits(run, case.job_name, doc["steps"])
+        doc["runnable_ms"] = runnable_ms(run, case.job_name, doc["steps"])
     return doc
 
 
@@ -241,17 +242,22 @@ def table(doc: dict[str, Any]) -> str:
 def assert_held_back_by_the_machine(case: Case, doc: dict[str, Any]) -> None:
     """An even job's rank is named only where the machine made it a straggler.
 
-    Compute-bound ranks share two cores with whatever else runs there, and the scheduler can
-    hold one of them back for a whole capture: that rank then really is the one the others
-    wait for, and the report is right to name it. The kernel's own count of each rank's wait
-    for a CPU must then show the named rank waiting more per step than its peers, by at least
-    half of its lead.
+    Compute-bound ranks share two cores with whatever else runs there (the daemon taking in
+    the traces, the other ranks), and one of them can be slower for a whole capture: held
+    in the run queue, or running slower on a core it shares. That rank then really is the
+    one the others wait for, and the report is right to name it. The kernel's own count of
+    the named rank's training thread, on a CPU or waiting for one (not asleep, not blocked
+    in a collective), must then be more per step than its peers', by at least half of the
+    report's lead: time the rank spent on its step's work, which a rank that only happened
+    to arrive last by chance would not show.
     """
-    waits = doc["queue_wait_ms"]
-    assert sorted(waits) == list(range(case.ranks)), f"{case.name}: CPU waits logged {waits}"
+    busy = doc["runnable_ms"]
+    assert sorted(busy) == list(range(case.ranks)), f"{case.name}: runnable time logged {busy}"
     for s in doc["stragglers"]:
-        held = waits[s["rank"]] - median(w for r, w in waits.items() if r != s["rank"])
-        assert held >= s["lead_ms"] / 2, f"{case.name}: {table(doc)}\nCPU wait per step: {waits}"
+        held = busy[s["rank"]] - median(w for r, w in busy.items() if r != s["rank"])
+        assert held >= s["lead_ms"] / 2, (
+            f"{case.name}: {table(doc)}\nrunnable (on a CPU or waiting for one) per step: {busy}"
+        )
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

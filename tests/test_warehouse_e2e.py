@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,21 @@ def indexed_minutes(d: Daemon) -> int:
         db.close()
 
 
+def settled_minutes(d: Daemon, quiet_s: float = 3.0) -> int:
+    """:func:`indexed_minutes` once it is at least 2 and has not changed for ``quiet_s``
+    (several of the daemon's ticks, which write the minutes that closed)."""
+    seen = [-1, time.monotonic()]
+
+    def settled() -> int | None:
+        n = indexed_minutes(d)
+        if n != seen[0]:
+            seen[:] = [n, time.monotonic()]
+            return None
+        return n if n >= 2 and time.monotonic() - seen[1] >= quiet_s else None
+
+    return int(wait_for(settled, WAIT, "the node's minutes to be indexed", every=0.5))
+
+
 def exported(srv: MotoServer, table: str, node: str) -> list[str]:
     return [k for k in srv.objects(f"warehouse/{table}/") if f"/{node}~" in k]
 
@@ -115,11 +131,9 @@ def test_two_nodes_one_warehouse(
         p.bye()
     wait_for(lambda: not d1.polled_ps() and not d2.polled_ps(), WAIT, "every rank detached")
     # At least one minute of each of a node's two ranks (two each if the run crossed a
-    # minute); a detached rank's minute may be indexed a moment after ps stops listing it.
-    n1, n2 = (
-        wait_for(lambda d=d: (n := indexed_minutes(d)) >= 2 and n, WAIT, "minutes")
-        for d in (d1, d2)
-    )
+    # minute); a detached rank's minute may be indexed a moment after ps stops listing it,
+    # and a minute closed at the boundary with the next tick: the count is read once settled.
+    n1, n2 = (settled_minutes(d) for d in (d1, d2))
     wait_for(lambda: d1.ctl_json("status")["warehouse"]["pending_partitions"] == 0, WAIT, "n1")
 
     # n2 without --warehouse: n1's objects, and n2's rows from its daemon, each once.

@@ -30,12 +30,23 @@ WAIT = 30.0
 FAST = "[warehouse]\nflush_every = 0.5\n"
 
 
-def feed(d: Daemon, ranks: int = 3, incident: str | None = "inc-1", **doc: Any) -> None:
+def last_minute() -> int:
+    return int(time.time()) // 60 * 60 - 60
+
+
+def feed(
+    d: Daemon,
+    ranks: int = 3,
+    incident: str | None = "inc-1",
+    minute: int | None = None,
+    **doc: Any,
+) -> None:
     """One minute of ``ranks`` ranks of job ``wj`` and an incident, written as the loop
-    writes them (the same repositories, so the same triggers)."""
+    writes them (the same repositories, so the same triggers). ``minute``: the minute before
+    now, unless named (two feeds that must land in one minute name it)."""
     db = Database(d.state_dir / "index.db")
     try:
-        minute = int(time.time()) // 60 * 60 - 60
+        minute = last_minute() if minute is None else minute
         StepMinuteRepo(db).add_step_minutes(
             [
                 {"job": "wj", "host": "h", "role": "trainer", "rank": r, "pid": 100 + r,
@@ -170,7 +181,8 @@ def test_an_s3_outage_loses_and_duplicates_nothing(
     d = daemon_factory(config=FAST, PROFD_S3_URL=f"s3://{BUCKET}/pfx", **moto_server.env())
     prefix = "pfx/warehouse/"
     assert status(d)["url"] == f"s3://{BUCKET}/{prefix}"
-    feed(d)
+    minute = last_minute()  # both feeds' minute, however long the outage takes to notice
+    feed(d, minute=minute)
 
     def read(t: str) -> pa.Table:
         return s3_rows(moto_server, prefix, t)
@@ -178,7 +190,7 @@ def test_an_s3_outage_loses_and_duplicates_nothing(
     wait_for(lambda: has_rows(read, "incidents", 1), WAIT, "the incident in S3")
     wait_for(lambda: has_rows(read, "rank_minutes", 3), WAIT, "the rank minutes in S3")
     moto_server.stop()
-    feed(d, ranks=3, incident="inc-2")  # ranks 0-2 again: the minute merges them
+    feed(d, ranks=3, incident="inc-2", minute=minute)  # ranks 0-2 again: the minute merges them
     wait_for(lambda: status(d)["failing"], WAIT, "the export to notice the outage")
     assert status(d)["pending_partitions"] >= 1 and status(d)["last_error"]
     moto_server.start()  # empty again: only what the index still marks comes back

@@ -23,14 +23,15 @@ What the job does can change while it runs: each step reads MODE_FILE, whose tex
 job can rest on long steps that cost next to no CPU and still take up a new mode at once).
 Env: MODE_FILE, STEPS (default 100000), WIDTH (0: the tiny model of two layers of 32; else
 three layers of WIDTH, a bucket each), BATCH (16), WAITS_DIR (where each rank appends, after
-every step, ``step wait_ns``: profd's step count and how long all of its threads have waited
-for a CPU so far, from the kernel's scheduler statistics; a test reads them over exactly the
-steps a capture took).
+every step, ``step on_cpu_ns wait_ns``: profd's step count and how long the training thread
+has run on a CPU and waited for one so far, from the kernel's scheduler statistics; a test
+reads them over exactly the steps a capture took).
 """
 
 import os
 import random
 import statistics
+import threading
 import time
 
 import torch
@@ -68,20 +69,18 @@ own_steps: list[float] = []  # this rank's recent steps without its nap, s
 waits_dir = os.environ.get("WAITS_DIR")
 # Open for the job's life, line-buffered: a line a step, each readable as soon as written.
 waits_log = open(os.path.join(waits_dir, f"r{rank}.tsv"), "a", buffering=1) if waits_dir else None  # noqa: SIM115
+#: The training thread's scheduler statistics (this thread runs every step).
+schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
 
 
 def log_wait() -> None:
-    """Append profd's step count and this process's wait for a CPU so far (ns)."""
+    """Append profd's step count and the training thread's time on a CPU and waiting for
+    one so far (ns), as the kernel counts them."""
     if waits_log is None:
         return
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as fh:
-                total += int(fh.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            pass  # a thread that ended in between
-    waits_log.write(f"{profd_client.current_step()} {total}\n")
+    with open(schedstat) as fh:
+        on_cpu, waited = fh.read().split()[:2]
+    waits_log.write(f"{profd_client.current_step()} {on_cpu} {waited}\n")
 
 
 def mode_text() -> str | None:
