@@ -25,6 +25,9 @@ from profd.watch.stackgroups import waits_for_peers
 LOOK_BACK = 256
 #: Steps a rolling median spans when looking for where the step time changed.
 ROLLING = 8
+#: Steps from a change's first step that must mostly be slow too: a burst shorter than half
+#: of it is not where the step time changed.
+SUSTAINED = 4 * ROLLING
 #: Ranks an incident's evidence keeps (the slowest first); the trace has them all.
 KEEP_RANKS = 16
 
@@ -69,7 +72,8 @@ def _rank(box: dict[str, Any], step: int | None) -> dict[str, Any] | None:
 
 def change_step(box: dict[str, Any], ratio: float) -> dict[str, Any] | None:
     """The first step from which the rolling median of ``box``'s step times stays above its
-    first quarter's median by half of ``ratio``'s rise; None when it never does."""
+    first quarter's median by half of ``ratio``'s rise (the median of the next
+    :data:`SUSTAINED` steps above it too); None when it never does."""
     steps = steps_of(box)
     times = [e - b for _, b, e in steps]
     if len(times) < 4 * ROLLING:
@@ -77,7 +81,13 @@ def change_step(box: dict[str, Any], ratio: float) -> dict[str, Any] | None:
     before = statistics.median(times[: len(times) // 4])
     bar = before * (1.0 + max(0.05, (ratio - 1.0) / 2.0))
     for i in range(len(times) // 4, len(times) - ROLLING + 1):
-        if statistics.median(times[i : i + ROLLING]) > bar:
+        # Stays above: the steps of a longer span from here are mostly slow too. A burst
+        # of slow steps (a neighbour's work on a shared machine) crosses the bar and falls
+        # back; taking it would put the onset hundreds of steps before the real one.
+        if (
+            statistics.median(times[i : i + ROLLING]) > bar
+            and statistics.median(times[i : i + SUSTAINED]) > bar
+        ):
             after = statistics.median(times[i:])
             return {
                 "step": steps[i][0],
