@@ -404,7 +404,9 @@ def story(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Story]:
     try:
         d = daemons.make(config=s3_config(), **srv.env())
         jobs.start("train.py", nproc=2, daemon=d, STEPS=LONG_JOB_STEPS)
-        attached(d, 2, pids)
+        # Ten steps in: each rank's rate is measured, so the plan's first step leaves room
+        # for a loaded machine (at step 1 a rank once passed it before its arm arrived).
+        attached(d, 2, pids, min_step=10)
         sids = []
         for _ in range(2):
             sids.append(capture(d)["session"])
