@@ -73,14 +73,17 @@ def _rank(box: dict[str, Any], step: int | None) -> dict[str, Any] | None:
 def change_step(box: dict[str, Any], ratio: float) -> dict[str, Any] | None:
     """The first step from which the rolling median of ``box``'s step times stays above its
     first quarter's median by half of ``ratio``'s rise (the median of the next
-    :data:`SUSTAINED` steps above it too); None when it never does."""
+    :data:`SUSTAINED` steps above it too, all of them in the box); None when it never
+    does."""
     steps = steps_of(box)
     times = [e - b for _, b, e in steps]
-    if len(times) < 4 * ROLLING:
+    if len(times) < 4 * SUSTAINED // 3:
         return None
     before = statistics.median(times[: len(times) // 4])
     bar = before * (1.0 + max(0.05, (ratio - 1.0) / 2.0))
-    for i in range(len(times) // 4, len(times) - ROLLING + 1):
+    # Only where a whole SUSTAINED span follows: a burst in the box's last steps would
+    # otherwise be all of a short span (a regression is reported long after its onset).
+    for i in range(len(times) // 4, len(times) - SUSTAINED + 1):
         # Stays above: the steps of a longer span from here are mostly slow too. A burst
         # of slow steps (a neighbour's work on a shared machine) crosses the bar and falls
         # back; taking it would put the onset hundreds of steps before the real one.
@@ -112,8 +115,13 @@ def onset(
             ]
     if kind == "regression":
         changes = [c for c in (change_step(b, ratio) for b in boxes) if c is not None]
-        if changes:
-            out["change"] = min(changes, key=lambda c: c["step"])
+        # A regression slows every rank of the job: a change seen by fewer than half of the
+        # boxes is those ranks' own noise, and of the ranks that see it the median onset
+        # is the job's (the earliest one is whichever rank had a burst just before it; of
+        # two, the later: a burst makes a rank's onset early, nothing makes it late).
+        if changes and 2 * len(changes) >= len(boxes):
+            changes.sort(key=lambda c: c["step"])
+            out["change"] = changes[len(changes) // 2]
     out["paragraph"] = paragraph(out)
     out["ranks_held"] = len(ranks)
     out["ranks"] = sorted(ranks, key=lambda r: -r["seconds"])[:KEEP_RANKS]

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from profd.blackbox.onset import ROLLING, change_step
+from profd.blackbox.onset import ROLLING, change_step, onset
 
 
 def box(times: list[float], step0: int = 100) -> dict[str, Any]:
@@ -51,3 +51,50 @@ def test_a_change_to_the_end_of_the_box_is_found() -> None:
     times = jittery(200, 40, rng) + jittery(40, 60, rng)
     c = change_step(box(times, step0=0), ratio=1.5)
     assert c is not None and abs(c["step"] - 201) <= ROLLING, c
+
+
+# --- the job's onset over every rank's box (``onset``), from 2 to 8,192 ranks ---------------
+
+
+def full_box(times: list[float]) -> dict[str, Any]:
+    return {**box(times, step0=0), "records": [], "regions": [], "samples": [], "frames": [],
+            "stacks": [], "collectives": []}  # fmt: skip
+
+
+def noisy_rank(rng: random.Random, n: int, change_at: int | None = None) -> list[float]:
+    """40 ms steps ±10 %, one step in 20 1.5-3x slower (a heavy tail), one burst of 10
+    steps at 2x somewhere after the first quarter; from ``change_at`` on, 1.5x slower."""
+    out = []
+    for i in range(n):
+        t = 0.040 * (1 + rng.uniform(-0.1, 0.1))
+        if rng.random() < 0.05:
+            t *= rng.uniform(1.5, 3.0)
+        if change_at is not None and i >= change_at:
+            t *= 1.5
+        out.append(t)
+    b = rng.randrange(n // 4, n - 10)
+    out[b : b + 10] = [t * 2 for t in out[b : b + 10]]
+    return out
+
+
+#: (ranks, trials): the false-alarm rate is counted over the trials' boxes.
+SCALES = [(2, 30), (8, 30), (64, 10), (1024, 2), (8192, 1)]
+
+
+@pytest.mark.parametrize(("ranks", "trials"), SCALES, ids=[f"{r}-ranks" for r, _ in SCALES])
+def test_steady_heavy_tailed_ranks_with_bursts_never_show_a_change(ranks: int, trials: int) -> None:
+    rng = random.Random(ranks)
+    seen = [onset([full_box(noisy_rank(rng, 256)) for _ in range(ranks)], 255, "regression", 1.5)
+            for _ in range(trials)]  # fmt: skip
+    alarms = sum("change" in doc for doc in seen)
+    assert alarms == 0, f"{alarms} false changes in {trials} trials of {ranks} ranks"
+
+
+@pytest.mark.parametrize(("ranks", "trials"), SCALES, ids=[f"{r}-ranks" for r, _ in SCALES])
+def test_a_job_wide_change_is_found_within_the_rolling_window(ranks: int, trials: int) -> None:
+    rng = random.Random(ranks + 1)
+    for _ in range(trials):
+        boxes = [full_box(noisy_rank(rng, 256, change_at=160)) for _ in range(ranks)]
+        change = onset(boxes, 255, "regression", 1.5).get("change")
+        # times[160] is step 161: the first slower one.
+        assert change is not None and abs(change["step"] - 161) <= ROLLING, change
