@@ -152,20 +152,19 @@ def steps_on(d: Daemon, job: str, ranks: int, n: int) -> None:
 
 
 def runnable_ms(run: Run, job: str, steps: list[int]) -> dict[int, float]:
-    """Per rank, how long its training thread ran on a CPU or waited for one, per step over
-    exactly ``steps`` (ms): the kernel's counts as the job logged them after every step
-    (paced.py, WAITS_DIR); ranks that have not logged both ends of the steps are left out."""
-    first, last = min(steps), max(steps)
+    """Per rank, how long its training thread ran on a CPU or waited for one in a step's work,
+    per step over exactly ``steps`` (ms): the kernel's counts as the job logged them for every
+    step (paced.py, WAITS_DIR); ranks that have not logged every one of the steps are left out."""
+    want = set(steps)
     out: dict[int, float] = {}
     for log in (run.root / f"waits-{job}").glob("r*.tsv"):
-        at: dict[int, int] = {}
+        per_step: dict[int, int] = {}
         for line in log.read_text().splitlines():
             fields = line.split()
-            if len(fields) == 3 and all(f.isdigit() for f in fields):
-                at[int(fields[0])] = int(fields[1]) + int(fields[2])  # a step's last line
-        # Step s runs while profd's count is s - 1 and ends with the count at s.
-        if first - 1 in at and last in at:
-            out[int(log.stem[1:])] = (at[last] - at[first - 1]) / 1e6 / (last - first + 1)
+            if len(fields) == 2 and all(f.isdigit() for f in fields):
+                per_step[int(fields[0])] = int(fields[1])  # a step's last line
+        if want <= per_step.keys():
+            out[int(log.stem[1:])] = sum(per_step[s] for s in want) / 1e6 / len(want)
     return out
 
 

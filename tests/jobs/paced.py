@@ -22,10 +22,11 @@ What the job does can change while it runs: each step reads MODE_FILE, whose tex
 ``nap_share`` (0), ``pause`` (0; 1: the step's sleep ends as soon as MODE_FILE changes, so a
 job can rest on long steps that cost next to no CPU and still take up a new mode at once).
 Env: MODE_FILE, STEPS (default 100000), WIDTH (0: the tiny model of two layers of 32; else
-three layers of WIDTH, a bucket each), BATCH (16), WAITS_DIR (where each rank appends, after
-every step, ``step on_cpu_ns wait_ns``: profd's step count and how long the training thread
-has run on a CPU and waited for one so far, from the kernel's scheduler statistics; a test
-reads them over exactly the steps a capture took).
+three layers of WIDTH, a bucket each), BATCH (16), WAITS_DIR (where each rank appends, for
+every step, ``step runnable_ns``: the step's number as profd counts it and how long the
+training thread ran on a CPU or waited for one during the step's work, up to its optimizer
+step, from the kernel's scheduler statistics; a test reads them over exactly the steps a
+capture took).
 """
 
 import os
@@ -73,14 +74,22 @@ waits_log = open(os.path.join(waits_dir, f"r{rank}.tsv"), "a", buffering=1) if w
 schedstat = f"/proc/self/task/{threading.get_native_id()}/schedstat"
 
 
-def log_wait() -> None:
-    """Append profd's step count and the training thread's time on a CPU and waiting for
-    one so far (ns), as the kernel counts them."""
-    if waits_log is None:
-        return
+def runnable_ns() -> int:
+    """The training thread's time on a CPU and waiting for one so far (ns), as the kernel
+    counts them."""
     with open(schedstat) as fh:
         on_cpu, waited = fh.read().split()[:2]
-    waits_log.write(f"{profd_client.current_step()} {on_cpu} {waited}\n")
+    return int(on_cpu) + int(waited)
+
+
+def log_work(began: int) -> None:
+    """Append the step being run and its work's runnable time (ns), from ``began`` to now.
+
+    Called before ``opt.step()``: profd's step hook runs in it, and the hook that ends a
+    capture stops the profiler and writes the trace in this thread, which is not the step's
+    work and would count against whichever rank wrote the bigger trace."""
+    if waits_log is not None:
+        waits_log.write(f"{profd_client.current_step() + 1} {runnable_ns() - began}\n")
 
 
 def mode_text() -> str | None:
@@ -122,6 +131,7 @@ def compute_step(
     mode: dict[str, str],
     start: float,
 ) -> None:
+    began = runnable_ns()
     end = start + float(mode["base_ms"]) / 1000
     while time.perf_counter() < end:
         with ddp.no_sync():
@@ -131,10 +141,10 @@ def compute_step(
     if rank == int(mode["slow"]) and len(own_steps) >= 5:
         nap = float(mode["nap_share"]) * statistics.median(own_steps[-20:])
         time.sleep(nap)
+    log_work(began)
     opt.step()
     opt.zero_grad()
     own_steps.append(time.perf_counter() - start - nap)
-    log_wait()
 
 
 for _ in range(int(os.environ.get("STEPS", "100000"))):
@@ -143,6 +153,7 @@ for _ in range(int(os.environ.get("STEPS", "100000"))):
         compute_step(ddp, opt, mode, time.perf_counter())
         continue
     own_steps.clear()  # a compute case measures its own steps afresh
+    began = runnable_ns()
     loss = ddp(x).pow(2).mean()
     loss.backward()
     jitter = float(mode["jitter"])
@@ -157,8 +168,8 @@ for _ in range(int(os.environ.get("STEPS", "100000"))):
             time.sleep(extra)
         else:
             busy(extra)
+    log_work(began)
     opt.step()
     opt.zero_grad()
-    log_wait()
 del ddp, opt
 end_process_group()
