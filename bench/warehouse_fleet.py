@@ -48,6 +48,11 @@ class Fleet:
     end: float = field(default_factory=lambda: float(int(time.time() // 3600 * 3600 - 3600)))
     #: Nodes that show up in many incidents' suspects (the "repeat offenders").
     bad_nodes: tuple[int, ...] = (3, 17, 100)
+    #: Closed days sealed as the daemons seal them: one object per node, day and hourly
+    #: table; ``keep_hours_of``'s nodes keep their superseded hourly objects too (a seal
+    #: inside its ``sweep_after``), which every reader must leave out.
+    sealed: bool = False
+    keep_hours_of: tuple[int, ...] = ()
 
     @property
     def start(self) -> float:
@@ -83,8 +88,8 @@ def _hour_part(t: float) -> str:
     return time.strftime("%Y-%m-%d/%H", time.gmtime(t))
 
 
-def _write(root: Path, table: str, part: str, stem: str, cols: dict[str, Any]) -> int:
-    t = pa.table(cols, schema=SCHEMAS[table])
+def _write(root: Path, table: str, part: str, stem: str, cols: dict[str, Any] | pa.Table) -> int:
+    t = cols if isinstance(cols, pa.Table) else pa.table(cols, schema=SCHEMAS[table])
     path = root / object_key(table, part, stem)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
@@ -317,4 +322,30 @@ def generate(f: Fleet, root: Path) -> dict[str, Any]:
         for t in SCHEMAS
     }
     out["hourly"] = sorted(HOURLY)
+    if f.sealed:
+        t0 = time.monotonic()
+        out["sealed"] = seal(root, _day(f.end), {f.stem(i) for i in f.keep_hours_of})
+        out["sealed"]["write_s"] = round(time.monotonic() - t0, 2)
     return out
+
+
+def seal(root: Path, before: str, keep: set[str]) -> dict[str, int]:
+    """Every writer's hourly objects of every date before ``before`` made one day object
+    (``{stem}.parquet``, rows in hour order), the hourly objects deleted unless their stem is
+    in ``keep``. Day objects written per table."""
+    made: dict[str, int] = {}
+    for table in sorted(HOURLY):
+        for folder in sorted((root / table).glob("date=*")):
+            if folder.name[5:] >= before:
+                continue
+            by_stem: dict[str, list[Path]] = {}
+            for p in sorted(folder.glob("*~*~*.parquet")):
+                by_stem.setdefault(p.name.rsplit("~", 1)[0], []).append(p)
+            for stem, hours in by_stem.items():
+                day = pa.concat_tables(pq.read_table(p, schema=SCHEMAS[table]) for p in hours)
+                _write(root, table, folder.name[5:], stem, day)
+                made[table] = made.get(table, 0) + 1
+                if stem not in keep:
+                    for p in hours:
+                        p.unlink()
+    return made

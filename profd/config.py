@@ -317,6 +317,12 @@ def _blackbox(table: Mapping[str, Any]) -> BlackboxConfig:
     return BlackboxConfig(enabled, keep_steps, keep_seconds, sample_hz)
 
 
+#: The least ``[warehouse] seal_after``: a node's reader takes a closed day's unflushed rows
+#: as the whole day and an open day's hour by hour (profd/warehouse/seal.py), so a seal of a
+#: day that was open when the reader asked must not land before the reader lists the objects.
+MIN_SEAL_AFTER = 300.0
+
+
 @dataclass(frozen=True)
 class WarehouseConfig:
     """``[warehouse]``: where this daemon exports its rows as Parquet (docs/warehouse.md)."""
@@ -330,6 +336,11 @@ class WarehouseConfig:
     #: Days of date partitions kept (``rank_minutes``: ``keep_rank_days``).
     keep_days: int = 400
     keep_rank_days: int = 30
+    #: Seconds after a UTC day closes before this node seals it (one object per hourly
+    #: table for the day), and after a seal before the hourly objects it superseded are
+    #: deleted (docs/warehouse.md "Layout").
+    seal_after: float = 3600.0
+    sweep_after: float = 3600.0
 
     @property
     def is_s3(self) -> bool:
@@ -350,6 +361,12 @@ def _warehouse(table: Mapping[str, Any], s3: S3Config, state_dir: Path) -> Wareh
     for k in ("keep_days", "keep_rank_days"):
         if k in table:
             kw[k] = _number(table[k], f"warehouse.{k}", int, 1, zero_ok=True)
+    if "seal_after" in table:
+        kw["seal_after"] = _number(
+            table["seal_after"], "warehouse.seal_after", float, MIN_SEAL_AFTER, zero_ok=True
+        )
+    if "sweep_after" in table:
+        kw["sweep_after"] = _number(table["sweep_after"], "warehouse.sweep_after", float, 0, True)
     url = _opt_str(table.get("url"), "warehouse.url")
     kw["url"] = _warehouse_url(url, s3, state_dir)
     return WarehouseConfig(**kw)

@@ -258,3 +258,50 @@ def test_the_daemon_never_loads_pyarrow_export_on_or_off(
         ask_warehouse(off)
     assert not _maps_pyarrow(off.proc.pid)
     assert not (off.state_dir / "warehouse").exists()
+
+
+def test_a_closed_day_is_sealed_in_s3_swept_and_read_once(
+    daemon_factory: Callable[..., Daemon],
+    moto_server: MotoServer,  # noqa: F811
+) -> None:
+    # seal_after far beyond the 3 days ever sealed: yesterday's rows go to an hourly object.
+    d = daemon_factory(
+        config=FAST + "seal_after = 864000\n",
+        PROFD_S3_URL=f"s3://{BUCKET}/pfx",
+        **moto_server.env(),
+    )
+    url = status(d)["url"]
+    stem = status(d)["stem"]
+    minute = (int(time.time()) - 30 * 3600) // 60 * 60
+    date = time.strftime("%Y-%m-%d", time.gmtime(minute))
+    hour = time.strftime("%H", time.gmtime(minute))
+    feed(d, incident=None, minute=minute)
+
+    def keys(table: str) -> list[str]:
+        found = moto_server.objects(f"pfx/warehouse/{table}/date={date}/")
+        return sorted(k.rsplit("/", 1)[1] for k in found)
+
+    wait_for(lambda: keys("rank_minutes") == [f"{stem}~{hour}.parquet"], WAIT, "the hour")
+
+    def count(*where: str) -> int:
+        sql = "SELECT count(*) AS n FROM rank_minutes"
+        rows: list[dict[str, int]] = d.ctl_json("query", *where, sql)
+        return rows[0]["n"]
+
+    assert count() == count("--warehouse", url) == 3
+    # Sealed now, and its hourly objects deleted at once after.
+    d.stop()
+    assert d.config is not None
+    d.config.write_text(FAST + "seal_after = 300\nsweep_after = 0\n")
+    d.start()
+    wait_for(lambda: status(d)["days_swept"] >= 2, WAIT, "the day sealed and swept")
+    assert status(d)["days_sealed"] == 2  # rank_minutes, job_minutes
+    assert keys("rank_minutes") == keys("job_minutes") == [f"{stem}.parquet"]
+    day = s3_rows(moto_server, "pfx/warehouse/", "rank_minutes")
+    assert sorted(day.column("rank").to_pylist()) == [0, 1, 2]
+    assert count() == count("--warehouse", url) == 3
+    # A row of the sealed day that comes late: into the day object, and read once.
+    feed(d, ranks=4, incident=None, minute=minute)
+    wait_for(lambda: count("--warehouse", url) == 4, WAIT, "the late row in the day object")
+    assert keys("rank_minutes") == [f"{stem}.parquet"] and count() == 4
+    assert status(d)["pending_partitions"] == 0

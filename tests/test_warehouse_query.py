@@ -2,8 +2,10 @@
 disk and in moto's S3 server, each answer held against Polars reading the same objects.
 
 The warehouse is a small simulated fleet written with pyarrow and the layout functions
-(bench/warehouse_fleet.py, which the benchmark writes at full size), once for the module;
-its S3 copy is the same files uploaded under a prefix.
+(bench/warehouse_fleet.py, which the benchmark writes at full size), once for the module,
+its closed days sealed as the daemons seal them (with two nodes' superseded hourly objects
+left in place, as inside a seal's grace period); its S3 copy is the same files uploaded under
+a prefix.
 """
 
 from __future__ import annotations
@@ -32,6 +34,8 @@ PREFIX = "fleet/warehouse"
 #: The window the answers are compared over: inside the fleet's days, so some incidents,
 #: minutes and captures fall before it.
 SINCE_HOURS = 30
+#: What the fleet fixture wrote (rows per table), by its root.
+WRITTEN: dict[Path, dict[str, Any]] = {}
 
 
 @dataclass
@@ -57,8 +61,10 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Fleet]:
         captures=60,
         incidents=120,
         bad_nodes=(3,),
+        sealed=True,
+        keep_hours_of=(0, 3),
     )
-    generate(f, root)
+    WRITTEN[root] = generate(f, root)
     return root, f
 
 
@@ -162,6 +168,28 @@ def test_trend_matches_polars(where: Where) -> None:
     same(mine, theirs, pairs)
     assert [datetime.fromisoformat(r["created"]) for r in mine] == [r["created"] for r in theirs]
     assert all(r["job"].startswith("train-") for r in mine)
+
+
+def test_each_row_is_read_once_across_sealed_days(where: Where, fleet: tuple[Path, Fleet]) -> None:
+    root, f = fleet
+    out = WRITTEN[root]
+    want = {
+        **{t: out["captures"][t] for t in ("captures", "operators", "rank_steps")},
+        "job_minutes": out["job_minutes"]["rows"],
+        "rank_minutes": out["rank_minutes"]["rows"],
+    }
+    # Sealed days, with the hourly objects a seal superseded still beside some day objects.
+    assert out["sealed"]["job_minutes"] > 0
+    kept = f.stem(3)
+    both = [
+        d for d in (root / "job_minutes").glob("date=*")
+        if (d / f"{kept}.parquet").exists() and list(d.glob(f"{kept}~*.parquet"))
+    ]  # fmt: skip
+    assert both
+    sql = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t}) AS {t}" for t in want)
+    assert rows(where, "query", sql) == [want]
+    for t, n in want.items():
+        assert WP.scan(where.polars_root, t, where.storage or None).collect().height == n, t
 
 
 def test_query_from_env_with_table_and_csv(where: Where) -> None:

@@ -13,10 +13,22 @@ import polars as pl
 
 
 def scan(root: str, table: str, storage_options: dict[str, str] | None = None) -> pl.LazyFrame:
-    return pl.scan_parquet(
-        f"{root.rstrip('/')}/{table}/**/*.parquet",
-        hive_partitioning=True,
-        storage_options=storage_options,
+    """A table's rows, each once: a writer's hourly objects of a date are left out where
+    that writer has a day object there (it sealed the day), told by the objects' names."""
+    name = pl.col("_path").str.extract(r"([^/]+)\.parquet$")
+    hourly = pl.col("_hourly")
+    return (
+        pl.scan_parquet(
+            f"{root.rstrip('/')}/{table}/**/*.parquet",
+            hive_partitioning=True,
+            storage_options=storage_options,
+            include_file_paths="_path",
+        )
+        .with_columns(
+            _writer=name.str.extract(r"^([^~]*~[^~]*)"), _hourly=name.str.count_matches("~") == 2
+        )
+        .filter(~hourly | ~(~hourly).any().over(["date", "_writer"]))
+        .drop("_path", "_writer", "_hourly")
     )
 
 

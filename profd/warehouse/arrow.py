@@ -59,3 +59,39 @@ def parquet_bytes(table: pa.Table) -> bytes:
     buf = io.BytesIO()
     pq.write_table(table, buf, compression="zstd")
     return buf.getvalue()
+
+
+class DayWriter:
+    """One Parquet file written a part at a time (a day object, hour by hour), so that only
+    the rows of the part being added and the compressed file are held in memory; rows are
+    gathered into row groups of at least :data:`ROW_GROUP` rows (all of them if fewer)."""
+
+    ROW_GROUP = 65536
+
+    def __init__(self, table: str) -> None:
+        self.out = pa.BufferOutputStream()
+        self.writer = pq.ParquetWriter(self.out, SCHEMAS[table], compression="zstd")
+        self.pending: list[pa.Table] = []
+        self.held = 0
+        self.rows = 0
+
+    def add(self, rows: pa.Table) -> None:
+        if not rows.num_rows:
+            return
+        self.pending.append(rows)
+        self.held += rows.num_rows
+        self.rows += rows.num_rows
+        if self.held >= self.ROW_GROUP:
+            self._write()
+
+    def _write(self) -> None:
+        if self.pending:
+            self.writer.write_table(pa.concat_tables(self.pending), row_group_size=self.held)
+            self.pending, self.held = [], 0
+
+    def finish(self) -> bytes:
+        """The whole file (a file with no rows, if none were added)."""
+        self._write()
+        self.writer.close()
+        data: bytes = self.out.getvalue().to_pybytes()
+        return data

@@ -48,7 +48,7 @@ def part_range(table: str, part: str) -> tuple[float, float]:
     check_part(table, part)
     date, _, hour = part.partition("/")
     start = datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=UTC).timestamp()
-    if table in HOURLY:
+    if table in HOURLY and hour:
         start += int(hour) * 3600
         return start, start + 3600.0
     return start, start + 86400.0

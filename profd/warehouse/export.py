@@ -45,6 +45,7 @@ from profd.store import s3
 from profd.store.index import Database, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
 from profd.warehouse.instance import instance_id
+from profd.warehouse.seal import Seals, overlay_part
 from profd.warehouse.sink import Sink, make_sink
 from profd.warehouse.tables import RANK_DAYS, TABLES, cutoff_date, expired, writer_stem
 
@@ -71,6 +72,7 @@ class Exporter:
         self.flush_every = wh.flush_every
         self.keep_days = wh.keep_days
         self.keep_rank_days = wh.keep_rank_days
+        self.seals = Seals(wh.seal_after, wh.sweep_after)
         self.node = cfg.node_name
         self.instance = instance_id(cfg.state_dir)
         self.stem = writer_stem(self.node, self.instance)
@@ -96,6 +98,8 @@ class Exporter:
         self._last_error_at: float | None = None
         self._retention_due = 0.0
         self._deleted = 0
+        self._sealed = 0
+        self._swept = 0
 
     # --- lifecycle (event loop) ----------------------------------------------------------------
     def start(self) -> None:
@@ -149,6 +153,8 @@ class Exporter:
                 "last_error": self._last_error,
                 "last_error_at": self._last_error_at,
                 "retention_deleted": self._deleted,
+                "days_sealed": self._sealed,
+                "days_swept": self._swept,
             }
 
     # --- the worker ---------------------------------------------------------------------------
@@ -182,9 +188,12 @@ class Exporter:
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):
                     repo.drop(mark.table, mark.part)
-            if repo.pending() and not self._stopping.is_set():
+            if (repo.pending() or self._seals_due(repo, now)) and not self._stopping.is_set():
                 res, child_cpu = self._flush_process(repo.db_path, now)
                 objects, rows, nbytes = int(res["objects"]), int(res["rows"]), int(res["bytes"])
+                with self._lock:
+                    self._sealed += int(res.get("sealed", 0))
+                    self._swept += int(res.get("swept", 0))
                 if res["error"]:
                     raise FlushFailed(str(res["error"]))
             pending = repo.pending()
@@ -198,6 +207,15 @@ class Exporter:
         self._flushed(now, cpu, objects, rows, nbytes, pending, error)
         return error is None
 
+    def _seals_due(self, repo: WarehouseQueueRepo, now: float) -> bool:
+        """A closed day to seal, or a sealed day's hourly objects to delete."""
+        if repo.unswept(now - self.seals.sweep_after):
+            return True
+        return any(
+            self.seals.sealable(date, now) and not self._expired(table, date, now)
+            for table, date in repo.unsealed_days()
+        )
+
     def _flush_process(self, index: Path, now: float) -> tuple[dict[str, Any], float]:
         """Run :mod:`profd.warehouse.flush` on the marks there are: its result (the
         objects, rows and bytes it wrote, and its error or None) and the CPU seconds it
@@ -210,6 +228,8 @@ class Exporter:
             "stem": self.stem,
             "keep_days": self.keep_days,
             "keep_rank_days": self.keep_rank_days,
+            "seal_after": self.seals.seal_after,
+            "sweep_after": self.seals.sweep_after,
             "now": now,
             "daemon_pid": os.getpid(),
         }
@@ -313,20 +333,27 @@ class Exporter:
     # --- unflushed rows, for readers on this node (event loop) --------------------------------
     def overlays(self, repo: WarehouseQueueRepo, job: str | None = None) -> list[dict[str, Any]]:
         """Each dirty partition's rows as its object will hold them (a list per column), for
-        a reader to use in place of that object; ``repo`` is the caller's connection."""
+        a reader to use in place of that object; a closed day of an hourly table as the
+        whole day (:func:`profd.warehouse.seal.overlay_part`). ``repo`` is the caller's
+        connection."""
         out: list[dict[str, Any]] = []
         now = self.clock()
+        seen: set[tuple[str, str]] = set()
         with repo.snapshot():
             src = Source(repo, self.node, job)
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):
                     continue
+                part = overlay_part(mark.table, mark.part, now)
+                if (mark.table, part) in seen:
+                    continue
+                seen.add((mark.table, part))
                 out.append(
                     {
                         "table": mark.table,
-                        "part": mark.part,
+                        "part": part,
                         "stem": self.stem,
-                        "columns": build(mark.table, mark.part, src),
+                        "columns": build(mark.table, part, src),
                     }
                 )
         return out

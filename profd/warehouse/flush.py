@@ -1,9 +1,10 @@
 """The export's flush process: ``python -m profd.warehouse.flush``, started by the daemon's
 export thread (:mod:`profd.warehouse.export`) when partitions are dirty. It reads its job
 (JSON, one object) on stdin, writes every dirty partition's object, unmarks each one written
-(unless marked again meanwhile), and prints its result (JSON, one line) on stdout:
-``{"objects", "rows", "bytes", "error"}``. It loads pyarrow so that the daemon never does,
-and exits: a process the daemon keeps would keep pyarrow's memory too.
+(unless marked again meanwhile), seals the closed days and sweeps what the seals superseded
+(:mod:`profd.warehouse.seal`), and prints its result (JSON, one line) on stdout:
+``{"objects", "rows", "bytes", "sealed", "swept", "error"}``. It loads pyarrow so that the
+daemon never does, and exits: a process the daemon keeps would keep pyarrow's memory too.
 
 It dies with the daemon (``PR_SET_PDEATHSIG``): a restarted daemon's flush never races an
 orphaned one's writes of the same objects. SIGTERM (the daemon stopping) ends it after the
@@ -19,6 +20,7 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +29,24 @@ from profd.daemon.runtime import faults
 from profd.store import s3
 from profd.store.index import Database, Mark, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
+from profd.warehouse.seal import Seals
 from profd.warehouse.sink import Sink, make_sink
-from profd.warehouse.tables import expired, object_key
+from profd.warehouse.tables import HOURLY, RANK_DAYS, cutoff_date, expired, object_key
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What the daemon's job says about time: ``now``, the retention and the seals."""
+
+    now: float
+    keep_days: int
+    keep_rank_days: int
+    seals: Seals
+
+    def expired(self, table: str, part: str) -> bool:
+        return expired(table, part, self.now, self.keep_days, self.keep_rank_days)
 
 
 def write_dirty(
@@ -38,25 +54,64 @@ def write_dirty(
     sink: Sink,
     node: str,
     stem: str,
-    keep: tuple[float, int, int],
+    policy: Policy,
     stopping: threading.Event,
     done: dict[str, Any],
 ) -> None:
-    """Every dirty partition not past its retention (``keep``: now, keep_days,
-    keep_rank_days) written, partition by partition, counted in ``done`` (``objects``,
-    ``rows``, ``bytes``) as they are: a failure leaves the counts of those written before."""
-    now, keep_days, keep_rank_days = keep
+    """Every dirty partition not past its retention written, partition by partition; then
+    each closed day sealed, and the hourly objects of days sealed ``sweep_after`` ago
+    deleted (module :mod:`profd.warehouse.seal`). Counted in ``done`` (``objects``,
+    ``rows``, ``bytes``, ``sealed``, ``swept``) as they are: a failure leaves the counts of
+    those done before."""
+    now, seals = policy.now, policy.seals
+    sealed = repo.sealed_days()
+    to_seal = {
+        d for d in repo.unsealed_days()
+        if seals.sealable(d[1], now) and not policy.expired(d[0], d[1])
+    }  # fmt: skip
+    days: dict[str, list[str]] = {}
     by_part: dict[str, list[str]] = {}
     for mark in repo.marks():
-        if not expired(mark.table, mark.part, now, keep_days, keep_rank_days):
+        if policy.expired(mark.table, mark.part):
+            continue
+        day = (mark.table, mark.part[:10])
+        if mark.table in HOURLY and (
+            day in sealed or day in to_seal or seals.sealable(day[1], now)
+        ):
+            # A sealed day's object takes its changes; a closed day's rows that come late
+            # (a daemon that was down) go straight into it, never into hourly objects.
+            to_seal.add(day)
+        else:
             by_part.setdefault(mark.part, []).append(mark.table)
+    for table, date in to_seal:
+        days.setdefault(date, []).append(table)
     for part, tables in by_part.items():
         if stopping.is_set():
-            break
+            return
         n, size = _write(repo, sink, node, stem, part, tables)
-        done["objects"] += len(tables)
-        done["rows"] += n
-        done["bytes"] += size
+        _count(done, objects=len(tables), rows=n, bytes=size)
+    for date, tables in sorted(days.items()):
+        if stopping.is_set():
+            return
+        n, size = _write_days(repo, sink, node, stem, date, sorted(tables), now)
+        _count(done, objects=len(tables), rows=n, bytes=size, sealed=len(tables))
+    for table, date in repo.unswept(now - seals.sweep_after):
+        if stopping.is_set():
+            return
+        sink.delete_hours(table, date, stem)
+        repo.swept(table, date, now)
+        _count(done, swept=1)
+    for table in HOURLY:
+        repo.forget_days(table, cutoff_date(now, retention_days(table, policy)))
+
+
+def retention_days(table: str, policy: Policy) -> int:
+    return policy.keep_rank_days if table in RANK_DAYS else policy.keep_days
+
+
+def _count(done: dict[str, Any], **more: int) -> None:
+    for k, v in more.items():
+        done[k] = done.get(k, 0) + v
 
 
 def _write(
@@ -83,8 +138,45 @@ def _write(
         # process, both before the unmark.
         faults.point("warehouse-written", os.getppid())
         faults.point("warehouse-written")
+        if mark.table in HOURLY:
+            repo.record_day(mark.table, mark.part[:10])
         repo.written(mark)
         rows, nbytes = rows + table.num_rows, nbytes + len(data)
+    return rows, nbytes
+
+
+def _write_days(
+    repo: WarehouseQueueRepo,
+    sink: Sink,
+    node: str,
+    stem: str,
+    date: str,
+    tables: list[str],
+    now: float,
+) -> tuple[int, int]:
+    """The day objects of ``tables`` for ``date``: every hour's rows read in one snapshot
+    with the marks of the day's hours, each table's day written hour by hour into one file
+    (an hour's rows in memory at a time), then put, the day recorded as sealed, and the
+    marks removed unless marked again meanwhile."""
+    from profd.warehouse.arrow import DayWriter, arrow_table
+
+    writers = {t: DayWriter(t) for t in tables}
+    with repo.snapshot():
+        marks = {t: repo.day_marks(t, date) for t in tables}
+        for hour in range(24):
+            src = Source(repo, node)  # one hour's traces at a time
+            for t in tables:
+                writers[t].add(arrow_table(t, build(t, f"{date}/{hour:02d}", src)))
+    rows = nbytes = 0
+    for t in tables:
+        data = writers[t].finish()
+        sink.put(object_key(t, date, stem), data)
+        faults.point("warehouse-written", os.getppid())
+        faults.point("warehouse-written")
+        repo.sealed(t, date, now)
+        for mark in marks[t]:
+            repo.written(mark)
+        rows, nbytes = rows + writers[t].rows, nbytes + len(data)
     return rows, nbytes
 
 
@@ -121,13 +213,20 @@ def main() -> int:
     _die_with(int(job["daemon_pid"]))
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda _s, _f: stopping.set())
-    result: dict[str, Any] = {"objects": 0, "rows": 0, "bytes": 0, "error": None}
+    result: dict[str, Any] = {
+        "objects": 0, "rows": 0, "bytes": 0, "sealed": 0, "swept": 0, "error": None,
+    }  # fmt: skip
     db = Database(Path(job["index"]))
     try:
         sink = make_sink(job["url"], S3Config(**job["s3"]))
-        keep = (float(job["now"]), int(job["keep_days"]), int(job["keep_rank_days"]))
+        policy = Policy(
+            float(job["now"]),
+            int(job["keep_days"]),
+            int(job["keep_rank_days"]),
+            Seals(float(job["seal_after"]), float(job["sweep_after"])),
+        )
         repo = WarehouseQueueRepo(db)
-        write_dirty(repo, sink, job["node"], job["stem"], keep, stopping, result)
+        write_dirty(repo, sink, job["node"], job["stem"], policy, stopping, result)
     except Exception as exc:
         result["error"] = s3.describe(exc)
     finally:

@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from profd.warehouse.arrow import SCHEMAS, Overlay, arrow_table
-from profd.warehouse.tables import TABLES, object_key
+from profd.warehouse.tables import HOURLY, TABLES, object_key, stands_for, superseded
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -118,7 +118,15 @@ def s3_filesystem(s3: S3Settings) -> pafs.S3FileSystem:
 
 
 def list_files(loc: Location, table: str) -> dict[str, int]:
-    """Every ``.parquet`` object of ``table`` (paths as ``loc.fs`` names them) and its size."""
+    """Every ``.parquet`` object of ``table`` (paths as ``loc.fs`` names them) and its size,
+    less the hourly objects a day object supersedes (:func:`superseded`)."""
+    files = _listing(loc, table)
+    for path in superseded(files):
+        del files[path]
+    return files
+
+
+def _listing(loc: Location, table: str) -> dict[str, int]:
     sel = pafs.FileSelector(loc.path(table), recursive=True, allow_not_found=True)
     try:
         infos = loc.fs.get_file_info(sel)
@@ -177,7 +185,12 @@ def open_datasets(loc: Location, overlays: Sequence[Overlay] = ()) -> dict[str, 
 
 def replaced_paths(loc: Location, table: str, overlays: Iterable[Overlay]) -> list[str]:
     """The objects of ``table`` that ``overlays`` stand in for, as ``loc.fs`` names them."""
-    return [loc.path(object_key(o.table, o.part, o.stem)) for o in overlays if o.table == table]
+    return [
+        loc.path(key)
+        for o in overlays
+        if o.table == table
+        for key in stands_for(o.table, o.part, o.stem)
+    ]
 
 
 def locked(allowed: Sequence[str] = ()) -> Any:
@@ -208,17 +221,24 @@ def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
 
-def native_view(con: Any, loc: Location, table: str, overlays: Sequence[Overlay]) -> None:
+def native_view(
+    con: Any,
+    loc: Location,
+    table: str,
+    overlays: Sequence[Overlay],
+    skip: Iterable[str] = (),
+) -> None:
     """``table`` as a view over DuckDB's own Parquet reader (local disk only: it is about
     three times faster than a pyarrow dataset over thousands of small objects), the objects
-    an overlay replaces filtered out by file name and the overlays' rows added."""
+    an overlay replaces and those in ``skip`` filtered out by file name, and the overlays'
+    rows added."""
     mine = [o for o in overlays if o.table == table]
     files = _literal(loc.path(table) + "/*/*.parquet")
     sql = (
         "SELECT * EXCLUDE (filename) FROM read_parquet("
         f"{files}, hive_partitioning = true, hive_types = {{'date': VARCHAR}}, filename = true)"
     )
-    replaced = replaced_paths(loc, table, mine)
+    replaced = sorted({*replaced_paths(loc, table, mine), *skip})
     if replaced:
         sql += f" WHERE filename NOT IN ({', '.join(_literal(p) for p in replaced)})"
     extra = [overlay_rows(o) for o in mine if o.rows.num_rows]
@@ -241,24 +261,81 @@ def open_tables(
     """A :func:`locked` connection with every table as a view: ``tables`` with their
     objects and overlays (DuckDB's reader on local disk, pyarrow's from S3), the others
     empty. Only ``tables`` are listed: a listing is most of a small query's time in S3."""
+    con, _ = _open_tables(loc, tables, overlays, progress)
+    return con
+
+
+def _open_tables(
+    loc: Location,
+    tables: Iterable[str],
+    overlays: Sequence[Overlay],
+    progress: Callable[[str], None] | None,
+) -> tuple[Any, dict[str, set[str]]]:
+    """:func:`open_tables`, and the day objects each listed table had."""
     local = is_local(loc)
     con = locked([loc.root] if local else [])
     wanted = set(tables)
+    days: dict[str, set[str]] = {}
     for name in TABLES:
         files: dict[str, int] = {}
+        gone: set[str] = set()
         if name in wanted:
             if progress is not None:
                 progress(f"listing {loc.url.rstrip('/')}/{name}/")
-            files = list_files(loc, name)
+            listed = _listing(loc, name)
+            gone = superseded(listed)
+            files = {p: n for p, n in listed.items() if p not in gone}
+            if name in HOURLY:
+                days[name] = day_objects(files)
         if local and files:
-            native_view(con, loc, name, overlays)
+            # DuckDB lists the directory again when the query runs: query() checks that no
+            # day was sealed in between.
+            native_view(con, loc, name, overlays, gone)
         elif files:
             con.register(name, table_dataset(loc, name, files, overlays))
         else:
             # No objects: the overlays' rows alone, or none (no pyarrow.dataset needed).
             extra = [overlay_rows(o) for o in overlays if o.table == name and name in wanted]
             con.register(name, pa.concat_tables([table_schema(name).empty_table(), *extra]))
-    return con
+    return con, days
+
+
+def day_objects(files: Iterable[str]) -> set[str]:
+    """The day objects among ``files`` of an hourly table: the ones that supersede others."""
+    return {p for p in files if p.rpartition("/")[2].count("~") == 1}
+
+
+#: Times :func:`query` runs a query whose objects were sealed under it before it gives up.
+QUERY_TRIES = 3
+
+
+def query(
+    loc: Location,
+    tables: Iterable[str],
+    overlays: Sequence[Overlay],
+    sql: str,
+    params: Mapping[str, Any] | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> pa.Table:
+    """``sql`` over the warehouse's ``tables``, each row read once. From S3 the query reads
+    exactly the objects listed. On local disk DuckDB lists them again itself, so a day object
+    written between the two listings would be read beside the hourly objects it supersedes:
+    the tables are listed once more after the query, and the query run again if their day
+    objects changed (a seal, or retention) meanwhile."""
+    wanted = tuple(tables)
+    for _ in range(QUERY_TRIES):
+        con, days = _open_tables(loc, wanted, overlays, progress)
+        if progress is not None:
+            progress("querying")
+        result = run_sql(con, sql, params)
+        con.close()
+        if not is_local(loc):
+            return result
+        if all(day_objects(_listing(loc, t)) == d for t, d in days.items()):
+            return result
+    raise WarehouseError(
+        f"days of {loc.url} were sealed under {QUERY_TRIES} queries in a row: try again"
+    )
 
 
 def run_sql(con: Any, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:

@@ -12,6 +12,7 @@ from typing import Any, Protocol
 
 from profd.config import S3Config
 from profd.store import s3
+from profd.warehouse.tables import hourly_names
 
 
 class Sink(Protocol):
@@ -26,6 +27,10 @@ class Sink(Protocol):
     def delete_date(self, table: str, date: str, stem: str | None) -> int:
         """Delete the objects of ``table``'s ``date`` (only those named by ``stem`` unless
         it is None); how many."""
+        ...
+
+    def delete_hours(self, table: str, date: str, stem: str) -> int:
+        """Delete the hourly objects ``stem`` wrote for ``table``'s ``date``; how many."""
         ...
 
 
@@ -65,6 +70,15 @@ class LocalSink:
                 n += 1
         with contextlib.suppress(OSError):
             d.rmdir()  # only once empty: other writers' objects stay
+        return n
+
+    def delete_hours(self, table: str, date: str, stem: str) -> int:
+        d = self.root / table / f"date={date}"
+        n = 0
+        for name in hourly_names(stem):
+            with contextlib.suppress(FileNotFoundError):
+                (d / name).unlink()
+                n += 1
         return n
 
 
@@ -118,12 +132,22 @@ class S3Sink:
         keys = [o["Key"] for o in self._list(base, delimiter=False)]
         if stem is not None:
             keys = [k for k in keys if k[len(base) :].startswith((stem + "~", stem + "."))]
+        self._delete(keys)
+        return len(keys)
+
+    def delete_hours(self, table: str, date: str, stem: str) -> int:
+        # One listing of the writer's hourly prefix: no stem holds a "~", so only its hours.
+        base = self._key(f"{table}/date={date}/{stem}~")
+        keys = [o["Key"] for o in self._list(base, delimiter=False)]
+        self._delete(keys)
+        return len(keys)
+
+    def _delete(self, keys: list[str]) -> None:
         for i in range(0, len(keys), 1000):
             self.client().delete_objects(
                 Bucket=self.bucket,
                 Delete={"Objects": [{"Key": k} for k in keys[i : i + 1000]], "Quiet": True},
             )
-        return len(keys)
 
 
 def make_sink(url: str, cfg: S3Config) -> Sink:

@@ -5,15 +5,20 @@ live. No pyarrow here: the daemon imports this module and never loads pyarrow.
 Layout (docs/warehouse.md "Layout"): ``{url}/{table}/date=YYYY-MM-DD/{stem}.parquet``, where
 the stem names the writer: ``{node}~{instance}`` (``instance``: a random id the daemon keeps in
 its state directory, so a reimaged node with the same name never overwrites the files of the
-one before it), plus ``~{HH}`` (the UTC hour) for the hourly tables (all but ``incidents``).
-Each writer owns its objects and rewrites one whole object per flush (a single PUT, or a
-rename on disk): every row is in exactly one object at every moment, with no compaction,
-and a day's files per table are one per writer (24 for the hourly tables).
+one before it), plus ``~{HH}`` (the UTC hour) for the hourly tables (all but ``incidents``)
+while their day is open. Each writer owns its objects and rewrites one whole object per flush
+(a single PUT, or a rename on disk). Once a day has closed, a writer *seals* each hourly
+table's day: one object ``{stem}.parquet`` with the whole day, which from then on takes every
+change of that day, and which *supersedes* the writer's hourly objects of that date
+(:func:`superseded`): a reader leaves them out, so every row is read exactly once, before,
+during and after the seal. The hourly objects are deleted a grace period after the seal
+(docs/design.md "Warehouse").
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from datetime import UTC, datetime
 
 #: Each table's columns, in order: (name, type). The types are named here so that this
@@ -128,10 +133,10 @@ _STEM_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 def check_part(table: str, part: str) -> None:
     """A partition as the export queue names it: ``YYYY-MM-DD``, or ``YYYY-MM-DD/HH`` for
-    the hourly tables. ValueError otherwise."""
+    the hourly tables (which also take ``YYYY-MM-DD``: a sealed day). ValueError otherwise."""
     if table not in COLUMNS:
         raise ValueError(f"no warehouse table {table!r}")
-    if not _PART.match(part) or (("/" in part) != (table in HOURLY)):
+    if not _PART.match(part) or ("/" in part and table not in HOURLY):
         raise ValueError(f"{table}: bad partition {part!r}")
 
 
@@ -146,6 +151,36 @@ def object_key(table: str, part: str, stem: str) -> str:
     date, _, hour = part.partition("/")
     name = f"{stem}~{hour}" if hour else stem
     return f"{table}/date={date}/{name}.parquet"
+
+
+def stands_for(table: str, part: str, stem: str) -> list[str]:
+    """The keys of the objects a writer's rows of ``part`` are read in place of: its object
+    for ``part``; for a day of an hourly table, its hourly objects of that date too."""
+    keys = [object_key(table, part, stem)]
+    if table in HOURLY and "/" not in part:
+        keys += [f"{table}/date={part}/{name}" for name in hourly_names(stem)]
+    return keys
+
+
+def hourly_names(stem: str) -> list[str]:
+    """The names one writer's hourly objects of a date can have."""
+    return [f"{stem}~{h:02d}.parquet" for h in range(24)]
+
+
+def superseded(paths: Iterable[str]) -> set[str]:
+    """The hourly objects among ``paths`` whose writer has a day object in the same ``date=``
+    directory (it was sealed: that object holds the whole day, these are left to be deleted).
+    A path's writer is its name's ``{node}~{instance}``: no stem holds another ``~``."""
+    days: set[tuple[str, str]] = set()
+    hours: list[tuple[str, str, str]] = []
+    for path in paths:
+        folder, _, name = path.rpartition("/")
+        fields = name.removesuffix(".parquet").split("~")
+        if len(fields) == 2:
+            days.add((folder, name.removesuffix(".parquet")))
+        elif len(fields) == 3:
+            hours.append((folder, f"{fields[0]}~{fields[1]}", path))
+    return {path for folder, stem, path in hours if (folder, stem) in days}
 
 
 def cutoff_date(now: float, days: int) -> str:

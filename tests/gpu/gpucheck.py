@@ -553,7 +553,8 @@ checks and showed four more problems; each is fixed, and the run above checks th
   daemon's loop and index split): 8 of 8 passed, the client's CUDA paths unchanged; and
   again at 167a5fd with every agent message typed.
 - **With the black box on** (2026-11-27, an H200, profd dc293ec: every rank keeps its last
-  two minutes of steps, regions and samples in rings, on by default): 8 of 8 passed. Its 20-pair idle A/B read 1.0285 (interval 0.988..1.054), too wide to tell the box
+  two minutes of steps, regions and samples in rings, on by default): 8 of 8 passed. Its
+  20-pair idle A/B read 1.0285 (interval 0.988..1.054), too wide to tell the box
   from noise, so four longer runs followed on the same machine (`--only idle-cost+stall
   --idle-pairs 100`, box on and `PROFD_BLACKBOX=0` in turn): on 1.0072 (0.982..1.044) and
   1.0119 (0.987..1.047), off 1.0078 (0.994..1.036) and 0.9920 (0.975..1.016). On ~1 ms GPU

@@ -92,6 +92,9 @@ CREATE INDEX IF NOT EXISTS incidents_detected ON incidents(detected_at);
 CREATE INDEX IF NOT EXISTS incidents_job ON incidents(job, detected_at);
 CREATE INDEX IF NOT EXISTS incidents_state ON incidents(state);"""
 
+# Schema 8's export queue and its triggers, as this profd still writes them.
+WAREHOUSE_QUEUE_8 = S.WAREHOUSE_QUEUE
+
 #: (the version it stores, its tables): every schema an earlier profd wrote.
 OLDER = {
     "1": (1, [SESSIONS_1, TARGETS_1, TRACES_1, FILES_1, INBOX_1, INDEXES_1]),
@@ -104,6 +107,8 @@ OLDER = {
               STEP_MINUTES_6]),
     "7": (7, [SESSIONS_3, TARGETS_5, TRACES_4, FILES_1, INBOX_1, INDEXES_1, TRACES_PATH_5,
               STEP_MINUTES_6, INCIDENTS_7]),
+    "8": (8, [SESSIONS_3, TARGETS_5, TRACES_4, FILES_1, INBOX_1, INDEXES_1, TRACES_PATH_5,
+              STEP_MINUTES_6, INCIDENTS_7, WAREHOUSE_QUEUE_8]),
 }  # fmt: skip
 
 
@@ -217,6 +222,10 @@ def test_an_index_of_each_earlier_schema_is_brought_up_to_date_with_its_rows(
         if version >= 7:
             incidents.add(("incidents", "1970-01-02"))  # i0, in the file before
         assert marks == traces | (minutes if version >= 6 else set()) | incidents
+        # The days the export has written hourly objects of (or will), none sealed yet.
+        days = set(WarehouseQueueRepo(db).unsealed_days())
+        hourly = traces | (minutes if version >= 6 else set())
+        assert days == {(t, part[:10]) for t, part in hourly}
     finally:
         db.close()
     db = Database(path)  # opened again: nothing left to do, nothing changes

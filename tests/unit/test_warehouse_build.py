@@ -174,8 +174,10 @@ def test_a_mark_goes_only_if_nothing_marked_its_partition_again(db: Database) ->
 def test_part_ranges() -> None:
     assert part_range("incidents", DAY) == (T0 - 10.5 * 3600, T0 + 13.5 * 3600)
     assert part_range("rank_minutes", "2026-03-04/10") == (T0 - 1800, T0 + 1800)
+    # A sealed day of an hourly table: the whole day.
+    assert part_range("captures", DAY) == part_range("incidents", DAY)
     with pytest.raises(ValueError):
-        part_range("captures", DAY)
+        part_range("incidents", "2026-03-04/10")
 
 
 def exporter(tmp_path: Path, now: float, **wh: Any) -> Exporter:

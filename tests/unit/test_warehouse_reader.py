@@ -285,3 +285,45 @@ def test_the_local_reader_is_allowed_the_warehouse_and_nothing_else(tmp_path: Pa
         with pytest.raises(R.WarehouseError, match="Permission Error"):
             ask(wh, f"SELECT * FROM read_parquet('{path}')")
     assert ask(wh, "SELECT id FROM incidents") == [{"id": "a1"}]
+
+
+def test_the_engines_views_read_each_row_of_a_sealed_day_once(tmp_path: Path) -> None:
+    """The views' rule, run on DuckDB: Trino's and Spark's view text with the engine's path
+    column and regex test spelt as DuckDB spells them, over one writer's sealed day (its
+    hourly objects still there), another writer's unsealed day, and the first writer's next
+    day, still open."""
+    from profd.warehouse import ddl
+
+    wh = tmp_path / "wh"
+    put(wh, "job_minutes", "2026-03-01/05", A, jm_rows(2))
+    put(wh, "job_minutes", "2026-03-01/06", A, jm_rows(3))
+    put(wh, "job_minutes", "2026-03-01", A, jm_rows(5))  # A sealed the day: 5 rows, once
+    put(wh, "job_minutes", "2026-03-01/05", B, jm_rows(4))  # B did not
+    put(wh, "job_minutes", "2026-03-02/00", A, jm_rows(1))
+    con = R.locked([str(wh)])
+    glob = f"{wh}/job_minutes/*/*.parquet"
+    con.execute(
+        "CREATE VIEW job_minutes_objects AS SELECT * FROM read_parquet("
+        f"'{glob}', hive_partitioning = true, hive_types = {{'date': VARCHAR}}, filename = true)"
+    )
+    for engine, path, test in (
+        ("trino", '"$path"', "regexp_like("),
+        ("spark", "input_file_name()", None),
+    ):
+        text = ddl.ENGINES[engine]("job_minutes")
+        view = text[text.index("CREATE VIEW") :].replace(path, "filename")
+        view = view.replace("hive.profd.", "").replace("`", '"')
+        if test:
+            view = view.replace(test, "regexp_matches(")
+        else:
+            view = re.sub(r"filename RLIKE ('[^']*')", r"regexp_matches(filename, \1)", view)
+        con.execute(view.replace("CREATE VIEW job_minutes", f"CREATE VIEW jm_{engine}"))
+        got = con.sql(f"SELECT date, count(*) FROM jm_{engine} GROUP BY date ORDER BY date")
+        assert got.fetchall() == [("2026-03-01", 9), ("2026-03-02", 1)], engine
+
+
+def jm_rows(n: int) -> pa.Table:
+    t = datetime(2026, 3, 1, 5, tzinfo=UTC)
+    cols: dict[str, list[Any]] = {f.name: [None] * n for f in SCHEMAS["job_minutes"]}
+    cols.update(job=["j"] * n, role=["r"] * n, minute=[t] * n, node=["n"] * n)
+    return pa.table(cols, schema=SCHEMAS["job_minutes"])

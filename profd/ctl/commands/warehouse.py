@@ -103,9 +103,7 @@ def run_query(
     t0 = time.monotonic()
     try:
         loc = R.locate(url, _s3_settings() if url.startswith("s3://") else None)
-        con = R.open_tables(loc, tables, overlays, _progress)
-        _progress("querying")
-        result = R.run_sql(con, sql, params)
+        result = R.query(loc, tables, overlays, sql, params, _progress)
     except R.WarehouseError as exc:
         raise CtlError(str(exc), code="sql") from None
     except OSError as exc:

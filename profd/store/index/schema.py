@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 
 #: Schema 6: one rank's steps per minute (the step ledger's closed minutes).
 STEP_MINUTES = """
@@ -131,6 +131,32 @@ INSERT OR IGNORE INTO warehouse_dirty (tbl, part)
     SELECT DISTINCT 'incidents', strftime('%Y-%m-%d', detected_at, 'unixepoch') FROM incidents;
 """
 
+#: Schema 9: the days of the hourly tables this node has written, and where each is in its
+#: seal (profd/warehouse/flush.py): hourly objects only; sealed (its day object written, which
+#: supersedes them); swept (its hourly objects deleted, a grace period later).
+WAREHOUSE_DAYS = """
+CREATE TABLE IF NOT EXISTS warehouse_days (
+    tbl TEXT NOT NULL,
+    date TEXT NOT NULL,  -- YYYY-MM-DD (UTC)
+    sealed_at REAL,  -- when its day object was first written
+    swept_at REAL,  -- when its hourly objects were deleted
+    PRIMARY KEY (tbl, date)
+) WITHOUT ROWID;
+"""
+
+#: Schema 9's first open records the days the index has rows of, whose hourly objects the
+#: export has written or will write.
+WAREHOUSE_DAYS_BACKFILL = """
+INSERT OR IGNORE INTO warehouse_days (tbl, date)
+    SELECT t.tbl, d.date
+    FROM (SELECT DISTINCT strftime('%Y-%m-%d', created_at, 'unixepoch') AS date FROM traces) d,
+         (SELECT 'captures' AS tbl UNION ALL SELECT 'rank_steps' UNION ALL SELECT 'operators') t;
+INSERT OR IGNORE INTO warehouse_days (tbl, date)
+    SELECT t.tbl, d.date
+    FROM (SELECT DISTINCT strftime('%Y-%m-%d', minute, 'unixepoch') AS date FROM step_minutes) d,
+         (SELECT 'rank_minutes' AS tbl UNION ALL SELECT 'job_minutes') t;
+"""
+
 SCHEMA = (
     """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
@@ -231,6 +257,7 @@ CREATE TABLE IF NOT EXISTS inbox (
     + STEP_MINUTES
     + INCIDENTS
     + WAREHOUSE_QUEUE
+    + WAREHOUSE_DAYS
 )
 
 
@@ -306,6 +333,13 @@ def _v7_to_v8(conn: sqlite3.Connection) -> None:
             conn.execute(stmt)
 
 
+def _v8_to_v9(conn: sqlite3.Connection) -> None:
+    """The days the warehouse export has written hourly objects of, to be sealed."""
+    for stmt in statements(WAREHOUSE_DAYS + WAREHOUSE_DAYS_BACKFILL):
+        if all(_columns(conn, t) is not None for t in _TABLES_NAMED.findall(stmt)):
+            conn.execute(stmt)
+
+
 #: The tables a statement reads or puts a trigger on.
 _TABLES_NAMED = re.compile(r"\b(?:ON|FROM)\s+([a-z_]+)\b")
 
@@ -319,6 +353,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     5: _v5_to_v6,
     6: _v6_to_v7,
     7: _v7_to_v8,
+    8: _v8_to_v9,
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION))
 

@@ -53,6 +53,14 @@ class WarehouseQueueRepo(Repo):
         ).fetchall()
         return int(rows[0][0]) if rows else None
 
+    def day_marks(self, table: str, date: str) -> list[Mark]:
+        """The marks of ``table``'s hours of ``date``."""
+        rows = self.conn.execute(
+            "SELECT part, gen FROM warehouse_dirty WHERE tbl = ? AND part >= ? AND part < ?",
+            (table, date + "/", date + "0"),
+        ).fetchall()
+        return [Mark(table, str(r[0]), int(r[1])) for r in rows]
+
     def written(self, mark: Mark) -> bool:
         """The partition's object now holds the rows read at ``mark.gen``: unmark it, unless
         it was marked again since (False: it stays for the next flush)."""
@@ -62,6 +70,60 @@ class WarehouseQueueRepo(Repo):
                 (mark.table, mark.part, mark.gen),
             )
             return cur.rowcount > 0
+
+    # --- the days of the hourly tables, and their seals (profd/warehouse/flush.py) ----------
+    def record_day(self, table: str, date: str) -> None:
+        """An hourly object of ``table`` for ``date`` was written: the day is to be sealed."""
+        with self.transaction():
+            self.conn.execute(
+                "INSERT OR IGNORE INTO warehouse_days (tbl, date) VALUES (?, ?)", (table, date)
+            )
+
+    def unsealed_days(self) -> list[tuple[str, str]]:
+        """(table, date) of every day with hourly objects and no day object yet, oldest first."""
+        rows = self.conn.execute(
+            "SELECT tbl, date FROM warehouse_days WHERE sealed_at IS NULL ORDER BY date, tbl"
+        ).fetchall()
+        return [(str(r[0]), str(r[1])) for r in rows]
+
+    def sealed_days(self) -> set[tuple[str, str]]:
+        """(table, date) of every day whose day object was written: it takes the day's rows."""
+        rows = self.conn.execute(
+            "SELECT tbl, date FROM warehouse_days WHERE sealed_at IS NOT NULL"
+        ).fetchall()
+        return {(str(r[0]), str(r[1])) for r in rows}
+
+    def sealed(self, table: str, date: str, at: float) -> None:
+        with self.transaction():
+            self.conn.execute(
+                "INSERT INTO warehouse_days (tbl, date, sealed_at) VALUES (?, ?, ?)"
+                " ON CONFLICT (tbl, date) DO UPDATE SET sealed_at = COALESCE(sealed_at, ?)",
+                (table, date, at, at),
+            )
+
+    def unswept(self, sealed_before: float) -> list[tuple[str, str]]:
+        """(table, date) of the days sealed before ``sealed_before`` whose hourly objects
+        are not deleted yet."""
+        rows = self.conn.execute(
+            "SELECT tbl, date FROM warehouse_days WHERE sealed_at <= ? AND swept_at IS NULL"
+            " ORDER BY date, tbl",
+            (sealed_before,),
+        ).fetchall()
+        return [(str(r[0]), str(r[1])) for r in rows]
+
+    def swept(self, table: str, date: str, at: float) -> None:
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE warehouse_days SET swept_at = ? WHERE tbl = ? AND date = ?",
+                (at, table, date),
+            )
+
+    def forget_days(self, table: str, before: str) -> None:
+        """The days of ``table`` before ``before`` (past retention) forgotten."""
+        with self.transaction():
+            self.conn.execute(
+                "DELETE FROM warehouse_days WHERE tbl = ? AND date < ?", (table, before)
+            )
 
     def drop(self, table: str, part: str) -> None:
         """Forget a mark whatever its gen (a partition past its retention)."""

@@ -1,0 +1,39 @@
+"""When a writer seals a day of an hourly table, and what stands for a closed day's rows.
+
+A writer's hourly objects of a date are replaced by one day object once the day has been
+closed ``seal_after`` seconds (rows of its last minutes are indexed just after midnight, and
+each row that comes after the seal costs a rewrite of the whole day object). The day object
+then takes every later change of that day. The hourly objects it supersedes are deleted
+``sweep_after`` seconds after the seal: a reader that listed them before the seal has that
+long to read them. No pyarrow here: the daemon uses it for its overlays.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from profd.warehouse.tables import HOURLY, cutoff_date
+
+#: Days older than this are never sealed: the index may no longer hold every row of them
+#: (it keeps step minutes 7 days), and a day object built from part of a day would supersede
+#: hourly objects that hold all of it.
+SEAL_WITHIN_DAYS = 3
+
+
+@dataclass(frozen=True)
+class Seals:
+    seal_after: float = 3600.0
+    sweep_after: float = 3600.0
+
+    def sealable(self, date: str, now: float) -> bool:
+        """``date``'s day objects may be written now (each table's once, then kept)."""
+        return cutoff_date(now, SEAL_WITHIN_DAYS) <= date < cutoff_date(now - self.seal_after, 0)
+
+
+def overlay_part(table: str, part: str, now: float) -> str:
+    """The partition a node's unflushed rows of ``part`` are sent as: a closed day of an
+    hourly table whole (the reader puts them in place of the writer's day object and its
+    hourly objects of that date, however far the seal has got), anything else as it is."""
+    if table in HOURLY and part[:10] < cutoff_date(now, 0):
+        return part[:10]
+    return part
