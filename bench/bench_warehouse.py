@@ -5,7 +5,8 @@ writer and partition, as the daemon's export writes them) is generated once into
 directory: 30 days of incidents (each with lost_rank_s), 10,000 captures with their ranks'
 steps and operators, one day of rank minutes, and job minutes (``--job-minute-days``, one
 object per node and hour: the default 1 day is 25,600 objects; the 30 days of the target
-are 737,280, about 4 GB and half an hour to write on a 2-core machine). The incidents
+are 737,280, about 4 GB and half an hour to write on a 2-core machine). ``--sealed`` seals
+every closed day as the daemons do (one object per node, day and hourly table). The incidents
 table is uploaded to a local moto S3 server. ``profctl goodput --since 30d``, ``profctl
 trend`` (over all 10,000 captures) and ``profctl nodes`` run as real processes (start-up
 and imports included), ``--repeat`` times.
@@ -44,9 +45,10 @@ PROFCTL = str(Path(sys.executable).parent / "profctl")
 PREFIX = "warehouse"
 
 
-def fleet_for(quick: bool, job_minute_days: float) -> Fleet:
+def fleet_for(quick: bool, job_minute_days: float, sealed: bool) -> Fleet:
     if quick:
         return Fleet(
+            sealed=sealed,
             nodes=16,
             jobs=4,
             days=3,
@@ -56,7 +58,7 @@ def fleet_for(quick: bool, job_minute_days: float) -> Fleet:
             incidents=60,
             bad_nodes=(3,),
         )
-    return Fleet(job_minute_days=job_minute_days, incidents=5_000)
+    return Fleet(job_minute_days=job_minute_days, incidents=5_000, sealed=sealed)
 
 
 def profctl(env: dict[str, str], *args: str) -> tuple[float, list[dict[str, Any]]]:
@@ -167,6 +169,11 @@ def main() -> None:
         help="days of job minutes (1,024 nodes x 24 objects a day)",
     )
     p.add_argument("--keep", help="generate into (or reuse) this directory")
+    p.add_argument(
+        "--sealed",
+        action="store_true",
+        help="closed days sealed as the daemons seal them (one object per node, day and table)",
+    )
     args = p.parse_args()
     quick = args.quick
     # moto's fake credentials, for this process's own S3 client only.
@@ -174,7 +181,7 @@ def main() -> None:
         if k.startswith("AWS_") and k != "AWS_ENDPOINT_URL":
             os.environ[k] = v
     started = time.monotonic()
-    f = fleet_for(quick, args.job_minute_days)
+    f = fleet_for(quick, args.job_minute_days, args.sealed)
     # --quick: each query once; a second run of a ~0.6 s profctl start-up checks no path more.
     n = 1 if quick else args.repeat
     tmp = Path(tempfile.mkdtemp(prefix="bench-warehouse-"))
@@ -258,7 +265,8 @@ def main() -> None:
             spread=f"max {s['trend']['max']} s",
         ),
         B.row(
-            f"nodes --since 30d, {f.job_minute_days:g} days of job minutes (p50)",
+            f"nodes --since 30d, {f.job_minute_days:g} days of job minutes"
+            f"{', sealed' if f.sealed else ''} (p50)",
             "<= 2 s",
             s["nodes"]["p50"],
             "s",
@@ -268,6 +276,7 @@ def main() -> None:
     ]
     details = {
         "objects": made["objects"],
+        "sealed_objects": made.get("sealed"),
         "bytes": made["bytes"],
         "generate_s": {
             k: made[k]["write_s"] for k in ("incidents", "captures", "job_minutes", "rank_minutes")
@@ -290,6 +299,7 @@ def main() -> None:
         "captures": f.captures,
         "capture_ranks": f.capture_ranks,
         "incidents": f.incidents,
+        "sealed": f.sealed,
         "repeat": n,
     }
     B.write_result("warehouse", args.out, quick, params, rows, details, started)

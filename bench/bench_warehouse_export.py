@@ -14,6 +14,11 @@ hour, so the flush is measured at several points of the day: the index is first 
 that many hours of captures, one a second, then ``--minutes`` live minutes are fed and
 flushed (half past an hour: the average flush; five to the hour: the largest).
 
+Once a day each node seals the day that closed (one object per hourly table for the whole
+day): ``seal_day`` fills a whole day (captures one a second, every rank's minutes), flushes
+it hour by hour as the day goes, then once more an hour after midnight, and takes that
+flush's CPU, wall time and the flush process's peak memory.
+
 Targets: export <= 1 % of a core (CPU per flush / ``flush_every`` 60 s); <= 64 KiB per
 rank-day of ``rank_minutes`` (one hour of 1,024 ranks written, x 24 / 1,024).
 """
@@ -107,14 +112,14 @@ def fill_hours(db: Database, hours: float, ranks: int, rng: random.Random) -> in
     return n
 
 
-def exporter(state: Path) -> Exporter:
+def exporter(state: Path, clock: Any = time.time) -> Exporter:
     cfg = load(env={"PROFD_STATE_DIR": str(state)})
     cfg = dataclasses.replace(
         cfg,
         node_name="bench",
         warehouse=dataclasses.replace(cfg.warehouse, keep_days=100_000, keep_rank_days=100_000),
     )
-    return Exporter(cfg, clock=time.time)
+    return Exporter(cfg, clock=clock)
 
 
 def cpu_s() -> float:
@@ -154,6 +159,50 @@ def run_at(hours: float, live_minutes: int, ranks: int) -> dict[str, Any]:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def seal_day(ranks: int, hours: int) -> dict[str, Any]:
+    """The seal of one day of ``hours`` hours (captures one a second, ``ranks`` ranks'
+    minutes), each hour flushed as it ends, then the seal's flush an hour after midnight."""
+    rng = random.Random(5)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-wh-"))
+    try:
+        db = Database(tmp / "index.db")
+        q = WarehouseQueueRepo(db)
+        now = [float(DAY0)]
+        ex = exporter(tmp, clock=lambda: now[0])
+        n = 0
+        for h in range(hours):
+            start = DAY0 + h * 3600
+            repo = StepMinuteRepo(db)
+            with db.transaction():
+                for m in range(60):
+                    repo.add_step_minutes(minutes(start + m * 60, ranks, rng))
+                for s in range(3600):
+                    row, f = capture(n, start + s, rng, ranks)
+                    TraceRepo(db).add_trace(row, [f])
+                    n += 1
+            now[0] = start + 3600.0
+            assert ex.flush(q)
+        now[0] = DAY0 + 86400 + 3600.0  # seal_after (1 h) after the day closed
+        c0, t0 = cpu_s(), time.monotonic()
+        assert ex.flush(q)
+        cpu, wall = cpu_s() - c0, time.monotonic() - t0
+        peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        day = {
+            p.parent.parent.name: p.stat().st_size
+            for p in (tmp / "warehouse").rglob("*.parquet")
+            if p.name.count("~") == 1 and p.parent.parent.name != "incidents"
+        }
+        st = ex.status()
+        db.close()
+        return {
+            "hours": hours, "captures": n, "ranks": ranks, "cpu_s": round(cpu, 2),
+            "wall_s": round(wall, 2), "children_peak_rss_mib": round(peak_kib / 1024, 1),
+            "day_object_bytes": day, "days_sealed": st["days_sealed"],
+        }  # fmt: skip
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def rank_day_bytes(ranks: int) -> tuple[float, int]:
     """Bytes per rank-day of ``rank_minutes``: one full hour of ``ranks`` ranks written."""
     rng = random.Random(11)
@@ -188,6 +237,7 @@ def main() -> None:
     hours = [0.0, 0.1] if a.quick else [float(h) for h in a.hours.split(",")]
     points = [run_at(h, live, ranks) for h in hours]
     per_rank_day, hour_bytes = rank_day_bytes(ranks)
+    sealed = seal_day(ranks, 2 if a.quick else 24)
     rows = []
     for p in points:
         cpu = sorted(p["cpu_s"])
@@ -212,13 +262,23 @@ def main() -> None:
             spread=f"one hour of {ranks} ranks: {hour_bytes} B",
         )
     )
+    rows.append(
+        B.row(
+            f"a day's seal ({sealed['hours']} h: {sealed['captures']:,} captures, {ranks} ranks)",
+            "once a day (no target)",
+            sealed["cpu_s"],
+            "s CPU",
+            spread=f"wall {sealed['wall_s']} s, flush processes' peak RSS "
+            f"{sealed['children_peak_rss_mib']} MiB",
+        )
+    )
     B.write_result(
         "warehouse_export",
         a.out,
         a.quick,
         {"ranks": ranks, "live_minutes": live, "hours": hours, "flush_every": FLUSH_EVERY_S},
         rows,
-        {"points": points, "rank_day_bytes": per_rank_day},
+        {"points": points, "rank_day_bytes": per_rank_day, "seal": sealed},
         started,
     )
 

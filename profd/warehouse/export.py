@@ -333,7 +333,7 @@ class Exporter:
     # --- unflushed rows, for readers on this node (event loop) --------------------------------
     def overlays(self, repo: WarehouseQueueRepo, job: str | None = None) -> list[dict[str, Any]]:
         """Each dirty partition's rows as its object will hold them (a list per column), for
-        a reader to use in place of that object; a closed day of an hourly table as the
+        a reader to use in place of that object; a sealed day of an hourly table as the
         whole day (:func:`profd.warehouse.seal.overlay_part`). ``repo`` is the caller's
         connection."""
         out: list[dict[str, Any]] = []
@@ -341,10 +341,11 @@ class Exporter:
         seen: set[tuple[str, str]] = set()
         with repo.snapshot():
             src = Source(repo, self.node, job)
+            sealed = repo.sealed_days()
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):
                     continue
-                part = overlay_part(mark.table, mark.part, now)
+                part = overlay_part(mark.table, mark.part, sealed, self.seals, now)
                 if (mark.table, part) in seen:
                     continue
                 seen.add((mark.table, part))

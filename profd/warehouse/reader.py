@@ -41,6 +41,11 @@ class WarehouseError(Exception):
     """A warehouse that cannot be opened or a query it refuses, as one line."""
 
 
+class StaleOverlay(WarehouseError):
+    """A node's unflushed rows of an hour came before its day was sealed: the listing holds
+    that writer's day object, which has the hour's older rows. Ask the node again."""
+
+
 def table_schema(table: str) -> pa.Schema:
     """A table's columns as a reader sees them: :data:`SCHEMAS` plus ``date``."""
     return SCHEMAS[table].append(DATE)
@@ -180,7 +185,12 @@ def table_dataset(
 
 def open_datasets(loc: Location, overlays: Sequence[Overlay] = ()) -> dict[str, ds.Dataset]:
     """Every table of the warehouse as a dataset (empty, with its schema, if it has none)."""
-    return {t: table_dataset(loc, t, list_files(loc, t), overlays) for t in TABLES}
+    out: dict[str, ds.Dataset] = {}
+    for t in TABLES:
+        files = list_files(loc, t)
+        _check_overlays(loc, t, overlays, files)
+        out[t] = table_dataset(loc, t, files, overlays)
+    return out
 
 
 def replaced_paths(loc: Location, table: str, overlays: Iterable[Overlay]) -> list[str]:
@@ -283,6 +293,7 @@ def _open_tables(
             if progress is not None:
                 progress(f"listing {loc.url.rstrip('/')}/{name}/")
             listed = _listing(loc, name)
+            _check_overlays(loc, name, overlays, listed)
             gone = superseded(listed)
             files = {p: n for p, n in listed.items() if p not in gone}
             if name in HOURLY:
@@ -298,6 +309,17 @@ def _open_tables(
             extra = [overlay_rows(o) for o in overlays if o.table == name and name in wanted]
             con.register(name, pa.concat_tables([table_schema(name).empty_table(), *extra]))
     return con, days
+
+
+def _check_overlays(
+    loc: Location, table: str, overlays: Sequence[Overlay], listed: Mapping[str, int]
+) -> None:
+    """:class:`StaleOverlay` where an overlay of one hour has its writer's day object listed."""
+    for o in overlays:
+        if o.table == table and "/" in o.part:
+            day = loc.path(object_key(o.table, o.part[:10], o.stem))
+            if day in listed:
+                raise StaleOverlay(f"{o.stem} sealed {table} of {o.part[:10]} meanwhile")
 
 
 def day_objects(files: Iterable[str]) -> set[str]:

@@ -1,4 +1,4 @@
-"""When a writer seals a day of an hourly table, and what stands for a closed day's rows.
+"""When a writer seals a day of an hourly table, and what stands for a sealed day's rows.
 
 A writer's hourly objects of a date are replaced by one day object once the day has been
 closed ``seal_after`` seconds (rows of its last minutes are indexed just after midnight, and
@@ -30,10 +30,15 @@ class Seals:
         return cutoff_date(now, SEAL_WITHIN_DAYS) <= date < cutoff_date(now - self.seal_after, 0)
 
 
-def overlay_part(table: str, part: str, now: float) -> str:
-    """The partition a node's unflushed rows of ``part`` are sent as: a closed day of an
-    hourly table whole (the reader puts them in place of the writer's day object and its
-    hourly objects of that date, however far the seal has got), anything else as it is."""
-    if table in HOURLY and part[:10] < cutoff_date(now, 0):
-        return part[:10]
+def overlay_part(
+    table: str, part: str, sealed: set[tuple[str, str]], seals: Seals, now: float
+) -> str:
+    """The partition a node's unflushed rows of ``part`` are sent as. A day of an hourly
+    table that is ``sealed``, or that the next flush will seal, goes whole: the reader puts
+    its rows in place of the writer's day object and its hourly objects of that date, however
+    far the seal has got. Anything else as it is: a reader that finds the writer's day object
+    beside such an hour asks again (the seal landed in between; profd/warehouse/reader.py)."""
+    date = part[:10]
+    if table in HOURLY and "/" in part and ((table, date) in sealed or seals.sealable(date, now)):
+        return date
     return part

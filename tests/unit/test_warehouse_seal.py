@@ -108,9 +108,13 @@ def test_only_closed_days_inside_the_horizon_are_sealed() -> None:
     assert s.sealable(DAY, NEXT)
     assert s.sealable(DAY, NEXT + 2 * 86400)
     assert not s.sealable(DAY, NEXT + 3 * 86400)  # the index may hold part of it no more
-    assert overlay_part("rank_minutes", f"{DAY}/10", T0) == f"{DAY}/10"
-    assert overlay_part("rank_minutes", f"{DAY}/10", NEXT) == DAY
-    assert overlay_part("incidents", DAY, NEXT) == DAY
+    # A node's unflushed rows: whole days where the day is sealed or about to be.
+    early = NEXT - 3000  # closed, not sealable yet
+    assert overlay_part("rank_minutes", f"{DAY}/10", set(), s, T0) == f"{DAY}/10"
+    assert overlay_part("rank_minutes", f"{DAY}/10", set(), s, early) == f"{DAY}/10"
+    assert overlay_part("rank_minutes", f"{DAY}/10", {("rank_minutes", DAY)}, s, early) == DAY
+    assert overlay_part("rank_minutes", f"{DAY}/10", set(), s, NEXT) == DAY
+    assert overlay_part("incidents", DAY, set(), s, NEXT) == DAY
 
 
 def test_seal_after_has_a_floor(tmp_path: Path) -> None:
@@ -191,6 +195,28 @@ def test_a_nodes_unflushed_rows_of_a_closed_day_stand_for_the_whole_day(
     assert f"{ex.stem}.parquet" in objects(root, "rank_minutes")
     assert count(root, how, overlays) == {"rank_minutes": 4, "job_minutes": 2}
     assert count(root, how) == {"rank_minutes": 4, "job_minutes": 2}
+
+
+def test_an_hours_unflushed_rows_from_before_a_seal_are_refused_as_stale(
+    db: Database, tmp_path: Path, how: str
+) -> None:
+    root = tmp_path / "warehouse"
+    minutes(db, 3)
+    clock = Clock(T0 + 12 * 3600)
+    ex = exporter(tmp_path, clock)
+    q = WarehouseQueueRepo(db)
+    assert ex.flush(q)
+    minutes(db, 4)
+    clock.now = NEXT - 3000  # the day closed, not yet sealable: its hour is sent as it is
+    old = overlays_from_reply(ex.overlays(q))
+    assert sorted(o.part for o in old) == [f"{DAY}/04", f"{DAY}/04"]
+    clock.now = NEXT
+    assert ex.flush(q) and ex.status()["days_sealed"] == 2  # the seal lands in between
+    with pytest.raises(R.StaleOverlay, match=r"sealed \w+_minutes of 2026-03-04 meanwhile"):
+        count(root, how, old)
+    assert count(root, how, overlays_from_reply(ex.overlays(q))) == {
+        "rank_minutes": 4, "job_minutes": 2,
+    }  # fmt: skip
 
 
 def test_a_seal_between_the_listing_and_the_query_runs_the_query_again(

@@ -98,12 +98,23 @@ def run_query(
     except R.WarehouseError as exc:
         raise CtlError(str(exc), code="sql") from None
     overlays: list[Any] = []
-    if not url:
+    ask = not url
+    if ask:
         url, overlays = _from_daemon(env)
+    assert url is not None
     t0 = time.monotonic()
     try:
         loc = R.locate(url, _s3_settings() if url.startswith("s3://") else None)
-        result = R.query(loc, tables, overlays, sql, params, _progress)
+        for attempt in range(R.QUERY_TRIES):
+            try:
+                result = R.query(loc, tables, overlays, sql, params, _progress)
+                break
+            except R.StaleOverlay:
+                # The node sealed a day between its answer and the listing: its answer now
+                # sends that day whole.
+                if not ask or attempt == R.QUERY_TRIES - 1:
+                    raise
+                _, overlays = _from_daemon(env)
     except R.WarehouseError as exc:
         raise CtlError(str(exc), code="sql") from None
     except OSError as exc:
