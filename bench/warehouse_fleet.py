@@ -311,6 +311,10 @@ def generate(f: Fleet, root: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         out[name] = fn(f, root, rng)
         out[name]["write_s"] = round(time.monotonic() - t0, 2)
+    if f.sealed:
+        t0 = time.monotonic()
+        out["sealed"] = seal(root, _day(f.end), {f.stem(i) for i in f.keep_hours_of})
+        out["sealed"]["write_s"] = round(time.monotonic() - t0, 2)
     out["objects"] = {
         t: sum(1 for _ in (root / t).rglob("*.parquet")) if (root / t).exists() else 0
         for t in SCHEMAS
@@ -322,10 +326,6 @@ def generate(f: Fleet, root: Path) -> dict[str, Any]:
         for t in SCHEMAS
     }
     out["hourly"] = sorted(HOURLY)
-    if f.sealed:
-        t0 = time.monotonic()
-        out["sealed"] = seal(root, _day(f.end), {f.stem(i) for i in f.keep_hours_of})
-        out["sealed"]["write_s"] = round(time.monotonic() - t0, 2)
     return out
 
 

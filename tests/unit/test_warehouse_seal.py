@@ -84,6 +84,16 @@ def count(root: Path, how: str, overlays: list[Overlay] | None = None) -> dict[s
     return {"rank_minutes": int(row["r"]), "job_minutes": int(row["j"])}
 
 
+def hour_written(db: Database, tmp_path: Path) -> tuple[Path, Clock, Exporter, WarehouseQueueRepo]:
+    """Two ranks' minutes of 03:00 flushed while the day is open: one hourly object each."""
+    minutes(db, 3)
+    clock = Clock(T0 + 12 * 3600)
+    ex = exporter(tmp_path, clock)
+    q = WarehouseQueueRepo(db)
+    assert ex.flush(q)
+    return tmp_path / "warehouse", clock, ex, q
+
+
 @pytest.fixture(params=["duckdb", "pyarrow"])
 def how(request: pytest.FixtureRequest) -> str:
     return str(request.param)
@@ -176,12 +186,7 @@ def test_a_day_past_the_horizon_keeps_its_hourly_objects(db: Database, tmp_path:
 def test_a_nodes_unflushed_rows_of_a_closed_day_stand_for_the_whole_day(
     db: Database, tmp_path: Path, how: str
 ) -> None:
-    root = tmp_path / "warehouse"
-    minutes(db, 3)
-    clock = Clock(T0 + 12 * 3600)
-    ex = exporter(tmp_path, clock)
-    q = WarehouseQueueRepo(db)
-    assert ex.flush(q)
+    root, clock, ex, q = hour_written(db, tmp_path)
     minutes(db, 4)  # not flushed yet
     clock.now = NEXT
     wire = ex.overlays(q)
@@ -200,12 +205,7 @@ def test_a_nodes_unflushed_rows_of_a_closed_day_stand_for_the_whole_day(
 def test_an_hours_unflushed_rows_from_before_a_seal_are_refused_as_stale(
     db: Database, tmp_path: Path, how: str
 ) -> None:
-    root = tmp_path / "warehouse"
-    minutes(db, 3)
-    clock = Clock(T0 + 12 * 3600)
-    ex = exporter(tmp_path, clock)
-    q = WarehouseQueueRepo(db)
-    assert ex.flush(q)
+    root, clock, ex, q = hour_written(db, tmp_path)
     minutes(db, 4)
     clock.now = NEXT - 3000  # the day closed, not yet sealable: its hour is sent as it is
     old = overlays_from_reply(ex.overlays(q))
@@ -225,12 +225,7 @@ def test_a_seal_between_the_listing_and_the_query_runs_the_query_again(
     """DuckDB lists the directory itself when the query runs: a seal landing after the
     reader's own listing would show it the day object beside the hourly objects that
     listing did not leave out. Another writer's seal is made to land there."""
-    root = tmp_path / "warehouse"
-    minutes(db, 3)
-    clock = Clock(T0 + 12 * 3600)
-    ex = exporter(tmp_path, clock)
-    q = WarehouseQueueRepo(db)
-    assert ex.flush(q)
+    root, clock, ex, q = hour_written(db, tmp_path)
     clock.now = NEXT
     real = R.run_sql
     seen: list[int] = []
