@@ -16,8 +16,9 @@ flushed (half past an hour: the average flush; five to the hour: the largest).
 
 Once a day each node seals the day that closed (one object per hourly table for the whole
 day): ``seal_day`` fills a whole day (captures one a second, every rank's minutes), flushes
-it hour by hour as the day goes, then once more an hour after midnight, and takes that
-flush's CPU, wall time and the flush process's peak memory.
+it hour by hour as the day goes, then flushes an hour after midnight until every hourly
+table's day is sealed (one a flush), and takes those flushes' CPU, the longest one's wall
+time (what rows indexed meanwhile wait) and the flush processes' peak memory.
 
 Targets: export <= 1 % of a core (CPU per flush / ``flush_every`` 60 s); <= 64 KiB per
 rank-day of ``rank_minutes`` (one hour of 1,024 ranks written, x 24 / 1,024).
@@ -41,6 +42,7 @@ import benchlib as B
 from profd.config import load
 from profd.store.index import Database, StepMinuteRepo, TraceRepo, WarehouseQueueRepo
 from profd.warehouse.export import Exporter
+from profd.warehouse.tables import HOURLY
 
 FLUSH_EVERY_S = 60.0
 DAY0 = 1_790_000_000 // 86400 * 86400  # a UTC midnight
@@ -183,9 +185,14 @@ def seal_day(ranks: int, hours: int) -> dict[str, Any]:
             now[0] = start + 3600.0
             assert ex.flush(q)
         now[0] = DAY0 + 86400 + 3600.0  # seal_after (1 h) after the day closed
-        c0, t0 = cpu_s(), time.monotonic()
-        assert ex.flush(q)
-        cpu, wall = cpu_s() - c0, time.monotonic() - t0
+        before_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        flushes: list[tuple[float, float]] = []  # (CPU, wall) of each flush that sealed
+        while ex.status()["days_sealed"] < len(HOURLY):
+            c0, t0 = cpu_s(), time.monotonic()
+            assert ex.flush(q)
+            flushes.append((cpu_s() - c0, time.monotonic() - t0))
+        cpu = sum(c for c, _ in flushes)
+        wall = max(w for _, w in flushes)
         peak_kib = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
         day = {
             p.parent.parent.name: p.stat().st_size
@@ -196,7 +203,10 @@ def seal_day(ranks: int, hours: int) -> dict[str, Any]:
         db.close()
         return {
             "hours": hours, "captures": n, "ranks": ranks, "cpu_s": round(cpu, 2),
-            "wall_s": round(wall, 2), "children_peak_rss_mib": round(peak_kib / 1024, 1),
+            "longest_flush_s": round(wall, 2),
+            "flushes": [[round(c, 2), round(w, 2)] for c, w in flushes],
+            "children_peak_rss_mib": round(peak_kib / 1024, 1),
+            "peak_rss_grew": peak_kib > before_kib,
             "day_object_bytes": day, "days_sealed": st["days_sealed"],
         }  # fmt: skip
     finally:
@@ -268,8 +278,8 @@ def main() -> None:
             "once a day (no target)",
             sealed["cpu_s"],
             "s CPU",
-            spread=f"wall {sealed['wall_s']} s, flush processes' peak RSS "
-            f"{sealed['children_peak_rss_mib']} MiB",
+            spread=f"{len(sealed['flushes'])} flushes, the longest {sealed['longest_flush_s']} s;"
+            f" flush processes' peak RSS {sealed['children_peak_rss_mib']} MiB",
         )
     )
     B.write_result(

@@ -34,6 +34,8 @@ from profd.warehouse.sink import Sink, make_sink
 from profd.warehouse.tables import HOURLY, RANK_DAYS, cutoff_date, expired, object_key
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+#: Days of tables newly sealed by one flush (module :mod:`profd.warehouse.seal`).
+SEALS_PER_FLUSH = 1
 
 
 @dataclass(frozen=True)
@@ -65,10 +67,14 @@ def write_dirty(
     those done before."""
     now, seals = policy.now, policy.seals
     sealed = repo.sealed_days()
-    to_seal = {
-        d for d in repo.unsealed_days()
-        if seals.sealable(d[1], now) and not policy.expired(d[0], d[1])
-    }  # fmt: skip
+    # One new seal per flush (the oldest): a day of a busy node's capture tables is most of a
+    # minute of this process's time, and the rows indexed meanwhile wait for the next flush.
+    to_seal = set(
+        [
+            d for d in repo.unsealed_days()
+            if seals.sealable(d[1], now) and not policy.expired(d[0], d[1])
+        ][:SEALS_PER_FLUSH]
+    )  # fmt: skip
     days: dict[str, list[str]] = {}
     by_part: dict[str, list[str]] = {}
     for mark in repo.marks():
@@ -94,7 +100,8 @@ def write_dirty(
         if stopping.is_set():
             return
         n, size = _write_days(repo, sink, node, stem, date, sorted(tables), now)
-        _count(done, objects=len(tables), rows=n, bytes=size, sealed=len(tables))
+        new_seals = sum((t, date) not in sealed for t in tables)
+        _count(done, objects=len(tables), rows=n, bytes=size, sealed=new_seals)
     for table, date in repo.unswept(now - seals.sweep_after):
         if stopping.is_set():
             return

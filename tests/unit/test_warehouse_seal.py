@@ -154,6 +154,11 @@ def test_a_closed_day_is_sealed_then_swept_and_read_once_throughout(
 
     clock.now = NEXT
     assert ex.flush(q)  # nothing dirty: the seal alone starts the flush process
+    # One table's day a flush: job_minutes first, rank_minutes still in hours, read once.
+    assert objects(root, "job_minutes") == [f"{ex.stem}.parquet", *hourly]
+    assert objects(root, "rank_minutes") == hourly
+    assert count(root, how) == {"rank_minutes": 6, "job_minutes": 3}
+    assert ex.flush(q)
     assert objects(root, "rank_minutes") == [f"{ex.stem}.parquet", *hourly]
     day = pq.read_table(root / "rank_minutes" / f"date={DAY}" / f"{ex.stem}.parquet")
     assert day.num_rows == 6
@@ -211,7 +216,7 @@ def test_an_hours_unflushed_rows_from_before_a_seal_are_refused_as_stale(
     old = overlays_from_reply(ex.overlays(q))
     assert sorted(o.part for o in old) == [f"{DAY}/04", f"{DAY}/04"]
     clock.now = NEXT
-    assert ex.flush(q) and ex.status()["days_sealed"] == 2  # the seal lands in between
+    assert ex.flush(q) and ex.flush(q) and ex.status()["days_sealed"] == 2  # the seals land
     with pytest.raises(R.StaleOverlay, match=r"sealed \w+_minutes of 2026-03-04 meanwhile"):
         count(root, how, old)
     assert count(root, how, overlays_from_reply(ex.overlays(q))) == {
@@ -232,7 +237,7 @@ def test_a_seal_between_the_listing_and_the_query_runs_the_query_again(
 
     def seal_then_run(con: Any, sql: str, params: Any = None) -> Any:
         if not seen:
-            assert ex.flush(q) and ex.status()["days_sealed"] == 2
+            assert ex.flush(q) and ex.flush(q) and ex.status()["days_sealed"] == 2
         res = real(con, sql, params)
         seen.append(res.to_pylist()[0]["n"])
         return res
