@@ -57,7 +57,24 @@ def status_text(st: dict[str, Any]) -> str:
         lines += s3_lines(s3)
     else:
         lines.append("s3       not configured (traces stay in the spool)")
+    if "warehouse" in st:  # a daemon older than 0.3 does not say
+        lines.append(warehouse_line(st["warehouse"]))
     return "\n".join(lines)
+
+
+def warehouse_line(w: dict[str, Any]) -> str:
+    """Where the export writes, what waits, when it last wrote and, while it fails, why."""
+    if not w.get("enabled"):
+        return "warehouse off"
+    line = (
+        f"warehouse {w['url']}  {w['pending_partitions']} partition(s) pending,"
+        f" last written {ago(w.get('last_flush_at'))}"
+    )
+    if w.get("days_sealed"):
+        line += f", {w['days_sealed']} day(s) sealed"
+    if w.get("failing"):
+        line += f"  FAILING: {w.get('last_error') or '?'}"
+    return line
 
 
 #: ``s3.health`` as the text status shows it.
