@@ -141,3 +141,31 @@ def test_ranks_py_spy_cannot_read_are_asked_of_their_agent_and_flights_beside(
     moved = rows[0].on_node("node-a").to_dict()
     assert moved["host"] == "node-a" and moved["client_host"] == "n1"
     assert rows[0].on_node("n1") is rows[0]
+
+
+@pytest.mark.parametrize("pyspy", ["", "/bin/true"])
+def test_a_read_that_starts_past_the_budget_says_why_it_has_no_stacks(
+    pyspy: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool that gets to a process after the request's budget reports it as not read;
+    without py-spy the row says that at once, whenever the pool gets to it (there was
+    nothing to wait for)."""
+    monkeypatch.setenv("PROFD_PYSPY", pyspy)
+    from profd.daemon.clients.pyspy_reader import StackTarget
+
+    got: list[list[RankRow]] = []
+    reader = StackReader(lambda f, *a: f(*a), budget=-1.0)
+    try:
+        done = threading.Event()
+        reader.read(
+            [StackTarget("h", "main", 0, 7, 7, None)], lambda rows: (got.append(rows), done.set())
+        )
+        assert done.wait(10)
+    finally:
+        reader.close()
+    ((row,),) = got
+    assert row.error == (
+        "py-spy not found (or turned off: PROFD_PYSPY empty)"
+        if not pyspy
+        else "not read: the request's time ran out"
+    )
