@@ -15,8 +15,8 @@ from profd.ctl.render import Column, ago, emit_json, say, size, table
 @click.pass_obj
 @command
 def status(env: Env) -> None:
-    """Daemon health: version, uptime, clients, sessions, upload queue, spool, S3 (with
-    --cluster: one row per node that answered)."""
+    """Daemon health: version, uptime, clients, sessions, upload queue, spool, S3, the
+    warehouse export (with --cluster: one row per node that answered)."""
     rows = [{**a.data, "address": a.node.address} for a in env.gather(C.C_STATUS).answered()]
     if env.json:
         emit_json(env.per_node(rows))
