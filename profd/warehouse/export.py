@@ -45,7 +45,7 @@ from profd.store import s3
 from profd.store.index import Database, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
 from profd.warehouse.instance import instance_id
-from profd.warehouse.seal import Seals, overlay_part
+from profd.warehouse.seal import Seals, due, overlay_part
 from profd.warehouse.sink import Sink, make_sink
 from profd.warehouse.tables import RANK_DAYS, TABLES, cutoff_date, expired, writer_stem
 
@@ -211,10 +211,11 @@ class Exporter:
         """A closed day to seal, or a sealed day's hourly objects to delete."""
         if repo.unswept(now - self.seals.sweep_after):
             return True
-        return any(
-            self.seals.sealable(date, now) and not self._expired(table, date, now)
-            for table, date in repo.unsealed_days()
-        )
+
+        def expired(table: str, date: str) -> bool:
+            return self._expired(table, date, now)
+
+        return bool(due(repo.unsealed_days(), self.seals, now, expired))
 
     def _flush_process(self, index: Path, now: float) -> tuple[dict[str, Any], float]:
         """Run :mod:`profd.warehouse.flush` on the marks there are: its result (the

@@ -29,7 +29,7 @@ from profd.daemon.runtime import faults
 from profd.store import s3
 from profd.store.index import Database, Mark, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
-from profd.warehouse.seal import Seals
+from profd.warehouse.seal import Seals, due
 from profd.warehouse.sink import Sink, make_sink
 from profd.warehouse.tables import HOURLY, RANK_DAYS, cutoff_date, expired, object_key
 
@@ -69,12 +69,7 @@ def write_dirty(
     sealed = repo.sealed_days()
     # One new seal per flush (the oldest): a day of a busy node's capture tables is most of a
     # minute of this process's time, and the rows indexed meanwhile wait for the next flush.
-    to_seal = set(
-        [
-            d for d in repo.unsealed_days()
-            if seals.sealable(d[1], now) and not policy.expired(d[0], d[1])
-        ][:SEALS_PER_FLUSH]
-    )  # fmt: skip
+    to_seal = set(due(repo.unsealed_days(), seals, now, policy.expired)[:SEALS_PER_FLUSH])
     days: dict[str, list[str]] = {}
     by_part: dict[str, list[str]] = {}
     for mark in repo.marks():

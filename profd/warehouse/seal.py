@@ -10,6 +10,7 @@ long to read them. No pyarrow here: the daemon uses it for its overlays.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from profd.warehouse.tables import HOURLY, cutoff_date
@@ -28,6 +29,17 @@ class Seals:
     def sealable(self, date: str, now: float) -> bool:
         """``date``'s day objects may be written now (each table's once, then kept)."""
         return cutoff_date(now, SEAL_WITHIN_DAYS) <= date < cutoff_date(now - self.seal_after, 0)
+
+
+def due(
+    unsealed: Iterable[tuple[str, str]],
+    seals: Seals,
+    now: float,
+    expired: Callable[[str, str], bool],
+) -> list[tuple[str, str]]:
+    """The (table, date) among ``unsealed`` (oldest first) that are to be sealed now: closed
+    long enough, inside the horizon, not past their retention."""
+    return [(t, d) for t, d in unsealed if seals.sealable(d, now) and not expired(t, d)]
 
 
 def overlay_part(
