@@ -561,7 +561,10 @@ checks and showed four more problems; each is fixed, and the run above checks th
   steps the box is not told apart from the client without it; each pair's own spread (IQR
   about ±5 %) is what limits the check, not the client.
 - **Again the next session** (2026-11-27, an H200, profd 131e3eb; no change to the client's
-  CUDA paths since): 8 of 8 passed (the run above), idle A/B 0.9965 (0.974..1.031)."""
+  CUDA paths since): 8 of 8 passed, idle A/B 0.9965 (0.974..1.031).
+- **Again** (2026-11-27 15:06, an H200, profd 70a7eb5: the warehouse's sealed days, no change
+  to the client's CUDA paths): 8 of 8 passed (the run above), idle A/B 1.0210
+  (0.968..1.064): inside noise, as the longer runs above showed."""
 
 
 TWO_GPUS = """## Two GPUs (manual)
