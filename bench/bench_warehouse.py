@@ -45,10 +45,11 @@ PROFCTL = str(Path(sys.executable).parent / "profctl")
 PREFIX = "warehouse"
 
 
-def fleet_for(quick: bool, job_minute_days: float, sealed: bool) -> Fleet:
+def fleet_for(quick: bool, job_minute_days: float, sealed: bool, merged: bool = False) -> Fleet:
     if quick:
         return Fleet(
             sealed=sealed,
+            merged=merged,
             nodes=16,
             jobs=4,
             days=3,
@@ -58,7 +59,7 @@ def fleet_for(quick: bool, job_minute_days: float, sealed: bool) -> Fleet:
             incidents=60,
             bad_nodes=(3,),
         )
-    return Fleet(job_minute_days=job_minute_days, incidents=5_000, sealed=sealed)
+    return Fleet(job_minute_days=job_minute_days, incidents=5_000, sealed=sealed, merged=merged)
 
 
 def profctl(env: dict[str, str], *args: str) -> tuple[float, list[dict[str, Any]]]:
@@ -174,6 +175,11 @@ def main() -> None:
         action="store_true",
         help="closed days sealed as the daemons seal them (one object per node, day and table)",
     )
+    p.add_argument(
+        "--merged",
+        action="store_true",
+        help="closed days merged as the daemons merge them (one fleet object per table and day)",
+    )
     args = p.parse_args()
     quick = args.quick
     # moto's fake credentials, for this process's own S3 client only.
@@ -181,7 +187,7 @@ def main() -> None:
         if k.startswith("AWS_") and k != "AWS_ENDPOINT_URL":
             os.environ[k] = v
     started = time.monotonic()
-    f = fleet_for(quick, args.job_minute_days, args.sealed)
+    f = fleet_for(quick, args.job_minute_days, args.sealed, args.merged)
     # --quick: each query once; a second run of a ~0.6 s profctl start-up checks no path more.
     n = 1 if quick else args.repeat
     tmp = Path(tempfile.mkdtemp(prefix="bench-warehouse-"))
@@ -266,7 +272,7 @@ def main() -> None:
         ),
         B.row(
             f"nodes --since 30d, {f.job_minute_days:g} days of job minutes"
-            f"{', sealed' if f.sealed else ''} (p50)",
+            f"{', sealed' if f.sealed else ''}{', merged' if f.merged else ''} (p50)",
             "<= 2 s",
             s["nodes"]["p50"],
             "s",
@@ -277,6 +283,7 @@ def main() -> None:
     details = {
         "objects": made["objects"],
         "sealed_objects": made.get("sealed"),
+        "merged_days": made.get("merged"),
         "bytes": made["bytes"],
         "generate_s": {
             k: made[k]["write_s"] for k in ("incidents", "captures", "job_minutes", "rank_minutes")
@@ -300,6 +307,7 @@ def main() -> None:
         "capture_ranks": f.capture_ranks,
         "incidents": f.incidents,
         "sealed": f.sealed,
+        "merged": f.merged,
         "repeat": n,
     }
     B.write_result("warehouse", args.out, quick, params, rows, details, started)

@@ -20,7 +20,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profd.warehouse.arrow import SCHEMAS
-from profd.warehouse.tables import HOURLY, object_key, writer_stem
+from profd.warehouse.merge import merge
+from profd.warehouse.sink import LocalSink
+from profd.warehouse.tables import HOURLY, SOURCE, TABLES, fleet_key, object_key, writer_stem
 
 KINDS = ("regression", "straggler", "slow_rank", "hang")
 OPS = ("aten::mm", "nccl:all_reduce", "aten::copy_", "aten::layer_norm")
@@ -53,6 +55,11 @@ class Fleet:
     #: inside its ``sweep_after``), which every reader must leave out.
     sealed: bool = False
     keep_hours_of: tuple[int, ...] = ()
+    #: Closed days (before ``end``'s date less one) merged as the daemons merge them: one
+    #: fleet object per table and date (profd/warehouse/merge.py), the writers' day objects
+    #: handed over. Job minutes of those days are written as their fleet objects directly
+    #: (a month of them per node and hour would be 737,280 objects to write first).
+    merged: bool = False
 
     @property
     def start(self) -> float:
@@ -163,12 +170,23 @@ def write_job_minutes(f: Fleet, root: Path, rng: np.random.Generator) -> dict[st
     first = f.end - (minutes - 1) * 60
     hours = sorted({int((first + m * 60) // 3600) for m in range(minutes)})
     rows = objects = 0
+    merged_before = _day(f.end - DAY)
+    by_day: dict[str, list[pa.Table]] = {}
     for h in hours:
         lo = max(first, h * 3600.0)
         mins = np.arange(lo, min(f.end, h * 3600.0 + 3540) + 1, 60.0)
         if not len(mins):
             continue
         part = _hour_part(h * 3600.0)
+        if f.merged and part[:10] < merged_before:
+            by_day.setdefault(part[:10], []).append(_job_minutes_hour(f, mins, rng))
+            if h + 1 not in hours or _hour_part((h + 1) * 3600.0)[:10] != part[:10]:
+                day = pa.concat_tables(by_day.pop(part[:10]))
+                path = root / fleet_key("job_minutes", part[:10], 1)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                pq.write_table(day, path, compression="zstd")
+                rows, objects = rows + day.num_rows, objects + 1
+            continue
         for i in range(f.nodes):
             j = f.job_of_node(i)
             k = len(mins)
@@ -191,6 +209,32 @@ def write_job_minutes(f: Fleet, root: Path, rng: np.random.Generator) -> dict[st
             rows += _write(root, "job_minutes", part, f.stem(i), cols)
             objects += 1
     return {"rows": rows, "objects": objects}
+
+
+def _job_minutes_hour(f: Fleet, mins: np.ndarray[Any, Any], rng: np.random.Generator) -> pa.Table:
+    """Every node's job minutes of one hour, with their writers' stems (a fleet object's)."""
+    k, n = len(mins), f.nodes
+    nodes = [f.node(i) for i in range(n)]
+    jobs = [f.job_of_node(i) for i in range(n)]
+    p50 = 400 + 50 * rng.random(k * n)
+    cols = {
+        "job": np.repeat([f.job(j) for j in jobs], k).tolist(),
+        "role": ["trainer"] * (k * n),
+        "minute": _ts(np.tile(mins, n)),
+        "node": np.repeat(nodes, k).tolist(),
+        "nodes": np.repeat([len(f.job_nodes(j)) for j in jobs], k).astype("int32"),
+        "ranks": np.full(k * n, f.ranks_per_node, "int32"),
+        "steps": np.full(k * n, 120, "int64"),
+        "p50_ms": p50,
+        "p90_ms": p50 * 1.1,
+        "max_ms": p50 * 1.3,
+        "slowest_rank": np.zeros(k * n, "int32"),
+        "slowest_node": np.repeat(nodes, k).tolist(),
+        "vs_baseline": np.ones(k * n),
+    }
+    t = pa.table(cols, schema=SCHEMAS["job_minutes"])
+    stems = pa.array(np.repeat([f.stem(i) for i in range(n)], k).tolist(), pa.string())
+    return t.append_column(SOURCE, stems)
 
 
 def write_rank_minutes(f: Fleet, root: Path, rng: np.random.Generator) -> dict[str, int]:
@@ -311,10 +355,14 @@ def generate(f: Fleet, root: Path) -> dict[str, Any]:
         t0 = time.monotonic()
         out[name] = fn(f, root, rng)
         out[name]["write_s"] = round(time.monotonic() - t0, 2)
-    if f.sealed:
+    if f.sealed or f.merged:
         t0 = time.monotonic()
         out["sealed"] = seal(root, _day(f.end), {f.stem(i) for i in f.keep_hours_of})
         out["sealed"]["write_s"] = round(time.monotonic() - t0, 2)
+    if f.merged:
+        t0 = time.monotonic()
+        out["merged"] = merge_days(root, _day(f.end - DAY), f.end)
+        out["merged"]["write_s"] = round(time.monotonic() - t0, 2)
     out["objects"] = {
         t: sum(1 for _ in (root / t).rglob("*.parquet")) if (root / t).exists() else 0
         for t in SCHEMAS
@@ -348,4 +396,26 @@ def seal(root: Path, before: str, keep: set[str]) -> dict[str, int]:
                 if stem not in keep:
                     for p in hours:
                         p.unlink()
+    return made
+
+
+def merge_days(root: Path, before: str, now: float) -> dict[str, int]:
+    """Every table's dates before ``before`` merged by profd's own merge (fleet object 1
+    of each date: every writer's day object), then the day objects deleted, as each writer
+    does once the grace period has passed."""
+    sink = LocalSink(root)
+    made: dict[str, int] = {}
+    for table in TABLES:
+        for date in sink.dates(table):
+            if date >= before:
+                continue
+            listed = sink.folder(table, date)
+            days = {n[:-8]: o for n, o in listed.items() if n.count("~") == 1 and n[0] != "~"}
+            if not days:
+                continue
+            present = {n.split("~")[0] + "~" + n.split("~")[1] for n in listed if n[0] != "~"}
+            assert merge(sink, table, date, 1, ("", {}), days, present, now)
+            for stem in days:
+                sink.delete(object_key(table, date, stem))
+            made[table] = made.get(table, 0) + 1
     return made

@@ -321,6 +321,8 @@ def _blackbox(table: Mapping[str, Any]) -> BlackboxConfig:
 #: as the whole day and an open day's hour by hour (profd/warehouse/seal.py), so a seal of a
 #: day that was open when the reader asked must not land before the reader lists the objects.
 MIN_SEAL_AFTER = 300.0
+#: The least ``[warehouse] merge_after``: a date is merged after its writers sealed it.
+MIN_MERGE_AFTER = 600.0
 
 
 @dataclass(frozen=True)
@@ -341,6 +343,10 @@ class WarehouseConfig:
     #: deleted (docs/warehouse.md "Layout").
     seal_after: float = 3600.0
     sweep_after: float = 3600.0
+    #: Whether closed days are merged into fleet objects (every writer's rows of a table's
+    #: date in one object), and how long after a date ends (docs/warehouse.md "Layout").
+    merge: bool = True
+    merge_after: float = 86400.0
 
     @property
     def is_s3(self) -> bool:
@@ -367,6 +373,14 @@ def _warehouse(table: Mapping[str, Any], s3: S3Config, state_dir: Path) -> Wareh
         )
     if "sweep_after" in table:
         kw["sweep_after"] = _number(table["sweep_after"], "warehouse.sweep_after", float, 0, True)
+    if "merge" in table:
+        if not isinstance(table["merge"], bool):
+            raise ConfigError(f"warehouse.merge: must be true or false, got {table['merge']!r}")
+        kw["merge"] = table["merge"]
+    if "merge_after" in table:
+        kw["merge_after"] = _number(
+            table["merge_after"], "warehouse.merge_after", float, MIN_MERGE_AFTER, zero_ok=True
+        )
     url = _opt_str(table.get("url"), "warehouse.url")
     kw["url"] = _warehouse_url(url, s3, state_dir)
     return WarehouseConfig(**kw)

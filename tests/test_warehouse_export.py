@@ -25,6 +25,7 @@ from profd.ctl.connection import Connection, decode_reply
 from profd.store.index import Database, IncidentRepo, StepMinuteRepo
 from profd.warehouse.arrow import SCHEMAS
 from profd.warehouse.reader import overlays_from_reply
+from profd.warehouse.tables import fleet_serial
 
 WAIT = 30.0
 FAST = "[warehouse]\nflush_every = 0.5\n"
@@ -305,3 +306,82 @@ def test_a_closed_day_is_sealed_in_s3_swept_and_read_once(
     wait_for(lambda: count("--warehouse", url) == 4, WAIT, "the late row in the day object")
     assert keys("rank_minutes") == [f"{stem}.parquet"] and count() == 4
     assert status(d)["pending_partitions"] == 0
+
+
+def test_two_nodes_days_merge_into_one_fleet_object_in_s3_read_once_throughout(
+    daemon_factory: Callable[..., Daemon],
+    moto_server: MotoServer,  # noqa: F811
+) -> None:
+    """Two daemons writing one S3 warehouse: a closed day of each table is sealed by each,
+    merged by the first node (by name) into one fleet object, and handed over by both (their
+    own objects deleted); a late row of that day brings a node's day object back, which a
+    second fleet object takes in. Every count, from S3 and through a node, is exact at every
+    look."""
+    fast = FAST + "seal_after = 300\nsweep_after = 0\nmerge_after = 600\n"
+    env = {"PROFD_S3_URL": f"s3://{BUCKET}/fleet", **moto_server.env()}
+    nodes = [daemon_factory(config=fast, PROFD_NODE_NAME=n, **env) for n in ("node-a", "node-b")]
+    minute = (int(time.time()) - 30 * 3600) // 60 * 60
+    date = time.strftime("%Y-%m-%d", time.gmtime(minute))
+    for i, d in enumerate(nodes):
+        feed(d, ranks=3, incident=f"inc-{i}", minute=minute, detected_at=minute + 10.0)
+    url = status(nodes[0])["url"]
+
+    def keys(table: str) -> list[str]:
+        found = moto_server.objects(f"fleet/warehouse/{table}/date={date}/")
+        return sorted(k.rsplit("/", 1)[1] for k in found)
+
+    sql = (
+        "SELECT (SELECT count(*) FROM rank_minutes) AS r, (SELECT count(*) FROM job_minutes)"
+        " AS j, (SELECT count(*) FROM incidents) AS i"
+    )
+    seen: list[dict[str, int]] = []
+
+    def counts() -> dict[str, int]:
+        (row,) = nodes[1].ctl_json("query", "--warehouse", url, sql)
+        seen.append(row)
+        return dict(row)
+
+    def fleets(tables: tuple[str, ...]) -> dict[str, int] | None:
+        """Each table's fleet object serial, once its day is that one object only."""
+        counts()
+        out: dict[str, int] = {}
+        for t in tables:
+            names = keys(t)
+            serial = fleet_serial(names[0]) if len(names) == 1 else None
+            if serial is None:
+                return None
+            out[t] = serial
+        return out
+
+    wait_for(lambda: counts() == {"r": 6, "j": 2, "i": 2}, WAIT, "both nodes' rows")
+    seen.clear()
+    first = wait_for(
+        lambda: fleets(("rank_minutes", "job_minutes", "incidents")), 60.0, "one fleet object"
+    )
+    # Read as often as the wait looked, from the seals to the last hand-over: exact.
+    assert all(r == {"r": 6, "j": 2, "i": 2} for r in seen), seen
+    assert all(status(d)["days_handed_to_fleet"] >= 3 for d in nodes)
+    assert status(nodes[0])["fleet_objects_written"] >= 3  # node-a merges: first by name
+    (row,) = nodes[0].ctl_json("query", sql)  # on a node: its unflushed rows too
+    assert row == {"r": 6, "j": 2, "i": 2}
+    (key,) = moto_server.objects(f"fleet/warehouse/rank_minutes/date={date}/")
+    fleet = pq.read_table(pa.BufferReader(moto_server.get(key)))
+    assert fleet.schema.names == [*SCHEMAS["rank_minutes"].names, "_source"]
+    stems = sorted(status(d)["stem"] for d in nodes)
+    assert sorted(zip(fleet["_source"].to_pylist(), fleet["rank"].to_pylist(), strict=True)) == [
+        (s, r) for s in stems for r in range(3)
+    ]
+
+    # A late row of that day on node-b: its day object is back, then merged again.
+    seen.clear()
+    feed(nodes[1], ranks=4, incident=None, minute=minute)
+    wait_for(lambda: counts()["r"] == 7, WAIT, "the late row")
+    minutes = ("rank_minutes", "job_minutes")  # the incidents' day did not change
+
+    def again() -> bool:
+        now = fleets(minutes)
+        return now is not None and all(now[t] > first[t] for t in minutes)
+
+    wait_for(lambda: again() and counts()["r"] == 7, 60.0, "the day merged again")
+    assert all(r["r"] in (6, 7) and r["j"] == 2 and r["i"] == 2 for r in seen), seen
+    assert [r["r"] for r in seen] == sorted(r["r"] for r in seen)  # never back to 6

@@ -13,22 +13,41 @@ import polars as pl
 
 
 def scan(root: str, table: str, storage_options: dict[str, str] | None = None) -> pl.LazyFrame:
-    """A table's rows, each once: a writer's hourly objects of a date are left out where
-    that writer has a day object there (it sealed the day), told by the objects' names."""
-    name = pl.col("_path").str.extract(r"([^/]+)\.parquet$")
-    hourly = pl.col("_hourly")
+    """A table's rows, each once, told by the objects' names and the fleet objects'
+    ``_source`` (docs/warehouse.md "Layout"). In each date: a writer's hourly objects are
+    left out where it has a day object there (it sealed the day); of the fleet objects
+    (``~fleet~{serial:08d}.parquet``) only the greatest name counts, and of its rows only
+    those whose ``_source`` writer has no object of its own there (which is read instead)."""
+    glob = f"{root.rstrip('/')}/{table}/**/*.parquet"
+    # Only fleet objects have ``_source``: the scan's schema is the first object's, plus it.
+    first = pl.scan_parquet(glob, storage_options=storage_options, hive_partitioning=False)
+    schema = {**first.collect_schema(), "_source": pl.String}
+    path = pl.col("_path")
+    name = path.str.extract(r"([^/]+)\.parquet$")
+    fleet, hourly = pl.col("_fleet"), pl.col("_hourly")
+    who = ["date", "_who"]
     return (
         pl.scan_parquet(
-            f"{root.rstrip('/')}/{table}/**/*.parquet",
+            glob,
             hive_partitioning=True,
             storage_options=storage_options,
             include_file_paths="_path",
+            schema=schema,
+            missing_columns="insert",
         )
         .with_columns(
-            _writer=name.str.extract(r"^([^~]*~[^~]*)"), _hourly=name.str.count_matches("~") == 2
+            _fleet=name.str.contains(r"^~fleet~[0-9]{8}$"),
+            _hourly=name.str.contains(r"^[^~]+~[^~]+~[0-9]{2}$"),
+            _who=pl.coalesce("_source", name.str.extract(r"^([^~]+~[^~]+)")),
         )
-        .filter(~hourly | ~(~hourly).any().over(["date", "_writer"]))
-        .drop("_path", "_writer", "_hourly")
+        .filter(
+            pl.when(fleet)
+            .then(
+                (path == pl.when(fleet).then(path).max().over("date")) & ~(~fleet).any().over(who)
+            )
+            .otherwise(~(hourly & (~fleet & ~hourly).any().over(who)))
+        )
+        .drop("_path", "_fleet", "_hourly", "_who", "_source")
     )
 
 

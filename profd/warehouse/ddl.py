@@ -2,42 +2,59 @@
 Spark, built from :data:`SCHEMAS` so it cannot drift from what the daemon writes.
 docs/warehouse.md holds its output (a unit test checks that it is the same text).
 
-An hourly table is two statements: ``{table}_objects`` over every object, and the view
-``{table}`` that leaves out the hourly objects a writer's day object supersedes (a sealed
-day: docs/warehouse.md "Layout"). The view decides from the object names the one scan read,
-so a seal landing while a query runs cannot make it read a row twice."""
+Each table is two statements: ``{table}_objects`` over every object of the table (its
+columns, plus the fleet objects' ``_source``), and the view ``{table}`` that reads each row
+once (docs/warehouse.md "Layout"). In each date it leaves out the hourly objects a writer's
+day object supersedes (a sealed day), every fleet object but the chosen one (the highest
+serial), and the chosen one's rows of each writer that still has objects of its own there
+(those are read instead). The view decides from the object paths and ``_source`` values of
+the one scan it reads, so a seal or a new fleet object landing while a query runs cannot
+make it read a row twice."""
 
 from __future__ import annotations
 
 import pyarrow as pa
 
 from profd.warehouse.arrow import SCHEMAS
-from profd.warehouse.tables import HOURLY
+from profd.warehouse.tables import SOURCE
 
-#: A writer's stem in an object's path, and an hourly object's name (``[.]``, not ``\.``:
-#: Spark's string literals would take the backslash).
+#: A writer's stem in an object's path, an hourly object's name and a fleet object's
+#: (``[.]``, not ``\.``: Spark's string literals would take the backslash). WRITER_RE also
+#: matches a fleet object's name; its rows name their writer in ``_source``.
 WRITER_RE = "([^/~]+~[^/~]+)(~[0-9][0-9])?[.]parquet$"
 HOURLY_RE = "~[0-9][0-9][.]parquet$"
+FLEET_RE = "/~fleet~[0-9]{8}[.]parquet$"
 
 
 def sealed_view(name: str, source: str, columns: list[str], path: str, matches: str) -> str:
-    """``CREATE VIEW name`` over ``source`` with each row once: a row of an hourly object is
-    kept only where its writer has no day object in its date. ``path`` is the engine's
-    expression for a row's object, ``matches`` its regex test with ``{s}`` and ``{re}``."""
+    """``CREATE VIEW name`` over ``source`` with each row once. In each date: a row of an
+    hourly object is kept only where its writer has no day object; of the fleet objects only
+    the chosen one (the greatest path) counts, and of its rows only those whose ``_source``
+    writer has no object of its own there. ``columns`` are the view's, quoted, ``date`` last;
+    ``path`` is the engine's expression for a row's object, ``matches`` its regex test with
+    ``{s}`` and ``{re}``."""
     cols = ", ".join(columns)
+    date = columns[-1]
+    who = date.replace("date", SOURCE)
     hourly = matches.format(s=path, re=f"'{HOURLY_RE}'")
+    fleet = matches.format(s=path, re=f"'{FLEET_RE}'")
     return (
         f"CREATE VIEW {name} AS\n"
         f"SELECT {cols} FROM (\n"
-        "  SELECT o.*, bool_or(NOT hourly_) OVER (PARTITION BY date_, writer_) AS sealed_\n"
+        "  SELECT o.*,\n"
+        "    bool_or(NOT fleet_ AND NOT hourly_) OVER (PARTITION BY date_, who_) AS sealed_,\n"
+        "    bool_or(NOT fleet_) OVER (PARTITION BY date_, who_) AS own_,\n"
+        "    max(CASE WHEN fleet_ THEN path_ END) OVER (PARTITION BY date_) AS chosen_\n"
         "  FROM (\n"
-        f"    SELECT t.*, t.{columns[-1]} AS date_,\n"
-        f"      regexp_extract({path}, '{WRITER_RE}', 1) AS writer_,\n"
-        f"      {hourly} AS hourly_\n"
+        f"    SELECT t.*, t.{date} AS date_, {path} AS path_,\n"
+        f"      COALESCE(t.{who}, regexp_extract({path}, '{WRITER_RE}', 1)) AS who_,\n"
+        f"      {hourly} AS hourly_,\n"
+        f"      {fleet} AS fleet_\n"
         f"    FROM {source} t\n"
         "  ) o\n"
         ") s\n"
-        "WHERE NOT hourly_ OR NOT sealed_;"
+        "WHERE CASE WHEN fleet_ THEN path_ = chosen_ AND NOT own_\n"
+        "  ELSE NOT (hourly_ AND sealed_) END;"
     )
 
 
@@ -86,17 +103,18 @@ def _names(table: str, quote: str) -> list[str]:
     return [f"{quote}{n}{quote}" for n in [*SCHEMAS[table].names, "date"]]
 
 
+def _fields(table: str) -> list[pa.Field]:
+    """The columns of ``{table}_objects`` but ``date``: the table's, then ``_source``."""
+    return [*SCHEMAS[table], pa.field(SOURCE, pa.string())]
+
+
 def athena(table: str, location: str = "s3://BUCKET/PREFIX") -> str:
     """``CREATE EXTERNAL TABLE`` with partition projection on ``date``: no partitions to
     load, new days are readable at once."""
-    cols = ",\n".join(f"  `{f.name}` {_hive(f.type)}" for f in SCHEMAS[table])
+    cols = ",\n".join(f"  `{f.name}` {_hive(f.type)}" for f in _fields(table))
     where = f"{location}/{table}/"
-    name = f"{table}_objects" if table in HOURLY else table
-    view = ""
-    if table in HOURLY:
-        view = "\n" + sealed_view(
-            table, name, _names(table, '"'), '"$path"', "regexp_like({s}, {re})"
-        )
+    name = f"{table}_objects"
+    view = sealed_view(table, name, _names(table, '"'), '"$path"', "regexp_like({s}, {re})")
     return (
         f"CREATE EXTERNAL TABLE {name} (\n{cols}\n)\n"
         "PARTITIONED BY (`date` string)\n"
@@ -110,24 +128,22 @@ def athena(table: str, location: str = "s3://BUCKET/PREFIX") -> str:
         "  'projection.date.interval' = '1',\n"
         "  'projection.date.interval.unit' = 'DAYS',\n"
         f"  'storage.location.template' = '{where}date=${{date}}/'\n"
-        ");" + view
+        ");\n" + view
     )
 
 
 def trino(table: str, location: str = "s3://BUCKET/PREFIX") -> str:
     """A Hive-connector table over the objects, and the call that finds new partitions
     (run it once a day, or after a day's first objects appear)."""
-    cols = ",\n".join(f'  "{f.name}" {_trino(f.type)}' for f in SCHEMAS[table])
-    name = f"{table}_objects" if table in HOURLY else table
-    view = ""
-    if table in HOURLY:
-        view = "\n" + sealed_view(
-            f"hive.profd.{table}",
-            f"hive.profd.{name}",
-            _names(table, '"'),
-            '"$path"',
-            "regexp_like({s}, {re})",
-        )
+    cols = ",\n".join(f'  "{f.name}" {_trino(f.type)}' for f in _fields(table))
+    name = f"{table}_objects"
+    view = sealed_view(
+        f"hive.profd.{table}",
+        f"hive.profd.{name}",
+        _names(table, '"'),
+        '"$path"',
+        "regexp_like({s}, {re})",
+    )
     return (
         f"CREATE TABLE hive.profd.{name} (\n{cols},\n"
         '  "date" varchar\n'
@@ -136,26 +152,22 @@ def trino(table: str, location: str = "s3://BUCKET/PREFIX") -> str:
         "  format = 'PARQUET',\n"
         "  partitioned_by = ARRAY['date']\n"
         ");\n"
-        f"CALL hive.system.sync_partition_metadata('profd', '{name}', 'FULL');" + view
+        f"CALL hive.system.sync_partition_metadata('profd', '{name}', 'FULL');\n" + view
     )
 
 
 def spark(table: str, location: str = "s3a://BUCKET/PREFIX") -> str:
     """A Spark SQL table over the objects; ``MSCK REPAIR TABLE`` picks up new partitions."""
-    cols = ",\n".join(f"  `{f.name}` {_hive(f.type)}" for f in SCHEMAS[table])
-    name = f"{table}_objects" if table in HOURLY else table
-    view = ""
-    if table in HOURLY:
-        view = "\n" + sealed_view(
-            table, name, _names(table, "`"), "input_file_name()", "{s} RLIKE {re}"
-        )
+    cols = ",\n".join(f"  `{f.name}` {_hive(f.type)}" for f in _fields(table))
+    name = f"{table}_objects"
+    view = sealed_view(table, name, _names(table, "`"), "input_file_name()", "{s} RLIKE {re}")
     return (
         f"CREATE TABLE {name} (\n{cols},\n"
         "  `date` string\n"
         ")\nUSING PARQUET\n"
         "PARTITIONED BY (`date`)\n"
         f"LOCATION '{location}/{table}/';\n"
-        f"MSCK REPAIR TABLE {name};" + view
+        f"MSCK REPAIR TABLE {name};\n" + view
     )
 
 

@@ -45,7 +45,7 @@ from profd.store import s3
 from profd.store.index import Database, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
 from profd.warehouse.instance import instance_id
-from profd.warehouse.seal import Seals, due, overlay_part
+from profd.warehouse.seal import Merging, Seals, due, overlay_part
 from profd.warehouse.sink import Sink, make_sink
 from profd.warehouse.tables import RANK_DAYS, TABLES, cutoff_date, expired, writer_stem
 
@@ -54,6 +54,8 @@ log = logging.getLogger("profd.warehouse")
 BACKOFF_MIN_S = 1.0
 BACKOFF_MAX_S = 300.0
 RETENTION_EVERY_S = 86400.0
+#: How often a day of this node waiting for the fleet starts a flush of its own.
+MERGE_CHECK_EVERY_S = 600.0
 STOP_JOIN_S = 10.0
 
 
@@ -73,6 +75,8 @@ class Exporter:
         self.keep_days = wh.keep_days
         self.keep_rank_days = wh.keep_rank_days
         self.seals = Seals(wh.seal_after, wh.sweep_after)
+        self.merging = Merging(wh.merge_after, wh.sweep_after) if wh.merge else None
+        self._merge_check_at = 0.0
         self.node = cfg.node_name
         self.instance = instance_id(cfg.state_dir)
         self.stem = writer_stem(self.node, self.instance)
@@ -100,6 +104,8 @@ class Exporter:
         self._deleted = 0
         self._sealed = 0
         self._swept = 0
+        self._merged = 0
+        self._handed = 0
 
     # --- lifecycle (event loop) ----------------------------------------------------------------
     def start(self) -> None:
@@ -155,6 +161,8 @@ class Exporter:
                 "retention_deleted": self._deleted,
                 "days_sealed": self._sealed,
                 "days_swept": self._swept,
+                "fleet_objects_written": self._merged,
+                "days_handed_to_fleet": self._handed,
             }
 
     # --- the worker ---------------------------------------------------------------------------
@@ -188,11 +196,14 @@ class Exporter:
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):
                     repo.drop(mark.table, mark.part)
-            if (repo.pending() or self._seals_due(repo, now)) and not self._stopping.is_set():
+            due = repo.pending() or self._seals_due(repo, now) or self._merges_due(repo, now)
+            if due and not self._stopping.is_set():
                 res, child_cpu = self._flush_process(repo.db_path, now)
                 objects, rows, nbytes = int(res["objects"]), int(res["rows"]), int(res["bytes"])
                 with self._lock:
                     self._sealed += int(res.get("sealed", 0))
+                    self._merged += int(res.get("merged", 0))
+                    self._handed += int(res.get("handed", 0))
                     self._swept += int(res.get("swept", 0))
                 if res["error"]:
                     raise FlushFailed(str(res["error"]))
@@ -217,6 +228,19 @@ class Exporter:
 
         return bool(due(repo.unsealed_days(), self.seals, now, expired))
 
+    def _merges_due(self, repo: WarehouseQueueRepo, now: float) -> bool:
+        """A closed day of this node's not in a fleet object yet. While there are, a flush
+        of their own starts no more often than every :data:`MERGE_CHECK_EVERY_S` (or a
+        quarter of the grace period, if shorter): a day waits out its grace period, and
+        each look is a process that loads pyarrow."""
+        if self.merging is None or now < self._merge_check_at:
+            return False
+        if not repo.unmerged(self.merging.cutoff(now)):
+            return False
+        every = min(MERGE_CHECK_EVERY_S, self.merging.grace / 4)
+        self._merge_check_at = now + max(self.flush_every, every)
+        return True
+
     def _flush_process(self, index: Path, now: float) -> tuple[dict[str, Any], float]:
         """Run :mod:`profd.warehouse.flush` on the marks there are: its result (the
         objects, rows and bytes it wrote, and its error or None) and the CPU seconds it
@@ -231,6 +255,7 @@ class Exporter:
             "keep_rank_days": self.keep_rank_days,
             "seal_after": self.seals.seal_after,
             "sweep_after": self.seals.sweep_after,
+            "merge_after": self.merging.merge_after if self.merging is not None else None,
             "now": now,
             "daemon_pid": os.getpid(),
         }

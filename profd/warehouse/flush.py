@@ -29,9 +29,9 @@ from profd.daemon.runtime import faults
 from profd.store import s3
 from profd.store.index import Database, Mark, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
-from profd.warehouse.seal import Seals, due
+from profd.warehouse.seal import Merging, Seals, due
 from profd.warehouse.sink import Sink, make_sink
-from profd.warehouse.tables import HOURLY, RANK_DAYS, cutoff_date, expired, object_key
+from profd.warehouse.tables import HOURLY, RANK_DAYS, TABLES, cutoff_date, expired, object_key
 
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 #: Days of tables newly sealed by one flush (module :mod:`profd.warehouse.seal`).
@@ -46,6 +46,8 @@ class Policy:
     keep_days: int
     keep_rank_days: int
     seals: Seals
+    #: Seconds after a date ends before it is merged into fleet objects (None: never).
+    merge_after: float | None = None
 
     def expired(self, table: str, part: str) -> bool:
         return expired(table, part, self.now, self.keep_days, self.keep_rank_days)
@@ -89,7 +91,7 @@ def write_dirty(
     for part, tables in by_part.items():
         if stopping.is_set():
             return
-        n, size = _write(repo, sink, node, stem, part, tables)
+        n, size = _write(repo, sink, node, stem, part, tables, now)
         _count(done, objects=len(tables), rows=n, bytes=size)
     for date, tables in sorted(days.items()):
         if stopping.is_set():
@@ -103,8 +105,31 @@ def write_dirty(
         sink.delete_hours(table, date, stem)
         repo.swept(table, date, now)
         _count(done, swept=1)
-    for table in HOURLY:
+    for table in TABLES:
         repo.forget_days(table, cutoff_date(now, retention_days(table, policy)))
+    if policy.merge_after is not None and not stopping.is_set():
+        merging = Merging(policy.merge_after, seals.sweep_after)
+        _merge(repo, sink, stem, policy, merging, stopping, done)
+
+
+def _merge(
+    repo: WarehouseQueueRepo,
+    sink: Sink,
+    stem: str,
+    policy: Policy,
+    merging: Merging,
+    stopping: threading.Event,
+    done: dict[str, Any],
+) -> None:
+    """This node's part in the fleet objects (module :mod:`profd.warehouse.merge`)."""
+    from profd.warehouse.merge import tend
+
+    now = policy.now
+    days = [d for d in repo.unmerged(merging.cutoff(now)) if not policy.expired(*d)]
+    counts = tend(
+        days, sink, stem, merging, now, lambda t, d: repo.merged(t, d, now), stopping.is_set
+    )
+    _count(done, **counts)
 
 
 def retention_days(table: str, policy: Policy) -> int:
@@ -117,7 +142,13 @@ def _count(done: dict[str, Any], **more: int) -> None:
 
 
 def _write(
-    repo: WarehouseQueueRepo, sink: Sink, node: str, stem: str, part: str, tables: list[str]
+    repo: WarehouseQueueRepo,
+    sink: Sink,
+    node: str,
+    stem: str,
+    part: str,
+    tables: list[str],
+    now: float,
 ) -> tuple[int, int]:
     """One partition's objects: the marks' gens and the rows read in one snapshot (the
     capture tables of an hour share one read of its traces), then each object written
@@ -142,6 +173,11 @@ def _write(
         faults.point("warehouse-written")
         if mark.table in HOURLY:
             repo.record_day(mark.table, mark.part[:10])
+        else:
+            # A daily table's object is its day object from the start: nothing to seal or
+            # sweep, a day to merge once closed.
+            repo.sealed(mark.table, mark.part, now)
+            repo.swept(mark.table, mark.part, now)
         repo.written(mark)
         rows, nbytes = rows + table.num_rows, nbytes + len(data)
     return rows, nbytes
@@ -216,7 +252,8 @@ def main() -> int:
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda _s, _f: stopping.set())
     result: dict[str, Any] = {
-        "objects": 0, "rows": 0, "bytes": 0, "sealed": 0, "swept": 0, "error": None,
+        "objects": 0, "rows": 0, "bytes": 0, "sealed": 0, "swept": 0, "merged": 0,
+        "handed": 0, "error": None,
     }  # fmt: skip
     db = Database(Path(job["index"]))
     try:
@@ -226,6 +263,7 @@ def main() -> int:
             int(job["keep_days"]),
             int(job["keep_rank_days"]),
             Seals(float(job["seal_after"]), float(job["sweep_after"])),
+            None if job.get("merge_after") is None else float(job["merge_after"]),
         )
         repo = WarehouseQueueRepo(db)
         write_dirty(repo, sink, job["node"], job["stem"], policy, stopping, result)

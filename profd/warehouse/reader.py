@@ -24,7 +24,15 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from profd.warehouse.arrow import SCHEMAS, Overlay, arrow_table
-from profd.warehouse.tables import HOURLY, TABLES, object_key, stands_for, superseded
+from profd.warehouse.tables import (
+    SOURCE,
+    TABLES,
+    Plan,
+    fleet_serial,
+    object_key,
+    plan,
+    stands_for,
+)
 
 if TYPE_CHECKING:
     import pyarrow.dataset as ds
@@ -123,12 +131,11 @@ def s3_filesystem(s3: S3Settings) -> pafs.S3FileSystem:
 
 
 def list_files(loc: Location, table: str) -> dict[str, int]:
-    """Every ``.parquet`` object of ``table`` (paths as ``loc.fs`` names them) and its size,
-    less the hourly objects a day object supersedes (:func:`superseded`)."""
+    """Every ``.parquet`` object of ``table`` a reader reads whole (paths as ``loc.fs``
+    names them) and its size: the listing less what :func:`plan` leaves out and less the
+    fleet objects (read with their rows filtered)."""
     files = _listing(loc, table)
-    for path in superseded(files):
-        del files[path]
-    return files
+    return {p: files[p] for p in plan(files).writers(files)}
 
 
 def _listing(loc: Location, table: str) -> dict[str, int]:
@@ -183,16 +190,6 @@ def table_dataset(
     return parts[0] if len(parts) == 1 else ds.dataset(parts)
 
 
-def open_datasets(loc: Location, overlays: Sequence[Overlay] = ()) -> dict[str, ds.Dataset]:
-    """Every table of the warehouse as a dataset (empty, with its schema, if it has none)."""
-    out: dict[str, ds.Dataset] = {}
-    for t in TABLES:
-        files = list_files(loc, t)
-        _check_overlays(loc, t, overlays, files)
-        out[t] = table_dataset(loc, t, files, overlays)
-    return out
-
-
 def replaced_paths(loc: Location, table: str, overlays: Iterable[Overlay]) -> list[str]:
     """The objects of ``table`` that ``overlays`` stand in for, as ``loc.fs`` names them."""
     return [
@@ -221,12 +218,6 @@ def locked(allowed: Sequence[str] = ()) -> Any:
     return con
 
 
-def register(con: Any, datasets: Mapping[str, ds.Dataset]) -> None:
-    """One view per table: DuckDB scans the dataset through pyarrow (filters pushed down)."""
-    for name, d in datasets.items():
-        con.register(name, d)
-
-
 def _literal(text: str) -> str:
     return "'" + text.replace("'", "''") + "'"
 
@@ -237,13 +228,15 @@ def native_view(
     table: str,
     overlays: Sequence[Overlay],
     skip: Iterable[str] = (),
+    fleet: str = "",
 ) -> None:
     """``table`` as a view over DuckDB's own Parquet reader (local disk only: it is about
-    three times faster than a pyarrow dataset over thousands of small objects), the objects
-    an overlay replaces and those in ``skip`` filtered out by file name, and the overlays'
-    rows added."""
+    three times faster than a pyarrow dataset over thousands of small objects): the
+    writers' objects (fleet objects' names start with ``~``, which the glob leaves out), less
+    those an overlay replaces and those in ``skip``, then ``fleet`` (:func:`fleet_sql`) and
+    the overlays' rows."""
     mine = [o for o in overlays if o.table == table]
-    files = _literal(loc.path(table) + "/*/*.parquet")
+    files = _literal(loc.path(table) + "/*/[!~]*.parquet")
     sql = (
         "SELECT * EXCLUDE (filename) FROM read_parquet("
         f"{files}, hive_partitioning = true, hive_types = {{'date': VARCHAR}}, filename = true)"
@@ -251,11 +244,62 @@ def native_view(
     replaced = sorted({*replaced_paths(loc, table, mine), *skip})
     if replaced:
         sql += f" WHERE filename NOT IN ({', '.join(_literal(p) for p in replaced)})"
-    extra = [overlay_rows(o) for o in mine if o.rows.num_rows]
+    con.execute(f"CREATE VIEW {table} AS {_with_more(con, table, sql, fleet, mine)}")
+
+
+def _with_more(con: Any, table: str, sql: str, fleet: str, overlays: list[Overlay]) -> str:
+    """``sql`` (a table's writers' rows) with its fleet objects' rows and its overlays'."""
+    if fleet:
+        sql += f" UNION ALL BY NAME {fleet}"
+    extra = [overlay_rows(o) for o in overlays if o.rows.num_rows]
     if extra:
         con.register(f"overlay_{table}", pa.concat_tables(extra))
         sql += f" UNION ALL BY NAME SELECT * FROM overlay_{table}"
-    con.execute(f"CREATE VIEW {table} AS {sql}")
+    return sql
+
+
+def fleet_sql(
+    con: Any, loc: Location, table: str, fleets: Mapping[str, int], p: Plan, native: bool
+) -> str:
+    """A SELECT of the rows of ``table``'s chosen fleet objects that count: those whose
+    writer has nothing of its own in the date (:func:`profd.warehouse.tables.plan`)."""
+    if not fleets:
+        return ""
+    if native:
+        paths = ", ".join(_literal(f) for f in fleets)
+        source = (
+            f"read_parquet([{paths}], hive_partitioning = true, hive_types = {{'date': VARCHAR}})"
+        )
+    else:
+        source = f"fleet_{table}"
+        con.register(source, fleet_dataset(loc, table, fleets))
+    pairs = sorted(
+        f"{m.group(1)}|{stem}"
+        for path, stems in p.fleets.items()
+        if (m := _DATE_DIR.search(path))
+        for stem in stems
+    )
+    sql = f"SELECT * EXCLUDE ({SOURCE}) FROM {source}"
+    if pairs:
+        listed = ", ".join(_literal(x) for x in pairs)
+        sql += f" WHERE (date || '|' || {SOURCE}) NOT IN ({listed})"
+    return sql
+
+
+def fleet_dataset(loc: Location, table: str, fleets: Mapping[str, int]) -> ds.Dataset:
+    """The fleet objects ``fleets`` as one dataset, with their :data:`SOURCE` column."""
+    import pyarrow.dataset as ds
+
+    schema = table_schema(table).insert(len(SCHEMAS[table]), pa.field(SOURCE, pa.string()))
+    fmt = ds.ParquetFileFormat()
+    fragments = [
+        fmt.make_fragment(
+            path, loc.fs, partition_expression=ds.field("date") == m.group(1), file_size=size
+        )
+        for path, size in fleets.items()
+        if (m := _DATE_DIR.search(path))
+    ]
+    return ds.FileSystemDataset(fragments, schema, fmt, loc.fs)
 
 
 def is_local(loc: Location) -> bool:
@@ -267,11 +311,13 @@ def open_tables(
     tables: Iterable[str],
     overlays: Sequence[Overlay] = (),
     progress: Callable[[str], None] | None = None,
+    native: bool | None = None,
 ) -> Any:
     """A :func:`locked` connection with every table as a view: ``tables`` with their
-    objects and overlays (DuckDB's reader on local disk, pyarrow's from S3), the others
-    empty. Only ``tables`` are listed: a listing is most of a small query's time in S3."""
-    con, _ = _open_tables(loc, tables, overlays, progress)
+    objects and overlays (DuckDB's reader on local disk, pyarrow's from S3, or as
+    ``native`` says), the others empty. Only ``tables`` are listed: a listing is most of
+    a small query's time in S3."""
+    con, _ = _open_tables(loc, tables, overlays, progress, native)
     return con
 
 
@@ -280,34 +326,48 @@ def _open_tables(
     tables: Iterable[str],
     overlays: Sequence[Overlay],
     progress: Callable[[str], None] | None,
+    native: bool | None = None,
 ) -> tuple[Any, dict[str, set[str]]]:
-    """:func:`open_tables`, and the day objects each listed table had."""
+    """:func:`open_tables`, and the objects each listed table had that decide what is
+    read (:func:`day_objects`)."""
     local = is_local(loc)
+    native = local if native is None else native and local
     con = locked([loc.root] if local else [])
     wanted = set(tables)
     days: dict[str, set[str]] = {}
     for name in TABLES:
-        files: dict[str, int] = {}
-        gone: set[str] = set()
-        if name in wanted:
-            if progress is not None:
-                progress(f"listing {loc.url.rstrip('/')}/{name}/")
-            listed = _listing(loc, name)
-            _check_overlays(loc, name, overlays, listed)
-            gone = superseded(listed)
-            files = {p: n for p, n in listed.items() if p not in gone}
-            if name in HOURLY:
-                days[name] = day_objects(files)
-        if local and files:
+        mine = [o for o in overlays if o.table == name and name in wanted]
+        if name not in wanted:
+            con.register(name, table_schema(name).empty_table())
+            continue
+        if progress is not None:
+            progress(f"listing {loc.url.rstrip('/')}/{name}/")
+        listed = _listing(loc, name)
+        _check_overlays(loc, name, mine, listed)
+        here = [(loc.path(f"{name}/date={o.part[:10]}"), o.stem) for o in mine]
+        p = plan(listed, here)
+        files = {f: listed[f] for f in p.writers(listed)}
+        fleets = {f: listed[f] for f in p.fleets}
+        days[name] = day_objects(listed)
+        fleet = fleet_sql(con, loc, name, fleets, p, native)
+        if native and files:
             # DuckDB lists the directory again when the query runs: query() checks that no
-            # day was sealed in between.
-            native_view(con, loc, name, overlays, gone)
+            # day was sealed or handed to a fleet object in between.
+            native_view(con, loc, name, mine, p.skip, fleet)
         elif files:
-            con.register(name, table_dataset(loc, name, files, overlays))
+            con.register(f"writers_{name}", table_dataset(loc, name, files, mine))
+            con.execute(
+                f"CREATE VIEW {name} AS "
+                + _with_more(con, name, f"SELECT * FROM writers_{name}", fleet, [])
+            )
         else:
-            # No objects: the overlays' rows alone, or none (no pyarrow.dataset needed).
-            extra = [overlay_rows(o) for o in overlays if o.table == name and name in wanted]
-            con.register(name, pa.concat_tables([table_schema(name).empty_table(), *extra]))
+            # No writer's objects: the fleet's rows and the overlays', or none.
+            empty = f"empty_{name}"
+            con.register(empty, table_schema(name).empty_table())
+            con.execute(
+                f"CREATE VIEW {name} AS "
+                + _with_more(con, name, f"SELECT * FROM {empty}", fleet, mine)
+            )
     return con, days
 
 
@@ -323,10 +383,18 @@ def _check_overlays(
 
 
 def day_objects(files: Iterable[str]) -> set[str]:
-    """The day objects among ``files`` of an hourly table: the ones that supersede others."""
-    return {p for p in files if p.rpartition("/")[2].count("~") == 1}
+    """The objects among ``files`` that decide what else is read: writers' day objects
+    (each supersedes its writer's hourly objects) and fleet objects."""
+    out = set()
+    for p in files:
+        name = p.rpartition("/")[2]
+        if name.count("~") == 1 or fleet_serial(name) is not None:
+            out.add(p)
+    return out
 
 
+#: How a read of an object deleted since the listing fails (from S3; on local disk).
+_GONE = ("NO_SUCH_KEY", "No such file or directory")
 #: Times :func:`query` runs a query whose objects were sealed under it before it gives up.
 QUERY_TRIES = 3
 
@@ -345,12 +413,21 @@ def query(
     the tables are listed once more after the query, and the query run again if their day
     objects changed (a seal, or retention) meanwhile."""
     wanted = tuple(tables)
-    for _ in range(QUERY_TRIES):
+    for attempt in range(QUERY_TRIES):
         con, days = _open_tables(loc, wanted, overlays, progress)
         if progress is not None:
             progress("querying")
-        result = run_sql(con, sql, params)
-        con.close()
+        try:
+            result = run_sql(con, sql, params)
+        except WarehouseError as exc:
+            # An object listed was deleted before it was read (the hourly objects a seal
+            # superseded, a writer's day handed to a fleet object: each after its grace
+            # period): list again.
+            if attempt + 1 < QUERY_TRIES and any(g in str(exc) for g in _GONE):
+                continue
+            raise
+        finally:
+            con.close()
         if not is_local(loc):
             return result
         if all(day_objects(_listing(loc, t)) == d for t, d in days.items()):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 
 from profd.warehouse.tables import HOURLY, cutoff_date
 
@@ -54,3 +55,22 @@ def overlay_part(
     if table in HOURLY and "/" in part and ((table, date) in sealed or seals.sealable(date, now)):
         return date
     return part
+
+
+@dataclass(frozen=True)
+class Merging:
+    """When: ``merge_after`` seconds after a date ends it may be merged; a writer deletes its
+    own object ``grace`` seconds after a fleet object holding it appeared."""
+
+    merge_after: float = 86400.0
+    grace: float = 3600.0
+
+    def cutoff(self, now: float) -> str:
+        """Dates before this one (``YYYY-MM-DD``) may be merged at ``now``."""
+        return datetime.fromtimestamp(now - self.merge_after, UTC).strftime("%Y-%m-%d")
+
+    def mergers(self, date: str, now: float) -> int:
+        """How many of a date's writers (by stem) may merge it at ``now``."""
+        end = datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=UTC) + timedelta(days=1)
+        late = now - end.timestamp() - self.merge_after
+        return 0 if late < 0 else 1 + int(late // 86400.0)

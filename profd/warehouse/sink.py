@@ -7,12 +7,23 @@ from __future__ import annotations
 import contextlib
 import os
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from profd.config import S3Config
 from profd.store import s3
 from profd.warehouse.tables import hourly_names
+
+
+@dataclass(frozen=True)
+class Listed:
+    """One object of a ``date=`` folder as a listing shows it. ``token`` changes whenever the
+    object is replaced (S3's ETag; on disk its size, mtime and inode)."""
+
+    size: int
+    token: str
+    mtime: float
 
 
 class Sink(Protocol):
@@ -31,6 +42,23 @@ class Sink(Protocol):
 
     def delete_hours(self, table: str, date: str, stem: str) -> int:
         """Delete the hourly objects ``stem`` wrote for ``table``'s ``date``; how many."""
+        ...
+
+    def folder(self, table: str, date: str) -> dict[str, Listed]:
+        """The ``.parquet`` objects of ``table``'s ``date`` by file name."""
+        ...
+
+    def put_new(self, key: str, path: Path) -> bool:
+        """Create the object at ``key`` from the file ``path`` only if there is none (False
+        if there was one: another writer took that name first)."""
+        ...
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        """The object's bytes ``start``..``end`` (a ``FileNotFoundError`` if it is gone)."""
+        ...
+
+    def delete(self, key: str) -> None:
+        """Delete one object (nothing if it is gone)."""
         ...
 
 
@@ -81,6 +109,51 @@ class LocalSink:
                 n += 1
         return n
 
+    def folder(self, table: str, date: str) -> dict[str, Listed]:
+        out: dict[str, Listed] = {}
+        try:
+            entries = list(os.scandir(self.root / table / f"date={date}"))
+        except FileNotFoundError:
+            return out
+        for e in entries:
+            if e.name.endswith(".parquet") and not e.name.startswith("."):
+                try:
+                    st = e.stat()
+                except FileNotFoundError:
+                    continue
+                token = f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
+                out[e.name] = Listed(st.st_size, token, st.st_mtime)
+        return out
+
+    def put_new(self, key: str, path: Path) -> bool:
+        dest = self.root / key
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=dest.parent)
+        try:
+            with os.fdopen(fd, "wb") as f, open(path, "rb") as src:
+                while chunk := src.read(1 << 20):
+                    f.write(chunk)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, 0o644)
+            try:
+                os.link(tmp, dest)  # fails if the name is taken: create-if-absent, atomic
+            except FileExistsError:
+                return False
+            return True
+        finally:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        with open(self.root / key, "rb") as f:
+            f.seek(start)
+            return f.read() if end is None else f.read(end - start)
+
+    def delete(self, key: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self.root / key).unlink()
+
 
 class S3Sink:
     def __init__(self, url: str, cfg: S3Config) -> None:
@@ -97,7 +170,7 @@ class S3Sink:
     def _key(self, rel: str) -> str:
         return s3.join_key(self.prefix, rel)
 
-    def put(self, key: str, data: bytes) -> None:
+    def _extra(self) -> dict[str, str]:
         extra: dict[str, str] = {}
         if self.cfg.storage_class:
             extra["StorageClass"] = self.cfg.storage_class
@@ -105,13 +178,66 @@ class S3Sink:
             extra["ServerSideEncryption"] = self.cfg.sse
         if self.cfg.sse_kms_key_id:
             extra["SSEKMSKeyId"] = self.cfg.sse_kms_key_id
+        return extra
+
+    def put(self, key: str, data: bytes) -> None:
         self.client().put_object(
             Bucket=self.bucket,
             Key=self._key(key),
             Body=data,
             ContentType="application/vnd.apache.parquet",
-            **extra,
+            **self._extra(),
         )
+
+    def put_new(self, key: str, path: Path) -> bool:
+        # S3's conditional write (If-None-Match: *): the store refuses a second object of the
+        # same name, so two writers racing for one serial cannot both win.
+        from botocore.exceptions import ClientError
+
+        try:
+            with open(path, "rb") as body:
+                self.client().put_object(
+                    Bucket=self.bucket,
+                    Key=self._key(key),
+                    Body=body,
+                    IfNoneMatch="*",
+                    ContentType="application/vnd.apache.parquet",
+                    **self._extra(),
+                )
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("PreconditionFailed", "ConditionalRequestConflict"):
+                return False
+            raise
+        return True
+
+    def folder(self, table: str, date: str) -> dict[str, Listed]:
+        base = self._key(f"{table}/date={date}/")
+        return {
+            o["Key"][len(base) :]: Listed(
+                int(o["Size"]), str(o["ETag"]).strip('"'), o["LastModified"].timestamp()
+            )
+            for o in self._list(base, delimiter=False)
+            if o["Key"].endswith(".parquet") and "/" not in o["Key"][len(base) :]
+        }
+
+    def get(self, key: str, start: int = 0, end: int | None = None) -> bytes:
+        from botocore.exceptions import ClientError
+
+        kw: dict[str, Any] = {}
+        if start or end is not None:
+            kw["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        try:
+            got = self.client().get_object(Bucket=self.bucket, Key=self._key(key), **kw)
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise FileNotFoundError(key) from None
+            raise
+        data: bytes = got["Body"].read()
+        return data
+
+    def delete(self, key: str) -> None:
+        self.client().delete_object(Bucket=self.bucket, Key=self._key(key))
 
     def _list(self, prefix: str, delimiter: bool) -> list[dict[str, Any]]:
         kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 #: Each table's columns, in order: (name, type). The types are named here so that this
@@ -181,6 +182,75 @@ def superseded(paths: Iterable[str]) -> set[str]:
         elif len(fields) == 3:
             hours.append((folder, f"{fields[0]}~{fields[1]}", path))
     return {path for folder, stem, path in hours if (folder, stem) in days}
+
+
+#: A fleet object's name: ``~fleet~{serial:08d}.parquet`` (no writer's stem starts with
+#: ``~``). It holds many writers' rows of one table's date, each with its writer's stem in
+#: the column :data:`SOURCE`; the one with the highest serial in a ``date=`` folder is the
+#: *chosen* one, the others are left to be deleted (docs/design.md "Warehouse").
+FLEET_PREFIX = "~fleet~"
+#: The column only fleet objects have: the stem of the writer a row came from.
+SOURCE = "_source"
+_FLEET = re.compile(r"^~fleet~(\d{8})\.parquet$")
+
+
+def fleet_key(table: str, date: str, serial: int) -> str:
+    """The key of ``table``'s fleet object number ``serial`` for ``date``."""
+    check_part(table, date[:10])
+    return f"{table}/date={date}/{FLEET_PREFIX}{serial:08d}.parquet"
+
+
+def fleet_serial(name: str) -> int | None:
+    """The serial of a fleet object's file name; None for any other name."""
+    m = _FLEET.match(name)
+    return int(m.group(1)) if m else None
+
+
+def stem_of(name: str) -> str | None:
+    """The writer stem (``{node}~{instance}``) of a writer's object's file name (a day
+    object's or an hourly one's); None for a fleet object's or any other name."""
+    fields = name.removesuffix(".parquet").split("~")
+    return f"{fields[0]}~{fields[1]}" if len(fields) in (2, 3) and fields[0] else None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How a reader reads a listing of one table: ``skip`` the objects it leaves out
+    (hourly objects a day object supersedes, fleet objects that are not their date's
+    chosen one), and for each chosen fleet object the stems whose rows in it it leaves out:
+    the writers that still have objects of their own in its date, which are read instead."""
+
+    skip: frozenset[str]
+    fleets: dict[str, frozenset[str]]
+
+    def writers(self, paths: Iterable[str]) -> list[str]:
+        """``paths`` less those skipped and the fleet objects: each read whole."""
+        return [p for p in paths if p not in self.skip and p not in self.fleets]
+
+
+def plan(paths: Iterable[str], more: Iterable[tuple[str, str]] = ()) -> Plan:
+    """The reading :class:`Plan` of ``paths`` (keys or paths of one table's objects).
+    ``more``: (folder, stem) pairs that count as a writer's objects there although they are
+    not listed (a node's unflushed rows of that date, read in place of its objects)."""
+    listed = list(paths)
+    present: dict[str, set[str]] = {}
+    fleets: dict[str, list[tuple[int, str]]] = {}
+    for path in listed:
+        folder, _, name = path.rpartition("/")
+        serial = fleet_serial(name)
+        if serial is not None:
+            fleets.setdefault(folder, []).append((serial, path))
+        elif (stem := stem_of(name)) is not None:
+            present.setdefault(folder, set()).add(stem)
+    for folder, stem in more:
+        present.setdefault(folder, set()).add(stem)
+    skip = set(superseded(listed))
+    chosen: dict[str, frozenset[str]] = {}
+    for folder, found in fleets.items():
+        found.sort()
+        skip.update(path for _, path in found[:-1])
+        chosen[found[-1][1]] = frozenset(present.get(folder, ()))
+    return Plan(frozenset(skip), chosen)
 
 
 def cutoff_date(now: float, days: int) -> str:

@@ -95,6 +95,16 @@ CREATE INDEX IF NOT EXISTS incidents_state ON incidents(state);"""
 # Schema 8's export queue and its triggers, as this profd still writes them.
 WAREHOUSE_QUEUE_8 = S.WAREHOUSE_QUEUE
 
+# Schema 9's days of the hourly tables, before the fleet objects (schema 10: merged_at).
+WAREHOUSE_DAYS_9 = """
+CREATE TABLE IF NOT EXISTS warehouse_days (
+    tbl TEXT NOT NULL,
+    date TEXT NOT NULL,
+    sealed_at REAL,
+    swept_at REAL,
+    PRIMARY KEY (tbl, date)
+) WITHOUT ROWID;"""
+
 #: (the version it stores, its tables): every schema an earlier profd wrote.
 OLDER = {
     "1": (1, [SESSIONS_1, TARGETS_1, TRACES_1, FILES_1, INBOX_1, INDEXES_1]),
@@ -109,6 +119,8 @@ OLDER = {
               STEP_MINUTES_6, INCIDENTS_7]),
     "8": (8, [SESSIONS_3, TARGETS_5, TRACES_4, FILES_1, INBOX_1, INDEXES_1, TRACES_PATH_5,
               STEP_MINUTES_6, INCIDENTS_7, WAREHOUSE_QUEUE_8]),
+    "9": (9, [SESSIONS_3, TARGETS_5, TRACES_4, FILES_1, INBOX_1, INDEXES_1, TRACES_PATH_5,
+              STEP_MINUTES_6, INCIDENTS_7, WAREHOUSE_QUEUE_8, WAREHOUSE_DAYS_9]),
 }  # fmt: skip
 
 
@@ -222,10 +234,19 @@ def test_an_index_of_each_earlier_schema_is_brought_up_to_date_with_its_rows(
         if version >= 7:
             incidents.add(("incidents", "1970-01-02"))  # i0, in the file before
         assert marks == traces | (minutes if version >= 6 else set()) | incidents
-        # The days the export has written hourly objects of (or will), none sealed yet.
-        days = set(WarehouseQueueRepo(db).unsealed_days())
+        # The days the export has written hourly objects of (or will), none sealed yet: an
+        # index of schema 9 recorded them as it wrote (none here).
+        repo = WarehouseQueueRepo(db)
+        days = set(repo.unsealed_days())
         hourly = traces | (minutes if version >= 6 else set())
-        assert days == {(t, part[:10]) for t, part in hourly}
+        assert days == ({(t, part[:10]) for t, part in hourly} if version < 9 else set())
+        # A day sealed, then held by a fleet object (schema 10), then written again.
+        repo.sealed("captures", "1970-01-01", 10.0)
+        assert repo.unmerged("1970-01-02") == [("captures", "1970-01-01")]
+        repo.merged("captures", "1970-01-01", 20.0)
+        assert repo.unmerged("1970-01-02") == []
+        repo.sealed("captures", "1970-01-01", 30.0)
+        assert repo.unmerged("1970-01-02") == [("captures", "1970-01-01")]
     finally:
         db.close()
     db = Database(path)  # opened again: nothing left to do, nothing changes

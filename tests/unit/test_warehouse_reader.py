@@ -15,10 +15,12 @@ import pytest
 from profd.warehouse import queries as Q
 from profd.warehouse import reader as R
 from profd.warehouse.arrow import SCHEMAS, Overlay
-from profd.warehouse.tables import TABLES, object_key, writer_stem
+from profd.warehouse.tables import SOURCE, TABLES, fleet_key, object_key, writer_stem
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "warehouse.md"
 A, B = writer_stem("gpu01", "aaaa"), writer_stem("gpu02", "bbbb")
+C, D = writer_stem("gpu03", "cccc"), writer_stem("gpu04", "dddd")
+NODE = {A: "A", B: "B", C: "C", D: "D"}
 
 
 def incidents(*ids: str, lost: float = 10.0) -> pa.Table:
@@ -64,8 +66,7 @@ def ask(
     if how == "duckdb":
         con = R.open_tables(loc, TABLES, overlays or [])
     else:
-        con = R.locked()
-        R.register(con, R.open_datasets(loc, overlays or []))
+        con = R.open_tables(loc, TABLES, overlays or [], native=False)
     out: list[dict[str, Any]] = R.run_sql(con, sql).to_pylist()
     return out
 
@@ -131,8 +132,7 @@ def test_an_empty_warehouse_has_every_table_with_its_columns(tmp_path: Path, rea
 
 
 def test_the_named_queries_run_on_an_empty_warehouse(tmp_path: Path) -> None:
-    con = R.locked()
-    R.register(con, R.open_datasets(R.locate(str(tmp_path))))
+    con = R.open_tables(R.locate(str(tmp_path)), TABLES, native=False)
     since = {"since": datetime(2026, 1, 1, tzinfo=UTC), "since_date": "2026-01-01"}
     for b in Q.GOODPUT_BY:
         assert R.run_sql(con, Q.goodput_sql(b), since).num_rows == 0
@@ -287,43 +287,113 @@ def test_the_local_reader_is_allowed_the_warehouse_and_nothing_else(tmp_path: Pa
     assert ask(wh, "SELECT id FROM incidents") == [{"id": "a1"}]
 
 
-def test_the_engines_views_read_each_row_of_a_sealed_day_once(tmp_path: Path) -> None:
+def fleet_layout(wh: Path) -> dict[tuple[str, str], int]:
+    """``job_minutes`` with one writer's sealed day (its hourly objects still there), another
+    writer's unsealed day, the first writer's next day, still open, and two dates with fleet
+    objects. 2026-03-03: the chosen fleet object (serial 2) holds A's, B's and C's rows, an
+    older one (serial 1) rows of all of them and of D; A still has its day object (and a
+    superseded hour), C its hourly objects, B none. 2026-03-04: only a fleet object (serial
+    1, chosen there). Each row's ``node`` names its writer; the rows each date should read,
+    by node."""
+    put(wh, "job_minutes", "2026-03-01/05", A, jm_rows(2, "A"))
+    put(wh, "job_minutes", "2026-03-01/06", A, jm_rows(3, "A"))
+    put(wh, "job_minutes", "2026-03-01", A, jm_rows(5, "A"))  # A sealed the day: 5 rows, once
+    put(wh, "job_minutes", "2026-03-01/05", B, jm_rows(4, "B"))  # B did not
+    put(wh, "job_minutes", "2026-03-02/00", A, jm_rows(1, "A"))
+    jm_fleet(wh, "2026-03-03", 1, {A: 10, B: 10, C: 10, D: 10})  # not chosen: ignored
+    jm_fleet(wh, "2026-03-03", 2, {A: 3, B: 4, C: 6})
+    put(wh, "job_minutes", "2026-03-03", A, jm_rows(5, "A"))  # read in place of A's fleet rows
+    put(wh, "job_minutes", "2026-03-03/07", A, jm_rows(7, "A"))  # superseded by A's day
+    put(wh, "job_minutes", "2026-03-03/07", C, jm_rows(2, "C"))  # read in place of C's...
+    put(wh, "job_minutes", "2026-03-03/08", C, jm_rows(1, "C"))  # ...fleet rows
+    jm_fleet(wh, "2026-03-04", 1, {A: 2, B: 3})
+    return {
+        ("2026-03-01", "A"): 5,
+        ("2026-03-01", "B"): 4,
+        ("2026-03-02", "A"): 1,
+        ("2026-03-03", "A"): 5,
+        ("2026-03-03", "B"): 4,
+        ("2026-03-03", "C"): 3,
+        ("2026-03-04", "A"): 2,
+        ("2026-03-04", "B"): 3,
+    }
+
+
+def fleet(wh: Path, table: str, date: str, serial: int, rows: dict[str, pa.Table]) -> None:
+    """A fleet object: each writer's ``rows``, with its stem in ``_source``."""
+    stems = [stem for stem, part in rows.items() for _ in range(part.num_rows)]
+    whole = pa.concat_tables(rows.values()).append_column(SOURCE, pa.array(stems, pa.string()))
+    path = wh / fleet_key(table, date, serial)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    pq.write_table(whole, path)
+
+
+def incidents_fleet(wh: Path) -> None:
+    """``incidents`` (one object a day): A's own object is read in place of its rows in the
+    fleet object, B's rows there are read: ids a1, a2, b1."""
+    put(wh, "incidents", "2026-03-03", A, incidents("a1", "a2"))
+    fleet(wh, "incidents", "2026-03-03", 1, {A: incidents("a1"), B: incidents("b1")})
+
+
+def jm_fleet(wh: Path, date: str, serial: int, rows: dict[str, int]) -> None:
+    fleet(wh, "job_minutes", date, serial, {s: jm_rows(n, NODE[s]) for s, n in rows.items()})
+
+
+@pytest.mark.parametrize("engine", ["trino", "spark"])
+def test_the_engines_views_read_each_row_once(tmp_path: Path, engine: str) -> None:
     """The views' rule, run on DuckDB: Trino's and Spark's view text with the engine's path
-    column and regex test spelt as DuckDB spells them, over one writer's sealed day (its
-    hourly objects still there), another writer's unsealed day, and the first writer's next
-    day, still open."""
+    column and regex test spelt as DuckDB spells them, over :func:`fleet_layout` (whose
+    objects, with and without ``_source``, DuckDB reads by name as the engines' declared
+    ``_objects`` tables do)."""
     from profd.warehouse import ddl
 
     wh = tmp_path / "wh"
-    put(wh, "job_minutes", "2026-03-01/05", A, jm_rows(2))
-    put(wh, "job_minutes", "2026-03-01/06", A, jm_rows(3))
-    put(wh, "job_minutes", "2026-03-01", A, jm_rows(5))  # A sealed the day: 5 rows, once
-    put(wh, "job_minutes", "2026-03-01/05", B, jm_rows(4))  # B did not
-    put(wh, "job_minutes", "2026-03-02/00", A, jm_rows(1))
+    want = fleet_layout(wh)
+    incidents_fleet(wh)
     con = R.locked([str(wh)])
-    glob = f"{wh}/job_minutes/*/*.parquet"
-    con.execute(
-        "CREATE VIEW job_minutes_objects AS SELECT * FROM read_parquet("
-        f"'{glob}', hive_partitioning = true, hive_types = {{'date': VARCHAR}}, filename = true)"
-    )
-    for engine, path, test in (
-        ("trino", '"$path"', "regexp_like("),
-        ("spark", "input_file_name()", None),
-    ):
-        text = ddl.ENGINES[engine]("job_minutes")
+    path, test = {"trino": ('"$path"', "regexp_like("), "spark": ("input_file_name()", None)}[
+        engine
+    ]
+    for table in ("job_minutes", "incidents"):
+        con.execute(
+            f"CREATE VIEW {table}_objects AS SELECT * FROM read_parquet("
+            f"'{wh}/{table}/*/*.parquet', hive_partitioning = true, "
+            "hive_types = {'date': VARCHAR}, filename = true, union_by_name = true)"
+        )
+        text = ddl.ENGINES[engine](table)
         view = text[text.index("CREATE VIEW") :].replace(path, "filename")
         view = view.replace("hive.profd.", "").replace("`", '"')
         if test:
             view = view.replace(test, "regexp_matches(")
         else:
             view = re.sub(r"filename RLIKE ('[^']*')", r"regexp_matches(filename, \1)", view)
-        con.execute(view.replace("CREATE VIEW job_minutes", f"CREATE VIEW jm_{engine}"))
-        got = con.sql(f"SELECT date, count(*) FROM jm_{engine} GROUP BY date ORDER BY date")
-        assert got.fetchall() == [("2026-03-01", 9), ("2026-03-02", 1)], engine
+        con.execute(view)
+        cols = con.sql(f"SELECT * FROM {table} LIMIT 0").columns
+        assert cols == [*SCHEMAS[table].names, "date"]
+    got = con.sql("SELECT date, node, count(*) FROM job_minutes GROUP BY ALL ORDER BY ALL")
+    assert {(d, n): c for d, n, c in got.fetchall()} == want
+    got = con.sql("SELECT id FROM incidents ORDER BY id")
+    assert got.fetchall() == [("a1",), ("a2",), ("b1",)]
 
 
-def jm_rows(n: int) -> pa.Table:
+def test_polars_reads_each_row_once(tmp_path: Path) -> None:
+    """tests/warehouse_polars.py's scan (the second engine of tests/test_warehouse_query.py)
+    over :func:`fleet_layout`."""
+    import warehouse_polars as WP
+
+    wh = tmp_path / "wh"
+    want = fleet_layout(wh)
+    df = WP.scan(str(wh), "job_minutes").collect()
+    assert df.columns == [*SCHEMAS["job_minutes"].names, "date"]
+    got = df.group_by("date", "node").len().rows()
+    assert {(str(d), n): c for d, n, c in got} == want
+    incidents_fleet(wh)
+    ids = WP.scan(str(wh), "incidents").collect()["id"].sort().to_list()
+    assert ids == ["a1", "a2", "b1"]
+
+
+def jm_rows(n: int, node: str = "n") -> pa.Table:
     t = datetime(2026, 3, 1, 5, tzinfo=UTC)
     cols: dict[str, list[Any]] = {f.name: [None] * n for f in SCHEMAS["job_minutes"]}
-    cols.update(job=["j"] * n, role=["r"] * n, minute=[t] * n, node=["n"] * n)
+    cols.update(job=["j"] * n, role=["r"] * n, minute=[t] * n, node=[node] * n)
     return pa.table(cols, schema=SCHEMAS["job_minutes"])

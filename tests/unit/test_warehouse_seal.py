@@ -21,7 +21,7 @@ from profd.warehouse.arrow import Overlay
 from profd.warehouse.export import Exporter
 from profd.warehouse.reader import overlays_from_reply
 from profd.warehouse.seal import Seals, overlay_part
-from profd.warehouse.tables import superseded
+from profd.warehouse.tables import TABLES, superseded
 
 DAY = "2026-03-04"
 T0 = datetime(2026, 3, 4, 10, 30, tzinfo=UTC).timestamp()
@@ -77,8 +77,7 @@ def count(root: Path, how: str, overlays: list[Overlay] | None = None) -> dict[s
     if how == "duckdb":
         res = R.query(loc, HOURS, overlays or [], sql)
     else:
-        con = R.locked()
-        R.register(con, R.open_datasets(loc, overlays or []))
+        con = R.open_tables(loc, TABLES, overlays or [], native=False)
         res = R.run_sql(con, sql)
     row = res.to_pylist()[0]
     return {"rank_minutes": int(row["r"]), "job_minutes": int(row["j"])}

@@ -15,7 +15,7 @@ import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 
 #: Schema 6: one rank's steps per minute (the step ledger's closed minutes).
 STEP_MINUTES = """
@@ -140,6 +140,7 @@ CREATE TABLE IF NOT EXISTS warehouse_days (
     date TEXT NOT NULL,  -- YYYY-MM-DD (UTC)
     sealed_at REAL,  -- when its day object was first written
     swept_at REAL,  -- when its hourly objects were deleted
+    merged_at REAL,  -- when its day object was deleted, a fleet object holding its rows
     PRIMARY KEY (tbl, date)
 ) WITHOUT ROWID;
 """
@@ -340,6 +341,12 @@ def _v8_to_v9(conn: sqlite3.Connection) -> None:
             conn.execute(stmt)
 
 
+def _v9_to_v10(conn: sqlite3.Connection) -> None:
+    """Which of this node's days a fleet object holds (profd/warehouse/merge.py)."""
+    if _columns(conn, "warehouse_days") is not None:
+        _add_column(conn, "warehouse_days", "merged_at", "REAL")
+
+
 #: The tables a statement reads or puts a trigger on.
 _TABLES_NAMED = re.compile(r"\b(?:ON|FROM)\s+([a-z_]+)\b")
 
@@ -354,6 +361,7 @@ MIGRATIONS: dict[int, Callable[[sqlite3.Connection], None]] = {
     6: _v6_to_v7,
     7: _v7_to_v8,
     8: _v8_to_v9,
+    9: _v9_to_v10,
 }
 assert sorted(MIGRATIONS) == list(range(1, SCHEMA_VERSION))
 

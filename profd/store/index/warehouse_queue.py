@@ -94,11 +94,32 @@ class WarehouseQueueRepo(Repo):
         return {(str(r[0]), str(r[1])) for r in rows}
 
     def sealed(self, table: str, date: str, at: float) -> None:
+        """``table``'s day object of ``date`` was written (first, or again): it is this
+        node's, not a fleet object's, until the next merge."""
         with self.transaction():
             self.conn.execute(
                 "INSERT INTO warehouse_days (tbl, date, sealed_at) VALUES (?, ?, ?)"
-                " ON CONFLICT (tbl, date) DO UPDATE SET sealed_at = COALESCE(sealed_at, ?)",
+                " ON CONFLICT (tbl, date) DO UPDATE SET sealed_at = COALESCE(sealed_at, ?),"
+                " merged_at = NULL",
                 (table, date, at, at),
+            )
+
+    def unmerged(self, before: str) -> list[tuple[str, str]]:
+        """(table, date) of the days before ``before`` whose day object this node has
+        written and not handed over to a fleet object, oldest first."""
+        rows = self.conn.execute(
+            "SELECT tbl, date FROM warehouse_days WHERE sealed_at IS NOT NULL"
+            " AND merged_at IS NULL AND date < ? ORDER BY date, tbl",
+            (before,),
+        ).fetchall()
+        return [(str(r[0]), str(r[1])) for r in rows]
+
+    def merged(self, table: str, date: str, at: float) -> None:
+        """This node's day object of ``table``'s ``date`` is gone, a fleet object holds it."""
+        with self.transaction():
+            self.conn.execute(
+                "UPDATE warehouse_days SET merged_at = ? WHERE tbl = ? AND date = ?",
+                (at, table, date),
             )
 
     def unswept(self, sealed_before: float) -> list[tuple[str, str]]:

@@ -1,0 +1,244 @@
+"""Fleet objects: many writers' closed day of a table merged into one object, each row read
+exactly once before, during and after the merge and each writer's hand-over, through
+DuckDB's reader (local disk), pyarrow's (what S3 uses) and Polars (a second engine)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from profd.config import ConfigError, load
+from profd.store.index import Database, StepMinuteRepo, WarehouseQueueRepo
+from profd.warehouse import merge as M
+from profd.warehouse import reader as R
+from profd.warehouse.arrow import SCHEMAS, Overlay, parquet_bytes
+from profd.warehouse.export import Exporter
+from profd.warehouse.seal import Merging
+from profd.warehouse.sink import LocalSink
+from profd.warehouse.tables import SOURCE, TABLES, fleet_key, object_key, plan
+
+DAY = "2026-03-01"
+#: Two days after DAY ended: past merge_after (a day), so its first writer may merge it.
+LATER = datetime(2026, 3, 3, 1, 0, tzinfo=UTC).timestamp()
+A, B, C = "gpu-a~1", "gpu-b~2", "gpu-c~3"
+FOLDER = f"w/job_minutes/date={DAY}"
+
+
+def jm(n: int, node: str, ranks: int = 1) -> pa.Table:
+    t = datetime(2026, 3, 1, 5, tzinfo=UTC)
+    cols: dict[str, list[Any]] = {f.name: [None] * n for f in SCHEMAS["job_minutes"]}
+    cols.update(job=["j"] * n, role=["r"] * n, minute=[t] * n, node=[node] * n)
+    cols.update(ranks=[ranks] * n)
+    return pa.table(cols, schema=SCHEMAS["job_minutes"])
+
+
+def put(root: Path, part: str, stem: str, rows: pa.Table) -> None:
+    LocalSink(root).put(object_key("job_minutes", part, stem), parquet_bytes(rows))
+
+
+def names(root: Path) -> list[str]:
+    return sorted(p.name for p in (root / "job_minutes" / f"date={DAY}").glob("*.parquet"))
+
+
+def seen(root: Path, overlays: list[Overlay] | None = None) -> dict[str, int]:
+    """Rows per node of DAY's job minutes, as each reader sees them; all three must agree."""
+    sql = "SELECT node, count(*) AS n FROM job_minutes GROUP BY node ORDER BY node"
+    loc = R.locate(str(root))
+    got = []
+    for native in (True, False):
+        con = R.open_tables(loc, TABLES, overlays or [], native=native)
+        got.append({r["node"]: r["n"] for r in R.run_sql(con, sql).to_pylist()})
+    if not overlays:
+        import warehouse_polars as WP
+
+        df = WP.scan(str(root), "job_minutes").group_by("node").len().collect()
+        got.append({r["node"]: r["len"] for r in df.to_dicts()})
+    assert all(g == got[0] for g in got), got
+    return got[0]
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    """A closed day: A and B sealed it (day objects), C did not (hourly objects only)."""
+    r = tmp_path / "wh"
+    put(r, DAY, A, jm(5, "a"))
+    put(r, DAY, B, jm(3, "b"))
+    put(r, f"{DAY}/04", C, jm(2, "c"))
+    return r
+
+
+def test_the_chosen_fleet_object_and_the_writers_it_is_read_in_place_of() -> None:
+    paths = [
+        f"{FOLDER}/{A}.parquet",  # A still has its own object: A's rows in the fleet are not read
+        f"{FOLDER}/{C}~04.parquet",
+        f"{FOLDER}/~fleet~00000001.parquet",  # superseded by serial 2
+        f"{FOLDER}/~fleet~00000002.parquet",
+        "w/job_minutes/date=2026-03-02/~fleet~00000001.parquet",
+    ]
+    p = plan(paths, [(FOLDER, "gpu-d~4")])  # D's unflushed rows of DAY count as its objects
+    assert p.skip == {f"{FOLDER}/~fleet~00000001.parquet"}
+    assert p.fleets == {
+        f"{FOLDER}/~fleet~00000002.parquet": {A, C, "gpu-d~4"},
+        "w/job_minutes/date=2026-03-02/~fleet~00000001.parquet": set(),
+    }
+    assert p.writers(paths) == [f"{FOLDER}/{A}.parquet", f"{FOLDER}/{C}~04.parquet"]
+
+
+def test_who_may_merge_a_day_grows_with_its_delay() -> None:
+    m = Merging(merge_after=86400.0)
+    end = datetime(2026, 3, 2, tzinfo=UTC).timestamp()
+    assert m.mergers(DAY, end + 3600) == 0  # closed, not merge_after yet
+    assert m.mergers(DAY, end + 86400) == 1  # its first writer
+    assert m.mergers(DAY, end + 3 * 86400 + 1) == 3  # two more days: the next two too
+    assert m.cutoff(end + 86400) == "2026-03-02"
+
+
+def test_a_merge_then_each_writers_hand_over_read_once_throughout(root: Path) -> None:
+    sink, m = LocalSink(root), Merging(merge_after=86400.0, grace=3600.0)
+    truth = {"a": 5, "b": 3, "c": 2}
+    assert seen(root) == truth
+    # B is not the first writer by stem: it waits for A.
+    assert M.step(sink, "job_minutes", DAY, B, m, LATER) == "waiting"
+    assert M.step(sink, "job_minutes", DAY, A, m, LATER) == "merged"
+    assert names(root) == [
+        f"{A}.parquet",
+        f"{B}.parquet",
+        f"{C}~04.parquet",
+        "~fleet~00000001.parquet",
+    ]
+    fleet = pq.read_table(root / fleet_key("job_minutes", DAY, 1))
+    assert sorted(fleet[SOURCE].to_pylist()) == [A] * 5 + [B] * 3  # C's hours are not merged
+    assert seen(root) == truth  # A's and B's own objects still count, the fleet's copy not
+    # Inside the grace period nobody hands over; nothing new to merge either.
+    assert M.step(sink, "job_minutes", DAY, A, m, LATER + 60) == "waiting"
+    assert M.step(sink, "job_minutes", DAY, B, m, LATER + 60) == "waiting"
+    assert M.step(sink, "job_minutes", DAY, B, m, LATER + 3700) == "handed"
+    assert names(root) == [f"{A}.parquet", f"{C}~04.parquet", "~fleet~00000001.parquet"]
+    assert seen(root) == truth  # B's rows now from the fleet
+    assert M.step(sink, "job_minutes", DAY, A, m, LATER + 3700) == "handed"
+    assert seen(root) == truth
+    assert M.step(sink, "job_minutes", DAY, A, m, LATER + 3800) == "gone"
+
+    # B changes its merged day (a row indexed late): its new day object takes over at once.
+    put(root, DAY, B, jm(4, "b"))
+    truth["b"] = 4
+    assert seen(root) == truth
+    # B is now the only writer with a day object there: it merges, then hands over.
+    assert M.step(sink, "job_minutes", DAY, B, m, LATER + 7200) == "merged"
+    assert names(root)[-2:] == ["~fleet~00000001.parquet", "~fleet~00000002.parquet"]
+    assert seen(root) == truth
+    assert M.step(sink, "job_minutes", DAY, B, m, LATER + 7200 + 3601) == "handed"
+    assert names(root) == [f"{C}~04.parquet", "~fleet~00000002.parquet"]  # serial 1 gone too
+    assert seen(root) == truth
+    # A node's unflushed rows of the day stand for its rows in the fleet object.
+    over = [Overlay("job_minutes", DAY, A, jm(6, "a"))]
+    assert seen(root, over) == {**truth, "a": 6}
+
+
+def test_two_writers_racing_for_one_serial_cannot_both_win(root: Path) -> None:
+    sink = LocalSink(root)
+    todo = {s: o for n, o in sink.folder("job_minutes", DAY).items() if (s := n[:-8]) in (A, B)}
+    present = {A, B, C}
+    assert M.merge(sink, "job_minutes", DAY, 1, ("", {}), todo, present, LATER)
+    assert not M.merge(sink, "job_minutes", DAY, 1, ("", {}), {A: todo[A]}, present, LATER)
+    assert pq.read_table(root / fleet_key("job_minutes", DAY, 1)).num_rows == 8
+    assert seen(root) == {"a": 5, "b": 3, "c": 2}
+
+
+# --- through the export, as the daemon runs it -------------------------------------------
+T0 = datetime(2026, 3, 4, 10, 30, tzinfo=UTC).timestamp()
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Iterator[Database]:
+    d = Database(tmp_path / "index.db")
+    yield d
+    d.close()
+
+
+class Clock:
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def minutes(db: Database, hour: int, ranks: int = 2) -> None:
+    start = datetime.fromtimestamp(T0, UTC).replace(hour=hour, minute=5).timestamp()
+    StepMinuteRepo(db).add_step_minutes(
+        [
+            {"job": "j", "host": "h", "role": "trainer", "rank": r, "pid": 1,
+             "minute": int(start), "steps": 10, "sum_s": 1.0, "p50_ms": 100.0 + r,
+             "p90_ms": 110.0, "max_ms": 120.0}
+            for r in range(ranks)
+        ]
+    )  # fmt: skip
+
+
+def count(root: Path) -> int:
+    con = R.open_tables(R.locate(str(root)), TABLES)
+    return int(R.run_sql(con, "SELECT count(*) AS n FROM rank_minutes").to_pylist()[0]["n"])
+
+
+def test_the_export_merges_a_closed_day_then_hands_its_own_object_over(
+    db: Database, tmp_path: Path
+) -> None:
+    root = tmp_path / "warehouse"
+    cfg = load(env={"PROFD_STATE_DIR": str(tmp_path)})
+    cfg = dataclasses.replace(cfg, node_name="node-a")
+    clock = Clock(T0)
+    ex = Exporter(cfg, clock=clock)
+    q = WarehouseQueueRepo(db)
+    minutes(db, 3)
+    assert ex.flush(q)
+    clock.now = datetime(2026, 3, 5, 1, 30, tzinfo=UTC).timestamp()  # sealed, one table a flush
+    while q.unsealed_days():
+        assert ex.flush(q)
+    day = f"{root}/rank_minutes/date=2026-03-04"
+    assert sorted(p.name for p in Path(day).glob("*.parquet"))[0] == f"{ex.stem}.parquet"
+    assert count(root) == 2
+
+    clock.now = datetime(2026, 3, 6, 2, 0, tzinfo=UTC).timestamp()  # a day after it closed
+    for _ in range(8):  # at most DAYS_PER_FLUSH of the six tables' days a flush
+        assert ex.flush(q)
+        ex._merge_check_at = 0.0  # what ten minutes would do
+    assert ex.status()["fleet_objects_written"] >= 2  # rank_minutes and job_minutes
+    assert (Path(day) / "~fleet~00000001.parquet").exists()
+    assert (Path(day) / f"{ex.stem}.parquet").exists()  # inside the grace period
+    assert count(root) == 2
+
+    clock.now += 3700  # past the grace period: the node's own objects go
+    for _ in range(8):
+        assert ex.flush(q)
+        ex._merge_check_at = 0.0
+    assert sorted(p.name for p in Path(day).glob("*.parquet")) == ["~fleet~00000001.parquet"]
+    assert q.unmerged("2026-03-06") == []
+    assert count(root) == 2
+    assert ex.status()["days_handed_to_fleet"] >= 2
+
+    # A row of that day indexed late: the node writes its day object again, which takes over.
+    minutes(db, 23, ranks=1)
+    assert ex.flush(q)
+    assert (Path(day) / f"{ex.stem}.parquet").exists()
+    assert count(root) == 3
+    assert q.unmerged("2026-03-06") == [
+        ("job_minutes", "2026-03-04"),
+        ("rank_minutes", "2026-03-04"),
+    ]
+
+
+def test_merge_after_has_a_floor(tmp_path: Path) -> None:
+    conf = tmp_path / "profd.toml"
+    conf.write_text("[warehouse]\nmerge_after = 10\n")
+    with pytest.raises(ConfigError, match=r"warehouse.merge_after: must be a number >= 600"):
+        load(conf, env={"PROFD_STATE_DIR": str(tmp_path)})
+    conf.write_text("[warehouse]\nmerge = false\n")
+    assert not load(conf, env={"PROFD_STATE_DIR": str(tmp_path)}).warehouse.merge
