@@ -387,7 +387,7 @@ def seal(root: Path, before: str, keep: set[str]) -> dict[str, int]:
             if folder.name[5:] >= before:
                 continue
             by_stem: dict[str, list[Path]] = {}
-            for p in sorted(folder.glob("*~*~*.parquet")):
+            for p in sorted(folder.glob("[!~]*~*~*.parquet")):  # not the fleet objects
                 by_stem.setdefault(p.name.rsplit("~", 1)[0], []).append(p)
             for stem, hours in by_stem.items():
                 day = pa.concat_tables(pq.read_table(p, schema=SCHEMAS[table]) for p in hours)

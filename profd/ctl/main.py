@@ -42,6 +42,10 @@ class Env:
         self._nodes: NodeSet | None = None
         #: Every request's outcome: the command wrapper names the nodes that did not answer.
         self.gathered: list[Gathered] = []
+        #: Run as the ``profctl`` program (:func:`main`), a process of its own, rather than
+        #: called in another program's process (a test's): a command may then refuse modules
+        #: it never uses.
+        self.standalone = STANDALONE
 
     @property
     def nodes(self) -> NodeSet:
@@ -252,8 +256,14 @@ def cli(
     )
 
 
+#: Set by :func:`main`, the ``profctl`` program's entry point.
+STANDALONE = False
+
+
 def main() -> None:
     """``profctl``: the command line, then the exit, without the interpreter's teardown."""
+    global STANDALONE
+    STANDALONE = True
     try:
         cli()  # click's standalone mode: always ends in SystemExit
     except SystemExit as exc:

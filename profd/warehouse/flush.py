@@ -14,7 +14,6 @@ object it is writing.
 from __future__ import annotations
 
 import ctypes
-import importlib.abc
 import json
 import os
 import signal
@@ -29,6 +28,7 @@ from profd.daemon.runtime import faults
 from profd.store import s3
 from profd.store.index import Database, Mark, WarehouseQueueRepo
 from profd.warehouse.build import Source, build
+from profd.warehouse.lean import refuse
 from profd.warehouse.seal import Merging, Seals, due
 from profd.warehouse.sink import Sink, make_sink
 from profd.warehouse.tables import HOURLY, RANK_DAYS, TABLES, cutoff_date, expired, object_key
@@ -230,23 +230,12 @@ def _die_with(daemon_pid: int) -> None:
         os._exit(1)
 
 
-#: What pyarrow would import and this process never uses: pandas, on the first array made
-#: of Python objects, only to ask whether they are pandas objects (~0.3 s of CPU and ~50 MB
-#: at each flush); numpy, at ``import pyarrow`` (~0.06 s, ~10 MB). pyarrow works without
-#: either, taking Python objects as plain sequences.
+#: What pyarrow would import and this process never uses (module :mod:`.lean`).
 UNUSED = ("pandas", "numpy")
 
 
-class _Refuse(importlib.abc.MetaPathFinder):
-    """``import`` of :data:`UNUSED` fails in this process, as if they were not installed."""
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> None:
-        if fullname.partition(".")[0] in UNUSED:
-            raise ModuleNotFoundError(f"{fullname}: not used by the flush process")
-
-
 def main() -> int:
-    sys.meta_path.insert(0, _Refuse())
+    refuse(UNUSED, "the flush process")
     job = json.loads(sys.stdin.read())
     _die_with(int(job["daemon_pid"]))
     stopping = threading.Event()
