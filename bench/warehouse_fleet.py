@@ -361,7 +361,8 @@ def generate(f: Fleet, root: Path) -> dict[str, Any]:
         out["sealed"]["write_s"] = round(time.monotonic() - t0, 2)
     if f.merged:
         t0 = time.monotonic()
-        out["merged"] = merge_days(root, _day(f.end - DAY), f.end)
+        keep = {f.stem(i) for i in f.keep_hours_of}
+        out["merged"] = merge_days(root, _day(f.end - DAY), f.end, keep)
         out["merged"]["write_s"] = round(time.monotonic() - t0, 2)
     out["objects"] = {
         t: sum(1 for _ in (root / t).rglob("*.parquet")) if (root / t).exists() else 0
@@ -399,10 +400,10 @@ def seal(root: Path, before: str, keep: set[str]) -> dict[str, int]:
     return made
 
 
-def merge_days(root: Path, before: str, now: float) -> dict[str, int]:
+def merge_days(root: Path, before: str, now: float, keep: set[str]) -> dict[str, int]:
     """Every table's dates before ``before`` merged by profd's own merge (fleet object 1
     of each date: every writer's day object), then the day objects deleted, as each writer
-    does once the grace period has passed."""
+    does once the grace period has passed, but those of ``keep`` (inside it)."""
     sink = LocalSink(root)
     made: dict[str, int] = {}
     for table in TABLES:
@@ -415,7 +416,7 @@ def merge_days(root: Path, before: str, now: float) -> dict[str, int]:
                 continue
             present = {n.split("~")[0] + "~" + n.split("~")[1] for n in listed if n[0] != "~"}
             assert merge(sink, table, date, 1, ("", {}), days, present, now)
-            for stem in days:
+            for stem in set(days) - keep:
                 sink.delete(object_key(table, date, stem))
             made[table] = made.get(table, 0) + 1
     return made

@@ -4,8 +4,8 @@ disk and in moto's S3 server, each answer held against Polars reading the same o
 The warehouse is a small simulated fleet written with pyarrow and the layout functions
 (bench/warehouse_fleet.py, which the benchmark writes at full size), once for the module,
 its closed days sealed as the daemons seal them (with two nodes' superseded hourly objects
-left in place, as inside a seal's grace period); its S3 copy is the same files uploaded under
-a prefix.
+left in place, as inside a seal's grace period), and once more with the older days merged into
+fleet objects; its S3 copy is the same files uploaded under a prefix.
 """
 
 from __future__ import annotations
@@ -47,8 +47,13 @@ class Where:
     storage: dict[str, str]
 
 
-@pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Fleet]:
+@pytest.fixture(scope="module", params=["sealed", "merged"])
+def fleet(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, Fleet]:
+    """Sealed: each node's closed days one object per table. Merged: the days before
+    yesterday also merged into fleet objects, two nodes' day objects still beside them (as
+    inside their grace period), which every reader reads instead of their rows there."""
     root = tmp_path_factory.mktemp("warehouse")
     # Three days (one object per node and hour of job minutes is what keeps it small):
     # the window below cuts through every table's rows.
@@ -63,6 +68,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Fleet]:
         bad_nodes=(3,),
         sealed=True,
         keep_hours_of=(0, 3),
+        merged=request.param == "merged",
     )
     WRITTEN[root] = generate(f, root)
     return root, f
@@ -186,6 +192,14 @@ def test_each_row_is_read_once_across_sealed_days(where: Where, fleet: tuple[Pat
         if (d / f"{kept}.parquet").exists() and list(d.glob(f"{kept}~*.parquet"))
     ]  # fmt: skip
     assert both
+    if f.merged:
+        # Merged days, the kept nodes' day objects still beside the fleet objects.
+        fleets = list(root.glob("*/date=*/~fleet~00000001.parquet"))
+        # (rank minutes: today's hour only, nothing closed to merge)
+        assert {p.parent.parent.name for p in fleets} == set(want) - {"rank_minutes"} | {
+            "incidents"
+        }
+        assert any((p.parent / f"{kept}.parquet").exists() for p in fleets)
     sql = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t}) AS {t}" for t in want)
     assert rows(where, "query", sql) == [want]
     for t, n in want.items():

@@ -170,10 +170,18 @@ def _rows(
     schema = fleet_schema(table)
     if chosen:
         gone = pa.array(sorted(s for s in held if s in present), pa.string())
-        f = pq.ParquetFile(pa.BufferReader(sink.get(f"{folder}/{chosen}")))
-        for i in range(f.num_row_groups):
-            rows = f.read_row_group(i).cast(schema)
-            yield rows.filter(pc.invert(pc.is_in(rows[SOURCE], gone)))
+        # A day of the biggest table is hundreds of MB: read from a local copy a row group
+        # at a time, never whole in memory.
+        fd, copy = tempfile.mkstemp(prefix="profd-fleet-base-", suffix=".parquet")
+        os.close(fd)
+        try:
+            sink.fetch(f"{folder}/{chosen}", Path(copy))
+            f = pq.ParquetFile(copy)
+            for i in range(f.num_row_groups):
+                rows = f.read_row_group(i).cast(schema)
+                yield rows.filter(pc.invert(pc.is_in(rows[SOURCE], gone)))
+        finally:
+            os.unlink(copy)
     for s in sorted(todo):
         rows = pq.read_table(pa.BufferReader(sink.get(f"{folder}/{s}.parquet")))
         rows = rows.select(SCHEMAS[table].names).cast(SCHEMAS[table])

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,11 @@ class Sink(Protocol):
 
     def delete(self, key: str) -> None:
         """Delete one object (nothing if it is gone)."""
+        ...
+
+    def fetch(self, key: str, dest: Path) -> None:
+        """The object copied to the local file ``dest``, streamed (a ``FileNotFoundError``
+        if it is gone)."""
         ...
 
 
@@ -154,6 +160,9 @@ class LocalSink:
         with contextlib.suppress(FileNotFoundError):
             (self.root / key).unlink()
 
+    def fetch(self, key: str, dest: Path) -> None:
+        shutil.copyfile(self.root / key, dest)
+
 
 class S3Sink:
     def __init__(self, url: str, cfg: S3Config) -> None:
@@ -238,6 +247,16 @@ class S3Sink:
 
     def delete(self, key: str) -> None:
         self.client().delete_object(Bucket=self.bucket, Key=self._key(key))
+
+    def fetch(self, key: str, dest: Path) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client().download_file(self.bucket, self._key(key), str(dest))
+        except ClientError as exc:
+            if exc.response.get("Error", {}).get("Code") in ("NoSuchKey", "404"):
+                raise FileNotFoundError(key) from None
+            raise
 
     def _list(self, prefix: str, delimiter: bool) -> list[dict[str, Any]]:
         kw: dict[str, Any] = {"Bucket": self.bucket, "Prefix": prefix}

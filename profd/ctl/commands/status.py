@@ -72,6 +72,8 @@ def warehouse_line(w: dict[str, Any]) -> str:
     )
     if w.get("days_sealed"):
         line += f", {w['days_sealed']} day(s) sealed"
+    if w.get("days_handed_to_fleet"):
+        line += f", {w['days_handed_to_fleet']} handed to fleet objects"
     if w.get("failing"):
         line += f"  FAILING: {w.get('last_error') or '?'}"
     return line
