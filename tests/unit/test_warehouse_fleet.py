@@ -5,7 +5,6 @@ DuckDB's reader (local disk), pyarrow's (what S3 uses) and Polars (a second engi
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -13,9 +12,10 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from test_warehouse_seal import Clock, db, minutes  # noqa: F401  (db: the fixture)
 
 from profd.config import ConfigError, load
-from profd.store.index import Database, StepMinuteRepo, WarehouseQueueRepo
+from profd.store.index import Database, WarehouseQueueRepo
 from profd.warehouse import merge as M
 from profd.warehouse import reader as R
 from profd.warehouse.arrow import SCHEMAS, Overlay, parquet_bytes
@@ -153,48 +153,19 @@ def test_two_writers_racing_for_one_serial_cannot_both_win(root: Path) -> None:
 
 
 # --- through the export, as the daemon runs it -------------------------------------------
-T0 = datetime(2026, 3, 4, 10, 30, tzinfo=UTC).timestamp()
-
-
-@pytest.fixture
-def db(tmp_path: Path) -> Iterator[Database]:
-    d = Database(tmp_path / "index.db")
-    yield d
-    d.close()
-
-
-class Clock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def minutes(db: Database, hour: int, ranks: int = 2) -> None:
-    start = datetime.fromtimestamp(T0, UTC).replace(hour=hour, minute=5).timestamp()
-    StepMinuteRepo(db).add_step_minutes(
-        [
-            {"job": "j", "host": "h", "role": "trainer", "rank": r, "pid": 1,
-             "minute": int(start), "steps": 10, "sum_s": 1.0, "p50_ms": 100.0 + r,
-             "p90_ms": 110.0, "max_ms": 120.0}
-            for r in range(ranks)
-        ]
-    )  # fmt: skip
-
-
 def count(root: Path) -> int:
     con = R.open_tables(R.locate(str(root)), TABLES)
     return int(R.run_sql(con, "SELECT count(*) AS n FROM rank_minutes").to_pylist()[0]["n"])
 
 
 def test_the_export_merges_a_closed_day_then_hands_its_own_object_over(
-    db: Database, tmp_path: Path
+    db: Database,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     root = tmp_path / "warehouse"
     cfg = load(env={"PROFD_STATE_DIR": str(tmp_path)})
     cfg = dataclasses.replace(cfg, node_name="node-a")
-    clock = Clock(T0)
+    clock = Clock(datetime(2026, 3, 4, 10, 30, tzinfo=UTC).timestamp())
     ex = Exporter(cfg, clock=clock)
     q = WarehouseQueueRepo(db)
     minutes(db, 3)
