@@ -178,14 +178,12 @@ def write_job_minutes(f: Fleet, root: Path, rng: np.random.Generator) -> dict[st
         if not len(mins):
             continue
         part = _hour_part(h * 3600.0)
-        if f.merged and part[:10] < merged_before:
+        if (f.merged or f.sealed) and part[:10] < merged_before:
             by_day.setdefault(part[:10], []).append(_job_minutes_hour(f, mins, rng))
             if h + 1 not in hours or _hour_part((h + 1) * 3600.0)[:10] != part[:10]:
                 day = pa.concat_tables(by_day.pop(part[:10]))
-                path = root / fleet_key("job_minutes", part[:10], 1)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                pq.write_table(day, path, compression="zstd")
-                rows, objects = rows + day.num_rows, objects + 1
+                rows += day.num_rows
+                objects += _write_day(f, root, part[:10], day)
             continue
         for i in range(f.nodes):
             j = f.job_of_node(i)
@@ -209,6 +207,26 @@ def write_job_minutes(f: Fleet, root: Path, rng: np.random.Generator) -> dict[st
             rows += _write(root, "job_minutes", part, f.stem(i), cols)
             objects += 1
     return {"rows": rows, "objects": objects}
+
+
+def _write_day(f: Fleet, root: Path, date: str, day: pa.Table) -> int:
+    """A closed day of every node's job minutes as the daemons leave it: merged, one fleet
+    object; sealed, one day object per node. How many objects."""
+    if f.merged:
+        path = root / fleet_key("job_minutes", date, 1)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        pq.write_table(day, path, compression="zstd")
+        return 1
+    stems = day[SOURCE].to_numpy(zero_copy_only=False)
+    day = day.drop_columns([SOURCE])
+    # Rows come hour by hour, each hour node by node: gather each node's rows of the day.
+    order = np.argsort(stems, kind="stable")
+    day, stems = day.take(pa.array(order)), stems[order]
+    starts = np.flatnonzero(np.r_[True, stems[1:] != stems[:-1]])
+    ends = np.r_[starts[1:], len(stems)]
+    for a, b in zip(starts, ends, strict=True):
+        _write(root, "job_minutes", date, str(stems[a]), day.slice(a, b - a))
+    return len(starts)
 
 
 def _job_minutes_hour(f: Fleet, mins: np.ndarray[Any, Any], rng: np.random.Generator) -> pa.Table:
