@@ -83,7 +83,12 @@ def tend(
     for table, date in random.sample(days, min(DAYS_PER_FLUSH, len(days))):
         if stopping():
             break
-        what = step(sink, table, date, stem, merging, now)
+        try:
+            what = step(sink, table, date, stem, merging, now)
+        except FileNotFoundError:
+            # An object listed went before it was read (another writer handed its own over,
+            # or deleted a superseded fleet object): the next look lists again.
+            what = "waiting"
         if what in ("handed", "gone"):
             on_merged(table, date)
         if what in done:
