@@ -130,14 +130,6 @@ def s3_filesystem(s3: S3Settings) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**kw)
 
 
-def list_files(loc: Location, table: str) -> dict[str, int]:
-    """Every ``.parquet`` object of ``table`` a reader reads whole (paths as ``loc.fs``
-    names them) and its size: the listing less what :func:`plan` leaves out and less the
-    fleet objects (read with their rows filtered)."""
-    files = _listing(loc, table)
-    return {p: files[p] for p in plan(files).writers(files)}
-
-
 def _listing(loc: Location, table: str) -> dict[str, int]:
     sel = pafs.FileSelector(loc.path(table), recursive=True, allow_not_found=True)
     try:
