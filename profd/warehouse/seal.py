@@ -5,7 +5,9 @@ closed ``seal_after`` seconds (rows of its last minutes are indexed just after m
 each row that comes after the seal costs a rewrite of the whole day object). The day object
 then takes every later change of that day. The hourly objects it supersedes are deleted
 ``sweep_after`` seconds after the seal: a reader that listed them before the seal has that
-long to read them. No pyarrow here: the daemon uses it for its overlays.
+long to read them. :class:`Merging` says when a closed date is merged across writers into
+fleet objects (the merge itself: :mod:`profd.warehouse.merge`). No pyarrow here: the daemon
+uses it for its overlays.
 """
 
 from __future__ import annotations

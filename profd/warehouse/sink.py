@@ -24,7 +24,6 @@ class Listed:
 
     size: int
     token: str
-    mtime: float
 
 
 class Sink(Protocol):
@@ -128,7 +127,7 @@ class LocalSink:
                 except FileNotFoundError:
                     continue
                 token = f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
-                out[e.name] = Listed(st.st_size, token, st.st_mtime)
+                out[e.name] = Listed(st.st_size, token)
         return out
 
     def put_new(self, key: str, path: Path) -> bool:
@@ -223,9 +222,7 @@ class S3Sink:
     def folder(self, table: str, date: str) -> dict[str, Listed]:
         base = self._key(f"{table}/date={date}/")
         return {
-            o["Key"][len(base) :]: Listed(
-                int(o["Size"]), str(o["ETag"]).strip('"'), o["LastModified"].timestamp()
-            )
+            o["Key"][len(base) :]: Listed(int(o["Size"]), str(o["ETag"]).strip('"'))
             for o in self._list(base, delimiter=False)
             if o["Key"].endswith(".parquet") and "/" not in o["Key"][len(base) :]
         }
