@@ -35,7 +35,7 @@ import json, resource, sys, time
 from pathlib import Path
 from profd.warehouse.lean import refuse
 refuse(("pandas",), "the merge benchmark")
-from profd.warehouse.merge import merge, footer
+from profd.warehouse.merge import NO_FLEET, footer, merge
 from profd.warehouse.sink import LocalSink
 from profd.warehouse.tables import fleet_serial, stem_of
 root, table, date = sys.argv[1], sys.argv[2], sys.argv[3]
@@ -44,11 +44,10 @@ t0, c0 = time.monotonic(), time.process_time()
 listed = sink.folder(table, date)
 fleets = sorted((k, n) for n in listed if (k := fleet_serial(n)) is not None)
 serial, chosen = fleets[-1] if fleets else (0, "")
-held = footer(sink, table, date, chosen, listed[chosen].size)[0] if chosen else {}
+base = footer(sink, table, date, chosen, listed[chosen].size) if chosen else NO_FLEET
 days = {w: o for n, o in listed.items() if (w := stem_of(n)) and n == f"{w}.parquet"}
-todo = {s: o for s, o in days.items() if held.get(s) != o.token}
-present = {w for n in listed if (w := stem_of(n)) is not None}
-ok = merge(sink, table, date, serial + 1, (chosen, held), todo, present, time.time())
+todo = {s: o for s, o in days.items() if base.held.get(s) != o.token}
+ok = merge(sink, table, date, serial + 1, (chosen, base), todo, time.time())
 print(json.dumps({"ok": ok, "wall_s": time.monotonic() - t0, "cpu_s": time.process_time() - c0,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
                   "sources": len(todo), "serial": serial + 1}))

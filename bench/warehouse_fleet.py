@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from profd.warehouse.arrow import SCHEMAS
-from profd.warehouse.merge import merge
+from profd.warehouse.merge import NO_FLEET, merge
 from profd.warehouse.sink import LocalSink
 from profd.warehouse.tables import HOURLY, SOURCE, TABLES, fleet_key, object_key, writer_stem
 
@@ -55,10 +55,11 @@ class Fleet:
     #: inside its ``sweep_after``), which every reader must leave out.
     sealed: bool = False
     keep_hours_of: tuple[int, ...] = ()
-    #: Closed days (before ``end``'s date less one) merged as the daemons merge them: one
-    #: fleet object per table and date (profd/warehouse/merge.py), the writers' day objects
-    #: handed over. Job minutes of those days are written as their fleet objects directly
-    #: (a month of them per node and hour would be 737,280 objects to write first).
+    #: Closed days merged as the daemons merge them: one fleet object per table and date
+    #: (profd/warehouse/merge.py), the writers' day objects handed over; and today's job
+    #: minutes but the last two hours' in a fleet object of their hours. Job minutes are
+    #: written as their fleet objects directly (a month of them per node and hour would be
+    #: 737,280 objects to write first).
     merged: bool = False
 
     @property
@@ -170,7 +171,10 @@ def write_job_minutes(f: Fleet, root: Path, rng: np.random.Generator) -> dict[st
     first = f.end - (minutes - 1) * 60
     hours = sorted({int((first + m * 60) // 3600) for m in range(minutes)})
     rows = objects = 0
-    merged_before = _day(f.end - DAY)
+    # Merged: every closed day (merged an hour after it ends), and today's hours but the
+    # last two (an hour's objects are merged half an hour after it ends, and handed over
+    # some minutes later). Sealed: the days before yesterday.
+    merged_before = _day(f.end) if f.merged else _day(f.end - DAY)
     by_day: dict[str, list[pa.Table]] = {}
     for h in hours:
         lo = max(first, h * 3600.0)
@@ -178,9 +182,15 @@ def write_job_minutes(f: Fleet, root: Path, rng: np.random.Generator) -> dict[st
         if not len(mins):
             continue
         part = _hour_part(h * 3600.0)
-        if (f.merged or f.sealed) and part[:10] < merged_before:
-            by_day.setdefault(part[:10], []).append(_job_minutes_hour(f, mins, rng))
-            if h + 1 not in hours or _hour_part((h + 1) * 3600.0)[:10] != part[:10]:
+        today = f.merged and part[:10] == _day(f.end) and (h + 2) * 3600.0 <= f.end
+        if ((f.merged or f.sealed) and part[:10] < merged_before) or today:
+            hour = part[-2:] if today else None
+            by_day.setdefault(part[:10], []).append(_job_minutes_hour(f, mins, rng, hour))
+            if (
+                h + 1 not in hours
+                or _hour_part((h + 1) * 3600.0)[:10] != part[:10]
+                or (today and (h + 3) * 3600.0 > f.end)
+            ):
                 day = pa.concat_tables(by_day.pop(part[:10]))
                 rows += day.num_rows
                 objects += _write_day(f, root, part[:10], day)
@@ -229,8 +239,11 @@ def _write_day(f: Fleet, root: Path, date: str, day: pa.Table) -> int:
     return len(starts)
 
 
-def _job_minutes_hour(f: Fleet, mins: np.ndarray[Any, Any], rng: np.random.Generator) -> pa.Table:
-    """Every node's job minutes of one hour, with their writers' stems (a fleet object's)."""
+def _job_minutes_hour(
+    f: Fleet, mins: np.ndarray[Any, Any], rng: np.random.Generator, hour: str | None = None
+) -> pa.Table:
+    """Every node's job minutes of one hour, with the writers' objects they come from (a
+    fleet object's sources): each writer's day object, or its object of ``hour``."""
     k, n = len(mins), f.nodes
     nodes = [f.node(i) for i in range(n)]
     jobs = [f.job_of_node(i) for i in range(n)]
@@ -251,8 +264,8 @@ def _job_minutes_hour(f: Fleet, mins: np.ndarray[Any, Any], rng: np.random.Gener
         "vs_baseline": np.ones(k * n),
     }
     t = pa.table(cols, schema=SCHEMAS["job_minutes"])
-    stems = pa.array(np.repeat([f.stem(i) for i in range(n)], k).tolist(), pa.string())
-    return t.append_column(SOURCE, stems)
+    names = [f.stem(i) + (f"~{hour}" if hour else "") for i in range(n)]
+    return t.append_column(SOURCE, pa.array(np.repeat(names, k).tolist(), pa.string()))
 
 
 def write_rank_minutes(f: Fleet, root: Path, rng: np.random.Generator) -> dict[str, int]:
@@ -380,7 +393,7 @@ def generate(f: Fleet, root: Path) -> dict[str, Any]:
     if f.merged:
         t0 = time.monotonic()
         keep = {f.stem(i) for i in f.keep_hours_of}
-        out["merged"] = merge_days(root, _day(f.end - DAY), f.end, keep)
+        out["merged"] = merge_days(root, _day(f.end), f.end, keep)
         out["merged"]["write_s"] = round(time.monotonic() - t0, 2)
     out["objects"] = {
         t: sum(1 for _ in (root / t).rglob("*.parquet")) if (root / t).exists() else 0
@@ -432,8 +445,7 @@ def merge_days(root: Path, before: str, now: float, keep: set[str]) -> dict[str,
             days = {n[:-8]: o for n, o in listed.items() if n.count("~") == 1 and n[0] != "~"}
             if not days:
                 continue
-            present = {n.split("~")[0] + "~" + n.split("~")[1] for n in listed if n[0] != "~"}
-            assert merge(sink, table, date, 1, ("", {}), days, present, now)
+            assert merge(sink, table, date, 1, ("", NO_FLEET), days, now)
             for stem in set(days) - keep:
                 sink.delete(object_key(table, date, stem))
             made[table] = made.get(table, 0) + 1

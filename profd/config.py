@@ -321,7 +321,8 @@ def _blackbox(table: Mapping[str, Any]) -> BlackboxConfig:
 #: as the whole day and an open day's hour by hour (profd/warehouse/seal.py), so a seal of a
 #: day that was open when the reader asked must not land before the reader lists the objects.
 MIN_SEAL_AFTER = 300.0
-#: The least ``[warehouse] merge_after``: a date is merged after its writers sealed it.
+#: The least ``[warehouse] merge_after``: an hour's last rows reach its objects a flush or
+#: two after it ends, and each later row costs a merged object's rewrite.
 MIN_MERGE_AFTER = 600.0
 
 
@@ -343,10 +344,11 @@ class WarehouseConfig:
     #: deleted (docs/warehouse.md "Layout").
     seal_after: float = 3600.0
     sweep_after: float = 3600.0
-    #: Whether closed days are merged into fleet objects (every writer's rows of a table's
-    #: date in one object), and how long after a date ends (docs/warehouse.md "Layout").
+    #: Whether writers' objects are merged into fleet objects (every writer's rows of a
+    #: table's date in one object), and how long after an hour (an hourly object) or a date
+    #: (a day object) ends (docs/warehouse.md "Layout").
     merge: bool = True
-    merge_after: float = 86400.0
+    merge_after: float = 1800.0
 
     @property
     def is_s3(self) -> bool:

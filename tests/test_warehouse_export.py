@@ -266,8 +266,9 @@ def test_a_closed_day_is_sealed_in_s3_swept_and_read_once(
     moto_server: MotoServer,  # noqa: F811
 ) -> None:
     # seal_after far beyond the 3 days ever sealed: yesterday's rows go to an hourly object.
+    # The seal on its own: no merging (the next test's).
     d = daemon_factory(
-        config=FAST + "seal_after = 864000\n",
+        config=FAST + "seal_after = 864000\nmerge = false\n",
         PROFD_S3_URL=f"s3://{BUCKET}/pfx",
         **moto_server.env(),
     )
@@ -293,7 +294,7 @@ def test_a_closed_day_is_sealed_in_s3_swept_and_read_once(
     # Sealed now, and its hourly objects deleted at once after.
     d.stop()
     assert d.config is not None
-    d.config.write_text(FAST + "seal_after = 300\nsweep_after = 0\n")
+    d.config.write_text(FAST + "seal_after = 300\nsweep_after = 0\nmerge = false\n")
     d.start()
     wait_for(lambda: status(d)["days_swept"] >= 2, WAIT, "the day sealed and swept")
     assert status(d)["days_sealed"] == 2  # rank_minutes, job_minutes

@@ -17,7 +17,8 @@ def scan(root: str, table: str, storage_options: dict[str, str] | None = None) -
     ``_source`` (docs/warehouse.md "Layout"). In each date: a writer's hourly objects are
     left out where it has a day object there (it sealed the day); of the fleet objects
     (``~fleet~{serial:08d}.parquet``) only the greatest name counts, and of its rows only
-    those whose ``_source`` writer has no object of its own there (which is read instead)."""
+    those whose ``_source`` object is not there itself and whose writer has no day object
+    there (those are read instead)."""
     glob = f"{root.rstrip('/')}/{table}/**/*.parquet"
     # Only fleet objects have ``_source``: the scan's schema is the first object's, plus it.
     first = pl.scan_parquet(glob, storage_options=storage_options, hive_partitioning=False)
@@ -25,7 +26,7 @@ def scan(root: str, table: str, storage_options: dict[str, str] | None = None) -
     path = pl.col("_path")
     name = path.str.extract(r"([^/]+)\.parquet$")
     fleet, hourly = pl.col("_fleet"), pl.col("_hourly")
-    who = ["date", "_who"]
+    who, src = ["date", "_who"], ["date", "_from"]
     return (
         pl.scan_parquet(
             glob,
@@ -38,16 +39,19 @@ def scan(root: str, table: str, storage_options: dict[str, str] | None = None) -
         .with_columns(
             _fleet=name.str.contains(r"^~fleet~[0-9]{8}$"),
             _hourly=name.str.contains(r"^[^~]+~[^~]+~[0-9]{2}$"),
-            _who=pl.coalesce("_source", name.str.extract(r"^([^~]+~[^~]+)")),
+            _from=pl.coalesce("_source", name),
         )
+        .with_columns(_who=pl.col("_from").str.extract(r"^([^~]+~[^~]+)"))
         .filter(
             pl.when(fleet)
             .then(
-                (path == pl.when(fleet).then(path).max().over("date")) & ~(~fleet).any().over(who)
+                (path == pl.when(fleet).then(path).max().over("date"))
+                & ~(~fleet).any().over(src)
+                & ~(~fleet & ~hourly).any().over(who)
             )
             .otherwise(~(hourly & (~fleet & ~hourly).any().over(who)))
         )
-        .drop("_path", "_fleet", "_hourly", "_who", "_source")
+        .drop("_path", "_fleet", "_hourly", "_who", "_from", "_source")
     )
 
 

@@ -47,6 +47,13 @@ class Overlay:
     stem: str
     rows: pa.Table
 
+    @property
+    def source(self) -> str:
+        """The fleet source (:data:`~profd.warehouse.tables.SOURCE`) of the object it
+        stands in for: ``{stem}~{HH}`` for an hour, ``{stem}`` for a day."""
+        hour = self.part.partition("/")[2]
+        return f"{self.stem}~{hour}" if hour else self.stem
+
 
 def arrow_table(table: str, cols: dict[str, list[Any]]) -> pa.Table:
     """A partition's columns (:func:`profd.warehouse.build.build`) with ``table``'s schema."""

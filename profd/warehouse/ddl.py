@@ -6,10 +6,11 @@ Each table is two statements: ``{table}_objects`` over every object of the table
 columns, plus the fleet objects' ``_source``), and the view ``{table}`` that reads each row
 once (docs/warehouse.md "Layout"). In each date it leaves out the hourly objects a writer's
 day object supersedes (a sealed day), every fleet object but the chosen one (the highest
-serial), and the chosen one's rows of each writer that still has objects of its own there
-(those are read instead). The view decides from the object paths and ``_source`` values of
-the one scan it reads, so a seal or a new fleet object landing while a query runs cannot
-make it read a row twice."""
+serial), and the chosen one's rows whose source (``_source``: the writer's object they came
+from) an object of the writer's own stands for: the same object (an hour or a day), or the
+writer's day object (those are read instead). The view decides from the object paths and
+``_source`` values of the one scan it reads, so a seal or a new fleet object landing while a
+query runs cannot make it read a row twice."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ import pyarrow as pa
 from profd.warehouse.arrow import SCHEMAS
 from profd.warehouse.tables import SOURCE
 
-#: A writer's stem in an object's path, an hourly object's name and a fleet object's
-#: (``[.]``, not ``\.``: Spark's string literals would take the backslash). WRITER_RE also
-#: matches a fleet object's name; its rows name their writer in ``_source``.
-WRITER_RE = "([^/~]+~[^/~]+)(~[0-9][0-9])?[.]parquet$"
+#: A writer's object's name less ``.parquet`` in its path, as a fleet row's ``_source`` names
+#: it (``[.]``, not ``\.``: Spark's string literals would take the backslash; a fleet
+#: object's name does not match), and the writer's stem at the start of such a name.
+SOURCE_RE = "([^/~]+~[^/~]+(~[0-9][0-9])?)[.]parquet$"
+STEM_RE = "^([^~]+~[^~]+)"
 HOURLY_RE = "~[0-9][0-9][.]parquet$"
 FLEET_RE = "/~fleet~[0-9]{8}[.]parquet$"
 
@@ -30,12 +32,12 @@ def sealed_view(name: str, source: str, columns: list[str], path: str, matches: 
     """``CREATE VIEW name`` over ``source`` with each row once. In each date: a row of an
     hourly object is kept only where its writer has no day object; of the fleet objects only
     the chosen one (the greatest path) counts, and of its rows only those whose ``_source``
-    writer has no object of its own there. ``columns`` are the view's, quoted, ``date`` last;
-    ``path`` is the engine's expression for a row's object, ``matches`` its regex test with
-    ``{s}`` and ``{re}``."""
+    object is not there itself and whose writer has no day object there. ``columns`` are the
+    view's, quoted, ``date`` last; ``path`` is the engine's expression for a row's object,
+    ``matches`` its regex test with ``{s}`` and ``{re}``."""
     cols = ", ".join(columns)
     date = columns[-1]
-    who = date.replace("date", SOURCE)
+    src = date.replace("date", SOURCE)
     hourly = matches.format(s=path, re=f"'{HOURLY_RE}'")
     fleet = matches.format(s=path, re=f"'{FLEET_RE}'")
     return (
@@ -43,17 +45,20 @@ def sealed_view(name: str, source: str, columns: list[str], path: str, matches: 
         f"SELECT {cols} FROM (\n"
         "  SELECT o.*,\n"
         "    bool_or(NOT fleet_ AND NOT hourly_) OVER (PARTITION BY date_, who_) AS sealed_,\n"
-        "    bool_or(NOT fleet_) OVER (PARTITION BY date_, who_) AS own_,\n"
+        "    bool_or(NOT fleet_) OVER (PARTITION BY date_, from_) AS own_,\n"
         "    max(CASE WHEN fleet_ THEN path_ END) OVER (PARTITION BY date_) AS chosen_\n"
         "  FROM (\n"
-        f"    SELECT t.*, t.{date} AS date_, {path} AS path_,\n"
-        f"      COALESCE(t.{who}, regexp_extract({path}, '{WRITER_RE}', 1)) AS who_,\n"
-        f"      {hourly} AS hourly_,\n"
-        f"      {fleet} AS fleet_\n"
-        f"    FROM {source} t\n"
+        "    SELECT p.*, regexp_extract(from_, '" + STEM_RE + "', 1) AS who_\n"
+        "    FROM (\n"
+        f"      SELECT t.*, t.{date} AS date_, {path} AS path_,\n"
+        f"        COALESCE(t.{src}, regexp_extract({path}, '{SOURCE_RE}', 1)) AS from_,\n"
+        f"        {hourly} AS hourly_,\n"
+        f"        {fleet} AS fleet_\n"
+        f"      FROM {source} t\n"
+        "    ) p\n"
         "  ) o\n"
         ") s\n"
-        "WHERE CASE WHEN fleet_ THEN path_ = chosen_ AND NOT own_\n"
+        "WHERE CASE WHEN fleet_ THEN path_ = chosen_ AND NOT own_ AND NOT sealed_\n"
         "  ELSE NOT (hourly_ AND sealed_) END;"
     )
 

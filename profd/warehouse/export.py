@@ -75,8 +75,9 @@ class Exporter:
         self.keep_days = wh.keep_days
         self.keep_rank_days = wh.keep_rank_days
         self.seals = Seals(wh.seal_after, wh.sweep_after)
-        self.merging = Merging(wh.merge_after, wh.sweep_after) if wh.merge else None
+        self.merging = Merging.of(wh.merge_after, wh.sweep_after) if wh.merge else None
         self._merge_check_at = 0.0
+        self._hours_check_at = 0.0
         self.node = cfg.node_name
         self.instance = instance_id(cfg.state_dir)
         self.stem = writer_stem(self.node, self.instance)
@@ -106,6 +107,7 @@ class Exporter:
         self._swept = 0
         self._merged = 0
         self._handed = 0
+        self._hours_handed = 0
 
     # --- lifecycle (event loop) ----------------------------------------------------------------
     def start(self) -> None:
@@ -163,6 +165,7 @@ class Exporter:
                 "days_swept": self._swept,
                 "fleet_objects_written": self._merged,
                 "days_handed_to_fleet": self._handed,
+                "hour_hand_overs": self._hours_handed,
             }
 
     # --- the worker ---------------------------------------------------------------------------
@@ -196,14 +199,18 @@ class Exporter:
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):
                     repo.drop(mark.table, mark.part)
-            due = repo.pending() or self._seals_due(repo, now) or self._merges_due(repo, now)
+            hours = self._hours_due(repo, now)
+            due = (
+                repo.pending() or self._seals_due(repo, now) or self._merges_due(repo, now) or hours
+            )
             if due and not self._stopping.is_set():
-                res, child_cpu = self._flush_process(repo.db_path, now)
+                res, child_cpu = self._flush_process(repo.db_path, now, hours)
                 objects, rows, nbytes = int(res["objects"]), int(res["rows"]), int(res["bytes"])
                 with self._lock:
                     self._sealed += int(res.get("sealed", 0))
                     self._merged += int(res.get("merged", 0))
                     self._handed += int(res.get("handed", 0))
+                    self._hours_handed += int(res.get("hours", 0))
                     self._swept += int(res.get("swept", 0))
                 if res["error"]:
                     raise FlushFailed(str(res["error"]))
@@ -237,11 +244,24 @@ class Exporter:
             return False
         if not repo.unmerged(self.merging.cutoff(now)):
             return False
-        every = min(MERGE_CHECK_EVERY_S, self.merging.grace / 4)
-        self._merge_check_at = now + max(self.flush_every, every)
+        self._merge_check_at = now + self._merge_check_every()
         return True
 
-    def _flush_process(self, index: Path, now: float) -> tuple[dict[str, Any], float]:
+    def _hours_due(self, repo: WarehouseQueueRepo, now: float) -> bool:
+        """Time for a look at the open days' hours (:mod:`profd.warehouse.merge`): as
+        often as at closed days, while this node has open days."""
+        if self.merging is None or now < self._hours_check_at or not repo.unsealed_days():
+            return False
+        self._hours_check_at = now + self._merge_check_every()
+        return True
+
+    def _merge_check_every(self) -> float:
+        assert self.merging is not None
+        return max(self.flush_every, min(MERGE_CHECK_EVERY_S, self.merging.grace / 4))
+
+    def _flush_process(
+        self, index: Path, now: float, merge_hours: bool = False
+    ) -> tuple[dict[str, Any], float]:
         """Run :mod:`profd.warehouse.flush` on the marks there are: its result (the
         objects, rows and bytes it wrote, and its error or None) and the CPU seconds it
         took. :class:`FlushFailed` if it ended without a result or not cleanly."""
@@ -256,6 +276,7 @@ class Exporter:
             "seal_after": self.seals.seal_after,
             "sweep_after": self.seals.sweep_after,
             "merge_after": self.merging.merge_after if self.merging is not None else None,
+            "merge_hours": merge_hours,
             "now": now,
             "daemon_pid": os.getpid(),
         }

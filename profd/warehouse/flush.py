@@ -46,8 +46,12 @@ class Policy:
     keep_days: int
     keep_rank_days: int
     seals: Seals
-    #: Seconds after a date ends before it is merged into fleet objects (None: never).
+    #: Seconds after an hour or a date ends before its objects are merged into fleet
+    #: objects (None: never).
     merge_after: float | None = None
+    #: Whether this flush also looks at the open days' hours (the exporter says so every
+    #: few minutes, not every flush: each look lists a folder).
+    merge_hours: bool = False
 
     def expired(self, table: str, part: str) -> bool:
         return expired(table, part, self.now, self.keep_days, self.keep_rank_days)
@@ -108,7 +112,7 @@ def write_dirty(
     for table in TABLES:
         repo.forget_days(table, cutoff_date(now, retention_days(table, policy)))
     if policy.merge_after is not None and not stopping.is_set():
-        merging = Merging(policy.merge_after, seals.sweep_after)
+        merging = Merging.of(policy.merge_after, seals.sweep_after)
         _merge(repo, sink, stem, policy, merging, stopping, done)
 
 
@@ -125,7 +129,11 @@ def _merge(
     from profd.warehouse.merge import tend
 
     now = policy.now
-    days = [d for d in repo.unmerged(merging.cutoff(now)) if not policy.expired(*d)]
+    days = repo.unmerged(merging.cutoff(now))
+    if policy.merge_hours:
+        # Open days: their hours go into fleet objects while the day goes on.
+        days += [d for d in repo.unsealed_days() if d not in days]
+    days = [d for d in days if not policy.expired(*d)]
     counts = tend(
         days, sink, stem, merging, now, lambda t, d: repo.merged(t, d, now), stopping.is_set
     )
@@ -253,6 +261,7 @@ def main() -> int:
             int(job["keep_rank_days"]),
             Seals(float(job["seal_after"]), float(job["sweep_after"])),
             None if job.get("merge_after") is None else float(job["merge_after"]),
+            bool(job.get("merge_hours", False)),
         )
         repo = WarehouseQueueRepo(db)
         write_dirty(repo, sink, job["node"], job["stem"], policy, stopping, result)

@@ -1,24 +1,31 @@
-"""Fleet objects: a closed day of one table, every writer's rows in one object.
+"""Fleet objects: every writer's rows of one table's date in one object.
 
 A node can make its own day one object (the seal); fewer objects than nodes needs one writer
-to merge the others' days, and a query over a month of a thousand nodes reads thirty objects
-instead of thirty thousand (docs/benchmarks.md). The rule every reader applies
+to merge the others', and a query over a month of a thousand nodes reads thirty objects
+instead of thirty thousand, and over today a handful of hours' objects per node instead of
+every hour's (docs/benchmarks.md). Each row of a fleet object names in
+:data:`~profd.warehouse.tables.SOURCE` the writer's object it came from: ``{stem}`` (a day
+object) or ``{stem}~{HH}`` (an hourly one). The rule every reader applies
 (:func:`profd.warehouse.tables.plan`) keeps each row read once at every moment: of a date's
-fleet objects only the highest serial counts, and a row of it only if its writer
-(:data:`~profd.warehouse.tables.SOURCE`) has no object of its own in the date, which is
-read instead. So a writer's object is the truth while it exists, and merging changes nothing
-a reader sees until the writer deletes its own object, which it does only once the chosen
-fleet object holds that very object (the listing's token, recorded in the fleet object's
-footer) and has done so ``grace`` seconds (a reader that listed just before has that long).
-A writer that changes a merged day writes its day object again, which takes over at once.
+fleet objects only the highest serial counts, and a row of it only if neither its source
+object nor its writer's day object is in the date, which are read instead. So a writer's
+object is the truth while it exists, and merging changes nothing a reader sees until the
+writer deletes its own object, which it does only once the chosen fleet object holds that
+very object (the listing's token, recorded in the fleet object's footer) and fleet objects
+have held it ``grace`` seconds. A writer that changes a merged hour or day writes that
+object again, which takes over at once.
 
-Serials are claimed with a create-if-absent write (S3's ``If-None-Match: *``, ``link`` on
-disk), each new fleet object built from the chosen one and the writers' objects beside it:
-two writers racing for a serial cannot both win, and the loser's work is dropped.
+What is merged: a writer's hourly object ``merge_after`` seconds after its hour ends (while
+the writer has no day object in the date: that supersedes them), its day object
+``merge_after`` seconds after its date ends; a day object's rows replace every row of its
+writer in the fleet object. Serials are claimed with a create-if-absent write (S3's
+``If-None-Match: *``, ``link`` on disk), each new fleet object built from the chosen one and
+the writers' objects beside it: two writers racing for a serial cannot both win, and the
+loser's work is dropped.
 
-Who merges: the writers of a date in the order of their stems; the first once the date is
-``merge_after`` past its end, one more for each day nobody has (a dead first writer stops
-nothing for long). Run in the export's flush process (pyarrow loaded there).
+Who merges: the writers of a date in the order of their stems; the first once an object is
+due, one more for each hour nobody has (a dead first writer stops nothing for long). Run in
+the export's flush process (pyarrow loaded there).
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import os
 import random
 import tempfile
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -37,15 +45,20 @@ import pyarrow.parquet as pq
 from profd.warehouse.arrow import SCHEMAS
 from profd.warehouse.seal import Merging
 from profd.warehouse.sink import Listed, Sink
-from profd.warehouse.tables import SOURCE, fleet_key, fleet_serial, stem_of
+from profd.warehouse.tables import SOURCE, fleet_key, fleet_serial, source_of, stem_of
 
-#: The footer key of a fleet object's sources: JSON ``{stem: token}``.
+#: The footer key of a fleet object's sources: JSON ``{source: token}``, each writer's object
+#: whose rows it holds (:data:`~profd.warehouse.tables.SOURCE`) and its listing token then.
 SOURCES_KEY = b"profd.sources"
-#: The footer key of when it was made (the merging daemon's clock, Unix seconds): a writer
-#: hands its object over ``grace`` after that.
+#: The footer key of when it was made (the merging daemon's clock, Unix seconds): the fleet
+#: objects it supersedes are deleted ``grace`` after that.
 CREATED_KEY = b"profd.created"
-#: Days of its own a flush looks at (chosen at random among those due, so a day waiting out
-#: its grace period does not hold up the others).
+#: The footer key of when each source's rows (at that token) first went into a fleet
+#: object: JSON ``{source: unix}``; its writer hands that object over ``grace`` after that
+#: (a date's fleet object is made again each hour, which must not hold a hand-over back).
+SINCE_KEY = b"profd.since"
+#: Dates of its own a flush looks at (chosen at random among those due, so a date waiting
+#: out its grace period does not hold up the others).
 DAYS_PER_FLUSH = 4
 ROW_GROUP = 131072
 
@@ -54,16 +67,32 @@ def fleet_schema(table: str) -> pa.Schema:
     return SCHEMAS[table].append(pa.field(SOURCE, pa.string()))
 
 
-def footer(sink: Sink, table: str, date: str, name: str, size: int) -> tuple[dict[str, str], float]:
-    """The ``{stem: token}`` a fleet object's footer records, and when it was made (two
-    reads from its end)."""
+@dataclass(frozen=True)
+class Footer:
+    """What a fleet object's footer records: its sources' tokens, when it was made, and
+    since when it has held each source at that token."""
+
+    held: dict[str, str]
+    made: float
+    since: dict[str, float]
+
+    def held_since(self, source: str) -> float:
+        return self.since.get(source, self.made)
+
+
+NO_FLEET = Footer({}, 0.0, {})
+
+
+def footer(sink: Sink, table: str, date: str, name: str, size: int) -> Footer:
+    """A fleet object's :class:`Footer` (two reads from its end)."""
     key = f"{table}/date={date}/{name}"
     tail = sink.get(key, max(0, size - 8), size)
     length = int.from_bytes(tail[:4], "little") + 8
     meta = pq.read_metadata(pa.BufferReader(sink.get(key, max(0, size - length), size)))
     kv = meta.metadata or {}
-    found: dict[str, str] = json.loads(kv.get(SOURCES_KEY, b"{}"))
-    return found, float(kv.get(CREATED_KEY, b"0"))
+    made = float(kv.get(CREATED_KEY, b"0"))
+    since = {k: float(v) for k, v in json.loads(kv.get(SINCE_KEY, b"{}")).items()}
+    return Footer(json.loads(kv.get(SOURCES_KEY, b"{}")), made, since)
 
 
 def tend(
@@ -75,11 +104,13 @@ def tend(
     on_merged: Callable[[str, str], None],
     stopping: Callable[[], bool],
 ) -> dict[str, int]:
-    """This writer's part for some of its ``days`` due (table, date): hand its day object
-    over (delete it) where the chosen fleet object holds it; merge where it is one of the
-    date's mergers and some writer's object is not held yet. ``on_merged`` is told each day
-    whose object is gone. Counts of ``merged`` (fleet objects written) and ``handed``."""
-    done = {"merged": 0, "handed": 0}
+    """This writer's part for some of its ``days`` due (table, date): hand its objects
+    over (delete them) where the chosen fleet object holds them; merge where it is one of
+    the date's mergers and some writer's object due is not held yet. ``on_merged`` is told
+    each date whose day object (or every object of this writer) is gone. Counts of
+    ``merged`` (fleet objects written), ``handed`` (day objects handed over) and ``hours``
+    (dates some of whose hourly objects were)."""
+    done = {"merged": 0, "handed": 0, "hours": 0}
     for table, date in random.sample(days, min(DAYS_PER_FLUSH, len(days))):
         if stopping():
             break
@@ -97,33 +128,61 @@ def tend(
 
 
 def step(sink: Sink, table: str, date: str, stem: str, merging: Merging, now: float) -> str:
-    """One day of one table: ``gone`` (this writer has no object there), ``handed`` (its
-    object deleted, the chosen fleet object holds it), ``merged`` (a fleet object
-    written), or ``waiting``."""
+    """One date of one table: ``gone`` (this writer has no object there), ``handed`` (its
+    day object deleted, the chosen fleet object holds it), ``hours`` (some of its hourly
+    objects deleted, the same way), ``merged`` (a fleet object written), or ``waiting``."""
     listed = sink.folder(table, date)
-    mine = listed.get(f"{stem}.parquet")
-    if mine is None:
+    if not any(stem_of(n) == stem for n in listed):
         return "gone"
     fleets = sorted((k, n) for n in listed if (k := fleet_serial(n)) is not None)
     serial, chosen = fleets[-1] if fleets else (0, "")
-    held, made = footer(sink, table, date, chosen, listed[chosen].size) if chosen else ({}, 0.0)
-    if held.get(stem) == mine.token:
-        if made > now - merging.grace:
-            return "waiting"
-        sink.delete(f"{table}/date={date}/{stem}.parquet")
-        for _, name in fleets[:-1]:  # superseded for as long as the grace: nobody reads them
-            sink.delete(f"{table}/date={date}/{name}")
-        return "handed"
-    days = {w: o for n, o in listed.items() if (w := stem_of(n)) and n == f"{w}.parquet"}
-    order = sorted(days)
-    if order.index(stem) >= merging.mergers(date, now):
-        return "waiting"
-    todo = {s: o for s, o in days.items() if held.get(s) != o.token}
+    base = footer(sink, table, date, chosen, listed[chosen].size) if chosen else NO_FLEET
+    held, old = base.held, now - merging.grace
+    ready = mergeable(listed, date, merging, now)
+    mine = [
+        s
+        for s, o in ready.items()
+        if stem_of(s) == stem and held.get(s) == o.token and base.held_since(s) <= old
+    ]
+    if mine:
+        for source in mine:
+            sink.delete(f"{table}/date={date}/{source}.parquet")
+        if base.made <= old:  # superseded for as long as the grace: nobody reads them
+            for _, name in fleets[:-1]:
+                sink.delete(f"{table}/date={date}/{name}")
+        return "handed" if stem in mine else "hours"
+    todo = {s: o for s, o in ready.items() if held.get(s) != o.token}
     if not todo:
         return "waiting"
-    present = {w for n in listed if (w := stem_of(n)) is not None}
-    won = merge(sink, table, date, serial + 1, (chosen, held), todo, present, now)
+    order = sorted({w for n in listed if (w := stem_of(n)) is not None})
+    due = min(_due(merging, date, s) for s in todo)
+    if order.index(stem) >= merging.mergers(due, now):
+        return "waiting"
+    won = merge(sink, table, date, serial + 1, (chosen, base), todo, now)
     return "merged" if won else "waiting"
+
+
+def mergeable(
+    listed: dict[str, Listed], date: str, merging: Merging, now: float
+) -> dict[str, Listed]:
+    """The writers' objects of a date that may go into a fleet object at ``now``, by source
+    (:func:`~profd.warehouse.tables.source_of`): a writer's day object once the date is
+    ``merge_after`` past its end; a writer without one, its hourly objects once their
+    hour is (a day object supersedes its writer's hourly objects: those are never merged)."""
+    sealed = {n.removesuffix(".parquet") for n in listed if n.count("~") == 1}
+    out = {}
+    for name, o in listed.items():
+        source = source_of(name)
+        if source is None or (source not in sealed and stem_of(source) in sealed):
+            continue
+        if _due(merging, date, source) <= now:
+            out[source] = o
+    return out
+
+
+def _due(merging: Merging, date: str, source: str) -> float:
+    hour = source.split("~")[2] if source.count("~") == 2 else None
+    return merging.due_at(date, None if hour is None else int(hour))
 
 
 def merge(
@@ -131,26 +190,34 @@ def merge(
     table: str,
     date: str,
     serial: int,
-    base: tuple[str, dict[str, str]],
+    base: tuple[str, Footer],
     todo: dict[str, Listed],
-    present: set[str],
     now: float,
 ) -> bool:
     """Fleet object ``serial`` of ``table``'s ``date``: the rows of the chosen one (``base``:
-    its name and sources) of writers with no object of their own any more, and the rows of
-    the writers' day objects ``todo`` (name their tokens in its footer). False if another
-    writer took the serial first."""
-    chosen, held = base
+    its name and sources) that no object in ``todo`` replaces, and the rows of the writers'
+    objects ``todo`` (by source; their tokens named in its footer). A writer's day object
+    replaces its rows of every source; an hourly object its own. False if another writer
+    took the serial first."""
+    chosen, was = base
     schema = fleet_schema(table)
-    keep = {s: t for s, t in held.items() if s not in present}
+    days = {s for s in todo if s.count("~") == 1}
+    keep = {s: t for s, t in was.held.items() if s not in todo and stem_of(s) not in days}
+    dropped = sorted(set(was.held) - set(keep))
+    since = {s: was.held_since(s) for s in keep}
     keep.update({s: o.token for s, o in todo.items()})
-    meta = {SOURCES_KEY: json.dumps(keep, sort_keys=True).encode(), CREATED_KEY: repr(now).encode()}
+    since.update({s: now for s in todo})
+    meta = {
+        SOURCES_KEY: json.dumps(keep, sort_keys=True).encode(),
+        CREATED_KEY: repr(now).encode(),
+        SINCE_KEY: json.dumps(since, sort_keys=True).encode(),
+    }
     fd, tmp = tempfile.mkstemp(prefix="profd-fleet-", suffix=".parquet")
     os.close(fd)
     try:
         with pq.ParquetWriter(tmp, schema.with_metadata(meta), compression="zstd") as w:
             pending: list[pa.Table] = []
-            for rows in _rows(sink, table, date, chosen, held, todo, present):
+            for rows in _rows(sink, table, date, chosen, dropped, todo):
                 pending.append(rows)
                 if sum(t.num_rows for t in pending) >= ROW_GROUP:
                     w.write_table(pa.concat_tables(pending))
@@ -166,15 +233,14 @@ def _rows(
     table: str,
     date: str,
     chosen: str,
-    held: dict[str, str],
+    dropped: list[str],
     todo: dict[str, Listed],
-    present: set[str],
 ) -> Iterator[pa.Table]:
-    """The new fleet object's rows, a row group or one writer's day at a time."""
+    """The new fleet object's rows, a row group or one writer's object at a time."""
     folder = f"{table}/date={date}"
     schema = fleet_schema(table)
     if chosen:
-        gone = pa.array(sorted(s for s in held if s in present), pa.string())
+        gone = pa.array(dropped, pa.string())
         # A day of the biggest table is hundreds of MB: read from a local copy a row group
         # at a time, never whole in memory.
         fd, copy = tempfile.mkstemp(prefix="profd-fleet-base-", suffix=".parquet")

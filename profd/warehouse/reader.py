@@ -254,28 +254,50 @@ def fleet_sql(
     con: Any, loc: Location, table: str, fleets: Mapping[str, int], p: Plan, native: bool
 ) -> str:
     """A SELECT of the rows of ``table``'s chosen fleet objects that count: those whose
-    writer has nothing of its own in the date (:func:`profd.warehouse.tables.plan`)."""
+    source no object of the writer's own in the date stands for
+    (:func:`profd.warehouse.tables.plan`). The chosen objects of dates without such objects
+    are read whole; the others less their covered sources, by an anti-join (a filter
+    written out per row costs a second over a month of a thousand nodes)."""
     if not fleets:
         return ""
-    if native:
-        paths = ", ".join(_literal(f) for f in fleets)
-        source = (
-            f"read_parquet([{paths}], hive_partitioning = true, hive_types = {{'date': VARCHAR}})"
+    whole = {f: n for f, n in fleets.items() if not p.fleets.get(f)}
+    part = {f: n for f, n in fleets.items() if p.fleets.get(f)}
+    selects = []
+    for name, chosen in (("whole", whole), ("part", part)):
+        if not chosen:
+            continue
+        if native:
+            paths = ", ".join(_literal(f) for f in chosen)
+            source = (
+                f"read_parquet([{paths}], hive_partitioning = true,"
+                " hive_types = {'date': VARCHAR})"
+            )
+        else:
+            source = f"fleet_{name}_{table}"
+            con.register(source, fleet_dataset(loc, table, chosen))
+        if name == "whole":
+            selects.append(f"SELECT * EXCLUDE ({SOURCE}) FROM {source}")
+            continue
+        covered = [
+            (m.group(1), s)
+            for path in chosen
+            if (m := _DATE_DIR.search(path))
+            for s in sorted(p.fleets[path])
+        ]
+        con.register(
+            f"covered_{table}",
+            pa.table(
+                {
+                    "date": pa.array([d for d, _ in covered], pa.string()),
+                    "source": pa.array([s for _, s in covered], pa.string()),
+                }
+            ),
         )
-    else:
-        source = f"fleet_{table}"
-        con.register(source, fleet_dataset(loc, table, fleets))
-    pairs = sorted(
-        f"{m.group(1)}|{stem}"
-        for path, stems in p.fleets.items()
-        if (m := _DATE_DIR.search(path))
-        for stem in stems
-    )
-    sql = f"SELECT * EXCLUDE ({SOURCE}) FROM {source}"
-    if pairs:
-        listed = ", ".join(_literal(x) for x in pairs)
-        sql += f" WHERE (date || '|' || {SOURCE}) NOT IN ({listed})"
-    return sql
+        selects.append(
+            f"SELECT f.* EXCLUDE ({SOURCE}) FROM {source} f ANTI JOIN covered_{table} c"
+            f" ON f.date = c.date AND f.{SOURCE} = c.source"
+        )
+    return "SELECT * FROM (" + " UNION ALL BY NAME ".join(selects) + ")"
 
 
 def fleet_dataset(loc: Location, table: str, fleets: Mapping[str, int]) -> ds.Dataset:
@@ -336,7 +358,7 @@ def _open_tables(
             progress(f"listing {loc.url.rstrip('/')}/{name}/")
         listed = _listing(loc, name)
         _check_overlays(loc, name, mine, listed)
-        here = [(loc.path(f"{name}/date={o.part[:10]}"), o.stem) for o in mine]
+        here = [(loc.path(f"{name}/date={o.part[:10]}"), o.source) for o in mine]
         p = plan(listed, here)
         files = {f: listed[f] for f in p.writers(listed)}
         fleets = {f: listed[f] for f in p.fleets}

@@ -59,20 +59,42 @@ def overlay_part(
     return part
 
 
+#: The most a writer waits, once fleet objects hold its object, before it deletes it (a reader
+#: that listed the object just before has that long to read it; queries take seconds).
+#: Every object still there is one more a query over today opens: docs/benchmarks.md.
+MERGE_GRACE_S = 600.0
+
+
 @dataclass(frozen=True)
 class Merging:
-    """When: ``merge_after`` seconds after a date ends it may be merged; a writer deletes its
+    """When: a writer's hourly object may be merged ``merge_after`` seconds after its hour
+    ends, a day object ``merge_after`` seconds after its date ends; a writer deletes its
     own object ``grace`` seconds after a fleet object holding it appeared."""
 
-    merge_after: float = 86400.0
-    grace: float = 3600.0
+    merge_after: float = 1800.0
+    grace: float = MERGE_GRACE_S
+
+    @classmethod
+    def of(cls, merge_after: float, sweep_after: float) -> Merging:
+        """``[warehouse]``'s merging: the grace as the seal's sweep, at most
+        :data:`MERGE_GRACE_S`."""
+        return cls(merge_after, min(sweep_after, MERGE_GRACE_S))
 
     def cutoff(self, now: float) -> str:
-        """Dates before this one (``YYYY-MM-DD``) may be merged at ``now``."""
+        """Dates before this one (``YYYY-MM-DD``) may have their day objects merged at
+        ``now``."""
         return datetime.fromtimestamp(now - self.merge_after, UTC).strftime("%Y-%m-%d")
 
-    def mergers(self, date: str, now: float) -> int:
-        """How many of a date's writers (by stem) may merge it at ``now``."""
-        end = datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=UTC) + timedelta(days=1)
-        late = now - end.timestamp() - self.merge_after
-        return 0 if late < 0 else 1 + int(late // 86400.0)
+    def due_at(self, date: str, hour: int | None = None) -> float:
+        """When a writer's object of ``date`` (of its ``hour``; None: its day object) may
+        be merged."""
+        start = datetime.strptime(date, "%Y-%m-%d").replace(tzinfo=UTC)
+        end = start + (timedelta(days=1) if hour is None else timedelta(hours=hour + 1))
+        return end.timestamp() + self.merge_after
+
+    def mergers(self, due: float, now: float) -> int:
+        """How many of a date's writers (by stem) may merge at ``now`` an object that was
+        ``due`` to be merged: none before, the first at once, one more each hour nobody has
+        (a dead first writer stops nothing for long)."""
+        late = now - due
+        return 0 if late < 0 else 1 + int(late // 3600.0)

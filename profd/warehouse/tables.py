@@ -185,11 +185,13 @@ def superseded(paths: Iterable[str]) -> set[str]:
 
 
 #: A fleet object's name: ``~fleet~{serial:08d}.parquet`` (no writer's stem starts with
-#: ``~``). It holds many writers' rows of one table's date, each with its writer's stem in
-#: the column :data:`SOURCE`; the one with the highest serial in a ``date=`` folder is the
-#: *chosen* one, the others are left to be deleted (docs/design.md "Warehouse").
+#: ``~``). It holds many writers' rows of one table's date, each with the name of the
+#: writer's object it came from in the column :data:`SOURCE`; the one with the highest
+#: serial in a ``date=`` folder is the *chosen* one, the others are left to be deleted
+#: (docs/design.md "Warehouse").
 FLEET_PREFIX = "~fleet~"
-#: The column only fleet objects have: the stem of the writer a row came from.
+#: The column only fleet objects have: the writer's object a row came from, its name less
+#: ``.parquet`` (:func:`source_of`): ``{stem}`` (a day object) or ``{stem}~{HH}`` (an hour).
 SOURCE = "_source"
 _FLEET = re.compile(r"^~fleet~(\d{8})\.parquet$")
 
@@ -208,17 +210,35 @@ def fleet_serial(name: str) -> int | None:
 
 def stem_of(name: str) -> str | None:
     """The writer stem (``{node}~{instance}``) of a writer's object's file name (a day
-    object's or an hourly one's); None for a fleet object's or any other name."""
+    object's or an hourly one's) or of a fleet row's :data:`SOURCE`; None for a fleet
+    object's or any other name."""
     fields = name.removesuffix(".parquet").split("~")
     return f"{fields[0]}~{fields[1]}" if len(fields) in (2, 3) and fields[0] else None
+
+
+def source_of(name: str) -> str | None:
+    """What a fleet row taken from the writer's object ``name`` says in :data:`SOURCE`: the
+    object's name without ``.parquet`` (``{stem}`` for a day object, ``{stem}~{HH}`` for an
+    hourly one); None for a fleet object's or any other name."""
+    return name.removesuffix(".parquet") if stem_of(name) is not None else None
+
+
+def covered(source: str) -> list[str]:
+    """The fleet sources an object of a writer's own stands for in its date: an hourly
+    object for its own source; a day object (``{stem}``) for the whole day, whichever
+    objects of that writer a fleet object took its rows from."""
+    if source.count("~") == 2:
+        return [source]
+    return [source, *(f"{source}~{h:02d}" for h in range(24))]
 
 
 @dataclass(frozen=True)
 class Plan:
     """How a reader reads a listing of one table: ``skip`` the objects it leaves out
     (hourly objects a day object supersedes, fleet objects that are not their date's
-    chosen one), and for each chosen fleet object the stems whose rows in it it leaves out:
-    the writers that still have objects of their own in its date, which are read instead."""
+    chosen one), and for each chosen fleet object the sources (:data:`SOURCE`) whose rows
+    in it it leaves out: those a writer's own object in its date stands for
+    (:func:`covered`), which is read instead."""
 
     skip: frozenset[str]
     fleets: dict[str, frozenset[str]]
@@ -230,8 +250,9 @@ class Plan:
 
 def plan(paths: Iterable[str], more: Iterable[tuple[str, str]] = ()) -> Plan:
     """The reading :class:`Plan` of ``paths`` (keys or paths of one table's objects).
-    ``more``: (folder, stem) pairs that count as a writer's objects there although they are
-    not listed (a node's unflushed rows of that date, read in place of its objects)."""
+    ``more``: (folder, source) pairs that count as a writer's objects there although they
+    are not listed (a node's unflushed rows of an hour, ``{stem}~{HH}``, or of a sealed day,
+    ``{stem}``, read in place of its objects)."""
     listed = list(paths)
     present: dict[str, set[str]] = {}
     fleets: dict[str, list[tuple[int, str]]] = {}
@@ -240,10 +261,10 @@ def plan(paths: Iterable[str], more: Iterable[tuple[str, str]] = ()) -> Plan:
         serial = fleet_serial(name)
         if serial is not None:
             fleets.setdefault(folder, []).append((serial, path))
-        elif (stem := stem_of(name)) is not None:
-            present.setdefault(folder, set()).add(stem)
-    for folder, stem in more:
-        present.setdefault(folder, set()).add(stem)
+        elif (source := source_of(name)) is not None:
+            present.setdefault(folder, set()).update(covered(source))
+    for folder, source in more:
+        present.setdefault(folder, set()).update(covered(source))
     skip = set(superseded(listed))
     chosen: dict[str, frozenset[str]] = {}
     for folder, found in fleets.items():

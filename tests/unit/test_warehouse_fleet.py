@@ -25,8 +25,9 @@ from profd.warehouse.sink import LocalSink
 from profd.warehouse.tables import SOURCE, TABLES, fleet_key, object_key, plan
 
 DAY = "2026-03-01"
-#: Two days after DAY ended: past merge_after (a day), so its first writer may merge it.
-LATER = datetime(2026, 3, 3, 1, 0, tzinfo=UTC).timestamp()
+#: An hour after DAY ended: its day objects and its last hour's are due (merge_after: an
+#: hour), so its first writer may merge them, and only that one.
+LATER = datetime(2026, 3, 2, 1, 0, tzinfo=UTC).timestamp()
 A, B, C = "gpu-a~1", "gpu-b~2", "gpu-c~3"
 FOLDER = f"w/job_minutes/date={DAY}"
 
@@ -70,38 +71,42 @@ def root(tmp_path: Path) -> Path:
     r = tmp_path / "wh"
     put(r, DAY, A, jm(5, "a"))
     put(r, DAY, B, jm(3, "b"))
-    put(r, f"{DAY}/04", C, jm(2, "c"))
+    put(r, f"{DAY}/23", C, jm(2, "c"))
     return r
 
 
-def test_the_chosen_fleet_object_and_the_writers_it_is_read_in_place_of() -> None:
+def test_the_chosen_fleet_object_and_the_sources_it_is_read_in_place_of() -> None:
     paths = [
-        f"{FOLDER}/{A}.parquet",  # A still has its own object: A's rows in the fleet are not read
-        f"{FOLDER}/{C}~04.parquet",
+        f"{FOLDER}/{A}.parquet",  # A's day object: none of A's rows in the fleet are read
+        f"{FOLDER}/{C}~04.parquet",  # C's hour 04: its rows of that hour only
         f"{FOLDER}/~fleet~00000001.parquet",  # superseded by serial 2
         f"{FOLDER}/~fleet~00000002.parquet",
         "w/job_minutes/date=2026-03-02/~fleet~00000001.parquet",
     ]
-    p = plan(paths, [(FOLDER, "gpu-d~4")])  # D's unflushed rows of DAY count as its objects
+    # D's unflushed rows of the whole (sealed) day, E's of its hour 06, stand for their objects.
+    p = plan(paths, [(FOLDER, "gpu-d~4"), (FOLDER, "gpu-e~5~06")])
     assert p.skip == {f"{FOLDER}/~fleet~00000001.parquet"}
+    day = {f"{w}~{h:02d}" for w in (A, "gpu-d~4") for h in range(24)} | {A, "gpu-d~4"}
     assert p.fleets == {
-        f"{FOLDER}/~fleet~00000002.parquet": {A, C, "gpu-d~4"},
+        f"{FOLDER}/~fleet~00000002.parquet": day | {f"{C}~04", "gpu-e~5~06"},
         "w/job_minutes/date=2026-03-02/~fleet~00000001.parquet": set(),
     }
     assert p.writers(paths) == [f"{FOLDER}/{A}.parquet", f"{FOLDER}/{C}~04.parquet"]
 
 
-def test_who_may_merge_a_day_grows_with_its_delay() -> None:
-    m = Merging(merge_after=86400.0)
+def test_who_may_merge_grows_with_the_delay() -> None:
+    m = Merging(merge_after=3600.0)
     end = datetime(2026, 3, 2, tzinfo=UTC).timestamp()
-    assert m.mergers(DAY, end + 3600) == 0  # closed, not merge_after yet
-    assert m.mergers(DAY, end + 86400) == 1  # its first writer
-    assert m.mergers(DAY, end + 3 * 86400 + 1) == 3  # two more days: the next two too
-    assert m.cutoff(end + 86400) == "2026-03-02"
+    assert m.due_at(DAY) == end + 3600  # a day object: an hour after its date ends
+    assert m.due_at(DAY, 4) == datetime(2026, 3, 1, 6, tzinfo=UTC).timestamp()  # hour 04
+    assert m.mergers(end + 3600, end + 60) == 0  # not due yet
+    assert m.mergers(end + 3600, end + 3600) == 1  # its first writer
+    assert m.mergers(end + 3600, end + 3 * 3600 + 1) == 3  # two hours more: the next two too
+    assert m.cutoff(end + 3600) == "2026-03-02"
 
 
 def test_a_merge_then_each_writers_hand_over_read_once_throughout(root: Path) -> None:
-    sink, m = LocalSink(root), Merging(merge_after=86400.0, grace=3600.0)
+    sink, m = LocalSink(root), Merging(merge_after=3600.0, grace=3600.0)
     truth = {"a": 5, "b": 3, "c": 2}
     assert seen(root) == truth
     # B is not the first writer by stem: it waits for A.
@@ -110,18 +115,24 @@ def test_a_merge_then_each_writers_hand_over_read_once_throughout(root: Path) ->
     assert names(root) == [
         f"{A}.parquet",
         f"{B}.parquet",
-        f"{C}~04.parquet",
+        f"{C}~23.parquet",
         "~fleet~00000001.parquet",
     ]
     fleet = pq.read_table(root / fleet_key("job_minutes", DAY, 1))
-    assert sorted(fleet[SOURCE].to_pylist()) == [A] * 5 + [B] * 3  # C's hours are not merged
-    assert seen(root) == truth  # A's and B's own objects still count, the fleet's copy not
+    # C never sealed the day: its hour went in as that hour.
+    assert sorted(fleet[SOURCE].to_pylist()) == [A] * 5 + [B] * 3 + [f"{C}~23"] * 2
+    assert seen(root) == truth  # the writers' own objects still count, the fleet's copy not
     # Inside the grace period nobody hands over; nothing new to merge either.
     assert M.step(sink, "job_minutes", DAY, A, m, LATER + 60) == "waiting"
     assert M.step(sink, "job_minutes", DAY, B, m, LATER + 60) == "waiting"
     assert M.step(sink, "job_minutes", DAY, B, m, LATER + 3700) == "handed"
-    assert names(root) == [f"{A}.parquet", f"{C}~04.parquet", "~fleet~00000001.parquet"]
+    assert names(root) == [
+        f"{A}.parquet",
+        f"{C}~23.parquet",
+        "~fleet~00000001.parquet",
+    ]
     assert seen(root) == truth  # B's rows now from the fleet
+    assert M.step(sink, "job_minutes", DAY, C, m, LATER + 3700) == "hours"
     assert M.step(sink, "job_minutes", DAY, A, m, LATER + 3700) == "handed"
     assert seen(root) == truth
     assert M.step(sink, "job_minutes", DAY, A, m, LATER + 3800) == "gone"
@@ -130,24 +141,76 @@ def test_a_merge_then_each_writers_hand_over_read_once_throughout(root: Path) ->
     put(root, DAY, B, jm(4, "b"))
     truth["b"] = 4
     assert seen(root) == truth
-    # B is now the only writer with a day object there: it merges, then hands over.
+    # B is now the only writer with an object there: it merges, then hands over.
     assert M.step(sink, "job_minutes", DAY, B, m, LATER + 7200) == "merged"
     assert names(root)[-2:] == ["~fleet~00000001.parquet", "~fleet~00000002.parquet"]
     assert seen(root) == truth
     assert M.step(sink, "job_minutes", DAY, B, m, LATER + 7200 + 3601) == "handed"
-    assert names(root) == [f"{C}~04.parquet", "~fleet~00000002.parquet"]  # serial 1 gone too
+    assert names(root) == ["~fleet~00000002.parquet"]  # serial 1 gone too
     assert seen(root) == truth
     # A node's unflushed rows of the day stand for its rows in the fleet object.
     over = [Overlay("job_minutes", DAY, A, jm(6, "a"))]
     assert seen(root, over) == {**truth, "a": 6}
 
 
+def test_an_open_days_hours_are_merged_hour_by_hour_then_its_day_replaces_them(
+    tmp_path: Path,
+) -> None:
+    """Hours go into a fleet object while their day goes on; each writer hands its hours
+    over; an hour written again, the writer's day object, a node's unflushed hour each take
+    over exactly their own rows."""
+    root = tmp_path / "wh"
+    sink, m = LocalSink(root), Merging(merge_after=3600.0, grace=600.0)
+    put(root, f"{DAY}/03", A, jm(1, "a"))
+    put(root, f"{DAY}/04", A, jm(2, "a"))
+    put(root, f"{DAY}/05", A, jm(4, "a"))  # not due at 06:30: ends 06:00, merged from 07:00
+    put(root, f"{DAY}/03", B, jm(8, "b"))
+    at = datetime(2026, 3, 1, 6, 30, tzinfo=UTC).timestamp()
+    truth = {"a": 7, "b": 8}
+    assert M.step(sink, "job_minutes", DAY, A, m, at) == "merged"
+    fleet = pq.read_table(root / fleet_key("job_minutes", DAY, 1))
+    assert sorted(fleet[SOURCE].to_pylist()) == [f"{A}~03", f"{A}~04", f"{A}~04"] + [f"{B}~03"] * 8
+    assert seen(root) == truth
+    assert M.step(sink, "job_minutes", DAY, A, m, at + 660) == "hours"
+    assert names(root) == [f"{A}~05.parquet", f"{B}~03.parquet", "~fleet~00000001.parquet"]
+    assert seen(root) == truth  # A's hours 03 and 04 from the fleet, 05 its own
+    # A's unflushed rows of hour 05 stand for that hour alone, not for A's merged hours.
+    over = [Overlay("job_minutes", f"{DAY}/05", A, jm(5, "a"))]
+    assert seen(root, over) == {"a": 8, "b": 8}
+    # A late row of hour 03: A writes the hour again, which takes over its rows at once.
+    put(root, f"{DAY}/03", A, jm(3, "a"))
+    truth["a"] = 9
+    assert seen(root) == truth
+    # The next merge takes it, and hour 05, and keeps B's hour as it was.
+    assert M.step(sink, "job_minutes", DAY, A, m, at + 3600) == "merged"
+    fleet = pq.read_table(root / fleet_key("job_minutes", DAY, 2))
+    assert fleet[SOURCE].to_pylist().count(f"{B}~03") == 8
+    assert fleet[SOURCE].to_pylist().count(f"{A}~03") == 3
+    assert seen(root) == truth
+    # A seals the day: its day object stands for all of A's hours, merged or not.
+    put(root, DAY, A, jm(9, "a"))
+    assert seen(root) == truth
+    # Its hourly objects are superseded now: never merged nor handed over, but swept.
+    assert M.step(sink, "job_minutes", DAY, A, m, at + 3600 + 660) == "waiting"
+    sink.delete_hours("job_minutes", DAY, A)
+    assert seen(root) == truth
+    # A day after: the day object goes in, in place of every hour of A's.
+    later = datetime(2026, 3, 2, 1, 0, tzinfo=UTC).timestamp()
+    assert M.step(sink, "job_minutes", DAY, A, m, later) == "merged"
+    fleet = pq.read_table(root / fleet_key("job_minutes", DAY, 3))
+    assert sorted(set(fleet[SOURCE].to_pylist())) == [A, f"{B}~03"]
+    assert seen(root) == truth
+    assert M.step(sink, "job_minutes", DAY, A, m, later + 660) == "handed"
+    assert M.step(sink, "job_minutes", DAY, B, m, later + 660) == "hours"
+    assert names(root) == ["~fleet~00000003.parquet"]
+    assert seen(root) == truth
+
+
 def test_two_writers_racing_for_one_serial_cannot_both_win(root: Path) -> None:
     sink = LocalSink(root)
     todo = {s: o for n, o in sink.folder("job_minutes", DAY).items() if (s := n[:-8]) in (A, B)}
-    present = {A, B, C}
-    assert M.merge(sink, "job_minutes", DAY, 1, ("", {}), todo, present, LATER)
-    assert not M.merge(sink, "job_minutes", DAY, 1, ("", {}), {A: todo[A]}, present, LATER)
+    assert M.merge(sink, "job_minutes", DAY, 1, ("", M.NO_FLEET), todo, LATER)
+    assert not M.merge(sink, "job_minutes", DAY, 1, ("", M.NO_FLEET), {A: todo[A]}, LATER)
     assert pq.read_table(root / fleet_key("job_minutes", DAY, 1)).num_rows == 8
     assert seen(root) == {"a": 5, "b": 3, "c": 2}
 
@@ -158,7 +221,11 @@ def count(root: Path) -> int:
     return int(R.run_sql(con, "SELECT count(*) AS n FROM rank_minutes").to_pylist()[0]["n"])
 
 
-def test_the_export_merges_a_closed_day_then_hands_its_own_object_over(
+def fleets(folder: str) -> list[str]:
+    return sorted(p.name for p in Path(folder).glob("~fleet~*.parquet"))
+
+
+def test_the_export_merges_hours_then_the_closed_day_and_hands_its_own_objects_over(
     db: Database,  # noqa: F811
     tmp_path: Path,
 ) -> None:
@@ -168,21 +235,34 @@ def test_the_export_merges_a_closed_day_then_hands_its_own_object_over(
     clock = Clock(datetime(2026, 3, 4, 10, 30, tzinfo=UTC).timestamp())
     ex = Exporter(cfg, clock=clock)
     q = WarehouseQueueRepo(db)
+    day = f"{root}/rank_minutes/date=2026-03-04"
     minutes(db, 3)
+    # The open day's hour 03 ended long enough ago: written, then merged by the next look.
     assert ex.flush(q)
-    clock.now = datetime(2026, 3, 5, 1, 30, tzinfo=UTC).timestamp()  # sealed, one table a flush
+    assert fleets(day) == []
+    assert ex.flush(q)
+    assert fleets(day) == ["~fleet~00000001.parquet"]
+    assert (Path(day) / f"{ex.stem}~03.parquet").exists()  # inside the grace period
+    assert count(root) == 2
+    clock.now += 3700  # past it: the next looks at the hours hand hour 03 over
+    for _ in range(2):  # at most DAYS_PER_FLUSH of the six tables' days a flush
+        assert ex.flush(q)
+        ex._hours_check_at = 0.0  # what ten minutes would do
+    assert sorted(p.name for p in Path(day).glob("*.parquet")) == ["~fleet~00000001.parquet"]
+    assert count(root) == 2
+    assert ex.status()["hour_hand_overs"] >= 1
+
+    # Sealed, one table a flush, and the day objects merged: the day is due since 01:00.
+    clock.now = datetime(2026, 3, 5, 1, 30, tzinfo=UTC).timestamp()
     while q.unsealed_days():
         assert ex.flush(q)
-    day = f"{root}/rank_minutes/date=2026-03-04"
     assert sorted(p.name for p in Path(day).glob("*.parquet"))[0] == f"{ex.stem}.parquet"
     assert count(root) == 2
-
-    clock.now = datetime(2026, 3, 6, 2, 0, tzinfo=UTC).timestamp()  # a day after it closed
     for _ in range(8):  # at most DAYS_PER_FLUSH of the six tables' days a flush
         assert ex.flush(q)
         ex._merge_check_at = 0.0  # what ten minutes would do
-    assert ex.status()["fleet_objects_written"] >= 2  # rank_minutes and job_minutes
-    assert (Path(day) / "~fleet~00000001.parquet").exists()
+    assert ex.status()["fleet_objects_written"] >= 4  # rank_minutes and job_minutes, twice
+    assert fleets(day) == ["~fleet~00000001.parquet", "~fleet~00000002.parquet"]
     assert (Path(day) / f"{ex.stem}.parquet").exists()  # inside the grace period
     assert count(root) == 2
 
@@ -190,7 +270,7 @@ def test_the_export_merges_a_closed_day_then_hands_its_own_object_over(
     for _ in range(8):
         assert ex.flush(q)
         ex._merge_check_at = 0.0
-    assert sorted(p.name for p in Path(day).glob("*.parquet")) == ["~fleet~00000001.parquet"]
+    assert sorted(p.name for p in Path(day).glob("*.parquet")) == ["~fleet~00000002.parquet"]
     assert q.unmerged("2026-03-06") == []
     assert count(root) == 2
     assert ex.status()["days_handed_to_fleet"] >= 2

@@ -15,7 +15,7 @@ import pytest
 from profd.warehouse import queries as Q
 from profd.warehouse import reader as R
 from profd.warehouse.arrow import SCHEMAS, Overlay
-from profd.warehouse.tables import SOURCE, TABLES, fleet_key, object_key, writer_stem
+from profd.warehouse.tables import SOURCE, TABLES, fleet_key, object_key, stem_of, writer_stem
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "warehouse.md"
 A, B = writer_stem("gpu01", "aaaa"), writer_stem("gpu02", "bbbb")
@@ -289,38 +289,47 @@ def test_the_local_reader_is_allowed_the_warehouse_and_nothing_else(tmp_path: Pa
 
 def fleet_layout(wh: Path) -> dict[tuple[str, str], int]:
     """``job_minutes`` with one writer's sealed day (its hourly objects still there), another
-    writer's unsealed day, the first writer's next day, still open, and two dates with fleet
-    objects. 2026-03-03: the chosen fleet object (serial 2) holds A's, B's and C's rows, an
-    older one (serial 1) rows of all of them and of D; A still has its day object (and a
-    superseded hour), C its hourly objects, B none. 2026-03-04: only a fleet object (serial
-    1, chosen there). Each row's ``node`` names its writer; the rows each date should read,
-    by node."""
+    writer's unsealed day, the first writer's next day, still open, and three dates with
+    fleet objects. 2026-03-03: the chosen fleet object (serial 2) holds A's day, B's day and
+    C's hours 06 and 07, an older one (serial 1) rows of all of them and of D; A still has its
+    day object (and a superseded hour), C its hour 07 (written again: a late row) and 08, B
+    nothing. 2026-03-04: only a fleet object (serial 1, chosen there). 2026-03-05 (open): the
+    fleet object holds A's hours 01 and 02 and B's 01; A sealed the day since, B still has its
+    hour 01 (inside the grace period). Each row's ``node`` names its writer; the rows each
+    date should read, by node."""
     put(wh, "job_minutes", "2026-03-01/05", A, jm_rows(2, "A"))
     put(wh, "job_minutes", "2026-03-01/06", A, jm_rows(3, "A"))
     put(wh, "job_minutes", "2026-03-01", A, jm_rows(5, "A"))  # A sealed the day: 5 rows, once
     put(wh, "job_minutes", "2026-03-01/05", B, jm_rows(4, "B"))  # B did not
     put(wh, "job_minutes", "2026-03-02/00", A, jm_rows(1, "A"))
     jm_fleet(wh, "2026-03-03", 1, {A: 10, B: 10, C: 10, D: 10})  # not chosen: ignored
-    jm_fleet(wh, "2026-03-03", 2, {A: 3, B: 4, C: 6})
+    jm_fleet(wh, "2026-03-03", 2, {A: 3, B: 4, f"{C}~06": 2, f"{C}~07": 6})
     put(wh, "job_minutes", "2026-03-03", A, jm_rows(5, "A"))  # read in place of A's fleet rows
     put(wh, "job_minutes", "2026-03-03/07", A, jm_rows(7, "A"))  # superseded by A's day
-    put(wh, "job_minutes", "2026-03-03/07", C, jm_rows(2, "C"))  # read in place of C's...
-    put(wh, "job_minutes", "2026-03-03/08", C, jm_rows(1, "C"))  # ...fleet rows
+    put(wh, "job_minutes", "2026-03-03/07", C, jm_rows(2, "C"))  # read in place of C~07's rows
+    put(wh, "job_minutes", "2026-03-03/08", C, jm_rows(1, "C"))  # not in the fleet yet
     jm_fleet(wh, "2026-03-04", 1, {A: 2, B: 3})
+    jm_fleet(wh, "2026-03-05", 1, {f"{A}~01": 1, f"{A}~02": 2, f"{B}~01": 4})
+    put(wh, "job_minutes", "2026-03-05", A, jm_rows(6, "A"))  # A's whole day so far
+    put(wh, "job_minutes", "2026-03-05/01", B, jm_rows(4, "B"))
+    put(wh, "job_minutes", "2026-03-05/03", B, jm_rows(1, "B"))
     return {
         ("2026-03-01", "A"): 5,
         ("2026-03-01", "B"): 4,
         ("2026-03-02", "A"): 1,
         ("2026-03-03", "A"): 5,
         ("2026-03-03", "B"): 4,
-        ("2026-03-03", "C"): 3,
+        ("2026-03-03", "C"): 5,
         ("2026-03-04", "A"): 2,
         ("2026-03-04", "B"): 3,
+        ("2026-03-05", "A"): 6,
+        ("2026-03-05", "B"): 5,
     }
 
 
 def fleet(wh: Path, table: str, date: str, serial: int, rows: dict[str, pa.Table]) -> None:
-    """A fleet object: each writer's ``rows``, with its stem in ``_source``."""
+    """A fleet object: the ``rows`` of each source (a writer's object), named in
+    ``_source``."""
     stems = [stem for stem, part in rows.items() for _ in range(part.num_rows)]
     whole = pa.concat_tables(rows.values()).append_column(SOURCE, pa.array(stems, pa.string()))
     path = wh / fleet_key(table, date, serial)
@@ -336,7 +345,8 @@ def incidents_fleet(wh: Path) -> None:
 
 
 def jm_fleet(wh: Path, date: str, serial: int, rows: dict[str, int]) -> None:
-    fleet(wh, "job_minutes", date, serial, {s: jm_rows(n, NODE[s]) for s, n in rows.items()})
+    made = {s: jm_rows(n, NODE[stem_of(s) or s]) for s, n in rows.items()}
+    fleet(wh, "job_minutes", date, serial, made)
 
 
 @pytest.mark.parametrize("engine", ["trino", "spark"])
@@ -374,6 +384,26 @@ def test_the_engines_views_read_each_row_once(tmp_path: Path, engine: str) -> No
     assert {(d, n): c for d, n, c in got.fetchall()} == want
     got = con.sql("SELECT id FROM incidents ORDER BY id")
     assert got.fetchall() == [("a1",), ("a2",), ("b1",)]
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["duckdb", "pyarrow"])
+def test_profds_reader_reads_each_row_once(tmp_path: Path, native: bool) -> None:
+    """profctl's own reading (DuckDB's reader on local disk, pyarrow's as from S3) over
+    :func:`fleet_layout`, and with a node's unflushed rows of an hour in place of that
+    hour's object: they stand for that hour's rows, not for the writer's other hours."""
+    wh = tmp_path / "wh"
+    want = fleet_layout(wh)
+    sql = "SELECT date, node, count(*) AS n FROM job_minutes GROUP BY ALL ORDER BY ALL"
+    loc = R.locate(str(wh))
+
+    def read(overlays: list[Overlay]) -> dict[tuple[str, str], int]:
+        con = R.open_tables(loc, TABLES, overlays, native=native)
+        return {(r["date"], r["node"]): r["n"] for r in R.run_sql(con, sql).to_pylist()}
+
+    assert read([]) == want
+    # C's hour 08 unflushed: its merged hour 06 still counts from the fleet object.
+    over = [Overlay("job_minutes", "2026-03-03/08", C, jm_rows(9, "C"))]
+    assert read(over) == {**want, ("2026-03-03", "C"): 13}
 
 
 def test_polars_reads_each_row_once(tmp_path: Path) -> None:

@@ -58,6 +58,8 @@ class Clock:
 
 
 def exporter(tmp_path: Path, clock: Clock, **wh: Any) -> Exporter:
+    """The seal on its own: merging (tests/unit/test_warehouse_fleet.py) is off unless asked."""
+    wh.setdefault("merge", False)
     cfg = load(env={"PROFD_STATE_DIR": str(tmp_path)})
     cfg = dataclasses.replace(
         cfg, node_name="node-a", warehouse=dataclasses.replace(cfg.warehouse, **wh)
