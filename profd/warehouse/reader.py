@@ -28,7 +28,6 @@ from profd.warehouse.tables import (
     SOURCE,
     TABLES,
     Plan,
-    fleet_serial,
     object_key,
     plan,
     stands_for,
@@ -219,23 +218,26 @@ def native_view(
     loc: Location,
     table: str,
     overlays: Sequence[Overlay],
-    skip: Iterable[str] = (),
+    files: Iterable[str],
     fleet: str = "",
 ) -> None:
     """``table`` as a view over DuckDB's own Parquet reader (local disk only: it is about
-    three times faster than a pyarrow dataset over thousands of small objects): the
-    writers' objects (fleet objects' names start with ``~``, which the glob leaves out), less
-    those an overlay replaces and those in ``skip``, then ``fleet`` (:func:`fleet_sql`) and
-    the overlays' rows."""
+    three times faster than a pyarrow dataset over thousands of small objects): the writers'
+    objects ``files``, less those an overlay replaces, then ``fleet`` (:func:`fleet_sql`)
+    and the overlays' rows. Named one by one, never by a glob: DuckDB would list the
+    directories again when the query runs, and an object written or handed over since the
+    listing the reading rule was applied to would be read twice or not at all."""
     mine = [o for o in overlays if o.table == table]
-    files = _literal(loc.path(table) + "/*/[!~]*.parquet")
-    sql = (
-        "SELECT * EXCLUDE (filename) FROM read_parquet("
-        f"{files}, hive_partitioning = true, hive_types = {{'date': VARCHAR}}, filename = true)"
-    )
-    replaced = sorted({*replaced_paths(loc, table, mine), *skip})
-    if replaced:
-        sql += f" WHERE filename NOT IN ({', '.join(_literal(p) for p in replaced)})"
+    replaced = set(replaced_paths(loc, table, mine))
+    paths = ", ".join(_literal(f) for f in files if f not in replaced)
+    if paths:
+        sql = (
+            f"SELECT * FROM read_parquet([{paths}], hive_partitioning = true,"
+            " hive_types = {'date': VARCHAR})"
+        )
+    else:
+        con.register(f"empty_{table}", table_schema(table).empty_table())
+        sql = f"SELECT * FROM empty_{table}"
     con.execute(f"CREATE VIEW {table} AS {_with_more(con, table, sql, fleet, mine)}")
 
 
@@ -331,24 +333,10 @@ def open_tables(
     objects and overlays (DuckDB's reader on local disk, pyarrow's from S3, or as
     ``native`` says), the others empty. Only ``tables`` are listed: a listing is most of
     a small query's time in S3."""
-    con, _ = _open_tables(loc, tables, overlays, progress, native)
-    return con
-
-
-def _open_tables(
-    loc: Location,
-    tables: Iterable[str],
-    overlays: Sequence[Overlay],
-    progress: Callable[[str], None] | None,
-    native: bool | None = None,
-) -> tuple[Any, dict[str, set[str]]]:
-    """:func:`open_tables`, and the objects each listed table had that decide what is
-    read (:func:`day_objects`)."""
     local = is_local(loc)
     native = local if native is None else native and local
     con = locked([loc.root] if local else [])
     wanted = set(tables)
-    days: dict[str, set[str]] = {}
     for name in TABLES:
         mine = [o for o in overlays if o.table == name and name in wanted]
         if name not in wanted:
@@ -362,12 +350,9 @@ def _open_tables(
         p = plan(listed, here)
         files = {f: listed[f] for f in p.writers(listed)}
         fleets = {f: listed[f] for f in p.fleets}
-        days[name] = day_objects(listed)
         fleet = fleet_sql(con, loc, name, fleets, p, native)
         if native and files:
-            # DuckDB lists the directory again when the query runs: query() checks that no
-            # day was sealed or handed to a fleet object in between.
-            native_view(con, loc, name, mine, p.skip, fleet)
+            native_view(con, loc, name, mine, files, fleet)
         elif files:
             con.register(f"writers_{name}", table_dataset(loc, name, files, mine))
             con.execute(
@@ -382,7 +367,7 @@ def _open_tables(
                 f"CREATE VIEW {name} AS "
                 + _with_more(con, name, f"SELECT * FROM {empty}", fleet, mine)
             )
-    return con, days
+    return con
 
 
 def _check_overlays(
@@ -396,20 +381,10 @@ def _check_overlays(
                 raise StaleOverlay(f"{o.stem} sealed {table} of {o.part[:10]} meanwhile")
 
 
-def day_objects(files: Iterable[str]) -> set[str]:
-    """The objects among ``files`` that decide what else is read: writers' day objects
-    (each supersedes its writer's hourly objects) and fleet objects."""
-    out = set()
-    for p in files:
-        name = p.rpartition("/")[2]
-        if name.count("~") == 1 or fleet_serial(name) is not None:
-            out.add(p)
-    return out
-
-
-#: How a read of an object deleted since the listing fails (from S3; on local disk).
-_GONE = ("NO_SUCH_KEY", "No such file or directory")
-#: Times :func:`query` runs a query whose objects were sealed under it before it gives up.
+#: How a read of an object deleted since the listing fails (from S3; on local disk, through
+#: pyarrow and through DuckDB).
+_GONE = ("NO_SUCH_KEY", "No such file or directory", "No files found that match")
+#: Times :func:`query` runs a query whose objects went while it read them before it gives up.
 QUERY_TRIES = 3
 
 
@@ -421,34 +396,26 @@ def query(
     params: Mapping[str, Any] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> pa.Table:
-    """``sql`` over the warehouse's ``tables``, each row read once. From S3 the query reads
-    exactly the objects listed. On local disk DuckDB lists them again itself, so a day object
-    written between the two listings would be read beside the hourly objects it supersedes:
-    the tables are listed once more after the query, and the query run again if their day
-    objects changed (a seal, or retention) meanwhile."""
+    """``sql`` over the warehouse's ``tables``, each row read once: the query reads exactly
+    the objects one listing returned, as the reading rule (:func:`plan`) chose them. An
+    object listed and deleted before it was read (an hourly object a seal superseded, a
+    writer's object handed to a fleet object: each after its grace period) fails the read;
+    the tables are listed again and the query run again, at most :data:`QUERY_TRIES`
+    times."""
     wanted = tuple(tables)
     for attempt in range(QUERY_TRIES):
-        con, days = _open_tables(loc, wanted, overlays, progress)
+        con = open_tables(loc, wanted, overlays, progress)
         if progress is not None:
             progress("querying")
         try:
-            result = run_sql(con, sql, params)
+            return run_sql(con, sql, params)
         except WarehouseError as exc:
-            # An object listed was deleted before it was read (the hourly objects a seal
-            # superseded, a writer's day handed to a fleet object: each after its grace
-            # period): list again.
             if attempt + 1 < QUERY_TRIES and any(g in str(exc) for g in _GONE):
                 continue
             raise
         finally:
             con.close()
-        if not is_local(loc):
-            return result
-        if all(day_objects(_listing(loc, t)) == d for t, d in days.items()):
-            return result
-    raise WarehouseError(
-        f"days of {loc.url} were sealed under {QUERY_TRIES} queries in a row: try again"
-    )
+    raise AssertionError("unreachable")  # the last try returns or raises
 
 
 def run_sql(con: Any, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:

@@ -225,12 +225,12 @@ def test_an_hours_unflushed_rows_from_before_a_seal_are_refused_as_stale(
     }  # fmt: skip
 
 
-def test_a_seal_between_the_listing_and_the_query_runs_the_query_again(
+def test_a_seal_between_the_listing_and_the_query_changes_nothing_it_reads(
     db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """DuckDB lists the directory itself when the query runs: a seal landing after the
-    reader's own listing would show it the day object beside the hourly objects that
-    listing did not leave out. Another writer's seal is made to land there."""
+    """The query reads the objects its own listing named, never a directory again: a seal
+    landing between the listing and the query (the day object beside the hourly objects the
+    listing read) is read by the next query, and this one counts each row once."""
     root, clock, ex, q = hour_written(db, tmp_path)
     clock.now = NEXT
     real = R.run_sql
@@ -244,6 +244,37 @@ def test_a_seal_between_the_listing_and_the_query_runs_the_query_again(
         return res
 
     monkeypatch.setattr(R, "run_sql", seal_then_run)
+    sql = "SELECT count(*) AS n FROM rank_minutes"
+    res = R.query(R.locate(str(root)), HOURS, [], sql)
+    assert seen == [2] and res.to_pylist() == [{"n": 2}]  # the hours, listed before the seal
+    assert R.query(R.locate(str(root)), HOURS, [], sql).to_pylist() == [{"n": 2}]  # the day
+    assert seen == [2, 2]
+
+
+def test_objects_deleted_between_the_listing_and_the_read_make_the_query_list_again(
+    db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The seal and its sweep both land between the listing and the read: the hours listed
+    are gone, the read fails, and the query lists again and reads the day object."""
+    root, clock, ex, q = hour_written(db, tmp_path)
+    clock.now = NEXT
+    real = R.run_sql
+    tries: list[str] = []
+
+    def seal_sweep_then_run(con: Any, sql: str, params: Any = None) -> Any:
+        if not tries:
+            assert ex.flush(q) and ex.flush(q) and ex.status()["days_sealed"] == 2
+            clock.now += 3600
+            assert ex.flush(q) and ex.status()["days_swept"] == 2
+        try:
+            res = real(con, sql, params)
+        except R.WarehouseError as exc:
+            tries.append(str(exc))
+            raise
+        tries.append("read")
+        return res
+
+    monkeypatch.setattr(R, "run_sql", seal_sweep_then_run)
     res = R.query(R.locate(str(root)), HOURS, [], "SELECT count(*) AS n FROM rank_minutes")
-    assert seen == [4, 2]  # read twice over, then again once the listings agreed
+    assert len(tries) == 2 and "No files found" in tries[0] and tries[1] == "read"
     assert res.to_pylist() == [{"n": 2}]
