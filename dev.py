@@ -428,7 +428,9 @@ def main() -> None:
     else:
         # loadgroup: tests marked with one xdist_group (those sharing a module-scoped job)
         # stay on one worker. pytest 9.2 silently breaks it: pyproject.toml pins it below.
-        args = [str(PY), "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q", *rest]
+        # --durations: the slowest tests, for keeping the suite within its 15 minutes.
+        args = [str(PY), "-m", "pytest", "-n", "2", "--dist", "loadgroup", "-q",
+                "--durations=30", *rest]  # fmt: skip
     os.execv(args[0], args)
 
 
