@@ -6,7 +6,7 @@ throughout, through DuckDB's reader (local disk) and pyarrow's (what S3 uses).""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -225,6 +225,29 @@ def test_an_hours_unflushed_rows_from_before_a_seal_are_refused_as_stale(
     }  # fmt: skip
 
 
+def between_listing_and_read(
+    monkeypatch: pytest.MonkeyPatch, first: Callable[[], None]
+) -> list[str]:
+    """``R.run_sql`` with ``first`` run just before its first call (what lands between a
+    query's listing and its read); what each call gave: its ``n``, or its error."""
+    real = R.run_sql
+    calls: list[str] = []
+
+    def run(con: Any, sql: str, params: Any = None) -> Any:
+        if not calls:
+            first()
+        try:
+            res = real(con, sql, params)
+        except R.WarehouseError as exc:
+            calls.append(str(exc))
+            raise
+        calls.append(str(res.to_pylist()[0]["n"]))
+        return res
+
+    monkeypatch.setattr(R, "run_sql", run)
+    return calls
+
+
 def test_a_seal_between_the_listing_and_the_query_changes_nothing_it_reads(
     db: Database, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -233,22 +256,16 @@ def test_a_seal_between_the_listing_and_the_query_changes_nothing_it_reads(
     listing read) is read by the next query, and this one counts each row once."""
     root, clock, ex, q = hour_written(db, tmp_path)
     clock.now = NEXT
-    real = R.run_sql
-    seen: list[int] = []
 
-    def seal_then_run(con: Any, sql: str, params: Any = None) -> Any:
-        if not seen:
-            assert ex.flush(q) and ex.flush(q) and ex.status()["days_sealed"] == 2
-        res = real(con, sql, params)
-        seen.append(res.to_pylist()[0]["n"])
-        return res
+    def seal() -> None:
+        assert ex.flush(q) and ex.flush(q) and ex.status()["days_sealed"] == 2
 
-    monkeypatch.setattr(R, "run_sql", seal_then_run)
+    calls = between_listing_and_read(monkeypatch, seal)
     sql = "SELECT count(*) AS n FROM rank_minutes"
     res = R.query(R.locate(str(root)), HOURS, [], sql)
-    assert seen == [2] and res.to_pylist() == [{"n": 2}]  # the hours, listed before the seal
+    assert calls == ["2"] and res.to_pylist() == [{"n": 2}]  # the hours, listed before the seal
     assert R.query(R.locate(str(root)), HOURS, [], sql).to_pylist() == [{"n": 2}]  # the day
-    assert seen == [2, 2]
+    assert calls == ["2", "2"]
 
 
 def test_objects_deleted_between_the_listing_and_the_read_make_the_query_list_again(
@@ -258,23 +275,13 @@ def test_objects_deleted_between_the_listing_and_the_read_make_the_query_list_ag
     are gone, the read fails, and the query lists again and reads the day object."""
     root, clock, ex, q = hour_written(db, tmp_path)
     clock.now = NEXT
-    real = R.run_sql
-    tries: list[str] = []
 
-    def seal_sweep_then_run(con: Any, sql: str, params: Any = None) -> Any:
-        if not tries:
-            assert ex.flush(q) and ex.flush(q) and ex.status()["days_sealed"] == 2
-            clock.now += 3600
-            assert ex.flush(q) and ex.status()["days_swept"] == 2
-        try:
-            res = real(con, sql, params)
-        except R.WarehouseError as exc:
-            tries.append(str(exc))
-            raise
-        tries.append("read")
-        return res
+    def seal_and_sweep() -> None:
+        assert ex.flush(q) and ex.flush(q) and ex.status()["days_sealed"] == 2
+        clock.now += 3600
+        assert ex.flush(q) and ex.status()["days_swept"] == 2
 
-    monkeypatch.setattr(R, "run_sql", seal_sweep_then_run)
+    calls = between_listing_and_read(monkeypatch, seal_and_sweep)
     res = R.query(R.locate(str(root)), HOURS, [], "SELECT count(*) AS n FROM rank_minutes")
-    assert len(tries) == 2 and "No files found" in tries[0] and tries[1] == "read"
+    assert len(calls) == 2 and "No files found" in calls[0] and calls[1] == "2"
     assert res.to_pylist() == [{"n": 2}]
