@@ -129,13 +129,19 @@ def _merge(
     from profd.warehouse.merge import tend
 
     now = policy.now
-    days = repo.unmerged(merging.cutoff(now))
-    if policy.merge_hours:
-        # Open days: their hours go into fleet objects while the day goes on.
-        days += [d for d in repo.unsealed_days() if d not in days]
-    days = [d for d in days if not policy.expired(*d)]
+    days = [d for d in repo.unmerged(merging.cutoff(now)) if not policy.expired(*d)]
+    # Open days (today, and yesterday until its seal): their hours go into fleet objects
+    # while the day goes on, each looked at whenever the exporter says it is time.
+    opened = [d for d in repo.unsealed_days() if not policy.expired(*d) and d not in days]
     counts = tend(
-        days, sink, stem, merging, now, lambda t, d: repo.merged(t, d, now), stopping.is_set
+        days,
+        sink,
+        stem,
+        merging,
+        now,
+        lambda t, d: repo.merged(t, d, now),
+        stopping.is_set,
+        always=opened if policy.merge_hours else None,
     )
     _count(done, **counts)
 

@@ -103,15 +103,18 @@ def tend(
     now: float,
     on_merged: Callable[[str, str], None],
     stopping: Callable[[], bool],
+    always: list[tuple[str, str]] | None = None,
 ) -> dict[str, int]:
-    """This writer's part for some of its ``days`` due (table, date): hand its objects
-    over (delete them) where the chosen fleet object holds them; merge where it is one of
-    the date's mergers and some writer's object due is not held yet. ``on_merged`` is told
-    each date whose day object (or every object of this writer) is gone. Counts of
-    ``merged`` (fleet objects written), ``handed`` (day objects handed over) and ``hours``
-    (dates some of whose hourly objects were)."""
+    """This writer's part for some of its ``days`` due (table, date), and for every one of
+    ``always`` (its open days, a handful): hand its objects over (delete them) where the
+    chosen fleet object holds them; merge where it is one of the date's mergers and some
+    writer's object due is not held yet. ``on_merged`` is told each date whose day object
+    (or every object of this writer) is gone. Counts of ``merged`` (fleet objects written),
+    ``handed`` (day objects handed over) and ``hours`` (dates some of whose hourly objects
+    were)."""
     done = {"merged": 0, "handed": 0, "hours": 0}
-    for table, date in random.sample(days, min(DAYS_PER_FLUSH, len(days))):
+    looks = random.sample(days, min(DAYS_PER_FLUSH, len(days))) + (always or [])
+    for table, date in looks:
         if stopping():
             break
         try:
