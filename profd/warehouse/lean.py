@@ -1,7 +1,7 @@
 """Modules pyarrow and DuckDB import without a use in the processes that read or write the
 warehouse: pandas, on the first Arrow array made of Python objects or the first table handed
 to DuckDB, only to ask whether it is a pandas object (~0.4 s of a ~0.9 s ``profctl query``,
-~0.3 s and ~50 MB of each flush); numpy, at ``import pyarrow`` (~0.06 s). Both work without
+~0.3 s and ~50 MB of each flush); numpy, at ``import pyarrow`` (0.06-0.17 s). Both work without
 either, taking Python objects as plain sequences. A process that never needs them refuses
 them, as if they were not installed; nothing here is imported by the daemon itself.
 """

@@ -85,10 +85,11 @@ def run_query(
     """``sql`` over the warehouse (see the module docstring for which), as an Arrow table.
     Only ``tables`` (by default: those ``sql`` names) are listed; the others are empty."""
     if env.standalone:
-        # profctl's own process: pandas would cost this command ~0.4 s for nothing.
+        # profctl's own process: pandas would cost this command ~0.4 s for nothing, numpy
+        # (at pyarrow's import) ~0.15 s (profd/warehouse/lean.py).
         from profd.warehouse.lean import refuse
 
-        refuse(("pandas",), "profctl's warehouse commands")
+        refuse(("pandas", "numpy"), "profctl's warehouse commands")
     from profd.warehouse import reader as R
 
     if env.cluster_spec:
