@@ -35,7 +35,6 @@ import os
 import random
 import tempfile
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -44,19 +43,21 @@ import pyarrow.parquet as pq
 
 from profd.warehouse.arrow import SCHEMAS
 from profd.warehouse.seal import Merging
-from profd.warehouse.sink import Listed, Sink
-from profd.warehouse.tables import SOURCE, fleet_key, fleet_serial, source_of, stem_of
+from profd.warehouse.sink import Sink
+from profd.warehouse.tables import (
+    CREATED_KEY,
+    NO_FLEET,
+    SINCE_KEY,
+    SOURCE,
+    SOURCES_KEY,
+    Footer,
+    Listed,
+    fleet_key,
+    fleet_serial,
+    source_of,
+    stem_of,
+)
 
-#: The footer key of a fleet object's sources: JSON ``{source: token}``, each writer's object
-#: whose rows it holds (:data:`~profd.warehouse.tables.SOURCE`) and its listing token then.
-SOURCES_KEY = b"profd.sources"
-#: The footer key of when it was made (the merging daemon's clock, Unix seconds): the fleet
-#: objects it supersedes are deleted ``grace`` after that.
-CREATED_KEY = b"profd.created"
-#: The footer key of when each source's rows (at that token) first went into a fleet
-#: object: JSON ``{source: unix}``; its writer hands that object over ``grace`` after that
-#: (a date's fleet object is made again each hour, which must not hold a hand-over back).
-SINCE_KEY = b"profd.since"
 #: Dates of its own a flush looks at (chosen at random among those due, so a date waiting
 #: out its grace period does not hold up the others).
 DAYS_PER_FLUSH = 4
@@ -67,32 +68,13 @@ def fleet_schema(table: str) -> pa.Schema:
     return SCHEMAS[table].append(pa.field(SOURCE, pa.string()))
 
 
-@dataclass(frozen=True)
-class Footer:
-    """What a fleet object's footer records: its sources' tokens, when it was made, and
-    since when it has held each source at that token."""
-
-    held: dict[str, str]
-    made: float
-    since: dict[str, float]
-
-    def held_since(self, source: str) -> float:
-        return self.since.get(source, self.made)
-
-
-NO_FLEET = Footer({}, 0.0, {})
-
-
 def footer(sink: Sink, table: str, date: str, name: str, size: int) -> Footer:
     """A fleet object's :class:`Footer` (two reads from its end)."""
     key = f"{table}/date={date}/{name}"
     tail = sink.get(key, max(0, size - 8), size)
     length = int.from_bytes(tail[:4], "little") + 8
     meta = pq.read_metadata(pa.BufferReader(sink.get(key, max(0, size - length), size)))
-    kv = meta.metadata or {}
-    made = float(kv.get(CREATED_KEY, b"0"))
-    since = {k: float(v) for k, v in json.loads(kv.get(SINCE_KEY, b"{}")).items()}
-    return Footer(json.loads(kv.get(SOURCES_KEY, b"{}")), made, since)
+    return Footer.parse(meta.metadata or {})
 
 
 def tend(

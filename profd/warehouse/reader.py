@@ -27,7 +27,10 @@ from profd.warehouse.arrow import SCHEMAS, Overlay, arrow_table
 from profd.warehouse.tables import (
     SOURCE,
     TABLES,
+    Footer,
+    Listed,
     Plan,
+    disk_token,
     object_key,
     plan,
     stands_for,
@@ -68,11 +71,13 @@ class S3Settings:
 
 @dataclass(frozen=True)
 class Location:
-    """An opened warehouse root: ``fs`` and ``root`` (``bucket/prefix`` or a local path)."""
+    """An opened warehouse root: ``fs`` and ``root`` (``bucket/prefix`` or a local path);
+    from S3, ``client`` (boto3's) lists it: pyarrow's listing has no ETags."""
 
     url: str
     fs: pafs.FileSystem
     root: str
+    client: Any = None
 
     def path(self, key: str) -> str:
         return f"{self.root}/{key}" if self.root else key
@@ -93,7 +98,7 @@ def locate(url: str, s3: S3Settings | None = None) -> Location:
         if not found:
             # A listing under a missing bucket is empty: say so rather than answer nothing.
             raise WarehouseError(f"warehouse {url}: no bucket {bucket!r}")
-        return Location(url, fs, root)
+        return Location(url, fs, root, s3_client(s3 or S3Settings()))
     if "://" in url or not os.path.isabs(url):
         raise WarehouseError(f"warehouse {url!r}: use an absolute path or s3://bucket/prefix")
     return Location(url, pafs.LocalFileSystem(), url.rstrip("/") or "/")
@@ -119,8 +124,7 @@ def s3_filesystem(s3: S3Settings) -> pafs.S3FileSystem:
     region = s3.region or session.region_name
     if region:
         kw["region"] = region
-    endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
-    endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL")
+    endpoint = _endpoint(s3)
     if endpoint:
         scheme, sep, rest = endpoint.partition("://")
         kw["endpoint_override"] = rest.rstrip("/") if sep else endpoint
@@ -129,17 +133,64 @@ def s3_filesystem(s3: S3Settings) -> pafs.S3FileSystem:
     return pafs.S3FileSystem(**kw)
 
 
-def _listing(loc: Location, table: str) -> dict[str, int]:
-    sel = pafs.FileSelector(loc.path(table), recursive=True, allow_not_found=True)
+def _endpoint(s3: S3Settings) -> str | None:
+    endpoint = s3.endpoint_url or os.environ.get("AWS_ENDPOINT_URL_S3")
+    return endpoint or os.environ.get("AWS_ENDPOINT_URL")
+
+
+def s3_client(s3: S3Settings) -> Any:
+    """boto3's S3 client for the same store and credentials as :func:`s3_filesystem`, and
+    the same path-style requests to an endpoint named (pyarrow's way, and MinIO's)."""
+    import boto3
+    from botocore.config import Config
+
+    endpoint = _endpoint(s3)
+    style = {"s3": {"addressing_style": "path"}} if endpoint else {}
+    config = Config(retries={"max_attempts": 3, "mode": "standard"}, **style)
+    session = boto3.session.Session()
+    return session.client("s3", endpoint_url=endpoint, region_name=s3.region, config=config)
+
+
+def _listing(loc: Location, table: str) -> dict[str, Listed]:
+    """Every Parquet object of ``table`` by path (as ``loc.fs`` names it), sorted, with the
+    size and token the writers' merges compare (:class:`~profd.warehouse.sink.Sink`)."""
+    out: dict[str, Listed] = {}
     try:
-        infos = loc.fs.get_file_info(sel)
-    except OSError as exc:
+        if loc.client is None:
+            for folder, _, names in os.walk(loc.path(table)):
+                for name in names:
+                    if name.endswith(".parquet") and not name.startswith("."):
+                        path = f"{folder}/{name}"
+                        try:
+                            st = os.stat(path)
+                        except FileNotFoundError:
+                            continue
+                        out[path] = Listed(st.st_size, disk_token(st))
+        else:
+            bucket, _, prefix = loc.path(table).partition("/")
+            pages = loc.client.get_paginator("list_objects_v2")
+            for page in pages.paginate(Bucket=bucket, Prefix=prefix + "/"):
+                for o in page.get("Contents", []):
+                    if o["Key"].endswith(".parquet"):
+                        etag = str(o["ETag"]).strip('"')
+                        out[f"{bucket}/{o['Key']}"] = Listed(int(o["Size"]), etag)
+    except Exception as exc:  # an OSError on disk, botocore's errors from S3
         raise WarehouseError(f"cannot list {loc.url}/{table}: {_one_line(exc)}") from None
-    return {
-        i.path: i.size
-        for i in sorted(infos, key=lambda i: str(i.path))
-        if i.type == pafs.FileType.File and i.path.endswith(".parquet")
-    }
+    return dict(sorted(out.items()))
+
+
+def held_by(loc: Location, path: str) -> dict[str, str]:
+    """The sources and tokens the fleet object at ``path`` holds (its footer: one or two
+    reads from its end); none if it went since the listing (the read of it fails then, and
+    the query runs again)."""
+    import pyarrow.parquet as pq
+
+    try:
+        with loc.fs.open_input_file(path) as f:
+            meta = pq.read_metadata(f)
+    except (FileNotFoundError, OSError):
+        return {}
+    return Footer.parse(meta.metadata or {}).held
 
 
 _DATE_DIR = re.compile(r"/date=(\d{4}-\d{2}-\d{2})/[^/]*$")
@@ -152,7 +203,7 @@ def overlay_rows(o: Overlay) -> pa.Table:
 
 
 def table_dataset(
-    loc: Location, table: str, files: Mapping[str, int], overlays: Iterable[Overlay] = ()
+    loc: Location, table: str, files: Mapping[str, Listed], overlays: Iterable[Overlay] = ()
 ) -> ds.Dataset:
     """``table``'s rows: its objects, less those an overlay replaces, plus the overlays'."""
     # Imported here: pyarrow.dataset brings pandas along, half a second profctl on local
@@ -167,9 +218,9 @@ def table_dataset(
     # that saves a HEAD request per object, a third of the requests of a small object.
     fragments = [
         fmt.make_fragment(
-            path, loc.fs, partition_expression=ds.field("date") == m.group(1), file_size=size
+            path, loc.fs, partition_expression=ds.field("date") == m.group(1), file_size=o.size
         )
-        for path, size in files.items()
+        for path, o in files.items()
         if path not in replaced and (m := _DATE_DIR.search(path))
     ]
     parts: list[ds.Dataset] = []
@@ -253,7 +304,7 @@ def _with_more(con: Any, table: str, sql: str, fleet: str, overlays: list[Overla
 
 
 def fleet_sql(
-    con: Any, loc: Location, table: str, fleets: Mapping[str, int], p: Plan, native: bool
+    con: Any, loc: Location, table: str, fleets: Mapping[str, Listed], p: Plan, native: bool
 ) -> str:
     """A SELECT of the rows of ``table``'s chosen fleet objects that count: those whose
     source no object of the writer's own in the date stands for
@@ -302,7 +353,7 @@ def fleet_sql(
     return "SELECT * FROM (" + " UNION ALL BY NAME ".join(selects) + ")"
 
 
-def fleet_dataset(loc: Location, table: str, fleets: Mapping[str, int]) -> ds.Dataset:
+def fleet_dataset(loc: Location, table: str, fleets: Mapping[str, Listed]) -> ds.Dataset:
     """The fleet objects ``fleets`` as one dataset, with their :data:`SOURCE` column."""
     import pyarrow.dataset as ds
 
@@ -310,9 +361,9 @@ def fleet_dataset(loc: Location, table: str, fleets: Mapping[str, int]) -> ds.Da
     fmt = ds.ParquetFileFormat()
     fragments = [
         fmt.make_fragment(
-            path, loc.fs, partition_expression=ds.field("date") == m.group(1), file_size=size
+            path, loc.fs, partition_expression=ds.field("date") == m.group(1), file_size=o.size
         )
-        for path, size in fleets.items()
+        for path, o in fleets.items()
         if (m := _DATE_DIR.search(path))
     ]
     return ds.FileSystemDataset(fragments, schema, fmt, loc.fs)
@@ -347,7 +398,8 @@ def open_tables(
         listed = _listing(loc, name)
         _check_overlays(loc, name, mine, listed)
         here = [(loc.path(f"{name}/date={o.part[:10]}"), o.source) for o in mine]
-        p = plan(listed, here)
+        tokens = {path: o.token for path, o in listed.items()}
+        p = plan(listed, here, tokens, lambda fleet: held_by(loc, fleet))
         files = {f: listed[f] for f in p.writers(listed)}
         fleets = {f: listed[f] for f in p.fleets}
         fleet = fleet_sql(con, loc, name, fleets, p, native)
@@ -371,7 +423,7 @@ def open_tables(
 
 
 def _check_overlays(
-    loc: Location, table: str, overlays: Sequence[Overlay], listed: Mapping[str, int]
+    loc: Location, table: str, overlays: Sequence[Overlay], listed: Mapping[str, Listed]
 ) -> None:
     """:class:`StaleOverlay` where an overlay of one hour has its writer's day object listed."""
     for o in overlays:
@@ -397,11 +449,11 @@ def query(
     progress: Callable[[str], None] | None = None,
 ) -> pa.Table:
     """``sql`` over the warehouse's ``tables``, each row read once: the query reads exactly
-    the objects one listing returned, as the reading rule (:func:`plan`) chose them. An
-    object listed and deleted before it was read (an hourly object a seal superseded, a
-    writer's object handed to a fleet object: each after its grace period) fails the read;
-    the tables are listed again and the query run again, at most :data:`QUERY_TRIES`
-    times."""
+    the objects one listing returned, as the reading rule (:func:`plan`) chose them, and
+    never a writer's object its date's fleet object holds (the only kind a hand-over
+    deletes). An object listed and deleted before it was read (a superseded fleet object or
+    hourly object, after its grace period) fails the read; the tables are listed again and
+    the query run again, at most :data:`QUERY_TRIES` times."""
     wanted = tuple(tables)
     for attempt in range(QUERY_TRIES):
         con = open_tables(loc, wanted, overlays, progress)

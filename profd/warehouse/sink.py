@@ -8,22 +8,12 @@ import contextlib
 import os
 import shutil
 import tempfile
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from profd.config import S3Config
 from profd.store import s3
-from profd.warehouse.tables import hourly_names
-
-
-@dataclass(frozen=True)
-class Listed:
-    """One object of a ``date=`` folder as a listing shows it. ``token`` changes whenever the
-    object is replaced (S3's ETag; on disk its size, mtime and inode)."""
-
-    size: int
-    token: str
+from profd.warehouse.tables import Listed, disk_token, hourly_names
 
 
 class Sink(Protocol):
@@ -126,8 +116,7 @@ class LocalSink:
                     st = e.stat()
                 except FileNotFoundError:
                     continue
-                token = f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
-                out[e.name] = Listed(st.st_size, token)
+                out[e.name] = Listed(st.st_size, disk_token(st))
         return out
 
     def put_new(self, key: str, path: Path) -> bool:

@@ -17,8 +17,10 @@ during and after the seal. The hourly objects are deleted a grace period after t
 
 from __future__ import annotations
 
+import json
+import os
 import re
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -233,12 +235,61 @@ def covered(source: str) -> list[str]:
 
 
 @dataclass(frozen=True)
+class Listed:
+    """One object as a listing shows it. ``token`` changes whenever the object is replaced
+    (S3's ETag; on disk :func:`disk_token`)."""
+
+    size: int
+    token: str
+
+
+def disk_token(st: os.stat_result) -> str:
+    """A file's listing token: its size, mtime and inode (a rename over it changes them)."""
+    return f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}"
+
+
+#: The footer key of a fleet object's sources: JSON ``{source: token}``, each writer's object
+#: whose rows it holds (:data:`SOURCE`) and its listing token then.
+SOURCES_KEY = b"profd.sources"
+#: The footer key of when it was made (the merging daemon's clock, Unix seconds): the fleet
+#: objects it supersedes are deleted ``grace`` after that.
+CREATED_KEY = b"profd.created"
+#: The footer key of when each source's rows (at that token) first went into a fleet
+#: object: JSON ``{source: unix}``; its writer hands that object over ``grace`` after that
+#: (a date's fleet object is made again each hour, which must not hold a hand-over back).
+SINCE_KEY = b"profd.since"
+
+
+@dataclass(frozen=True)
+class Footer:
+    """What a fleet object's footer records: its sources' tokens, when it was made, and
+    since when it has held each source at that token."""
+
+    held: dict[str, str]
+    made: float
+    since: dict[str, float]
+
+    def held_since(self, source: str) -> float:
+        return self.since.get(source, self.made)
+
+    @classmethod
+    def parse(cls, kv: Mapping[bytes, bytes]) -> Footer:
+        """The footer of a fleet object's key-value metadata."""
+        made = float(kv.get(CREATED_KEY, b"0"))
+        since = {k: float(v) for k, v in json.loads(kv.get(SINCE_KEY, b"{}")).items()}
+        return cls(json.loads(kv.get(SOURCES_KEY, b"{}")), made, since)
+
+
+NO_FLEET = Footer({}, 0.0, {})
+
+
+@dataclass(frozen=True)
 class Plan:
     """How a reader reads a listing of one table: ``skip`` the objects it leaves out
     (hourly objects a day object supersedes, fleet objects that are not their date's
-    chosen one), and for each chosen fleet object the sources (:data:`SOURCE`) whose rows
-    in it it leaves out: those a writer's own object in its date stands for
-    (:func:`covered`), which is read instead."""
+    chosen one, writers' objects whose rows the chosen one holds), and for each chosen
+    fleet object the sources (:data:`SOURCE`) whose rows in it it leaves out: those a
+    writer's own object read in its date stands for (:func:`covered`)."""
 
     skip: frozenset[str]
     fleets: dict[str, frozenset[str]]
@@ -248,13 +299,25 @@ class Plan:
         return [p for p in paths if p not in self.skip and p not in self.fleets]
 
 
-def plan(paths: Iterable[str], more: Iterable[tuple[str, str]] = ()) -> Plan:
+def plan(
+    paths: Iterable[str],
+    more: Iterable[tuple[str, str]] = (),
+    tokens: Mapping[str, str] | None = None,
+    held: Callable[[str], Mapping[str, str]] | None = None,
+) -> Plan:
     """The reading :class:`Plan` of ``paths`` (keys or paths of one table's objects).
     ``more``: (folder, source) pairs that count as a writer's objects there although they
     are not listed (a node's unflushed rows of an hour, ``{stem}~{HH}``, or of a sealed day,
-    ``{stem}``, read in place of its objects)."""
+    ``{stem}``, read in place of its objects).
+
+    With the listing's ``tokens`` (by path) and ``held`` (a chosen fleet object's path to
+    its footer's sources and tokens, asked only of dates where writers' objects are listed),
+    a writer's object whose very version the chosen fleet object holds is not read: its
+    rows come from the fleet object. Such an object is the only kind a writer ever deletes
+    (its hand-over), so a reader that plans this way never reads an object that may be
+    deleted under it."""
     listed = list(paths)
-    present: dict[str, set[str]] = {}
+    own: dict[str, list[tuple[str, str]]] = {}
     fleets: dict[str, list[tuple[int, str]]] = {}
     for path in listed:
         folder, _, name = path.rpartition("/")
@@ -262,16 +325,27 @@ def plan(paths: Iterable[str], more: Iterable[tuple[str, str]] = ()) -> Plan:
         if serial is not None:
             fleets.setdefault(folder, []).append((serial, path))
         elif (source := source_of(name)) is not None:
-            present.setdefault(folder, set()).update(covered(source))
-    for folder, source in more:
-        present.setdefault(folder, set()).update(covered(source))
+            own.setdefault(folder, []).append((path, source))
     skip = set(superseded(listed))
-    chosen: dict[str, frozenset[str]] = {}
+    chosen: dict[str, str] = {}
     for folder, found in fleets.items():
         found.sort()
         skip.update(path for _, path in found[:-1])
-        chosen[found[-1][1]] = frozenset(present.get(folder, ()))
-    return Plan(frozenset(skip), chosen)
+        chosen[folder] = found[-1][1]
+    present: dict[str, set[str]] = {}
+    for folder, objects in own.items():
+        fleet = chosen.get(folder)
+        has: Mapping[str, str] = held(fleet) if fleet and held and tokens is not None else {}
+        for path, source in objects:
+            token = tokens.get(path) if tokens is not None else None
+            if path not in skip and token is not None and has.get(source) == token:
+                skip.add(path)
+            else:
+                present.setdefault(folder, set()).update(covered(source))
+    for folder, source in more:
+        present.setdefault(folder, set()).update(covered(source))
+    fleet_of = {path: frozenset(present.get(folder, ())) for folder, path in chosen.items()}
+    return Plan(frozenset(skip), fleet_of)
 
 
 def cutoff_date(now: float, days: int) -> str:

@@ -5,6 +5,7 @@ DuckDB's reader (local disk), pyarrow's (what S3 uses) and Polars (a second engi
 from __future__ import annotations
 
 import dataclasses
+import functools
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -12,16 +13,22 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-from test_warehouse_seal import Clock, db, minutes  # noqa: F401  (db: the fixture)
+from s3fixtures import BUCKET, REGION, MotoServer, credentials_env, moto_server  # noqa: F401
+from test_warehouse_seal import (  # noqa: F401  (db: the fixture)
+    Clock,
+    between_listing_and_read,
+    db,
+    minutes,
+)
 
-from profd.config import ConfigError, load
+from profd.config import ConfigError, S3Config, load
 from profd.store.index import Database, WarehouseQueueRepo
 from profd.warehouse import merge as M
 from profd.warehouse import reader as R
 from profd.warehouse.arrow import SCHEMAS, Overlay, parquet_bytes
 from profd.warehouse.export import Exporter
 from profd.warehouse.seal import Merging
-from profd.warehouse.sink import LocalSink
+from profd.warehouse.sink import LocalSink, S3Sink
 from profd.warehouse.tables import SOURCE, TABLES, fleet_key, object_key, plan
 
 DAY = "2026-03-01"
@@ -92,6 +99,36 @@ def test_the_chosen_fleet_object_and_the_sources_it_is_read_in_place_of() -> Non
         "w/job_minutes/date=2026-03-02/~fleet~00000001.parquet": set(),
     }
     assert p.writers(paths) == [f"{FOLDER}/{A}.parquet", f"{FOLDER}/{C}~04.parquet"]
+
+
+def test_a_writers_object_the_chosen_fleet_object_holds_is_not_read() -> None:
+    """With the listing's tokens and the chosen fleet object's footer, an object whose very
+    version the fleet object holds is skipped and its rows read from the fleet object; one
+    written again since (another token) is read, and the fleet's rows of it left out."""
+    fleet = f"{FOLDER}/~fleet~00000002.parquet"
+    paths = {
+        f"{FOLDER}/{A}.parquet": "a1",  # held as it is: read from the fleet object
+        f"{FOLDER}/{B}.parquet": "b2",  # written again since the fleet object took b1
+        f"{FOLDER}/{C}~04.parquet": "c1",  # never merged
+        f"{FOLDER}/~fleet~00000001.parquet": "f1",
+        fleet: "f2",
+        "w/job_minutes/date=2026-03-02/~fleet~00000001.parquet": "f3",  # no writer's object
+    }
+    asked: list[str] = []
+
+    def held(path: str) -> dict[str, str]:
+        asked.append(path)
+        return {A: "a1", B: "b1", f"{C}~03": "c0"}
+
+    p = plan(paths, [], paths, held)
+    assert asked == [fleet]  # only a date with writers' objects: its footer is read
+    assert p.skip == {f"{FOLDER}/~fleet~00000001.parquet", f"{FOLDER}/{A}.parquet"}
+    b_day = {B, *(f"{B}~{h:02d}" for h in range(24))}
+    assert p.fleets[fleet] == b_day | {f"{C}~04"}
+    assert p.writers(paths) == [f"{FOLDER}/{B}.parquet", f"{FOLDER}/{C}~04.parquet"]
+    # A node's unflushed rows of A's day still stand for A's rows in the fleet object.
+    p = plan(paths, [(FOLDER, A)], paths, held)
+    assert f"{FOLDER}/{A}.parquet" in p.skip and A in p.fleets[fleet]
 
 
 def test_who_may_merge_grows_with_the_delay() -> None:
@@ -204,6 +241,58 @@ def test_an_open_days_hours_are_merged_hour_by_hour_then_its_day_replaces_them(
     assert M.step(sink, "job_minutes", DAY, B, m, later + 660) == "hours"
     assert names(root) == ["~fleet~00000003.parquet"]
     assert seen(root) == truth
+
+
+@pytest.mark.parametrize("native", [True, False], ids=["duckdb", "pyarrow"])
+def test_a_hand_over_between_the_listing_and_the_read_is_read_once_without_a_retry(
+    root: Path, monkeypatch: pytest.MonkeyPatch, native: bool
+) -> None:
+    """A query that listed a writer's object the chosen fleet object already holds reads
+    those rows from the fleet object: the writer deleting its object (its hand-over) before
+    the read takes nothing from the query, which runs once."""
+    sink, m = LocalSink(root), Merging(merge_after=3600.0, grace=3600.0)
+    assert M.step(sink, "job_minutes", DAY, A, m, LATER) == "merged"
+    assert len(names(root)) == 4  # every writer's object inside its grace period
+    monkeypatch.setattr(R, "open_tables", functools.partial(R.open_tables, native=native))
+
+    def hand_over() -> None:
+        for w, what in ((A, "handed"), (B, "handed"), (C, "hours")):
+            assert M.step(sink, "job_minutes", DAY, w, m, LATER + 3700) == what
+        assert names(root) == ["~fleet~00000001.parquet"]
+
+    calls = between_listing_and_read(monkeypatch, hand_over)
+    res = R.query(R.locate(str(root)), ["job_minutes"], [], "SELECT count(*) AS n FROM job_minutes")
+    assert res.to_pylist() == [{"n": 10}] and calls == ["10"]
+
+
+def test_from_s3_a_hand_over_between_the_listing_and_the_read_is_read_once_too(
+    root: Path,
+    moto_server: MotoServer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same from a real S3 server: the reader lists with ETags (what the merging writer
+    recorded), reads the fleet object's footer, and so skips the objects a hand-over may
+    delete."""
+    for k, v in credentials_env(moto_server.root).items():
+        monkeypatch.setenv(k, v)
+    url = f"s3://{BUCKET}/w"
+    sink = S3Sink(url, S3Config(url, moto_server.endpoint, REGION, "path"))
+    for path in sorted(root.rglob("*.parquet")):
+        sink.put(str(path.relative_to(root)), path.read_bytes())
+    m = Merging(merge_after=3600.0, grace=3600.0)
+    assert M.step(sink, "job_minutes", DAY, A, m, LATER) == "merged"
+
+    def hand_over() -> None:
+        for w, what in ((A, "handed"), (B, "handed"), (C, "hours")):
+            assert M.step(sink, "job_minutes", DAY, w, m, LATER + 3700) == what
+        assert list(moto_server.objects("w/")) == [f"w/{fleet_key('job_minutes', DAY, 1)}"]
+
+    calls = between_listing_and_read(monkeypatch, hand_over)
+    loc = R.locate(url, R.S3Settings(moto_server.endpoint, REGION))
+    sql = "SELECT node, count(*) AS n FROM job_minutes GROUP BY node ORDER BY node"
+    res = R.query(loc, ["job_minutes"], [], sql)
+    assert res.to_pylist() == [{"node": "a", "n": 5}, {"node": "b", "n": 3}, {"node": "c", "n": 2}]
+    assert calls == ["5"]  # one run: nothing it read was deleted
 
 
 def test_two_writers_racing_for_one_serial_cannot_both_win(root: Path) -> None:
