@@ -8,6 +8,13 @@ that process, and the objects and bytes before and after. Then the same day merg
 with one node's day object rewritten (a late row): the second merge reads the first fleet
 object and that one node's object.
 
+``--hourly``: the open day's merges instead, as the merging node makes them through the day.
+The 24 hours of every node's hourly objects (not sealed); hour 00 merged alone into a new
+fleet object (the day's first merge), hours 01-22 merged in one go (setting the scene, not
+timed), then hour 23 into that fleet object of 23 hours (the day's biggest merge: it reads
+and writes again everything merged before). A merge's cost grows with the hours it carries,
+so the day's 24 merges cost about 24 x the mean of the first and the last.
+
 Baseline: the node's own seal of its day (one node's objects, the same process shape), which
 every node pays already.
 """
@@ -38,15 +45,20 @@ refuse(("pandas",), "the merge benchmark")
 from profd.warehouse.merge import NO_FLEET, footer, merge
 from profd.warehouse.sink import LocalSink
 from profd.warehouse.tables import fleet_serial, stem_of
-root, table, date = sys.argv[1], sys.argv[2], sys.argv[3]
+root, table, date, hours = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 sink = LocalSink(Path(root))
 t0, c0 = time.monotonic(), time.process_time()
 listed = sink.folder(table, date)
 fleets = sorted((k, n) for n in listed if (k := fleet_serial(n)) is not None)
 serial, chosen = fleets[-1] if fleets else (0, "")
 base = footer(sink, table, date, chosen, listed[chosen].size) if chosen else NO_FLEET
-days = {w: o for n, o in listed.items() if (w := stem_of(n)) and n == f"{w}.parquet"}
-todo = {s: o for s, o in days.items() if base.held.get(s) != o.token}
+if hours == "day":
+    ours = {w: o for n, o in listed.items() if (w := stem_of(n)) and n == f"{w}.parquet"}
+else:  # "first-last": those hours' objects of every writer
+    lo, hi = (int(h) for h in hours.split("-"))
+    ours = {n[:-8]: o for n, o in listed.items()
+            if stem_of(n) and n.count("~") == 2 and lo <= int(n[-10:-8]) <= hi}
+todo = {s: o for s, o in ours.items() if base.held.get(s) != o.token}
 ok = merge(sink, table, date, serial + 1, (chosen, base), todo, time.time())
 print(json.dumps({"ok": ok, "wall_s": time.monotonic() - t0, "cpu_s": time.process_time() - c0,
                   "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
@@ -54,9 +66,9 @@ print(json.dumps({"ok": ok, "wall_s": time.monotonic() - t0, "cpu_s": time.proce
 """
 
 
-def run_merge(root: Path, table: str, date: str) -> dict[str, Any]:
+def run_merge(root: Path, table: str, date: str, hours: str = "day") -> dict[str, Any]:
     r = subprocess.run(
-        [sys.executable, "-c", CHILD, str(root), table, date],
+        [sys.executable, "-c", CHILD, str(root), table, date, hours],
         capture_output=True,
         text=True,
         check=True,
@@ -72,6 +84,7 @@ def folder_size(root: Path, table: str, date: str) -> tuple[int, int]:
 
 def main() -> None:
     p = B.parser(__doc__)
+    p.add_argument("--hourly", action="store_true", help="the open day's hourly merges")
     args = p.parse_args()
     started = time.monotonic()
     nodes = 32 if args.quick else 1024
@@ -87,9 +100,13 @@ def main() -> None:
     write_rank_minutes(f, root, rng)
     f.end = midnight - 60  # job minutes end at the day's last minute
     write_job_minutes(f, root, rng)
-    seal(root, time.strftime("%Y-%m-%d", time.gmtime(midnight)), set())
+    if not args.hourly:
+        seal(root, time.strftime("%Y-%m-%d", time.gmtime(midnight)), set())
     made_s = time.monotonic() - t0
     details: dict[str, Any] = {"nodes": nodes, "date": date, "generate_s": round(made_s, 1)}
+    if args.hourly:
+        hourly(root, date, nodes, details, args, started)
+        return
     rows = []
     for table in ("job_minutes", "rank_minutes"):
         before = folder_size(root, table, date)
@@ -120,6 +137,31 @@ def main() -> None:
         )
     B.write_result(
         "warehouse_merge", args.out, args.quick, {"nodes": nodes}, rows, details, started
+    )
+
+
+def hourly(
+    root: Path, date: str, nodes: int, details: dict[str, Any], args: Any, started: float
+) -> None:
+    rows = []
+    for table in ("job_minutes", "rank_minutes"):
+        first = run_merge(root, table, date, "0-0")
+        run_merge(root, table, date, "1-22")
+        last = run_merge(root, table, date, "23-23")
+        day = 24 * (first["cpu_s"] + last["cpu_s"]) / 2
+        details[table] = {"hour_00": first, "hour_23": last, "day_cpu_s_estimate": day}
+        rows.append(
+            B.row(
+                f"hourly merges of a {nodes}-node open day of {table}: CPU a day",
+                "(on one node; 24 x the mean of the first and the last)",
+                day,
+                "s",
+                spread=f"hour 00 {first['cpu_s']:.1f} s, hour 23 {last['cpu_s']:.1f} s CPU"
+                f" (wall {last['wall_s']:.1f} s, peak RSS {last['peak_rss_mib']:.0f} MiB)",
+            )
+        )
+    B.write_result(
+        "warehouse_merge_hourly", args.out, args.quick, {"nodes": nodes}, rows, details, started
     )
 
 
