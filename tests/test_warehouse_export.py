@@ -319,10 +319,10 @@ def test_two_nodes_days_merge_into_one_fleet_object_in_s3_read_once_throughout(
     moto_server: MotoServer,  # noqa: F811
 ) -> None:
     """Two daemons writing one S3 warehouse: a closed day of each table is sealed by each,
-    merged into one fleet object (by the first node by name, or by both once the day is hours
-    late), and handed over by both (their own objects deleted); a late row of that day brings
-    a node's day object back, which a second fleet object takes in. Every count, from S3 and
-    through a node, is exact at every look."""
+    merged into one fleet object (by the first node of the table and date's turn, or by both
+    once the day is hours late), and handed over by both (their own objects deleted); a late
+    row of that day brings a node's day object back, which a second fleet object takes in.
+    Every count, from S3 and through a node, is exact at every look."""
     fast = FAST + "seal_after = 300\nsweep_after = 0\nmerge_after = 600\n"
     env = {"PROFD_S3_URL": f"s3://{BUCKET}/fleet", **moto_server.env()}
     nodes = [daemon_factory(config=fast, PROFD_NODE_NAME=n, **env) for n in ("node-a", "node-b")]
@@ -367,8 +367,8 @@ def test_two_nodes_days_merge_into_one_fleet_object_in_s3_read_once_throughout(
     # Read as often as the wait looked, from the seals to the last hand-over: exact.
     assert all(r == {"r": 6, "j": 2, "i": 2} for r in seen), seen
     assert all(status(d)["days_handed_to_fleet"] >= 3 for d in nodes)
-    # The day closed hours ago, so more than the first writer by name may merge (one more each
-    # hour late): count the fleet objects the two wrote together.
+    # Each table's turn picks its first merger, and a day closed hours ago lets both merge
+    # (one more each hour late): count the fleet objects the two wrote together.
     assert sum(status(d)["fleet_objects_written"] for d in nodes) >= 3
     (row,) = nodes[0].ctl_json("query", sql)  # on a node: its unflushed rows too
     assert row == {"r": 6, "j": 2, "i": 2}

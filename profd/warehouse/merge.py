@@ -23,7 +23,10 @@ writer in the fleet object. Serials are claimed with a create-if-absent write (S
 the writers' objects beside it: two writers racing for a serial cannot both win, and the
 loser's work is dropped.
 
-Who merges: the writers of a date in the order of their stems; the first once an object is
+Who merges: the writers of a date in the order of their stems, turned by a hash of the table,
+date and hour of the oldest object due (:func:`turn`), so that each merge falls to another
+node and none pays for every one (at 1,024 nodes a date's 24 hourly merges of the two minute
+tables cost ~440 s of CPU, docs/benchmarks.md); the first of that order once an object is
 due, one more for each hour nobody has (a dead first writer stops nothing for long). Run in
 the export's flush process (pyarrow loaded there).
 """
@@ -34,6 +37,7 @@ import json
 import os
 import random
 import tempfile
+import zlib
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -139,12 +143,22 @@ def step(sink: Sink, table: str, date: str, stem: str, merging: Merging, now: fl
     todo = {s: o for s, o in ready.items() if held.get(s) != o.token}
     if not todo:
         return "waiting"
-    order = sorted({w for n in listed if (w := stem_of(n)) is not None})
-    due = min(_due(merging, date, s) for s in todo)
-    if order.index(stem) >= merging.mergers(due, now):
+    writers = sorted({w for n in listed if (w := stem_of(n)) is not None})
+    oldest = min(todo, key=lambda s: (_due(merging, date, s), s))
+    due = _due(merging, date, oldest)
+    if turn(writers, table, date, oldest).index(stem) >= merging.mergers(due, now):
         return "waiting"
     won = merge(sink, table, date, serial + 1, (chosen, base), todo, now)
     return "merged" if won else "waiting"
+
+
+def turn(writers: list[str], table: str, date: str, source: str) -> list[str]:
+    """The order in which ``writers`` (sorted stems) may merge ``table``'s ``date`` when
+    ``source`` is the oldest object due: turned by a CRC of the table, date and that
+    object's hour (``day`` for a day object), the same on every node that lists the same."""
+    hour = source.split("~")[2] if source.count("~") == 2 else "day"
+    k = zlib.crc32(f"{table}/{date}/{hour}".encode()) % len(writers)
+    return writers[k:] + writers[:k]
 
 
 def mergeable(

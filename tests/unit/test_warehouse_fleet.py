@@ -72,6 +72,11 @@ def seen(root: Path, overlays: list[Overlay] | None = None) -> dict[str, int]:
     return got[0]
 
 
+#: Who may merge DAY of the fixture below, in order: the day objects and C's hour 23 are due
+#: at once (ties go by name, so A's day object is the oldest).
+FIRST_TURN = M.turn([A, B, C], "job_minutes", DAY, A)
+
+
 @pytest.fixture
 def root(tmp_path: Path) -> Path:
     """A closed day: A and B sealed it (day objects), C did not (hourly objects only)."""
@@ -131,6 +136,22 @@ def test_a_writers_object_the_chosen_fleet_object_holds_is_not_read() -> None:
     assert f"{FOLDER}/{A}.parquet" in p.skip and A in p.fleets[fleet]
 
 
+def test_each_merge_of_a_date_falls_to_a_node_of_its_own_turn() -> None:
+    """The order of a date's mergers turns with the table, date and hour of the oldest
+    object due, the same on every node: over a day's hours of 64 nodes' tables the first
+    merger is spread over many nodes, not the first by name each time."""
+    writers = sorted(f"gpu-{i:03d}~{i}" for i in range(64))
+    firsts = [
+        M.turn(writers, t, DAY, f"{writers[0]}~{h:02d}")[0]
+        for t in ("job_minutes", "rank_minutes")
+        for h in range(24)
+    ]
+    assert len(set(firsts)) >= 24  # 48 draws among 64: about 34 distinct; by name, 1
+    order = M.turn(writers, "job_minutes", DAY, writers[5])  # a day object: "day"
+    assert sorted(order) == writers and order == M.turn(writers, "job_minutes", DAY, writers[9])
+    assert M.turn([A], "incidents", DAY, A) == [A]
+
+
 def test_who_may_merge_grows_with_the_delay() -> None:
     m = Merging(merge_after=3600.0)
     end = datetime(2026, 3, 2, tzinfo=UTC).timestamp()
@@ -146,9 +167,11 @@ def test_a_merge_then_each_writers_hand_over_read_once_throughout(root: Path) ->
     sink, m = LocalSink(root), Merging(merge_after=3600.0, grace=3600.0)
     truth = {"a": 5, "b": 3, "c": 2}
     assert seen(root) == truth
-    # B is not the first writer by stem: it waits for A.
-    assert M.step(sink, "job_minutes", DAY, B, m, LATER) == "waiting"
-    assert M.step(sink, "job_minutes", DAY, A, m, LATER) == "merged"
+    # Only the first writer of the turn merges at once; the others wait.
+    first, *others = FIRST_TURN
+    for w in others:
+        assert M.step(sink, "job_minutes", DAY, w, m, LATER) == "waiting"
+    assert M.step(sink, "job_minutes", DAY, first, m, LATER) == "merged"
     assert names(root) == [
         f"{A}.parquet",
         f"{B}.parquet",
@@ -231,14 +254,16 @@ def test_an_open_days_hours_are_merged_hour_by_hour_then_its_day_replaces_them(
     assert M.step(sink, "job_minutes", DAY, A, m, at + 3600 + 660) == "waiting"
     sink.delete_hours("job_minutes", DAY, A)
     assert seen(root) == truth
-    # A day after: the day object goes in, in place of every hour of A's.
+    # A day after: B hands its hour over, then A's day object goes in, in place of every
+    # hour of A's (A the date's only writer now).
     later = datetime(2026, 3, 2, 1, 0, tzinfo=UTC).timestamp()
+    assert M.step(sink, "job_minutes", DAY, B, m, later) == "hours"
+    assert seen(root) == truth
     assert M.step(sink, "job_minutes", DAY, A, m, later) == "merged"
     fleet = pq.read_table(root / fleet_key("job_minutes", DAY, 3))
     assert sorted(set(fleet[SOURCE].to_pylist())) == [A, f"{B}~03"]
     assert seen(root) == truth
     assert M.step(sink, "job_minutes", DAY, A, m, later + 660) == "handed"
-    assert M.step(sink, "job_minutes", DAY, B, m, later + 660) == "hours"
     assert names(root) == ["~fleet~00000003.parquet"]
     assert seen(root) == truth
 
@@ -251,7 +276,7 @@ def test_a_hand_over_between_the_listing_and_the_read_is_read_once_without_a_ret
     those rows from the fleet object: the writer deleting its object (its hand-over) before
     the read takes nothing from the query, which runs once."""
     sink, m = LocalSink(root), Merging(merge_after=3600.0, grace=3600.0)
-    assert M.step(sink, "job_minutes", DAY, A, m, LATER) == "merged"
+    assert M.step(sink, "job_minutes", DAY, FIRST_TURN[0], m, LATER) == "merged"
     assert len(names(root)) == 4  # every writer's object inside its grace period
     monkeypatch.setattr(R, "open_tables", functools.partial(R.open_tables, native=native))
 
@@ -280,7 +305,7 @@ def test_from_s3_a_hand_over_between_the_listing_and_the_read_is_read_once_too(
     for path in sorted(root.rglob("*.parquet")):
         sink.put(str(path.relative_to(root)), path.read_bytes())
     m = Merging(merge_after=3600.0, grace=3600.0)
-    assert M.step(sink, "job_minutes", DAY, A, m, LATER) == "merged"
+    assert M.step(sink, "job_minutes", DAY, FIRST_TURN[0], m, LATER) == "merged"
 
     def hand_over() -> None:
         for w, what in ((A, "handed"), (B, "handed"), (C, "hours")):
