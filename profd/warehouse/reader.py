@@ -157,7 +157,7 @@ def _listing(loc: Location, table: str) -> dict[str, Listed]:
     out: dict[str, Listed] = {}
     try:
         if loc.client is None:
-            for folder, _, names in os.walk(loc.path(table)):
+            for folder, _, names in os.walk(loc.path(table), onerror=_unless_missing):
                 for name in names:
                     if name.endswith(".parquet") and not name.startswith("."):
                         path = f"{folder}/{name}"
@@ -177,6 +177,11 @@ def _listing(loc: Location, table: str) -> dict[str, Listed]:
     except Exception as exc:  # an OSError on disk, botocore's errors from S3
         raise WarehouseError(f"cannot list {loc.url}/{table}: {_one_line(exc)}") from None
     return dict(sorted(out.items()))
+
+
+def _unless_missing(exc: OSError) -> None:
+    if not isinstance(exc, FileNotFoundError):  # a table not written yet is only empty
+        raise exc
 
 
 def held_by(loc: Location, path: str) -> dict[str, str]:
