@@ -9,7 +9,9 @@ reader (allowed that one directory), from S3 as a pyarrow dataset with the schem
 :data:`SCHEMAS` given rather than read from the objects, so opening a table reads none.
 An :class:`Overlay` replaces one writer's object for one partition: that file is left out
 and the overlay's rows are read instead, so a row is seen once whether or not its node has
-flushed it.
+flushed it. Each table is listed once per query with the objects' tokens (through boto3
+from S3: pyarrow's listing has no ETags), and the reading rule
+(:func:`profd.warehouse.tables.plan`) picks what to read from that one listing.
 """
 
 from __future__ import annotations
