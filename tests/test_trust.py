@@ -16,7 +16,7 @@ from typing import Any
 import zmq
 from daemonproc import wait_for
 from harness import Daemon
-from rawpeer import HELLO, dealer, pack, recv, reply, spawn_peer
+from rawpeer import HELLO, dealer, pack, read_line, recv, reply, spawn_peer
 
 from profd_client import protocol as P
 
@@ -149,10 +149,12 @@ def test_a_long_stall_while_capturing_is_not_a_death(daemon: Daemon, ctx: zmq.Co
     host = socket.gethostname()
     stalled = Peer(ctx, daemon, "stall", host=host)
     gone = spawn_peer(daemon, "stall", host=host, rank=1)
+    # Both attached before the start: a peer still starting would get no arm, ever.
+    wait_for(lambda: daemon.ctl_json("status")["clients"] == 2, 30, "both peers attached")
     sid = daemon.ctl_json("start", "--job", "stall", "--next")["session"]
     arm = recv(stalled.sock, "arm")
     stalled.send("progress", session=sid, state="capturing", step=1)
-    assert gone.stdout is not None and gone.stdout.readline().strip() == b"capturing"
+    assert read_line(gone, 30).strip() == b"capturing"
     assert daemon.ctl_json("status")["clients"] == 2
     gone.kill()
     gone.wait()
