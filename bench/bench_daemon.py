@@ -16,6 +16,7 @@ daemon idle (0 clients).
 
 from __future__ import annotations
 
+import math
 import subprocess
 import sys
 import tempfile
@@ -138,6 +139,24 @@ def python_floor(runs: int) -> dict[str, Any]:
     return out
 
 
+def host_speed(runs: int = 5) -> float:
+    """Milliseconds (best of ``runs``) of a fixed pure-Python workload that never changes
+    with profd's code: dict updates, float arithmetic and a sort, the daemon's kind of work.
+    This VM's speed has been seen to vary 2.5x from one hour to the next with the load
+    average under 1, so a CPU figure from one run is compared with another's only beside
+    this one."""
+    best = math.inf
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        d: dict[int, float] = {}
+        for i in range(200_000):
+            k = i & 1023
+            d[k] = d.get(k, 0.0) + i * 0.5
+        sorted(d.values())
+        best = min(best, time.perf_counter() - t0)
+    return round(best * 1000.0, 2)
+
+
 #: Where the loop waits for work: its samples are idle time, not cost.
 IDLE_FRAMES = ("Poller.poll",)
 
@@ -203,6 +222,7 @@ def main() -> None:
     # and flushes the warehouse, and a shorter window catches that or not by chance.
     window = 2.0 if quick else 60.0
     cli_runs, raw_runs = (2, 20) if quick else (20, 200)
+    speed_before = host_speed()
     d = B.Daemon(heartbeat=1.0).start()
     fleet = None
     try:
@@ -221,6 +241,7 @@ def main() -> None:
         busy_top = top_latency(d, cli_runs, raw_runs)
         gc1 = d.request("status").get("gc")
         floor = python_floor(cli_runs)
+        speed_after = host_speed()
         profile = loop_profile(d.pid, args.profile) if args.profile > 0 else None
     except BaseException:
         print(d.log_tail(), file=sys.stderr)
@@ -246,7 +267,8 @@ def main() -> None:
             ratio=None,
             met=cpu_ok if at_target else None,
             spread=f"per-1s p10..p90 {busy['cpu_percent_per_1s']['p10']}.."
-            f"{busy['cpu_percent_per_1s']['p90']}",
+            f"{busy['cpu_percent_per_1s']['p90']}; host reference {speed_before}/"
+            f"{speed_after} ms",
         ),
         B.row(
             f"daemon RSS, {n} clients",
@@ -305,6 +327,8 @@ def main() -> None:
         "top_idle": idle_top,
         "top_busy": busy_top,
         "python_floor_ms": floor,
+        # The same fixed workload before the daemon started and after the busy phase.
+        "host_speed_ms": {"before": speed_before, "after": speed_after},
         "loop_profile": profile,
         # The daemon's garbage collector (status' gc, 0.3+) when the busy window began and
         # after the ps and top runs.

@@ -174,3 +174,21 @@ def test_handlers_never_see_the_daemon() -> None:
                 assert not (node.value.attr == "d" and isinstance(node.value.value, ast.Name)), (
                     f"{path} reaches through self.d"
                 )
+
+
+#: The longest a function of the daemon, profctl or the client may be: past it, a reader
+#: has to hold more than one screen of steps to follow one (docs/architecture.md, "The map").
+MAX_FUNCTION_LINES = 80
+
+
+def test_no_function_of_profd_or_the_client_is_longer_than_a_screen() -> None:
+    long = []
+    for root in (PROFD, PROFD.parent / "client"):
+        for path in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(path.read_text(), str(path))):
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    lines = (node.end_lineno or node.lineno) - node.lineno + 1
+                    if lines > MAX_FUNCTION_LINES:
+                        where = path.relative_to(PROFD.parent)
+                        long.append(f"{where}:{node.lineno} {node.name} ({lines} lines)")
+    assert not long, long
