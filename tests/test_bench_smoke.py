@@ -201,6 +201,8 @@ def check_daemon(res: dict[str, Any]) -> None:
     assert d["ps_idle"]["rows"] == 0
     assert d["busy"]["clients_cpu_percent"] is not None
     assert set(d["python_floor_ms"]) == {"python -c pass", "import profctl modules"}
+    # The host's speed, timed before the daemon and after the busy phase.
+    assert all(d["host_speed_ms"][k] > 0 for k in ("before", "after")), d["host_speed_ms"]
     # top as ps: every served rank, and its own row in the table.
     assert d["top_busy"]["rows"] == n and d["top_busy"]["cli_rows"] == n, d["top_busy"]
     assert d["top_idle"]["rows"] == 0
