@@ -43,6 +43,7 @@ from profd.daemon.parts import (
     DeferredReports,
     Detecting,
     FrozenBoxes,
+    HeartbeatAnswers,
     Housekeeping,
     IncidentKeeping,
     LedgerMinutes,
@@ -372,6 +373,7 @@ class Daemon:
         """Each tick's work, in this order; then the loop flushes the session changes."""
         publishing: list[Part] = [self.publisher] if self.publisher is not None else []
         return [
+            HeartbeatAnswers(self.agents),
             Housekeeping(self.liveness),
             StackExpiry(self.agent_stacks, self.agent_blackboxes),
             LedgerMinutes(self.ledgers, self.registry),

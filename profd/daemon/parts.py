@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from profd.config import WatchConfig
+from profd.daemon.agent.handler import AgentHandler
 from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
 from profd.daemon.captures.lanes import Captures
@@ -105,6 +106,18 @@ def guarded(what: str, fn: Callable[..., Any], *args: Any) -> bool:
     else:
         return True
     return False
+
+
+class HeartbeatAnswers(Part):
+    """The heartbeat answers owed to ``quiet`` clients since the last tick."""
+
+    what = "answering heartbeats"
+
+    def __init__(self, agents: AgentHandler) -> None:
+        self.agents = agents
+
+    def tick(self, mono: float, wall: float) -> None:
+        self.agents.answer_owed()
 
 
 class Housekeeping(Part):
