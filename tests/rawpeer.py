@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import select
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from typing import Any
 import msgpack
 import zmq
 from harness import Daemon
+from lines import read_line as read_line
 
 from profd_client import protocol as P
 
@@ -91,16 +91,6 @@ def recv(s: zmq.Socket, t: str, timeout: float = 10.0) -> dict[str, Any]:
         if m is not None and m["t"] == t:
             return m
     raise AssertionError(f"no {t!r} from the daemon within {timeout}s")
-
-
-def read_line(proc: subprocess.Popen[bytes], timeout: float) -> bytes:
-    """The next line ``proc`` prints, or AssertionError after ``timeout`` seconds (a bare
-    ``readline`` on a peer that never prints blocks the test, and the suite, for good)."""
-    assert proc.stdout is not None
-    ready, _, _ = select.select([proc.stdout], [], [], timeout)
-    if not ready:
-        raise AssertionError(f"pid {proc.pid} printed nothing within {timeout}s")
-    return proc.stdout.readline()
 
 
 _CHILD = """
@@ -180,8 +170,7 @@ def spawn_peers(
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
     )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
+    line = read_line(proc, 120)
     assert line, f"the peers process {name} said nothing (exit {proc.poll()})"
     return proc, json.loads(line)
 

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from harness import Daemon
+from lines import read_line
 from rawpeer import HELLO
 
 _PEER = r"""
@@ -177,7 +178,7 @@ def step_peers(tmp: Path) -> Iterator[Any]:
         )
         peer = StepPeer(p, control)
         made.append(peer)
-        assert p.stdout is not None and p.stdout.readline().strip() == "started"
+        assert read_line(p, 120).strip() == "started"
         return peer
 
     try:

@@ -16,6 +16,7 @@ from typing import Any
 import msgspec
 from clusters import Cluster
 from harness import Daemon, wait_for
+from lines import read_line
 from rawpeer import HELLO, pack
 
 from profd_client import protocol as P
@@ -108,7 +109,7 @@ def test_history_of_ranks_that_left_outlives_the_daemon(
         trainers = [peer(d, "trainer", r, 0.045 if r == 2 else 0.030, 3) for r in range(3)]
         for p in trainers:
             assert p.wait(30) == 0
-        assert rollout.stdout is not None and rollout.stdout.readline() == b"sent\n"
+        assert read_line(rollout, 120) == b"sent\n"
 
         (m,) = minutes_with(d, "trainer", 90)
         assert m["minute"] % 60 == 0 and m["minute"] <= time.time()

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from daemonproc import wait_for
 from harness import Daemon, Job
+from lines import read_line
 from rawpeer import HELLO, pack
 from test_work_bounds import spawn_lone
 
@@ -65,7 +66,7 @@ def spawn_liar(d: Daemon, rank: int, step: int, sps: float) -> subprocess.Popen[
         stdout=subprocess.PIPE,
         text=True,
     )
-    assert p.stdout is not None and p.stdout.readline().strip() == "lying"
+    assert read_line(p, 120).strip() == "lying"
     return p
 
 

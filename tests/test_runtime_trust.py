@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 from harness import BIN, Daemon
+from lines import read_line
 
 from profd_client import locations
 
@@ -157,7 +158,7 @@ def squat(users: tuple[User, User]) -> Iterator[Squat]:
     )
     try:
         assert proc.stdout is not None
-        assert proc.stdout.readline().strip() == "ready", "the attacker's listener did not start"
+        assert read_line(proc, 120).strip() == "ready", "the attacker's listener did not start"
         assert d.stat().st_uid == attacker.uid
         yield Squat(d, proc)
     finally:

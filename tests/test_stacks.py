@@ -21,6 +21,7 @@ import pytest
 from clusters import Cluster
 from daemonproc import free_port
 from harness import BIN, JOBS, Daemon, Job, wait_for
+from lines import read_line
 from users import group_daemon
 
 from profd.daemon.clients.pyspy_reader import StackTarget, find_pyspy, read_one
@@ -52,8 +53,8 @@ waiting_here()
 def _sleeper() -> tuple[subprocess.Popen[str], int]:
     p = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
     assert p.stdout is not None
-    helper_tid = int(p.stdout.readline())
-    assert p.stdout.readline().strip() == "ready"
+    helper_tid = int(read_line(p, 120))
+    assert read_line(p, 120).strip() == "ready"
     return p, helper_tid
 
 

@@ -24,6 +24,7 @@ import pytest
 from clusters import Cluster, free_port
 from daemonproc import BIN, wait_for
 from harness import Daemon
+from lines import read_line
 from rawpeer import HELLO, pack
 from steppeer import step_peers
 
@@ -101,7 +102,7 @@ def stepper() -> Iterator[Spawn]:
             stdout=subprocess.PIPE, text=True,
         )  # fmt: skip
         made.append(p)
-        assert p.stdout is not None and p.stdout.readline().strip() == "stepping"
+        assert read_line(p, 120).strip() == "stepping"
         return p
 
     yield spawn
@@ -240,7 +241,7 @@ def test_top_into_a_pipe_prints_frame_after_frame(daemon: Daemon, stepper: Spawn
     )  # fmt: skip
     try:
         assert p.stdout is not None
-        lines = [p.stdout.readline() for _ in range(7)]
+        lines = [read_line(p, 120) for _ in range(7)]
     finally:
         p.send_signal(signal.SIGINT)
         rc = p.wait(20)
