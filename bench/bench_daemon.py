@@ -142,7 +142,7 @@ def python_floor(runs: int) -> dict[str, Any]:
 def host_speed(runs: int = 5) -> float:
     """Milliseconds (best of ``runs``) of a fixed pure-Python workload that never changes
     with profd's code: dict updates, float arithmetic and a sort, the daemon's kind of work.
-    This VM's speed has been seen to vary 2.5x from one hour to the next with the load
+    This VM's speed has been seen to vary 3x within one hour with the load
     average under 1, so a CPU figure from one run is compared with another's only beside
     this one."""
     best = math.inf

@@ -157,7 +157,6 @@ def squat(users: tuple[User, User]) -> Iterator[Squat]:
         cwd="/tmp",
     )
     try:
-        assert proc.stdout is not None
         assert read_line(proc, 120).strip() == "ready", "the attacker's listener did not start"
         assert d.stat().st_uid == attacker.uid
         yield Squat(d, proc)

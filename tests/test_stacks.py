@@ -52,7 +52,6 @@ waiting_here()
 
 def _sleeper() -> tuple[subprocess.Popen[str], int]:
     p = subprocess.Popen([sys.executable, "-c", _SLEEPER], stdout=subprocess.PIPE, text=True)
-    assert p.stdout is not None
     helper_tid = int(read_line(p, 120))
     assert read_line(p, 120).strip() == "ready"
     return p, helper_tid

@@ -240,7 +240,6 @@ def test_top_into_a_pipe_prints_frame_after_frame(daemon: Daemon, stepper: Spawn
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=daemon.env(), text=True,
     )  # fmt: skip
     try:
-        assert p.stdout is not None
         lines = [read_line(p, 120) for _ in range(7)]
     finally:
         p.send_signal(signal.SIGINT)
