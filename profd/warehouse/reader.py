@@ -441,8 +441,14 @@ def _check_overlays(
 
 
 #: How a read of an object deleted since the listing fails (from S3; on local disk, through
-#: pyarrow and through DuckDB).
-_GONE = ("NO_SUCH_KEY", "No such file or directory", "No files found that match")
+#: pyarrow and through DuckDB), and of a day object rewritten in place since (a sealed day's
+#: late rows): read at the size the listing gave, its footer is not where it was.
+_GONE = (
+    "NO_SUCH_KEY",
+    "No such file or directory",
+    "No files found that match",
+    "Parquet magic bytes not found",
+)
 #: Times :func:`query` runs a query whose objects went while it read them before it gives up.
 QUERY_TRIES = 3
 
@@ -459,8 +465,9 @@ def query(
     the objects one listing returned, as the reading rule (:func:`plan`) chose them, and
     never a writer's object its date's fleet object holds (the only kind a hand-over
     deletes). An object listed and deleted before it was read (a superseded fleet object or
-    hourly object, after its grace period) fails the read; the tables are listed again and
-    the query run again, at most :data:`QUERY_TRIES` times."""
+    hourly object, after its grace period), or rewritten in place (a sealed day's late
+    rows), fails the read; the tables are listed again and the query run again, at most
+    :data:`QUERY_TRIES` times."""
     wanted = tuple(tables)
     for attempt in range(QUERY_TRIES):
         con = open_tables(loc, wanted, overlays, progress)
