@@ -405,3 +405,30 @@ def test_merge_after_has_a_floor(tmp_path: Path) -> None:
         load(conf, env={"PROFD_STATE_DIR": str(tmp_path)})
     conf.write_text("[warehouse]\nmerge = false\n")
     assert not load(conf, env={"PROFD_STATE_DIR": str(tmp_path)}).warehouse.merge
+
+
+def test_from_s3_a_day_object_rewritten_between_the_listing_and_the_read_is_read_anew(
+    root: Path,
+    moto_server: MotoServer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A sealed day object taking late rows is rewritten in place, under its key. A query
+    that listed the old one reads the new one's rows, each once. (Here the read succeeds at
+    once; where a read catches the object mid-rewrite and finds no footer, the query lists
+    and runs again: ``R._GONE``.)"""
+    for k, v in credentials_env(moto_server.root).items():
+        monkeypatch.setenv(k, v)
+    url = f"s3://{BUCKET}/w"
+    sink = S3Sink(url, S3Config(url, moto_server.endpoint, REGION, "path"))
+    for path in sorted(root.rglob("*.parquet")):
+        sink.put(str(path.relative_to(root)), path.read_bytes())
+
+    def late_rows() -> None:
+        sink.put(object_key("job_minutes", DAY, A), parquet_bytes(jm(9, "a")))
+
+    calls = between_listing_and_read(monkeypatch, late_rows)
+    loc = R.locate(url, R.S3Settings(moto_server.endpoint, REGION))
+    sql = "SELECT node, count(*) AS n FROM job_minutes GROUP BY node ORDER BY node"
+    res = R.query(loc, ["job_minutes"], [], sql)
+    assert res.to_pylist() == [{"node": "a", "n": 9}, {"node": "b", "n": 3}, {"node": "c", "n": 2}]
+    assert calls[-1] == "9" and len(calls) <= R.QUERY_TRIES, calls
