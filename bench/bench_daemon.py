@@ -193,14 +193,21 @@ def loop_profile(pid: int, seconds: float, top: int = 25) -> dict[str, Any]:
     }
 
 
-def gc_note(before: dict[str, Any] | None, after: dict[str, Any] | None) -> str:
-    """The collector's full passes between two ``status`` answers, for the round trip's
-    row (a daemon before 0.3 does not report them)."""
-    if not before or not after:
+def gc_note(
+    before: dict[str, Any] | None, busy: dict[str, Any] | None, after: dict[str, Any] | None
+) -> str:
+    """The collector's passes (young/middle/full) over the CPU window and over the ps and
+    top requests, for the round trip's row (a daemon before 0.3 does not report them)."""
+    if not before or not busy or not after:
         return ""
-    n = after["passes"][2] - before["passes"][2]
-    longest = after["longest_ms"][2]
-    return f"; {n} full gc pass(es) in the busy phase, longest since start {longest} ms"
+
+    def passes(a: dict[str, Any], b: dict[str, Any]) -> str:
+        return "/".join(str(y - x) for x, y in zip(a["passes"], b["passes"], strict=True))
+
+    return (
+        f"; gc passes {passes(before, busy)} in the CPU window, {passes(busy, after)} over"
+        f" the requests, longest full pass since start {after['longest_ms'][2]} ms"
+    )
 
 
 def main() -> None:
@@ -236,6 +243,7 @@ def main() -> None:
         time.sleep(1.0 if quick else 3.0)
         gc0 = d.request("status").get("gc")
         busy = sample(d.pid, window, extra_pids=[w.pid for w in fleet.workers])
+        gc_busy = d.request("status").get("gc")
         assert d.request("status")["clients"] >= n
         busy_ps = ps_latency(d, cli_runs, raw_runs)
         busy_top = top_latency(d, cli_runs, raw_runs)
@@ -315,7 +323,7 @@ def main() -> None:
             "ms",
             baseline=idle_ps["raw_request_ms"]["p50"],
             baseline_what="0 clients",
-            spread=f"p99 {busy_ps['raw_request_ms']['p99']} ms" + gc_note(gc0, gc1),
+            spread=f"p99 {busy_ps['raw_request_ms']['p99']} ms" + gc_note(gc0, gc_busy, gc1),
         ),
     ]
     details = {
@@ -330,9 +338,9 @@ def main() -> None:
         # The same fixed workload before the daemon started and after the busy phase.
         "host_speed_ms": {"before": speed_before, "after": speed_after},
         "loop_profile": profile,
-        # The daemon's garbage collector (status' gc, 0.3+) when the busy window began and
-        # after the ps and top runs.
-        "gc": {"busy_start": gc0, "after_requests": gc1},
+        # The daemon's garbage collector (status' gc, 0.3+) when the busy window began, when
+        # it ended and after the ps and top runs.
+        "gc": {"busy_start": gc0, "busy_end": gc_busy, "after_requests": gc1},
         "baseline": "dynolog has no way to list attached processes; compared with 0 clients",
     }
     params = {"clients": n, "window_s": window, "cli_runs": cli_runs, "raw_runs": raw_runs}

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import gc
 
+import pytest
+
 from profd.ctl.commands.status import gc_line
-from profd.daemon.runtime.gcpauses import GcPauses
+from profd.daemon.runtime.gcpauses import GcPauses, deferred
 
 
 def _cycles(n: int) -> None:
@@ -48,3 +50,41 @@ def test_status_line_names_the_full_passes() -> None:
         "gc       3 full pass(es), 21 ms in all, longest 9.8 ms; 19,063 objects watched,"
         " 120,000 frozen at start"
     )
+
+
+def test_a_reply_built_inside_deferred_starts_no_collection_and_leaves_none_owed() -> None:
+    """What a control request for 1,024 ranks allocates (here 60,000 rows of containers, a
+    young collection every 700) starts no pass inside the block, nor one after it for what
+    it freed: the allocation count is back where it was."""
+    g = GcPauses()
+    gc.collect()
+    g.install()
+    try:
+        with deferred():
+            assert not gc.isenabled()
+            rows = [{"pid": i, "regions": [i]} for i in range(30_000)]
+            del rows
+        assert gc.isenabled()
+        during = list(g.count)
+        for _ in range(200):  # fewer than a young collection's threshold of allocations
+            [].append({})
+        after = list(g.count)
+        built = [{"pid": i} for i in range(30_000)]  # outside: the collector runs as ever
+        del built
+    finally:
+        g.uninstall()
+    assert during == [0, 0, 0] and after == [0, 0, 0]
+    assert g.count[0] >= 10
+
+
+def test_deferred_leaves_a_disabled_collector_disabled_and_reenables_after_an_error() -> None:
+    with pytest.raises(ValueError), deferred():
+        raise ValueError("a handler failed")
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with deferred():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()

@@ -20,6 +20,7 @@ from profd.daemon.clients.stack_sources import RankStacks
 from profd.daemon.control import servable
 from profd.daemon.control.requests import HANDLERS
 from profd.daemon.control.requests.context import Context, DaemonFacts, Later
+from profd.daemon.runtime import gcpauses
 from profd.daemon.runtime.peers import PeerCred, Requester
 from profd.daemon.sessions.starts import Starter
 from profd.daemon.sessions.state import Sessions
@@ -106,9 +107,10 @@ class ControlHandler:
         except P.ProtocolError:
             self.rejected += 1
             return  # no REQ peer sends this: nobody waits for an answer
-        reply = self.answer(frame, who, lambda late: send(P.join_envelope(envelope, late)))
-        if reply is not None:
-            send(P.join_envelope(envelope, reply))
+        with gcpauses.deferred():
+            reply = self.answer(frame, who, lambda late: send(P.join_envelope(envelope, late)))
+            if reply is not None:
+                send(P.join_envelope(envelope, reply))
 
     def answer(
         self,

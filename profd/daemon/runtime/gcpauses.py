@@ -8,8 +8,10 @@ reports these figures so that a slow ``ps`` can be told apart from a collector p
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import time
+from collections.abc import Iterator
 from typing import Any
 
 GENERATIONS = 3
@@ -58,3 +60,22 @@ class GcPauses:
             "tracked_objects": len(gc.get_objects()),
             "frozen_objects": gc.get_freeze_count(),
         }
+
+
+@contextlib.contextmanager
+def deferred() -> Iterator[None]:
+    """No collection inside the block; the collector runs again after it, as it would have.
+
+    For a control request: its reply for 1,024 ranks is tens of thousands of short-lived,
+    acyclic containers, enough to start several young collections and now and then a full
+    one (~25 ms on the loop, the ``ps`` round trip's p99; docs/benchmarks.md). Freed before
+    the block ends, they leave the collector's allocation count where it was, so deferring
+    costs nothing later. Heartbeats alone start a young collection a few times a minute."""
+    if not gc.isenabled():  # already deferred (or disabled by whoever embeds the daemon)
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
