@@ -206,6 +206,10 @@ def check_daemon(res: dict[str, Any]) -> None:
     # top as ps: every served rank, and its own row in the table.
     assert d["top_busy"]["rows"] == n and d["top_busy"]["cli_rows"] == n, d["top_busy"]
     assert d["top_idle"]["rows"] == 0
+    # The collector's passes when the CPU window began and ended and after the requests,
+    # told apart in the round trip's row.
+    assert all(len(d["gc"][k]["passes"]) == 3 for k in ("busy_start", "busy_end", "after_requests"))
+    assert "over the requests" in res["rows"][-1]["spread"], metrics(res)
     assert len(res["rows"]) == 5, metrics(res)
 
 
