@@ -441,8 +441,8 @@ def _check_overlays(
 
 
 #: How a read of an object deleted since the listing fails (from S3; on local disk, through
-#: pyarrow and through DuckDB), and of a day object grown since (rewritten in place to take
-#: a sealed day's late rows): read at its listed size, it has no Parquet footer there.
+#: pyarrow and through DuckDB), and of a day object of another size since (rewritten in
+#: place to take a sealed day's late rows): read at its listed size, it has no footer there.
 _GONE = (
     "NO_SUCH_KEY",
     "No such file or directory",

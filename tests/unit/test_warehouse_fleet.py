@@ -290,6 +290,21 @@ def test_a_hand_over_between_the_listing_and_the_read_is_read_once_without_a_ret
     assert res.to_pylist() == [{"n": 10}] and calls == ["10"]
 
 
+def in_s3(
+    root: Path,
+    moto_server: MotoServer,  # noqa: F811
+    monkeypatch: pytest.MonkeyPatch,
+) -> tuple[str, S3Sink]:
+    """``root``'s objects copied to the S3 server, and the warehouse's URL and sink there."""
+    for k, v in credentials_env(moto_server.root).items():
+        monkeypatch.setenv(k, v)
+    url = f"s3://{BUCKET}/w"
+    sink = S3Sink(url, S3Config(url, moto_server.endpoint, REGION, "path"))
+    for path in sorted(root.rglob("*.parquet")):
+        sink.put(str(path.relative_to(root)), path.read_bytes())
+    return url, sink
+
+
 def test_from_s3_a_hand_over_between_the_listing_and_the_read_is_read_once_too(
     root: Path,
     moto_server: MotoServer,  # noqa: F811
@@ -298,12 +313,7 @@ def test_from_s3_a_hand_over_between_the_listing_and_the_read_is_read_once_too(
     """The same from a real S3 server: the reader lists with ETags (what the merging writer
     recorded), reads the fleet object's footer, and so skips the objects a hand-over may
     delete."""
-    for k, v in credentials_env(moto_server.root).items():
-        monkeypatch.setenv(k, v)
-    url = f"s3://{BUCKET}/w"
-    sink = S3Sink(url, S3Config(url, moto_server.endpoint, REGION, "path"))
-    for path in sorted(root.rglob("*.parquet")):
-        sink.put(str(path.relative_to(root)), path.read_bytes())
+    url, sink = in_s3(root, moto_server, monkeypatch)
     m = Merging(merge_after=3600.0, grace=3600.0)
     assert M.step(sink, "job_minutes", DAY, FIRST_TURN[0], m, LATER) == "merged"
 
@@ -408,7 +418,9 @@ def test_merge_after_has_a_floor(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("before", "after", "runs"), [(5, 300, 2), (300, 5, 1)], ids=["grown", "shrunk"]
+    ("before", "after", "runs"),
+    [(5, 300, 2), (300, 5, 2), (5, 9, 1)],
+    ids=["grown", "shrunk", "as-large"],
 )
 def test_from_s3_a_day_object_rewritten_between_the_listing_and_the_read_is_read_anew(
     before: int,
@@ -420,19 +432,17 @@ def test_from_s3_a_day_object_rewritten_between_the_listing_and_the_read_is_read
 ) -> None:
     """A sealed day object taking late rows is rewritten in place, under its key, while a
     query that listed the old one runs. The query reads it at the listed size (which saves
-    a HEAD request an object): an object grown since finds no footer where the read looks,
-    so the query lists and runs again; one shrunk reads whole (S3 answers a range past the
-    end with what there is). Either way the new object's rows come back, each once."""
-    for k, v in credentials_env(moto_server.root).items():
-        monkeypatch.setenv(k, v)
-    url = f"s3://{BUCKET}/w"
-    sink = S3Sink(url, S3Config(url, moto_server.endpoint, REGION, "path"))
-    for path in sorted(root.rglob("*.parquet")):
-        sink.put(str(path.relative_to(root)), path.read_bytes())
-
+    a HEAD request an object): an object grown or shrunk since has no footer where the read
+    looks, so the query lists and runs again; one as large as before (5 and 9 equal rows
+    encode to the same bytes but one) reads at once. Either way the new object's rows come
+    back, each once."""
     put(root, DAY, A, jm(before, "a"))
+    url, sink = in_s3(root, moto_server, monkeypatch)
     late = parquet_bytes(jm(after, "a"))
-    assert len(late) != (root / f"job_minutes/date={DAY}/{A}.parquet").stat().st_size
+    listed = R.s3_client(R.S3Settings(moto_server.endpoint, REGION)).head_object(
+        Bucket=BUCKET, Key=f"w/{object_key('job_minutes', DAY, A)}"
+    )["ContentLength"]
+    assert (len(late) == listed) == (runs == 1), (len(late), listed)
 
     def late_rows() -> None:
         sink.put(object_key("job_minutes", DAY, A), late)
