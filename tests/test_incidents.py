@@ -105,9 +105,7 @@ def test_a_job_slower_on_every_rank_is_one_regression_with_a_capture(
     change = doc["evidence"]["blackbox"]["change"]
     slowed = json.loads((tmp_path / "slower0.json").read_text())["step"]
     assert abs(change["step"] - slowed) <= 10, (change, slowed)
-    # 1.5x the work; a loaded machine adds the same time to both sides (1.29x seen at 4
-    # tests at once on 2 cores), so the bar is the one the incident's own ratio meets.
-    assert change["after_ms"] > 1.15 * change["before_ms"], change
+    assert change["after_ms"] > 1.3 * change["before_ms"], change
     assert f"Step times rose at step {change['step']}" in text, text
 
 
