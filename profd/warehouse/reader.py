@@ -442,12 +442,14 @@ def _check_overlays(
 
 #: How a read of an object deleted since the listing fails (from S3; on local disk, through
 #: pyarrow and through DuckDB), and of a day object of another size since (rewritten in
-#: place to take a sealed day's late rows): read at its listed size, it has no footer there.
+#: place to take a sealed day's late rows): read at its listed size, it has no footer there,
+#: or what stands where its footer's length said is not one.
 _GONE = (
     "NO_SUCH_KEY",
     "No such file or directory",
     "No files found that match",
     "Parquet magic bytes not found",
+    "Couldn't deserialize thrift",
 )
 #: Times :func:`query` runs a query whose objects went while it read them before it gives up.
 QUERY_TRIES = 3

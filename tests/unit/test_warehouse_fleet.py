@@ -457,4 +457,6 @@ def test_from_s3_a_day_object_rewritten_between_the_listing_and_the_read_is_read
         {"node": "c", "n": 2},
     ]
     assert len(calls) == runs, calls
-    assert all("Parquet magic bytes not found" in c for c in calls[:-1]), calls
+    # Where the read at the old size lands decides which error it is.
+    gone = ("Parquet magic bytes not found", "Couldn't deserialize thrift")
+    assert all(any(g in c for g in gone) for c in calls[:-1]), calls
