@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from profd import control_schema as C
+from profd.ctl import zmtp
 from profd.ctl.errors import CtlError, NoDaemon
 from profd.ctl.nodes import Answer, Fields, NodeLike
 from profd_client.locations import locate_socket
@@ -28,7 +29,7 @@ class Connection:
         #: Nothing trusted to connect to: the request is refused without connecting.
         self.refused = found.path is None
         self.timeout_ms = timeout_ms
-        self._sock: Any = None
+        self._sock: zmtp.ReqSocket | None = None
 
     def _untrusted(self) -> CtlError:
         return CtlError(
@@ -61,8 +62,6 @@ class Connection:
     def exchange(self, t: str, **fields: Any) -> bytes:
         """Send request ``t`` and return the reply frame undecoded; CtlError (NoDaemon when
         nothing answers) if there is no reply."""
-        import zmq
-
         if self.refused and self.untrusted is not None:
             raise self._untrusted()
         try:
@@ -72,29 +71,31 @@ class Connection:
         except OSError:
             raise self._missing() from None
         if not os.access(self.path, os.R_OK | os.W_OK):
-            # ZeroMQ would retry the connect silently and the request would time out.
             raise _denied(Path(self.path))
-        if self._sock is None:
-            self._sock = zmq.Context.instance().socket(zmq.REQ)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_REPLY_BYTES)
-            self._sock.connect(f"ipc://{self.path}")
         try:
             request = C.encode(t, **fields)
         except P.ProtocolError as exc:
             # The daemon would refuse it the same way: say so without a round trip.
             raise CtlError(str(exc), code=exc.code) from None
-        self._sock.send(request)
-        if not self._sock.poll(self.timeout_ms):
-            self._sock.close(0)
-            self._sock = None
-            raise NoDaemon(f"{self.where} did not answer in {self.timeout_ms / 1000:.0f}s")
-        frame: bytes = self._sock.recv()
-        return frame
+        if self._sock is None:
+            self._sock = zmtp.ReqSocket(str(self.path), P.MAX_REPLY_BYTES)
+        try:
+            return self._sock.request(request, self.timeout_ms / 1000)
+        except zmtp.Timeout:
+            seconds = self.timeout_ms / 1000
+            raise NoDaemon(f"{self.where} did not answer in {seconds:.0f}s") from None
+        except PermissionError:
+            raise _denied(Path(self.path)) from None
+        except zmtp.Error as exc:
+            if not exc.sent:
+                # Nothing answers there (a socket file a killed daemon left, say): said at
+                # once, where pyzmq retried the connect in silence until the timeout.
+                raise NoDaemon(f"no profd daemon running at {self.path}: {exc}") from None
+            raise NoDaemon(f"{self.where} did not answer: {exc}") from None
 
     def close(self) -> None:
         if self._sock is not None:
-            self._sock.close(0)
+            self._sock.close()
             self._sock = None
 
 
