@@ -10,8 +10,10 @@ one connection. The simulated clients run on the same machine and compete for it
 
 Targets at 1024 clients: <= 5% of one core, <= 150 MB RSS, ``profctl ps`` and ``profctl top
 --once`` <= 100 ms.
-Baseline: dynolog cannot list attached processes at all, so ps is compared with the same
-daemon idle (0 clients).
+Baselines: the CPU is compared with the transport's floor in the same run (a bare ZeroMQ
+ROUTER receiving as many connections at the same rate, ``transport_floor.py``): what is
+above it is profd's own work. dynolog cannot list attached processes at all, so ps is
+compared with the same daemon idle (0 clients).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import benchlib as B
+from transport_floor import Floor
 
 
 def proc_tree(pid: int) -> list[psutil.Process]:
@@ -258,6 +261,14 @@ def main() -> None:
         if fleet is not None:
             fleet.close()
         d.stop()
+    # The same number of connections at the same rate, received by a bare ROUTER that does
+    # nothing else: what holding them costs any daemon on this machine, in this hour.
+    floor_proc = Floor(n)
+    try:
+        time.sleep(1.0 if quick else 5.0)
+        transport = sample(floor_proc.pid, window, extra_pids=floor_proc.peer_pids)
+    finally:
+        floor_proc.close()
     # The targets are stated for 1024 clients; smaller runs report their numbers unjudged
     # (the comparisons still run, so --quick exercises them).
     at_target = n >= 1024
@@ -277,6 +288,19 @@ def main() -> None:
             spread=f"per-1s p10..p90 {busy['cpu_percent_per_1s']['p10']}.."
             f"{busy['cpu_percent_per_1s']['p90']}; host reference {speed_before}/"
             f"{speed_after} ms",
+        ),
+        B.row(
+            f"daemon CPU above the transport floor, {n} clients",
+            "(profd's own work)",
+            busy["cpu_percent_of_one_core"] - transport["cpu_percent_of_one_core"],
+            "% core",
+            baseline=transport["cpu_percent_of_one_core"],
+            baseline_what="the floor: a bare ROUTER receiving the same (transport_floor.py)",
+            ratio=busy["cpu_percent_of_one_core"] / transport["cpu_percent_of_one_core"]
+            if transport["cpu_percent_of_one_core"]
+            else None,
+            spread=f"floor per-1s p10..p90 {transport['cpu_percent_per_1s']['p10']}.."
+            f"{transport['cpu_percent_per_1s']['p90']}; ratio: daemon / floor",
         ),
         B.row(
             f"daemon RSS, {n} clients",
@@ -330,6 +354,8 @@ def main() -> None:
         "clients": n,
         "idle": idle,
         "busy": busy,
+        # A bare ROUTER receiving the same connections at the same rate (transport_floor.py).
+        "transport_floor": transport,
         "ps_idle": idle_ps,
         "ps_busy": busy_ps,
         "top_idle": idle_top,

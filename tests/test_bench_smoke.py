@@ -210,7 +210,11 @@ def check_daemon(res: dict[str, Any]) -> None:
     # told apart in the round trip's row.
     assert all(len(d["gc"][k]["passes"]) == 3 for k in ("busy_start", "busy_end", "after_requests"))
     assert "over the requests" in res["rows"][-1]["spread"], metrics(res)
-    assert len(res["rows"]) == 5, metrics(res)
+    # The transport's floor in the same run: a bare ROUTER that received the same traffic.
+    floor = d["transport_floor"]
+    assert floor["cpu_percent_of_one_core"] > 0 and floor["clients_cpu_percent"] is not None
+    assert res["rows"][1]["baseline"] == round(floor["cpu_percent_of_one_core"], 4)
+    assert len(res["rows"]) == 6, metrics(res)
 
 
 def check_index(res: dict[str, Any]) -> None:
