@@ -4,8 +4,8 @@ It registers (``hello``), heartbeats, turns ``arm``/``disarm`` pushes into comma
 training thread, and delivers the training thread's reports, keeping each one until the
 daemon acks it. If the daemon sends nothing for three of its answer intervals (the heartbeat
 interval, times the welcome's ``acks``: our hello asks for ``quiet`` answers, one every few
-heartbeats) the agent drops the socket and registers again, so a restarted daemon sees the
-process within seconds.
+heartbeats) the agent drops the socket and registers again. A restarted daemon answers the
+next heartbeat with "say hello first", and the agent registers again at once.
 Nothing here can raise into training code: every failure ends in a retry.
 """
 
