@@ -386,11 +386,13 @@ def open_tables(
     overlays: Sequence[Overlay] = (),
     progress: Callable[[str], None] | None = None,
     native: bool | None = None,
+    read: dict[str, Listed] | None = None,
 ) -> Any:
     """A :func:`locked` connection with every table as a view: ``tables`` with their
     objects and overlays (DuckDB's reader on local disk, pyarrow's from S3, or as
     ``native`` says), the others empty. Only ``tables`` are listed: a listing is most of
-    a small query's time in S3."""
+    a small query's time in S3. ``read``, when given, gets every object the views read, as
+    the listing showed it."""
     local = is_local(loc)
     native = local if native is None else native and local
     con = locked([loc.root] if local else [])
@@ -409,6 +411,9 @@ def open_tables(
         p = plan(listed, here, tokens, lambda fleet: held_by(loc, fleet))
         files = {f: listed[f] for f in p.writers(listed)}
         fleets = {f: listed[f] for f in p.fleets}
+        if read is not None:
+            read.update(files)
+            read.update(fleets)
         fleet = fleet_sql(con, loc, name, fleets, p, native)
         if native and files:
             native_view(con, loc, name, mine, files, fleet)
@@ -440,17 +445,6 @@ def _check_overlays(
                 raise StaleOverlay(f"{o.stem} sealed {table} of {o.part[:10]} meanwhile")
 
 
-#: How a read of an object deleted since the listing fails (from S3; on local disk, through
-#: pyarrow and through DuckDB), and of a day object of another size since (rewritten in
-#: place to take a sealed day's late rows): read at its listed size, it has no footer there,
-#: or what stands where its footer's length said is not one.
-_GONE = (
-    "NO_SUCH_KEY",
-    "No such file or directory",
-    "No files found that match",
-    "Parquet magic bytes not found",
-    "Couldn't deserialize thrift",
-)
 #: Times :func:`query` runs a query whose objects went while it read them before it gives up.
 QUERY_TRIES = 3
 
@@ -469,21 +463,38 @@ def query(
     deletes). An object listed and deleted before it was read (a superseded fleet object or
     hourly object, after its grace period), or rewritten in place (a sealed day's late
     rows), fails the read; the tables are listed again and the query run again, at most
-    :data:`QUERY_TRIES` times."""
+    :data:`QUERY_TRIES` times. A query that fails with every object as it was listed fails
+    as it is (an error of its own)."""
     wanted = tuple(tables)
     for attempt in range(QUERY_TRIES):
-        con = open_tables(loc, wanted, overlays, progress)
+        read: dict[str, Listed] = {}
+        con = open_tables(loc, wanted, overlays, progress, read=read)
         if progress is not None:
             progress("querying")
         try:
             return run_sql(con, sql, params)
-        except WarehouseError as exc:
-            if attempt + 1 < QUERY_TRIES and any(g in str(exc) for g in _GONE):
+        except WarehouseError:
+            # What the read of a changed object says depends on where it lands (S3's
+            # NoSuchKey, "No such file", no Parquet magic or no thrift footer where the
+            # listed size put it): the listing, not the message, tells.
+            if attempt + 1 < QUERY_TRIES and _changed(loc, wanted, read):
                 continue
             raise
         finally:
             con.close()
     raise AssertionError("unreachable")  # the last try returns or raises
+
+
+def _changed(loc: Location, tables: Iterable[str], read: Mapping[str, Listed]) -> bool:
+    """Whether an object of ``read`` was deleted or replaced (another token) since it was
+    listed. A listing that fails now says nothing changed: the query's error stands."""
+    now: dict[str, Listed] = {}
+    try:
+        for name in tables:
+            now.update(_listing(loc, name))
+    except WarehouseError:
+        return False
+    return any(now.get(path) != was for path, was in read.items())
 
 
 def run_sql(con: Any, sql: str, params: Mapping[str, Any] | None = None) -> pa.Table:

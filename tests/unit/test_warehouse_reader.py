@@ -427,3 +427,39 @@ def jm_rows(n: int, node: str = "n") -> pa.Table:
     cols: dict[str, list[Any]] = {f.name: [None] * n for f in SCHEMAS["job_minutes"]}
     cols.update(job=["j"] * n, role=["r"] * n, minute=[t] * n, node=[node] * n)
     return pa.table(cols, schema=SCHEMAS["job_minutes"])
+
+
+def test_a_query_that_fails_with_its_objects_unchanged_runs_once(tmp_path: Path) -> None:
+    """A query runs again only when an object it read changed since its listing (deleted,
+    or rewritten: tests/unit/test_warehouse_fleet.py), told by listing again, never by what
+    the error says: here the query's own error quotes what a missing object's read says."""
+    put(tmp_path, "incidents", "2026-03-01", A, incidents("a1"))
+    said: list[str] = []
+    sql = "SELECT CAST('No such file or directory: Parquet magic bytes not found' AS INTEGER)"
+    with pytest.raises(R.WarehouseError, match="Could not convert string"):
+        R.query(R.locate(str(tmp_path)), ["incidents"], [], sql + " FROM incidents", None,
+                said.append)  # fmt: skip
+    assert said.count("querying") == 1, said
+
+
+def test_a_query_whose_object_went_while_it_ran_runs_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An object deleted between the listing and the read fails the read (whatever the
+    engine says of it): the tables are listed again, and the query runs on what is there."""
+    put(tmp_path, "incidents", "2026-03-01", A, incidents("a1"))
+    put(tmp_path, "incidents", "2026-03-01", B, incidents("b1"))
+    said: list[str] = []
+    real = R.run_sql
+    gone = tmp_path / object_key("incidents", "2026-03-01", B)
+
+    def delete_then_run(con: Any, sql: str, params: Any = None) -> pa.Table:
+        if gone.exists():  # after the first listing, before its read: as a hand-over would
+            gone.unlink()
+        return real(con, sql, params)
+
+    monkeypatch.setattr(R, "run_sql", delete_then_run)
+    got = R.query(R.locate(str(tmp_path)), ["incidents"], [], "SELECT id FROM incidents",
+                  None, said.append)  # fmt: skip
+    assert got.to_pylist() == [{"id": "a1"}]
+    assert said.count("querying") == 2, said
