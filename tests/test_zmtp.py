@@ -4,6 +4,7 @@ silent, gone, restarted or not ZeroMQ at all, and libzmq's own heartbeats."""
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import threading
 import time
@@ -194,6 +195,50 @@ def test_a_peer_that_is_not_zeromq_is_named(path: Path) -> None:
         with pytest.raises(zmtp.Error, match="does not speak ZMTP 3") as exc:
             zmtp.ReqSocket(str(path), 1000).request(b"q", 10)
         assert not exc.value.sent
+    finally:
+        t.join(5)
+        srv.close()
+
+
+def _greeting() -> bytes:
+    return b"\xff" + bytes(8) + b"\x7f\x03\x00" + b"NULL".ljust(20, b"\0") + bytes(32)
+
+
+@pytest.mark.parametrize(
+    "after_greeting",
+    [
+        b"\x06" + (1 << 62).to_bytes(8, "big"),  # a command "of" 4 EiB
+        b"\x06" + (2**64 - 1).to_bytes(8, "big"),
+        b"\x04\x05\x05READY",  # READY without its Socket-Type
+        b"\x04\x00",  # an empty command
+        b"\x00\x01x",  # a message before READY
+        b"\xf0\x00",  # flags no ZMTP has
+    ],
+    ids=["huge-command", "largest-size", "no-socket-type", "empty-command", "early", "flags"],
+)
+def test_a_lying_peer_is_an_error_never_a_crash_or_a_wait(
+    path: Path, after_greeting: bytes
+) -> None:
+    srv = socket.socket(socket.AF_UNIX)
+    srv.bind(str(path))
+    srv.listen(1)
+
+    def speak() -> None:
+        conn, _ = srv.accept()
+        conn.sendall(_greeting() + after_greeting)
+        conn.settimeout(5)
+        with contextlib.suppress(OSError):  # open until the client gives up: no EOF to blame
+            while conn.recv(4096):
+                pass
+        conn.close()
+
+    t = threading.Thread(target=speak)
+    t.start()
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(zmtp.Error):
+            zmtp.ReqSocket(str(path), 1000).request(b"q", 10)
+        assert time.monotonic() - t0 < 2.5, "it waited for more of a frame no peer would send"
     finally:
         t.join(5)
         srv.close()

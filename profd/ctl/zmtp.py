@@ -24,6 +24,13 @@ _GREETING: Final = b"\xff" + bytes(8) + b"\x7f" + b"\x03\x00" + b"NULL".ljust(20
 _MORE, _LONG, _COMMAND = 0x01, 0x02, 0x04
 #: The peer types a REQ may talk to.
 _PEERS: Final = (b"ROUTER", b"REP")
+#: The longest command taken (READY's metadata, a PING, an ERROR are a few dozen bytes).
+_MAX_COMMAND: Final = 1 << 16
+#: The most frames a reply may have (profd's: the delimiter and one).
+_MAX_FRAMES: Final = 8
+#: The most bytes asked of one ``recv``: a long frame is read in pieces, never allocated
+#: whole on the word of its header.
+_CHUNK: Final = 1 << 22
 
 
 class Error(Exception):
@@ -97,14 +104,22 @@ class ReqSocket:
         connection is closed, and the next request makes a new one."""
         self._deadline = time.monotonic() + timeout_s
         self._sent = False
+        if self._sock is not None and self._gone():
+            self.close()  # the daemon restarted since the last request: a new connection
+        kept = self._sock is not None
         try:
-            if self._sock is not None and self._gone():
-                self.close()  # the daemon restarted since the last request: a new connection
             if self._sock is None:
                 self._connect()
             self._send(_frame(b"", more=True) + _frame(payload, more=False))
             self._sent = True
             return self._reply()
+        except Error as exc:
+            self.close()
+            if kept and not exc.sent:
+                # A kept connection the peer closed after sending something unread: the
+                # request never left, so it goes once more, on a new connection.
+                return self.request(payload, max(0.0, self._deadline - time.monotonic()))
+            raise
         except BaseException:
             self.close()
             raise
@@ -126,7 +141,10 @@ class ReqSocket:
             raise Error("nothing listens on it", sent=False) from None
         except TimeoutError:
             raise Timeout("the connection was not accepted in time", sent=False) from None
-        # PermissionError goes up as it is: the caller says whose directory it is.
+        except PermissionError:
+            raise  # as it is: the caller says whose directory it is
+        except OSError as exc:  # a full listen backlog (EAGAIN), say
+            raise Error(f"cannot connect: {exc.strerror or exc}", sent=False) from None
         # The greeting and READY in one write, and the peer's read back: one round trip
         # through the daemon's I/O thread (busy at 1,024 clients) instead of two. libzmq
         # reads a READY that follows the greeting as the handshake goes on (the request in
@@ -161,16 +179,20 @@ class ReqSocket:
 
     def _reply(self) -> bytes:
         frames: list[bytes] = []
+        total = 0
         while True:
             flags, size = self._header()
             if flags & _COMMAND:
                 self._on_command(self._read(size))
                 continue
-            if size > self.max_reply:
+            total += size
+            if total > self.max_reply:
                 raise Error(f"a reply frame of {size} bytes (the limit is {self.max_reply})", True)
             frames.append(self._read(size))
             if not flags & _MORE:
                 break
+            if len(frames) >= _MAX_FRAMES:
+                raise Error(f"a reply of more than {_MAX_FRAMES} frames", sent=True)
         # A REQ reply is the empty delimiter, then the message: profd's is one frame.
         if len(frames) != 2 or frames[0] != b"":
             raise Error(f"a reply of {len(frames)} frames is not a profd reply", sent=True)
@@ -197,6 +219,8 @@ class ReqSocket:
         if flags & ~(_MORE | _LONG | _COMMAND):
             raise Error(f"a frame with unknown flags {flags:#x}", sent=self._sent)
         size = int.from_bytes(self._read(8 if flags & _LONG else 1), "big")
+        if flags & _COMMAND and size > _MAX_COMMAND:
+            raise Error(f"a command of {size} bytes from the peer", sent=self._sent)
         return flags, size
 
     # --- bytes ----------------------------------------------------------------------------
@@ -215,6 +239,8 @@ class ReqSocket:
             raise Timeout("the peer took no more of the request", sent=self._sent) from None
         except (BrokenPipeError, ConnectionResetError):
             raise Error("the peer closed the connection", sent=self._sent) from None
+        except OSError as exc:
+            raise Error(f"cannot send: {exc.strerror or exc}", sent=self._sent) from None
 
     def _read(self, n: int) -> bytes:
         assert self._sock is not None
@@ -222,11 +248,13 @@ class ReqSocket:
         while len(buf) < n:
             try:
                 self._sock.settimeout(self._left())
-                chunk = self._sock.recv(max(65536, n - len(buf)))
+                chunk = self._sock.recv(min(_CHUNK, max(65536, n - len(buf))))
             except TimeoutError:
                 raise Timeout("no answer in time", sent=self._sent) from None
             except ConnectionResetError:
                 chunk = b""
+            except OSError as exc:
+                raise Error(f"cannot read: {exc.strerror or exc}", sent=self._sent) from None
             if not chunk:
                 raise Error("the peer closed the connection", sent=self._sent)
             buf += chunk

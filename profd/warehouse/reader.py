@@ -412,7 +412,10 @@ def open_tables(
         files = {f: listed[f] for f in p.writers(listed)}
         fleets = {f: listed[f] for f in p.fleets}
         if read is not None:
-            read.update(files)
+            # Not the objects an overlay stands in for: they are never read (and the node's
+            # own hours are rewritten at every flush).
+            replaced = set(replaced_paths(loc, name, mine))
+            read.update((f, n) for f, n in files.items() if f not in replaced)
             read.update(fleets)
         fleet = fleet_sql(con, loc, name, fleets, p, native)
         if native and files:
@@ -465,29 +468,40 @@ def query(
     rows), fails the read; the tables are listed again and the query run again, at most
     :data:`QUERY_TRIES` times. A query that fails with every object as it was listed fails
     as it is (an error of its own)."""
+    import duckdb
+
     wanted = tuple(tables)
     for attempt in range(QUERY_TRIES):
         read: dict[str, Listed] = {}
-        con = open_tables(loc, wanted, overlays, progress, read=read)
-        if progress is not None:
-            progress("querying")
+        con = None
         try:
+            # In the try: DuckDB's reader opens local objects as their views are made.
+            con = open_tables(loc, wanted, overlays, progress, read=read)
+            if progress is not None:
+                progress("querying")
             return run_sql(con, sql, params)
-        except WarehouseError:
+        except StaleOverlay:
+            raise  # the caller asks the node again
+        except (WarehouseError, duckdb.Error) as exc:
             # What the read of a changed object says depends on where it lands (S3's
             # NoSuchKey, "No such file", no Parquet magic or no thrift footer where the
             # listed size put it): the listing, not the message, tells.
             if attempt + 1 < QUERY_TRIES and _changed(loc, wanted, read):
                 continue
-            raise
+            if isinstance(exc, WarehouseError):
+                raise
+            raise WarehouseError(f"reading {loc.url}: {_one_line(exc)}") from None
         finally:
-            con.close()
+            if con is not None:
+                con.close()
     raise AssertionError("unreachable")  # the last try returns or raises
 
 
 def _changed(loc: Location, tables: Iterable[str], read: Mapping[str, Listed]) -> bool:
     """Whether an object of ``read`` was deleted or replaced (another token) since it was
     listed. A listing that fails now says nothing changed: the query's error stands."""
+    if not read:
+        return False
     now: dict[str, Listed] = {}
     try:
         for name in tables:

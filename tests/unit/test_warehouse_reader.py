@@ -463,3 +463,26 @@ def test_a_query_whose_object_went_while_it_ran_runs_again(
                   None, said.append)  # fmt: skip
     assert got.to_pylist() == [{"id": "a1"}]
     assert said.count("querying") == 2, said
+
+
+def test_an_object_gone_before_its_view_is_made_is_listed_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On local disk DuckDB opens the objects as their view is made, before the query: an
+    object deleted between the listing and then fails there, and is listed again too."""
+    put(tmp_path, "incidents", "2026-03-01", A, incidents("a1"))
+    put(tmp_path, "incidents", "2026-03-01", B, incidents("b1"))
+    gone = tmp_path / object_key("incidents", "2026-03-01", B)
+    real = R.native_view
+    views: list[str] = []
+
+    def delete_then_view(con: Any, loc: Any, table: str, *rest: Any) -> None:
+        views.append(table)
+        if gone.exists():
+            gone.unlink()
+        real(con, loc, table, *rest)
+
+    monkeypatch.setattr(R, "native_view", delete_then_view)
+    got = R.query(R.locate(str(tmp_path)), ["incidents"], [], "SELECT id FROM incidents")
+    assert got.to_pylist() == [{"id": "a1"}]
+    assert views == ["incidents", "incidents"]
