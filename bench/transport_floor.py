@@ -20,8 +20,10 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -131,17 +133,20 @@ def peers(path: str, count: int, hb: float) -> None:
 class Floor:
     """The ROUTER and its peers as processes: :attr:`pid` is the ROUTER's, to sample."""
 
-    def __init__(self, n: int, procs: int = 4, hb: float = 1.0, where: Path | None = None):
-        self.dir = where or Path(f"/tmp/profd-floor-{os.getpid()}")
-        self.dir.mkdir(parents=True, exist_ok=True)
+    def __init__(self, n: int, procs: int = 4, hb: float = 1.0) -> None:
+        self.dir = Path(tempfile.mkdtemp(prefix="profd-floor-"))
         path = str(self.dir / "floor.sock")
         env = dict(os.environ)
         self.procs: list[subprocess.Popen[str]] = []
-        self.router = self._spawn(["router", path, str(hb)], env)
-        per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
-        for k in per:
-            if k:
-                self._spawn(["peers", path, str(k), str(hb)], env)
+        try:
+            self.router = self._spawn(["router", path, str(hb)], env)
+            per = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+            for k in per:
+                if k:
+                    self._spawn(["peers", path, str(k), str(hb)], env)
+        except BaseException:
+            self.close()  # the processes already started, and the directory
+            raise
 
     def _spawn(self, args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
         p = subprocess.Popen(
@@ -169,9 +174,7 @@ class Floor:
             p.kill()
         for p in self.procs:
             p.wait()
-        for f in self.dir.glob("*"):
-            f.unlink()
-        self.dir.rmdir()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
 
 def main() -> None:

@@ -187,7 +187,7 @@ class ReqSocket:
                 continue
             total += size
             if total > self.max_reply:
-                raise Error(f"a reply frame of {size} bytes (the limit is {self.max_reply})", True)
+                raise Error(f"a reply of {total} bytes (the limit is {self.max_reply})", True)
             frames.append(self._read(size))
             if not flags & _MORE:
                 break
