@@ -126,8 +126,10 @@ def top_latency(d: B.Daemon, cli_runs: int, raw_runs: int) -> dict[str, Any] | N
     return ps_latency(d, cli_runs, raw_runs, "top", ("--once",))
 
 
-def python_floor(runs: int) -> dict[str, Any]:
-    """Interpreter start + profctl's imports: the floor under any Python CLI's latency."""
+def python_floor(runs: int, env: dict[str, str]) -> dict[str, Any]:
+    """Interpreter start + profctl's imports: the floor under any Python CLI's latency
+    (``env``: profctl's, and ``-P``: the current directory kept off ``sys.path``, so its
+    modules come from where the ``profctl`` script's do)."""
     out = {}
     for name, code in (
         ("python -c pass", "pass"),
@@ -136,7 +138,7 @@ def python_floor(runs: int) -> dict[str, Any]:
         ts = []
         for _ in range(runs):
             t0 = time.perf_counter()
-            subprocess.run([sys.executable, "-c", code], check=True)
+            subprocess.run([sys.executable, "-P", "-c", code], check=True, env=env)
             ts.append((time.perf_counter() - t0) * 1000)
         out[name] = B.summary(ts, 1)
     return out
@@ -224,7 +226,15 @@ def main() -> None:
         help="also sample the busy daemon's stacks with py-spy for SECONDS and report where "
         "its main loop's time goes (share of busy samples per function, inclusive)",
     )
+    ap.add_argument(
+        "--daemon-from",
+        metavar="TREE",
+        default=None,
+        help="run profd and profctl from the source tree TREE (a worktree of the commit to "
+        "compare with), the harness and the simulated clients from this one",
+    )
     args = ap.parse_args()
+    daemon_env = B.daemon_from(args.daemon_from)
     started = time.monotonic()
     quick = args.quick
     n = args.clients or (16 if quick else 1024)
@@ -233,7 +243,7 @@ def main() -> None:
     window = 2.0 if quick else 60.0
     cli_runs, raw_runs = (2, 20) if quick else (20, 200)
     speed_before = host_speed()
-    d = B.Daemon(heartbeat=1.0).start()
+    d = B.Daemon(heartbeat=1.0, extra_env=daemon_env).start()
     fleet = None
     try:
         time.sleep(1.0)
@@ -251,7 +261,7 @@ def main() -> None:
         busy_ps = ps_latency(d, cli_runs, raw_runs)
         busy_top = top_latency(d, cli_runs, raw_runs)
         gc1 = d.request("status").get("gc")
-        floor = python_floor(cli_runs)
+        floor = python_floor(cli_runs, d.env())
         speed_after = host_speed()
         profile = loop_profile(d.pid, args.profile) if args.profile > 0 else None
     except BaseException:
@@ -369,7 +379,13 @@ def main() -> None:
         "gc": {"busy_start": gc0, "busy_end": gc_busy, "after_requests": gc1},
         "baseline": "dynolog has no way to list attached processes; compared with 0 clients",
     }
-    params = {"clients": n, "window_s": window, "cli_runs": cli_runs, "raw_runs": raw_runs}
+    params = {
+        "clients": n,
+        "window_s": window,
+        "cli_runs": cli_runs,
+        "raw_runs": raw_runs,
+        "daemon_from": args.daemon_from,
+    }
     B.write_result("daemon", args.out, quick, params, rows, details, started)
 
 

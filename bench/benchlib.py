@@ -12,6 +12,7 @@ import math
 import os
 import platform
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -34,8 +35,9 @@ from daemonproc import free_port as free_port  # noqa: E402
 from daemonproc import wait_for as wait_for  # noqa: E402
 
 
-def compile_sources() -> None:
-    """Byte-compile profd and the client, as ``pip install`` does for an installed package.
+def compile_sources(root: Path = ROOT) -> None:
+    """Byte-compile profd and the client of the source tree at ``root``, as ``pip install``
+    does for an installed package.
 
     An editable checkout under ``PYTHONDONTWRITEBYTECODE=1`` (this machine sets it) compiles
     profd's sources again in every new process: ~35 ms of each ``profctl`` command that no
@@ -44,10 +46,35 @@ def compile_sources() -> None:
     import compileall
 
     for d in ("profd", "client"):
-        compileall.compile_dir(str(ROOT / d), quiet=1)
+        compileall.compile_dir(str(root / d), quiet=1)
+
+
+def daemon_from(tree: str | None) -> dict[str, str]:
+    """The environment that runs ``profd`` and ``profctl`` from another source tree (a
+    worktree of the commit to compare with: its ``profd/`` and ``client/`` first on
+    ``PYTHONPATH``), everything else (the harness, the simulated clients) from this one: a
+    paired A/B with one harness. Give both sides a tree, this checkout included, so both
+    pay the same extra path lookups on import. ``{}`` for None."""
+    if tree is None:
+        return {}
+    root = Path(tree).resolve()
+    if not (root / "profd" / "__init__.py").is_file():
+        raise SystemExit(f"--daemon-from {tree}: no profd/ package there")
+    compile_sources(root)
+    return {"PYTHONPATH": f"{root}{os.pathsep}{root / 'client'}"}
 
 
 compile_sources()
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    # SIGTERM ends a benchmark as Ctrl-C does: through its ``finally`` blocks, which stop the
+    # daemon, the simulated clients and the floor's processes it started (the default
+    # action would leave them running, and the next run would measure beside them).
+    raise SystemExit(128 + signum)
+
+
+signal.signal(signal.SIGTERM, _exit_on_sigterm)
 
 RESULT_KEYS = ("name", "quick", "date", "machine", "params", "rows", "details", "wall_s")
 

@@ -39,6 +39,9 @@ LANES = (
     ("idle", "daemon", "stall", "cluster", "metrics", "stacks", "report", "hostile", "s3",
      "warehouse"),
 )  # fmt: skip
+#: More arguments for a benchmark: the daemon's runs its profd from a source tree (this
+#: checkout), as a paired A/B against another commit does with that commit's worktree.
+EXTRA = {"daemon": f"--daemon-from {ROOT}"}
 #: One worker runs the lanes (``--dist loadgroup``): each worker given a test of this file
 #: would otherwise start every benchmark again.
 pytestmark = pytest.mark.xdist_group("bench_smoke")
@@ -65,7 +68,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         # One shell per lane runs its benchmarks one after another; each test waits for the
         # marker file its benchmark's exit code goes into.
         script = " ; ".join(
-            f"{sys.executable} {BENCH / f'bench_{n}.py'} --quick --out {out}"
+            f"{sys.executable} {BENCH / f'bench_{n}.py'} --quick --out {out} {EXTRA.get(n, '')}"
             f" > {out / f'{n}.log'} 2>&1 ; echo $? > {out / f'{n}.rc'}"
             for n in lane
         )
@@ -197,6 +200,7 @@ def check_daemon(res: dict[str, Any]) -> None:
     d = res["details"]
     n = d["clients"]
     assert n > 4, "more clients than worker processes"
+    assert res["params"]["daemon_from"] == str(ROOT)
     assert d["ps_busy"]["rows"] == n and d["ps_busy"]["cli_rows"] == n, d["ps_busy"]
     assert d["ps_idle"]["rows"] == 0
     assert d["busy"]["clients_cpu_percent"] is not None
@@ -215,6 +219,17 @@ def check_daemon(res: dict[str, Any]) -> None:
     assert floor["cpu_percent_of_one_core"] > 0 and floor["clients_cpu_percent"] is not None
     assert res["rows"][1]["baseline"] == round(floor["cpu_percent_of_one_core"], 4)
     assert len(res["rows"]) == 6, metrics(res)
+
+
+def test_a_daemon_from_no_source_tree_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+    r = subprocess.run(
+        [sys.executable, BENCH / "bench_daemon.py", "--quick", "--out", tmp_path,
+         "--daemon-from", tmp_path],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 1, r
+    assert r.stderr == f"--daemon-from {tmp_path}: no profd/ package there\n"
+    assert not list(tmp_path.iterdir())
 
 
 def check_index(res: dict[str, Any]) -> None:
