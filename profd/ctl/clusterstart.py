@@ -27,6 +27,7 @@ from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
 from profd.states import combine, is_terminal
 from profd_client import protocol as P
+from profd_client.protocol.envelope import ErrorCode
 from profd_client.ranks import unmatched
 
 
@@ -58,11 +59,11 @@ def plan_cluster(spec: dict[str, Any], answers: list[Answer]) -> ClusterPlan:
         else:
             left_out[a.node.address] = a.why
     if not found:
-        raise CtlError("no attached process matches on any answering node", code="no_match")
+        raise CtlError("no attached process matches on any answering node", code=ErrorCode.NO_MATCH)
     jobs = sorted({c["job"] for _, c, _ in found})
     if len(jobs) > 1:
         raise CtlError(
-            f"selector matches several jobs ({', '.join(jobs)}): add --job", code="no_match"
+            f"selector matches several jobs ({', '.join(jobs)}): add --job", code=ErrorCode.NO_MATCH
         )
     states = [
         planner.TargetState(
@@ -83,7 +84,7 @@ def plan_cluster(spec: dict[str, Any], answers: list[Answer]) -> ClusterPlan:
     except Refused as exc:
         raise CtlError(str(exc), code=exc.code) from None
     except sch.ScheduleError as exc:
-        raise CtlError(str(exc), code="bad_request") from None
+        raise CtlError(str(exc), code=ErrorCode.BAD_REQUEST) from None
     targets: dict[NodeLike, list[dict[str, Any]]] = {}
     for node, c, _ in found:
         targets.setdefault(node, []).append(c)

@@ -11,7 +11,7 @@ from typing import Any
 
 from profd import control_schema as C
 from profd.ctl import zmtp
-from profd.ctl.errors import CtlError, NoDaemon
+from profd.ctl.errors import CtlCode, CtlError, NoDaemon
 from profd.ctl.nodes import Answer, Fields, NodeLike
 from profd_client.locations import locate_socket
 from profd_client.protocol import envelope as P
@@ -35,7 +35,7 @@ class Connection:
         return CtlError(
             f"refusing {self.untrusted}; set --runtime-dir or PROFD_RUNTIME_DIR to the"
             " daemon's runtime dir",
-            code="untrusted",
+            code=CtlCode.UNTRUSTED,
         )
 
     def _missing(self) -> CtlError:
@@ -155,17 +155,18 @@ def decode_reply(frame: bytes, where: str) -> Any:
     try:
         msg = P.decode(frame, C.REPLY_INBOUND, reply=True)
     except P.ProtocolError as exc:
-        if exc.code == "version":
+        if exc.code == P.ErrorCode.VERSION:
             raise CtlError(
                 f"{where} answered in another protocol version ({exc});"
                 " upgrade profctl or the daemon so they match",
-                code="version",
+                code=P.ErrorCode.VERSION,
             ) from None
         raise CtlError(f"bad reply from {where}: {exc}", code=exc.code) from None
     if msg["t"] == P.ERROR:
-        if msg["code"] == "version":
+        if msg["code"] == P.ErrorCode.VERSION:
             raise CtlError(
-                f"{where} does not speak this profctl's protocol: {msg['msg']}", code="version"
+                f"{where} does not speak this profctl's protocol: {msg['msg']}",
+                code=P.ErrorCode.VERSION,
             )
         raise CtlError(msg["msg"], code=msg["code"])
     return msg.get("data")
@@ -175,5 +176,5 @@ def _denied(path: Path) -> CtlError:
     return CtlError(
         f"permission denied on {path}: run as the daemon's user or a member of its group"
         " ([daemon] group in profd.toml)",
-        code="permission",
+        code=P.ErrorCode.PERMISSION,
     )

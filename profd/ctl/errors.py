@@ -9,11 +9,37 @@ profctl's key (authentication failed). docs/configuration.md has the table.
 
 from __future__ import annotations
 
+import enum
+
+from profd_client.protocol.envelope import ErrorCode
+
+
+class CtlCode(enum.StrEnum):
+    """The ``code`` of a failure profctl finds itself (the ``code`` in ``--json``'s
+    ``{"error", "code"}``); a daemon's refusal keeps the daemon's code (``ErrorCode``, or
+    one this profctl does not know, passed on as it came). Where a daemon's code means the
+    same, profctl uses it (``ErrorCode.PERMISSION``, ``ErrorCode.NOT_FOUND``).
+    docs/configuration.md lists them; a unit test keeps the two the same."""
+
+    ERROR = "error"  # any other failure
+    NO_DAEMON = "no_daemon"  # nothing answers on the local control socket (exit 3)
+    USAGE = "usage"  # a bad argument found past click's checks (exit 2)
+    TIMEOUT = "timeout"  # ``start --wait --timeout`` gave up; the session is live (exit 6)
+    AUTH = "auth"  # ``--cluster``: no node answered, and some refused the key (exit 5)
+    NO_ANSWER = "no_answer"  # ``--cluster``: no node answered in time (exit 4)
+    UNTRUSTED = "untrusted"  # the control socket is not the daemon's (its owner, its mode)
+    PROTOCOL = "protocol"  # the daemon's warehouse reply, or the warehouse, unreadable
+    SQL = "sql"  # ``query``: DuckDB refused the SQL
+    IO = "io"  # ``query``: the warehouse could not be read
+    BAD_CONFIG = "bad_config"  # a bad S3 setting (``--s3``, ``PROFD_S3_URL``)
+    S3 = "s3"  # S3 refused or could not be reached
+    EMPTY = "empty"  # ``pull``: the session has no files to copy
+
 
 class CtlError(Exception):
     exit_code = 1
 
-    def __init__(self, message: str, code: str = "error") -> None:
+    def __init__(self, message: str, code: str = CtlCode.ERROR) -> None:
         super().__init__(message)
         self.code = code
 
@@ -29,7 +55,7 @@ class NoDaemon(CtlError):
     exit_code = EXIT_NO_DAEMON
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, code="no_daemon")
+        super().__init__(message, code=CtlCode.NO_DAEMON)
 
 
 class BadUsage(CtlError):
@@ -38,7 +64,7 @@ class BadUsage(CtlError):
     exit_code = 2
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, code="usage")
+        super().__init__(message, code=CtlCode.USAGE)
 
 
 #: ``--cluster``: at least one node did not answer in time (down, unreachable, wedged).
@@ -53,14 +79,16 @@ class StillLive(CtlError):
     exit_code = EXIT_STILL_LIVE
 
     def __init__(self, message: str) -> None:
-        super().__init__(message, code="timeout")
+        super().__init__(message, code=CtlCode.TIMEOUT)
 
 
 class NoAnswer(CtlError):
     """No node of the cluster answered: nothing to show, and the exit code says why."""
 
     def __init__(self, message: str, exit_code: int) -> None:
-        super().__init__(message, code="auth" if exit_code == EXIT_AUTH_FAILED else "no_answer")
+        super().__init__(
+            message, code=CtlCode.AUTH if exit_code == EXIT_AUTH_FAILED else CtlCode.NO_ANSWER
+        )
         self.exit_code = exit_code
 
 
@@ -71,4 +99,6 @@ def ranks_text(ranks: list[int]) -> str:
 
 def unmatched_refusal(ranks: list[int], where: str) -> CtlError:
     """``start --strict``: refused because some ``--ranks`` matched nothing (``where``)."""
-    return CtlError(f"--strict: {ranks_text(ranks)} {where}; nothing started", code="no_match")
+    return CtlError(
+        f"--strict: {ranks_text(ranks)} {where}; nothing started", code=ErrorCode.NO_MATCH
+    )

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from profd.control_schema import listing_rows
 from profd.ctl.errors import EXIT_AUTH_FAILED, EXIT_NODES_MISSING, CtlError, NoAnswer
-from profd_client.protocol.envelope import ProtocolError
+from profd_client.protocol.envelope import ErrorCode, ProtocolError
 
 
 class NodeLike(Protocol):
@@ -126,7 +126,7 @@ class Gathered:
         another node might). A node that found a short session id ambiguous is the result
         whatever the others said."""
         errors = [a.error for a in self.answers if a.error is not None]
-        ambiguous = [e for e in errors if e.code == "ambiguous"]
+        ambiguous = [e for e in errors if e.code == ErrorCode.AMBIGUOUS]
         if ambiguous:
             # A short id one node cannot tell apart names no one session, whatever the
             # other nodes found for it.
@@ -135,7 +135,7 @@ class Gathered:
         if ok:
             return ok
         if errors:
-            other = [e for e in errors if e.code != "unknown_session"]
+            other = [e for e in errors if e.code != ErrorCode.UNKNOWN_SESSION]
             raise (other or errors)[0]
         self.require_some()
         raise CtlError("no node answered")

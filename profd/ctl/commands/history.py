@@ -16,6 +16,7 @@ from profd.ctl.main import Env, command
 from profd.ctl.nodes import Answer
 from profd.ctl.render import Column, emit_json, opt, say, table
 from profd.watch.stats import weighted_quantile
+from profd_client.protocol.envelope import ErrorCode
 
 #: A minute whose p50 is at least this many times the first minute shown (of its role) is
 #: marked: "when did it get slower?" reads off the column.
@@ -155,7 +156,7 @@ def history(env: Env, job: str, since: str, until: str | None) -> None:
     if not minutes:
         raise CtlError(
             f"no step times for job {job!r} from {_clock(t0)} to {_clock(t1)}",
-            code="not_found",
+            code=ErrorCode.NOT_FOUND,
         )
     # A daemon answers a range with too many rank-minutes for its newest ones only.
     covered = max(float(a.data["since"]) for a in answers)

@@ -20,11 +20,12 @@ import click
 from profd import control_schema as C
 from profd import fsutil
 from profd.ctl.commands.s3list import child_dirs, ctl_s3, read_manifests, s3_error
-from profd.ctl.errors import CtlError, NoDaemon
+from profd.ctl.errors import CtlCode, CtlError, NoDaemon
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, say, size
 from profd.states import is_terminal
 from profd.store import layout, s3
+from profd_client.protocol.envelope import ErrorCode
 
 _COPY_BUF = 1 << 20
 
@@ -129,7 +130,7 @@ def download_from_s3(client: Any, s3_url: str, session: str) -> Download:
             what = "is not complete" if hits else "not found"
             raise CtlError(
                 f"session {session!r} {what} in {s3_url} (no session.json)",
-                code="unknown_session",
+                code=ErrorCode.UNKNOWN_SESSION,
             )
         if len(complete) > 1:
             names = ", ".join(f"{j}/{s}" for j, s in complete)
@@ -253,7 +254,7 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
         if not s3_url:
             raise
     except CtlError as exc:
-        if exc.code != "unknown_session":
+        if exc.code != ErrorCode.UNKNOWN_SESSION:
             raise
         try:
             urls = [a.data["s3"].get("url") for a in env.gather(C.C_STATUS).answered()]
@@ -276,7 +277,7 @@ def pull(env: Env, session: str, out_dir: str, s3_url: str | None) -> None:
     if download.note:
         say(f"profctl: {download.note}", err=True)
     if not download.items:
-        raise CtlError(f"session {download.session} has no files", code="empty")
+        raise CtlError(f"session {download.session} has no files", code=CtlCode.EMPTY)
     files = fetch(download, Path(out_dir), client_for, quiet=env.json)
     total = sum(f["bytes"] for f in files)
     dest = Path(out_dir).resolve() / download.session

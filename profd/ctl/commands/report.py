@@ -18,6 +18,7 @@ from profd import control_schema as C
 from profd.ctl.errors import CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.render import document, emit_json, say
+from profd_client.protocol.envelope import ErrorCode
 
 S3_OPTION = click.option(
     "--s3", "s3_url", help="Read the session's manifests from S3 (no daemon needed)."
@@ -42,7 +43,9 @@ def _from_s3(session: str, s3_url: str) -> dict[str, Any]:
     try:
         pairs = sorted(set(find_sessions(client, bucket, prefix, session=session)))
         if not pairs:
-            raise CtlError(f"no session {session!r} under {cfg.url}", code="unknown_session")
+            raise CtlError(
+                f"no session {session!r} under {cfg.url}", code=ErrorCode.UNKNOWN_SESSION
+            )
         if len({sid for _, sid in pairs}) > 1:
             ids = ", ".join(sorted({sid for _, sid in pairs}))
             raise CtlError(f"session {session!r} is ambiguous: {ids}")

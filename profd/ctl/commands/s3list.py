@@ -17,7 +17,7 @@ from typing import Any
 
 from profd import globs
 from profd.config import ConfigError, S3Config, load
-from profd.ctl.errors import CtlError
+from profd.ctl.errors import CtlCode, CtlError
 from profd.ctl.render import say
 from profd.store import layout, s3
 
@@ -37,17 +37,17 @@ def ctl_s3(url: str | None) -> tuple[Any, S3Config]:
             raise CtlError("no S3 location: pass --s3 s3://bucket/prefix or set PROFD_S3_URL")
         cfg.bucket_prefix()
     except ConfigError as exc:
-        raise CtlError(str(exc), code="bad_config") from None
+        raise CtlError(str(exc), code=CtlCode.BAD_CONFIG) from None
     s3.quiet_sdk_logs()
     s3.remember_secrets()
     try:
         return s3.make_client(cfg, pool=FETCH_THREADS), cfg
     except Exception as exc:
-        raise CtlError(f"S3: {s3.describe(exc)}", code="s3") from None
+        raise CtlError(f"S3: {s3.describe(exc)}", code=CtlCode.S3) from None
 
 
 def s3_error(exc: BaseException) -> CtlError:
-    return CtlError(f"S3: {s3.describe(exc)}", code="s3")
+    return CtlError(f"S3: {s3.describe(exc)}", code=CtlCode.S3)
 
 
 def child_dirs(client: Any, bucket: str, prefix: str) -> Iterator[str]:

@@ -12,7 +12,7 @@ from profd.ctl.errors import StillLive
 from profd.ctl.main import Env
 from profd.ctl.nodes import Answer, NodeLike
 from profd.ctl.render import say, steps_text
-from profd_client import protocol as P
+from profd.states import is_terminal
 
 #: Polls in a row a node does not answer before it counts as lost (its daemon died).
 LOST_AFTER = 3
@@ -71,7 +71,7 @@ def follow(
         pending = [
             n
             for n in nodes
-            if n not in lost and (n not in last or last[n].data["state"] not in P.SESSION_TERMINAL)
+            if n not in lost and (n not in last or not is_terminal(last[n].data["state"]))
         ]
         if not pending:
             return Followed([last[n] for n in nodes if n in last], lost)

@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import click
 
 from profd.ctl.commands.history import parse_when
-from profd.ctl.errors import BadUsage, CtlError
+from profd.ctl.errors import BadUsage, CtlCode, CtlError
 from profd.ctl.main import Env, command
 from profd.ctl.render import Column, document, emit_json, say, table
 from profd.warehouse import queries as Q
@@ -70,9 +70,11 @@ def _from_daemon(env: Env) -> tuple[str, list[Any]]:
     try:
         return str(data["url"]), overlays_from_reply(data.get("overlays") or [])
     except (KeyError, TypeError, ValueError) as exc:
-        raise CtlError(f"bad warehouse reply from the daemon: {exc}", code="protocol") from None
+        raise CtlError(
+            f"bad warehouse reply from the daemon: {exc}", code=CtlCode.PROTOCOL
+        ) from None
     except WarehouseError as exc:
-        raise CtlError(str(exc), code="protocol") from None
+        raise CtlError(str(exc), code=CtlCode.PROTOCOL) from None
 
 
 def run_query(
@@ -102,7 +104,7 @@ def run_query(
             tables = frozenset(R.tables_of(check, sql))
         check.close()
     except R.WarehouseError as exc:
-        raise CtlError(str(exc), code="sql") from None
+        raise CtlError(str(exc), code=CtlCode.SQL) from None
     overlays: list[Any] = []
     ask = not url
     if ask:
@@ -122,9 +124,9 @@ def run_query(
                     raise
                 _, overlays = _from_daemon(env)
     except R.WarehouseError as exc:
-        raise CtlError(str(exc), code="sql") from None
+        raise CtlError(str(exc), code=CtlCode.SQL) from None
     except OSError as exc:
-        raise CtlError(f"reading {url}: {' '.join(str(exc).split())}", code="io") from None
+        raise CtlError(f"reading {url}: {' '.join(str(exc).split())}", code=CtlCode.IO) from None
     _progress(f"{result.num_rows} rows in {time.monotonic() - t0:.1f}s")
     return result
 

@@ -74,7 +74,7 @@ class AgentHandler:
             msg = P.decode(frame, P.AGENT_INBOUND)
         except P.ProtocolError as exc:
             self.rejected += 1
-            if exc.code == "version":
+            if exc.code == P.ErrorCode.VERSION:
                 self._incompatible(ident, P.version_of(exc.raw), exc.raw)
             self.send(ident, exc.reply())
             return

@@ -124,7 +124,7 @@ class ControlHandler:
             msg = P.decode(frame, C.CONTROL_INBOUND)
         except P.ProtocolError as exc:
             self.rejected += 1
-            if exc.code == "version":
+            if exc.code == P.ErrorCode.VERSION:
                 log.warning("control request in protocol version %s refused", P.version_of(exc.raw))
             return exc.reply()
         v = msg["v"]
