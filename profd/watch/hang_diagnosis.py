@@ -16,7 +16,7 @@ from typing import Any
 
 from profd.watch import flightrec
 from profd.watch import stackgroups as sg
-from profd.watch.incident_record import WITHHELD
+from profd.watch.incident_record import is_withheld
 
 #: The least ``stall_after`` may be by default, and how many of the job's typical steps it
 #: waits (docs/design.md: "the larger of 60 s and 20 x the job's median step time").
@@ -208,15 +208,14 @@ def merge(incidents: Sequence[dict[str, Any]]) -> dict[str, Any]:
             rows.append({**r, "host": r.get("host") or inc["host"]})
     found = diagnose(rows)
     suspects = found.pop("suspects")
-    withheld = [
-        i for i in incidents if str((i.get("evidence") or {}).get("verdict")).startswith(WITHHELD)
-    ]
+    withheld = [i for i in incidents if is_withheld(i.get("evidence") or {})]
     if withheld:
         # Some nodes' stacks are another user's (``incident.seen_by``): their ranks are not
         # in the grouping, and neither the suspects nor the verdict may be guessed without
         # them; each node's own suspects stand.
         suspects = [s for i in incidents for s in i.get("suspects") or ()]
         found["verdict"] = withheld[0]["evidence"]["verdict"]
+        found["withheld"] = True
     evidence = {
         **found,
         "stalled_s": max(float((i.get("evidence") or {}).get("stalled_s") or 0) for i in incidents),

@@ -136,7 +136,14 @@ def seen_by(doc: dict[str, Any], uid: int, privileged: bool) -> dict[str, Any]:
         f"{WITHHELD} they are of {whose} processes (only that user, root and the"
         " daemon's admin group see them)"
     )
+    kept["withheld"] = True
     return {**doc, "evidence": kept}
+
+
+def is_withheld(evidence: dict[str, Any]) -> bool:
+    """Whether ``evidence`` is a hang's with its stacks withheld (:func:`seen_by`). A daemon
+    before the ``withheld`` flag sent the same evidence without it: a verdict but no ranks."""
+    return evidence.get("withheld") is True or ("verdict" in evidence and "ranks" not in evidence)
 
 
 def new_id(kind: str, now: float | None = None) -> str:

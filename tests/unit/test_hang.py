@@ -258,7 +258,25 @@ def test_a_merge_with_a_nodes_stacks_withheld_keeps_each_nodes_suspects_and_says
                         for i in range(4)], 1000.5)  # fmt: skip
     b["owner"] = a["owner"] = 1001
     theirs = [seen_by(i, 7, False) for i in (a, b)]
-    assert all("ranks" not in i["evidence"] for i in theirs)
+    assert all("ranks" not in i["evidence"] and i["evidence"]["withheld"] for i in theirs)
     (one,) = hang.merged(theirs)
     assert one["evidence"]["verdict"].startswith("stacks withheld:")
+    assert one["evidence"]["withheld"] is True
     assert _ids(one["suspects"]) == [4] and "load_batch" not in str(one)
+    # A daemon before the flag withheld the same way, without it: told apart all the same.
+    for i in theirs:
+        del i["evidence"]["withheld"]
+    (older,) = hang.merged(theirs)
+    assert older == one
+
+
+def test_a_verdict_that_reads_like_a_withheld_one_is_not_taken_for_it() -> None:
+    # The job's own code can put any text in a verdict's frames; only the flag (or, from an
+    # older daemon, stacks gone from the evidence) says the stacks were withheld.
+    a = _incident("a", [rank(i, IN_ALLREDUCE, host="a") for i in range(4)], 1000.0)
+    b = _incident("b", [rank(4 + i, IN_LOAD if i == 0 else IN_ALLREDUCE, host="b")
+                        for i in range(4)], 1000.5)  # fmt: skip
+    b["evidence"]["verdict"] = "stacks withheld: not really"
+    (one,) = hang.merged([a, b])
+    assert "withheld" not in one["evidence"]
+    assert not one["evidence"]["verdict"].startswith("stacks withheld:")

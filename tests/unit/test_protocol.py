@@ -100,6 +100,25 @@ def test_start_specs_validate_or_name_the_field(spec: dict[str, Any]) -> None:
         assert str(exc).startswith("spec"), str(exc)
 
 
+@pytest.mark.parametrize(
+    ("roles", "why"),
+    [
+        # The value is a list: what is wrong inside it, not that it is no string.
+        (["ok", 5], "spec.roles[1]: must be a string, got int"),
+        (["ok", ""], "spec.roles[1]: length 0 is not 1..200"),
+        (["r"] * 65, "spec.roles: 65 items, not 0..64"),
+        # Neither kind at all.
+        (5, "spec.roles: must be string of 1..200 or list of string of 1..200, got int"),
+    ],
+)
+def test_a_field_of_several_kinds_names_what_is_wrong_inside_the_kind_given(
+    roles: object, why: str
+) -> None:
+    with pytest.raises(P.ProtocolError) as exc:
+        C.start_spec({"job": "j", "roles": roles, "steps": "next:1"})
+    assert str(exc.value) == why
+
+
 HELLO = {
     "pid": 123,
     "host": "node1",

@@ -85,6 +85,10 @@ class ProtocolError(ValueError):
         self.code = code
         self.path = path  # the field, for bad_request: "start.spec.ranks"
         self.why = why
+        #: The value was not of the kind its field takes at all (a string for a number), as
+        #: opposed to out of its bounds: an alternative of a ``OneOf`` that is not the
+        #: value's kind is passed over on this, never on the text.
+        self.wrong_type = False
         #: Set by :func:`decode`: what the frame unpacked to (None if it was not msgpack),
         #: and the version to answer in, so a peer of another version can read why.
         self.raw: object = None

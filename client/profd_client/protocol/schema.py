@@ -99,7 +99,7 @@ class Int(Field):
         # ``type() is``: bool is an int subclass, and True where a step is wanted is still a
         # type error (msgpack never yields other int subclasses).
         if type(value) is not int:
-            raise _bad(where, f"must be an integer, got {_kind(value)}")
+            raise _not_a(where, "an integer", value)
         if not self.lo <= value <= self.hi:
             raise _bad(where, f"{value} is out of range {self.lo}..{self.hi}")
         return value
@@ -121,7 +121,7 @@ class Num(Field):
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, int | float) or isinstance(value, bool):
-            raise _bad(where, f"must be a number, got {_kind(value)}")
+            raise _not_a(where, "a number", value)
         if not (math.isfinite(value) and self.lo <= value <= self.hi):
             raise _bad(where, f"{value!r} is not a finite number in {self.lo:g}..{self.hi:g}")
         return value
@@ -158,7 +158,7 @@ class Str(Field):
 
     def check(self, value: object, where: str) -> Any:
         if type(value) is not str:
-            raise _bad(where, f"must be a string, got {_kind(value)}")
+            raise _not_a(where, "a string", value)
         if self.name:
             problem = _name_problem(value)
             if problem:
@@ -194,7 +194,7 @@ class Bool(Field):
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, bool):
-            raise _bad(where, f"must be true or false, got {_kind(value)}")
+            raise _not_a(where, "true or false", value)
         return value
 
     def describe(self) -> str:
@@ -235,9 +235,9 @@ class OneOf(Field):
                 errors.append(exc)
         # The value had the right type for one alternative and broke its bounds: say that.
         for err in errors:
-            if not err.why.startswith("must be "):
+            if not err.wrong_type:
                 raise err
-        raise _bad(where, f"must be {self.describe()}, got {_kind(value)}")
+        raise _not_a(where, self.describe(), value)
 
     def describe(self) -> str:
         return " or ".join(a.describe() for a in self.alternatives)
@@ -251,7 +251,7 @@ class ListOf(Field):
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, list):
-            raise _bad(where, f"must be a list, got {_kind(value)}")
+            raise _not_a(where, "a list", value)
         if not self.min_len <= len(value) <= self.max_len:
             raise _bad(where, f"{len(value)} items, not {self.min_len}..{self.max_len}")
         if len(value) >= _COLUMNS and self.item.all_valid(value):
@@ -324,7 +324,7 @@ class Struct(Field):
 
     def check(self, value: object, where: str) -> Any:
         if not isinstance(value, dict):
-            raise _bad(where, f"must be a map, got {_kind(value)}")
+            raise _not_a(where, "a map", value)
         if not self.open:
             unknown = [k for k in value if k not in self.fields]
             if unknown:
@@ -403,6 +403,13 @@ def _fails(check: Callable[[object, str], Any], x: object) -> bool:
 
 def _kind(value: object) -> str:
     return "null" if value is None else type(value).__name__
+
+
+def _not_a(where: str, what: str, value: object) -> ProtocolError:
+    """``value`` at ``where`` is not ``what`` at all (its type, not its bounds)."""
+    exc = _bad(where, f"must be {what}, got {_kind(value)}")
+    exc.wrong_type = True
+    return exc
 
 
 # --- names ---------------------------------------------------------------------------------------
