@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import msgpack
 
+from profd.states import STATES as SESSION_STATES
 from profd_client.protocol.envelope import (
     ERROR,
     MAX_FRAME_BYTES,
@@ -58,7 +59,6 @@ from profd_client.protocol.vocabulary import (
     REVISION,
     SECONDS,
     SESSION_ID,
-    SESSION_STATES,
     SHORT,
     STACK_FRAME,
     STEP,

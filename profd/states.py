@@ -35,19 +35,19 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Final
 
-from profd_client.protocol import REPORT_TERMINAL, SESSION_STATES, SESSION_TERMINAL, TARGET_TERMINAL
-
 #: Live states, least advanced first.
 LIVE: Final = ("pending", "armed", "capturing", "processing")
-#: Every state a session can be in (the wire's vocabulary).
-STATES: Final = SESSION_STATES
 #: A session (or a node's copy of one) in one of these has ended and will not change.
-TERMINAL: Final = SESSION_TERMINAL
-#: How a target ends (one process is never ``partial``): :data:`TARGET_TERMINAL`. What a
-#: client reports when its part is over: :data:`REPORT_TERMINAL` (``stopped``: stopped early,
-#: with what it had captured). Both as the protocol spells them.
-__all__ = ["LIVE", "REPORT_TERMINAL", "STATES", "TARGET_TERMINAL", "TERMINAL", "combine",
-           "is_terminal", "sql_terminal"]  # fmt: skip
+TERMINAL: Final = frozenset({"done", "partial", "failed", "cancelled"})
+#: Every state a session can be in (the control protocol's vocabulary: a training job never
+#: sees a session's state, so these are not the client's).
+STATES: Final = frozenset(LIVE) | TERMINAL
+#: How a target (one process of a session) ends: never ``partial``.
+TARGET_TERMINAL: Final = TERMINAL - {"partial"}
+#: (What a client reports when its part is over is the agent protocol's vocabulary:
+#: ``profd_client.protocol.REPORT_TERMINAL``.)
+__all__ = ["LIVE", "STATES", "TARGET_TERMINAL", "TERMINAL", "combine", "is_terminal",
+           "sql_terminal"]  # fmt: skip
 
 _RANK: Final = {s: i for i, s in enumerate(LIVE)}
 

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from harness import BIN, JOBS, Daemon, Job, wait_for
 
-from profd_client import protocol as P
+from profd.states import TERMINAL
 
 _far = iter(range(900_000, 1 << 40, 10))
 
@@ -50,7 +50,7 @@ def two_ranks(daemon: Daemon, tmp_path: Path) -> Iterator[Daemon]:
 def ended(d: Daemon, sid: str) -> Callable[[], dict[str, Any] | None]:
     def check() -> dict[str, Any] | None:
         s: dict[str, Any] = d.ctl_json("show", sid)
-        return s if s["state"] in P.SESSION_TERMINAL else None
+        return s if s["state"] in TERMINAL else None
 
     return check
 

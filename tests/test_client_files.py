@@ -1,5 +1,5 @@
 """The daemon never follows a path a client controls and believes only the
-kernel about who a peer is (item 3).
+kernel about who a peer is.
 
 Each capture below is reported by a raw peer whose own incoming directory holds something
 other than the trace a client writes: a symlinked cycle dir (the swap that made the wave-1
@@ -23,7 +23,7 @@ from daemonproc import wait_for
 from harness import Daemon
 from rawpeer import HELLO, dealer, pack, recv, reply, spawn_peer
 
-from profd_client import protocol as P
+from profd.states import TERMINAL
 
 SECRET = "root-only secret\n"
 
@@ -52,9 +52,7 @@ class Peer:
                   started_at=1.0, ended_at=2.0, stall_ms=1.0)  # fmt: skip
         self.send("progress", session=sid, state="done", step=2)
         s: dict[str, Any] = wait_for(
-            lambda: (lambda s: s if s["state"] in P.SESSION_TERMINAL else None)(
-                self.d.ctl_json("show", sid)
-            ),
+            lambda: (lambda s: s if s["state"] in TERMINAL else None)(self.d.ctl_json("show", sid)),
             60,
             f"session {sid} to end",
         )

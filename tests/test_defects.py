@@ -22,6 +22,7 @@ from daemonproc import BIN, wait_for
 from harness import Daemon
 from rawpeer import HELLO, dealer, pack, recv, reply, req
 
+from profd.states import TERMINAL
 from profd_client import protocol as P
 
 NOBODY = 65534
@@ -71,9 +72,7 @@ def test_huge_rank_is_refused_and_a_report_cannot_crash_indexing(
     a.send(pack({"v": 1, "t": "progress", "id": 2, "session": sid, "state": "done", "step": 9}))
     recv(a, "ack")
     s = wait_for(
-        lambda: (lambda r: r if r["state"] in P.SESSION_TERMINAL else None)(
-            daemon.ctl_json("show", sid)
-        ),
+        lambda: (lambda r: r if r["state"] in TERMINAL else None)(daemon.ctl_json("show", sid)),
         60,
         "session end",
     )

@@ -21,7 +21,7 @@ from daemonproc import wait_for
 from harness import Daemon, Job
 from rawpeer import TracePeer, small_trace
 
-from profd_client import protocol as P
+from profd.states import TERMINAL
 
 WAIT = 90.0
 
@@ -74,7 +74,7 @@ def show(d: Daemon, sid: str) -> dict[str, Any]:
 
 def ended(d: Daemon, sid: str) -> dict[str, Any] | None:
     s = show(d, sid)
-    return s if s["state"] in P.SESSION_TERMINAL else None
+    return s if s["state"] in TERMINAL else None
 
 
 def files_under(d: Path) -> list[Path]:

@@ -21,7 +21,7 @@ from daemonproc import wait_for
 from harness import BIN, Daemon
 from users import User, group_daemon
 
-from profd_client import protocol as P
+from profd.states import TERMINAL
 
 USERS = ("profd-attacker", "profd-victim")
 PYTHON = str(BIN / "python")
@@ -66,7 +66,7 @@ def test_each_users_traces_are_theirs(setup: tuple[Daemon, User, User]) -> None:
         sid2 = _ok(attacker.ctl("start", "--job", "profd-attacker-job", "--next", "--json"))
         for s in (sid, sid2["session"]):
             end = wait_for(
-                lambda s=s: (lambda x: x if x["state"] in P.SESSION_TERMINAL else None)(
+                lambda s=s: (lambda x: x if x["state"] in TERMINAL else None)(
                     d.ctl_json("show", s)
                 ),
                 90,

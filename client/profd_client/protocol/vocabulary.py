@@ -65,13 +65,6 @@ DEFAULT_BACKEND: Final = "torch"
 #: Set by ``profctl run --nsys`` for the launched job: the nsys session to drive.
 NSYS_SESSION_ENV: Final = "PROFD_NSYS_SESSION"
 
-#: Session states; a session ends in one of the terminal ones.
-SESSION_STATES: Final = frozenset(
-    {"pending", "armed", "capturing", "processing", "done", "partial", "failed", "cancelled"}
-)
-SESSION_TERMINAL: Final = frozenset({"done", "partial", "failed", "cancelled"})
-#: Per-target states (a target is one process in a session).
-TARGET_TERMINAL: Final = frozenset({"done", "failed", "cancelled"})
 #: What a client reports in ``progress``; the terminal ones end its part of a session.
 ReportState = Literal["capturing", "done", "failed", "stopped", "cancelled", "missed", "late"]
 REPORT_STATES: Final = frozenset(get_args(ReportState))

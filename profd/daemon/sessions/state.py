@@ -24,9 +24,10 @@ from profd.daemon.spool.clientfiles import made_dir
 from profd.daemon.spool.spoolperms import SpoolPerms
 from profd.fsutil import atomic_write
 from profd.scheduling.schedule import Cycle, steps_of
-from profd.states import REPORT_TERMINAL, TARGET_TERMINAL, combine, is_terminal
+from profd.states import TARGET_TERMINAL, combine, is_terminal
 from profd.store import layout
 from profd.store.index import SessionRepo
+from profd_client.protocol import REPORT_TERMINAL
 
 #: The error of a target stopped (``profctl stop``) before its capture began.
 STOPPED_EARLY = "stopped before its capture began"
