@@ -1,8 +1,8 @@
 """Thread-safe hand-off into the event loop: workers report back, the loop acts.
 
-Worker threads (pipeline callbacks, the sampler, uploaders) call :meth:`Reactor.call_soon`;
-the loop polls :attr:`fd` together with its ZeroMQ sockets and runs the calls in order. This
-keeps one owner (the loop thread) for the registry and the sessions.
+Worker threads (pipeline callbacks, the process-statistics thread, uploaders) call
+:meth:`Reactor.call_soon`; the loop polls :attr:`fd` together with its ZeroMQ sockets and
+runs the calls in order. This keeps one owner (the loop thread) for the registry and the sessions.
 """
 
 from __future__ import annotations

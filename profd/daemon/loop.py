@@ -497,8 +497,8 @@ class Daemon:
         procstats = ProcStats(
             self.cfg.sample_interval,
             # The process-statistics thread reads a snapshot the loop publishes, never the registry.
-            pids=lambda: list(liveness.sample_pids),
-            report=lambda samples: self.reactor.call_soon(liveness.on_samples, samples),
+            pids=lambda: list(liveness.read_pids),
+            report=lambda readings: self.reactor.call_soon(liveness.on_readings, readings),
         )
         procstats.start()
         if self.uploads is not None:

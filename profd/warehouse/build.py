@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from profd.store.index import MinuteRow, WarehouseQueueRepo, history_rows
+from profd.store.index import MinuteRow, StoredMinute, WarehouseQueueRepo, history_rows
 from profd.warehouse.tables import COLUMNS, HOURLY, check_part
 from profd.watch.stats import weighted_quantile
 
@@ -192,23 +192,27 @@ def _rank_minutes(src: Source, since: float, until: float) -> list[_RankMinute]:
     """One row per rank and minute: a rank that re-attached within a minute has two rows in
     the index, merged here as ``profctl history`` merges them (steps summed, quantiles
     weighted by steps, the longest step, region times summed)."""
-    by_key: dict[tuple[str, str, str, int, int], list[tuple[Any, ...]]] = {}
+    by_key: dict[tuple[str, str, str, int, int], list[StoredMinute]] = {}
     for row in src.repo.minute_rows(since, until, job=src.job):
-        by_key.setdefault((row[0], row[1], row[2], int(row[3]), int(row[4])), []).append(row)
+        by_key.setdefault((row.job, row.host, row.role, row.rank, row.minute), []).append(row)
     out: list[_RankMinute] = []
     for (job, host, role, rank, minute), rows in sorted(by_key.items()):
         regions: dict[str, float] = {}
         for r in rows:
-            for name, seconds in json.loads(r[9] or "{}").items():
+            for name, seconds in json.loads(r.regions or "{}").items():
                 regions[name] = regions.get(name, 0.0) + float(seconds) * 1000.0
         if len(rows) == 1:
             r = rows[0]
-            steps, p50, p90, mx = int(r[5]), r[6], r[7], r[8]
+            steps, p50, p90, mx = r.steps, r.p50_ms, r.p90_ms, r.max_ms
         else:
-            steps = sum(int(r[5]) for r in rows)
-            p50 = weighted_quantile(((r[6], r[5]) for r in rows if r[6] is not None), 0.5)
-            p90 = weighted_quantile(((r[7], r[5]) for r in rows if r[7] is not None), 0.9)
-            maxes = [r[8] for r in rows if r[8] is not None]
+            steps = sum(r.steps for r in rows)
+            p50 = weighted_quantile(
+                ((r.p50_ms, r.steps) for r in rows if r.p50_ms is not None), 0.5
+            )
+            p90 = weighted_quantile(
+                ((r.p90_ms, r.steps) for r in rows if r.p90_ms is not None), 0.9
+            )
+            maxes = [r.max_ms for r in rows if r.max_ms is not None]
             mx = max(maxes) if maxes else None
         out.append(_RankMinute(job, host, role, rank, minute, steps, p50, p90, mx, regions))
     return out

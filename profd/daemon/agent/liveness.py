@@ -1,4 +1,4 @@
-"""Which attached processes are still there: heartbeats, samples, restarts, lost arms."""
+"""Which attached processes are still there: heartbeats, process readings, restarts, lost arms."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from collections.abc import Iterable
 
 import psutil
 
-from profd.daemon.clients.procstats import Sample
+from profd.daemon.clients.procstats import ProcReading
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.arming import Arms
 from profd.daemon.sessions.state import Sessions
@@ -34,8 +34,9 @@ class Liveness:
         self.arms = arms
         #: Targets of restored sessions, with the time they must be back by.
         self.orphans: dict[tuple[str, int], float] = {}
-        #: Local pids for the sampler thread, republished by :meth:`tick` (never the registry).
-        self.sample_pids: tuple[int, ...] = ()
+        #: Local pids for the process-statistics thread, republished by :meth:`tick` (it
+        #: never reads the registry).
+        self.read_pids: tuple[int, ...] = ()
         self._stall_logged: set[tuple[str, int]] = set()
 
     def drop(self, c: Client, why: str) -> None:
@@ -54,7 +55,7 @@ class Liveness:
 
     def tick(self, now: float) -> None:
         # Kernel pids: a process in a container claims its own namespace's pid.
-        self.sample_pids = tuple({c.node_pid for c in self.registry})
+        self.read_pids = tuple({c.node_pid for c in self.registry})
         timeout = MISSED_HEARTBEATS * self.hb_interval
         for c in self.registry.stale(now, timeout):
             if self._stalled(c, now):
@@ -106,13 +107,13 @@ class Liveness:
                     if c is not None:
                         self.arms.arm(s, c)
 
-    def on_samples(self, samples: list[Sample]) -> None:
+    def on_readings(self, readings: list[ProcReading]) -> None:
         by_pid: dict[int, list[Client]] = {}
         for c in self.registry:
             by_pid.setdefault(c.node_pid, []).append(c)
-        for s in samples:
+        for s in readings:
             for c in by_pid.get(s.pid, ()):
                 if not s.alive:
                     self.drop(c, "process exited")
                 else:
-                    self.registry.sampled(c, s.cpu, s.rss, s.gpu_util, s.gpu_mem)
+                    self.registry.proc_read(c, s.cpu, s.rss, s.gpu_util, s.gpu_mem)

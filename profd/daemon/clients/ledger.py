@@ -86,8 +86,9 @@ _T, _N, _SUM, _P50, _P90, _P99, _MAX, _WS, _WN = range(len(_Interval._fields))
 _W = len(_Interval._fields)
 
 
-class MinuteRow(NamedTuple):
-    """One closed minute as kept in memory (``_MW`` floats in ``Ledger.minutes``)."""
+class KeptMinute(NamedTuple):
+    """One closed minute of a rank as the ledger keeps it in memory (``_MW`` floats in
+    ``Ledger.minutes``), in seconds; the index's row of it is ``store.index.MinuteRow`` (ms)."""
 
     start: int  # unix time of the minute's start
     steps: int
@@ -97,7 +98,7 @@ class MinuteRow(NamedTuple):
     max_s: float
 
 
-_MW = len(MinuteRow._fields)
+_MW = len(KeptMinute._fields)
 
 
 class RankWatch(NamedTuple):
@@ -603,7 +604,7 @@ class Ledgers:
                 )
             )
             base = (led.nmin % MINUTES) * _MW
-            row = MinuteRow(m.start, m.steps, m.sum_s, p50 or math.nan, p90 or math.nan, m.max_s)
+            row = KeptMinute(m.start, m.steps, m.sum_s, p50 or math.nan, p90 or math.nan, m.max_s)
             led.minutes[base : base + _MW] = array("d", row)
             led.nmin += 1
         if reopen:
@@ -806,7 +807,7 @@ class Ledgers:
             wait_n,
         )
 
-    def recent_minutes(self, c: Client) -> list[MinuteRow]:
+    def recent_minutes(self, c: Client) -> list[KeptMinute]:
         """``c``'s closed minutes in memory, oldest first."""
         led = self.by_key.get(c.key)
         if led is None:
@@ -816,7 +817,7 @@ class Ledgers:
         for j in range(led.nmin - count, led.nmin):
             base = (j % MINUTES) * _MW
             start, steps, sum_s, p50, p90, max_s = led.minutes[base : base + _MW]
-            out.append(MinuteRow(int(start), int(steps), sum_s, p50, p90, max_s))
+            out.append(KeptMinute(int(start), int(steps), sum_s, p50, p90, max_s))
         return out
 
     def series(self, clients: Iterable[Client]) -> tuple[RankSeries, ...]:

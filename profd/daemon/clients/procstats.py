@@ -19,7 +19,10 @@ log = logging.getLogger("profd.procstats")
 
 
 @dataclass(frozen=True)
-class Sample:
+class ProcReading:
+    """One process's figures as the process-statistics thread read them (psutil, NVML):
+    "readings", so that "sample" keeps its one meaning, the watch's step-aligned captures."""
+
     pid: int
     alive: bool
     cpu: float | None = None
@@ -69,7 +72,7 @@ class ProcStats(threading.Thread):
         self,
         interval: float,
         pids: Callable[[], list[int]],
-        report: Callable[[list[Sample]], None],
+        report: Callable[[list[ProcReading]], None],
     ) -> None:
         super().__init__(name="profd-procstats", daemon=True)
         self.interval = interval
@@ -82,11 +85,11 @@ class ProcStats(threading.Thread):
         nvml = _Nvml()
         while not self.stopping.wait(self.interval):
             try:
-                self.report(self.sample(nvml))
+                self.report(self.read(nvml))
             except Exception as exc:
                 log.warning("sampling failed: %r", exc)
 
-    def sample(self, nvml: _Nvml) -> list[Sample]:
+    def read(self, nvml: _Nvml) -> list[ProcReading]:
         wanted = set(self.pids())
         for pid in list(self._procs):
             if pid not in wanted:
@@ -103,7 +106,7 @@ class ProcStats(threading.Thread):
                     if p.status() == psutil.STATUS_ZOMBIE:
                         raise psutil.NoSuchProcess(pid)
                     out.append(
-                        Sample(
+                        ProcReading(
                             pid,
                             True,
                             cpu=p.cpu_percent(None),
@@ -114,9 +117,9 @@ class ProcStats(threading.Thread):
                     )
             except psutil.NoSuchProcess:
                 self._procs.pop(pid, None)
-                out.append(Sample(pid, False))
+                out.append(ProcReading(pid, False))
             except psutil.AccessDenied:
-                out.append(Sample(pid, True))
+                out.append(ProcReading(pid, True))
         return out
 
     def stop(self) -> None:

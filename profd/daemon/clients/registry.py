@@ -32,7 +32,8 @@ class Client:
     device: str | None
     nsys_session: str | None = None  # launched by ``profctl run --nsys``
     #: From the kernel (the connection's SO_PEERCRED), never from the hello: the pid in the
-    #: daemon's namespace (what the sampler and liveness look at) and the process's uid/gid.
+    #: daemon's namespace (what the process-statistics thread and liveness look at) and the
+    #: process's uid/gid.
     node_pid: int = 0
     uid: int = -1
     gid: int = -1
@@ -351,7 +352,7 @@ class Registry:
             # the milliseconds between two queued reports.
             c.step, c.step_at = step, max(c.step_at, min(sent_at, now))
 
-    def sampled(
+    def proc_read(
         self,
         c: Client,
         cpu: float | None,

@@ -21,7 +21,7 @@ from profd.store.index.schema import SCHEMA, SCHEMA_VERSION, IndexSchemaError
 from profd.store.index.sessions import SessionRepo
 from profd.store.index.traces import PathTaken, TraceFilter, TraceRepo
 from profd.store.index.upload_queue import UploadQueueRepo
-from profd.store.index.warehouse_queue import Mark, WarehouseQueueRepo
+from profd.store.index.warehouse_queue import Mark, StoredMinute, WarehouseQueueRepo
 
 __all__ = [
     "HISTORY_MAX_ROWS",
@@ -39,6 +39,7 @@ __all__ = [
     "Repo",
     "SessionRepo",
     "StepMinuteRepo",
+    "StoredMinute",
     "TraceFilter",
     "TraceRepo",
     "Transaction",

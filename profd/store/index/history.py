@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple
 
 from profd.store.index.db import Repo
-from profd.watch.stats import weighted_quantile
+from profd.watch.stats import sorted_median, weighted_quantile
 
 #: Rank-minutes one ``history`` request reads at most (about 4 hours of 1,024 ranks, a month
 #: of 8; some 0.4 s): a longer range is answered for its newest minutes.
@@ -125,21 +125,13 @@ def _minute_of_role(minute: int, role: str, members: list[MinuteRow]) -> dict[st
         "role": role,
         "ranks": len(members),
         "steps": sum(r.steps for r in members),
-        "p50_ms": _ms(_median(p50s)),
-        "p90_ms": _ms(_median(p90s)),
+        "p50_ms": _ms(sorted_median(p50s)) if p50s else None,
+        "p90_ms": _ms(sorted_median(p90s)) if p90s else None,
         "max_ms": _ms(max(maxes)) if maxes else None,
         "slowest": [
             {"host": r.host, "role": role, "rank": r.rank, "p50_ms": _ms(r.p50_ms)} for r in slow
         ],
     }
-
-
-def _median(xs: Sequence[float]) -> float | None:
-    n = len(xs)
-    if not n:
-        return None
-    m = n // 2
-    return float(xs[m]) if n % 2 else (xs[m - 1] + xs[m]) / 2.0
 
 
 def _one_per_rank(members: list[MinuteRow]) -> list[MinuteRow]:

@@ -24,6 +24,21 @@ from profd.store.index.db import Repo
 _decode = msgspec.json.Decoder().decode
 
 
+class StoredMinute(NamedTuple):
+    """One ``step_minutes`` row, column by column."""
+
+    job: str
+    host: str
+    role: str
+    rank: int
+    minute: int
+    steps: int
+    p50_ms: float | None
+    p90_ms: float | None
+    max_ms: float | None
+    regions: str  # JSON: name -> seconds
+
+
 class Mark(NamedTuple):
     table: str
     part: str
@@ -193,11 +208,9 @@ class WarehouseQueueRepo(Repo):
                 r["stats"] = _decode(r["stats"]) if r["stats"] else None
         return out
 
-    def minute_rows(
-        self, since: float, until: float, job: str | None = None
-    ) -> list[tuple[Any, ...]]:
-        """Step minutes starting in ``[since, until)``: (job, host, role, rank, minute,
-        steps, p50_ms, p90_ms, max_ms, regions json)."""
+    def minute_rows(self, since: float, until: float, job: str | None = None) -> list[StoredMinute]:
+        """Step minutes starting in ``[since, until)``, as the index holds them (a rank that
+        re-attached within a minute has a row for each process)."""
         sql = (
             "SELECT job, host, role, rank, minute, steps, p50_ms, p90_ms, max_ms, regions"
             " FROM step_minutes WHERE minute >= ? AND minute < ?"
@@ -208,7 +221,7 @@ class WarehouseQueueRepo(Repo):
             args.append(job)
         cur = self.conn.cursor()
         cur.row_factory = None
-        return list(cur.execute(sql, args).fetchall())
+        return list(map(StoredMinute._make, cur.execute(sql, args).fetchall()))
 
     def incident_docs(
         self, since: float, until: float, job: str | None = None
