@@ -1,7 +1,7 @@
 """Version skew with the step ledger (protocol 3) against a real protocol-2 release.
 
-A job runs for weeks while its daemon is upgraded or rolled back under it (docs/design.md, Protocol
-principles). The other side here is not a simulation: it is profd as it was at the last
+A job runs for weeks while its daemon is upgraded or rolled back under it (docs/design.md, "The
+wire"). The other side here is not a simulation: it is profd as it was at the last
 protocol-2 commit (``tests/compat/profd-protocol2.tar.gz``), run from its own sources.
 
 * A protocol-2 client (the old ``profd_client``) against today's daemon: it keeps training,
