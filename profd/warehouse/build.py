@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from profd.store.index import MinuteRow, StoredMinute, WarehouseQueueRepo, history_rows
+from profd.store.index import (
+    MinuteRow,
+    StoredMinute,
+    WarehouseQueueRepo,
+    history_rows,
+    merged_figures,
+)
 from profd.warehouse.tables import COLUMNS, HOURLY, check_part
-from profd.watch.stats import weighted_quantile
 
 #: The longest ``reason`` kept: one line, as ``profctl incidents`` prints it.
 MAX_REASON = 300
@@ -174,53 +178,30 @@ def operators(src: Source, since: float, until: float) -> Columns:
 
 
 # --- minutes -----------------------------------------------------------------------------------
-@dataclass
-class _RankMinute:
-    job: str
-    host: str
-    role: str
-    rank: int
-    minute: int
-    steps: int
-    p50_ms: float | None
-    p90_ms: float | None
-    max_ms: float | None
-    regions: dict[str, float]
-
-
-def _rank_minutes(src: Source, since: float, until: float) -> list[_RankMinute]:
-    """One row per rank and minute: a rank that re-attached within a minute has two rows in
-    the index, merged here as ``profctl history`` merges them (steps summed, quantiles
-    weighted by steps, the longest step, region times summed)."""
+def _rank_minutes(
+    src: Source, since: float, until: float
+) -> list[tuple[StoredMinute, dict[str, float]]]:
+    """One row per rank and minute, with its region times (ms by name): a rank that
+    re-attached within a minute has two rows in the index, merged here as ``profctl
+    history`` merges them (steps summed, quantiles weighted by steps, the longest step,
+    region times summed)."""
     by_key: dict[tuple[str, str, str, int, int], list[StoredMinute]] = {}
     for row in src.repo.minute_rows(since, until, job=src.job):
         by_key.setdefault((row.job, row.host, row.role, row.rank, row.minute), []).append(row)
-    out: list[_RankMinute] = []
-    for (job, host, role, rank, minute), rows in sorted(by_key.items()):
+    out: list[tuple[StoredMinute, dict[str, float]]] = []
+    for _, rows in sorted(by_key.items()):
         regions: dict[str, float] = {}
         for r in rows:
             for name, seconds in json.loads(r.regions or "{}").items():
                 regions[name] = regions.get(name, 0.0) + float(seconds) * 1000.0
-        if len(rows) == 1:
-            r = rows[0]
-            steps, p50, p90, mx = r.steps, r.p50_ms, r.p90_ms, r.max_ms
-        else:
-            steps = sum(r.steps for r in rows)
-            p50 = weighted_quantile(
-                ((r.p50_ms, r.steps) for r in rows if r.p50_ms is not None), 0.5
-            )
-            p90 = weighted_quantile(
-                ((r.p90_ms, r.steps) for r in rows if r.p90_ms is not None), 0.9
-            )
-            maxes = [r.max_ms for r in rows if r.max_ms is not None]
-            mx = max(maxes) if maxes else None
-        out.append(_RankMinute(job, host, role, rank, minute, steps, p50, p90, mx, regions))
+        row = rows[0] if len(rows) == 1 else rows[0]._replace(**merged_figures(rows))
+        out.append((row, regions))
     return out
 
 
 def rank_minutes(src: Source, since: float, until: float) -> Columns:
     cols = _columns("rank_minutes")
-    for m in _rank_minutes(src, since, until):
+    for m, regions in _rank_minutes(src, since, until):
         cols["job"].append(m.job)
         cols["node"].append(src.node)
         cols["role"].append(m.role)
@@ -231,7 +212,7 @@ def rank_minutes(src: Source, since: float, until: float) -> Columns:
         cols["p90_ms"].append(m.p90_ms)
         cols["p99_ms"].append(None)  # the step ledger keeps no p99
         cols["max_ms"].append(m.max_ms)
-        cols["regions"].append(m.regions)  # a map: name -> ms
+        cols["regions"].append(regions)  # a map: name -> ms
     return cols
 
 
@@ -242,7 +223,7 @@ def job_minutes(src: Source, since: float, until: float) -> Columns:
     highest p50. Readers merge the nodes' rows of one minute (``nodes`` adds up)."""
     cols = _columns("job_minutes")
     by_job: dict[str, list[MinuteRow]] = {}
-    for m in _rank_minutes(src, since, until):
+    for m, _ in _rank_minutes(src, since, until):
         by_job.setdefault(m.job, []).append(
             MinuteRow(m.minute, m.role, m.host, m.rank, m.steps, m.p50_ms, m.p90_ms, m.max_ms)
         )

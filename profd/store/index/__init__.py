@@ -14,7 +14,13 @@ connection and hands each component the ones it uses; upload workers open their 
 
 from profd.store.index.db import Database, Repo, Transaction
 from profd.store.index.files import FileRepo
-from profd.store.index.history import HISTORY_MAX_ROWS, MinuteRow, StepMinuteRepo, history_rows
+from profd.store.index.history import (
+    HISTORY_MAX_ROWS,
+    MinuteRow,
+    StepMinuteRepo,
+    history_rows,
+    merged_figures,
+)
 from profd.store.index.inbox import INBOX_RAW_LEFT, InboxRepo
 from profd.store.index.incidents import IncidentRepo
 from profd.store.index.schema import SCHEMA, SCHEMA_VERSION, IndexSchemaError
@@ -46,4 +52,5 @@ __all__ = [
     "UploadQueueRepo",
     "WarehouseQueueRepo",
     "history_rows",
+    "merged_figures",
 ]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import heapq
 import json
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, Protocol
 
 from profd.store.index.db import Repo
 from profd.watch.stats import sorted_median, weighted_quantile
@@ -138,25 +138,37 @@ def _one_per_rank(members: list[MinuteRow]) -> list[MinuteRow]:
     by_rank: dict[tuple[str, int], list[MinuteRow]] = {}
     for r in members:
         by_rank.setdefault((r.host, r.rank), []).append(r)
-    out: list[MinuteRow] = []
-    for parts in by_rank.values():
-        if len(parts) == 1:
-            out.append(parts[0])
-            continue
-        maxes = [p.max_ms for p in parts if p.max_ms is not None]
-        out.append(
-            parts[0]._replace(
-                steps=sum(p.steps for p in parts),
-                p50_ms=weighted_quantile(
-                    ((p.p50_ms, p.steps) for p in parts if p.p50_ms is not None), 0.5
-                ),
-                p90_ms=weighted_quantile(
-                    ((p.p90_ms, p.steps) for p in parts if p.p90_ms is not None), 0.9
-                ),
-                max_ms=max(maxes) if maxes else None,
-            )
-        )
-    return out
+    return [p[0] if len(p) == 1 else p[0]._replace(**merged_figures(p)) for p in by_rank.values()]
+
+
+class RankFigures(Protocol):
+    """A rank's minute as one process's row has it (:class:`MinuteRow`, a ``StoredMinute``)."""
+
+    @property
+    def steps(self) -> int: ...
+    @property
+    def p50_ms(self) -> float | None: ...
+    @property
+    def p90_ms(self) -> float | None: ...
+    @property
+    def max_ms(self) -> float | None: ...
+
+
+def merged_figures(parts: Sequence[RankFigures]) -> dict[str, Any]:
+    """One rank's minute from the rows of its processes (a rank that re-attached within the
+    minute has one for each): steps summed, p50 and p90 weighted by steps, the longest step;
+    as ``_replace`` keywords."""
+    maxes = [p.max_ms for p in parts if p.max_ms is not None]
+    return {
+        "steps": sum(p.steps for p in parts),
+        "p50_ms": weighted_quantile(
+            ((p.p50_ms, p.steps) for p in parts if p.p50_ms is not None), 0.5
+        ),
+        "p90_ms": weighted_quantile(
+            ((p.p90_ms, p.steps) for p in parts if p.p90_ms is not None), 0.9
+        ),
+        "max_ms": max(maxes) if maxes else None,
+    }
 
 
 def _ms(v: float | None) -> float | None:
