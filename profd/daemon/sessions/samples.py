@@ -68,6 +68,10 @@ class SampleArming:
         self._skip: dict[str, int] = {}
         self.trust = sampling.StepTrust()
 
+    def reconfigure(self, rules: SampleRules) -> None:
+        """New ``[watch]`` rules: the next tick arms by them."""
+        self.rules = rules
+
     def tick(self, now: float) -> list[Session]:
         """Arm the samples due now; the sessions started."""
         if not self.rules.on:
@@ -162,6 +166,10 @@ class SampleBound:
         self.disarm = disarm
         #: Live sample id -> (monotonic deadline, seconds it was given).
         self._due: dict[str, tuple[float, float]] = {}
+
+    def reconfigure(self, rules: SampleRules) -> None:
+        """New ``[watch]`` rules: a sample seen from now on gets their time."""
+        self.rules = rules
 
     def tick(self, now: float) -> list[Session]:
         """The samples ended now for running out of time."""
@@ -295,6 +303,10 @@ class SampleAging:
         self._after: tuple[float, str] = (0.0, "")
         self._due = 0.0
 
+    def reconfigure(self, keep_s: float) -> None:
+        """A new ``keep_samples``: the next sweep deletes by it."""
+        self.keep_s = keep_s
+
     def tick(self, wall: float) -> int:
         """One sweep when due; the files deleted."""
         if wall < self._due:
@@ -358,9 +370,9 @@ class Samples:
 
     def set_rules(self, rules: SampleRules) -> None:
         """``[watch]`` read again (SIGHUP): the next tick arms by the new rules."""
-        self.arming.rules = rules
-        self.bound.rules = rules
-        self.aging.keep_s = rules.keep_samples
+        self.arming.reconfigure(rules)
+        self.bound.reconfigure(rules)
+        self.aging.reconfigure(rules.keep_samples)
 
     def tick(self, now: float, wall: float) -> None:
         self.bound.tick(now)
