@@ -21,7 +21,7 @@ from daemonproc import wait_for
 from harness import Daemon, Job
 
 from profd.daemon.runtime.faults import POINTS
-from profd_client import protocol as P
+from profd.states import TERMINAL
 
 WAIT = 120.0
 
@@ -40,7 +40,7 @@ def ended(d: Daemon, sid: str) -> dict[str, Any] | None:
     if r.returncode != 0:
         return None
     s: dict[str, Any] = json.loads(r.stdout)
-    return s if s["state"] in P.SESSION_TERMINAL else None
+    return s if s["state"] in TERMINAL else None
 
 
 @pytest.mark.slow

@@ -25,7 +25,7 @@ from daemonproc import wait_for
 from harness import Daemon, Job
 from rawpeer import TracePeer, big_trace, small_trace
 
-from profd_client import protocol as P
+from profd.states import TERMINAL
 
 WAIT = 120.0
 DIED_TWICE = "pipeline worker died twice (killed by signal 9?)"
@@ -73,9 +73,7 @@ def kill(p: psutil.Process) -> None:
 
 def wait_end(d: Daemon, sid: str) -> dict[str, Any]:
     s: dict[str, Any] = wait_for(
-        lambda: (lambda s: s if s["state"] in P.SESSION_TERMINAL else None)(
-            d.ctl_json("show", sid)
-        ),
+        lambda: (lambda s: s if s["state"] in TERMINAL else None)(d.ctl_json("show", sid)),
         WAIT,
         f"session {sid} to end",
         every=0.2,

@@ -18,6 +18,7 @@ from daemonproc import wait_for
 from harness import Daemon
 from rawpeer import HELLO, dealer, pack, read_line, recv, reply, spawn_peer
 
+from profd.states import TERMINAL
 from profd_client import protocol as P
 
 
@@ -61,9 +62,7 @@ class Peer:
 
 def wait_end(d: Daemon, sid: str) -> dict[str, Any]:
     return wait_for(
-        lambda: (lambda s: s if s["state"] in P.SESSION_TERMINAL else None)(
-            d.ctl_json("show", sid)
-        ),
+        lambda: (lambda s: s if s["state"] in TERMINAL else None)(d.ctl_json("show", sid)),
         60,
         f"session {sid} to end",
     )
