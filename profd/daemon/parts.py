@@ -259,6 +259,7 @@ class FrozenBoxes(Part):
         for iid, doc, path in self.freezer.take():
             inc = self.incidents.attach_blackbox(iid, doc)
             if inc is None:
+                log.info("incident %s: forgotten before its black box was frozen", iid)
                 continue
             self.files.add_file(file_row(inc.job, iid, path, self.uploads is not None))
             if self.uploads is not None:

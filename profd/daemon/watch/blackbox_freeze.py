@@ -66,6 +66,9 @@ class Freezer:
             return
         clients = self.clients_of(inc.job)
         if not clients:
+            log.info(
+                "incident %s: no rank of job %s is attached here: no black box", inc.id, inc.job
+            )
             return
         asked = time.monotonic()
         ratio = float(inc.evidence.get("ratio") or 1.0)
