@@ -2,11 +2,15 @@
 
 A real daemon (1 s heartbeats); first idle (0 clients), then with N simulated clients
 (bench/simclients.py: real Agent + Stepper code, 1 Hz heartbeats, 10 steps/s) in a few
-worker processes. CPU% of one core = (user+system CPU time of the daemon process, children
-included) / wall time, over the whole window and per 1 s slice; RSS sampled every second
-(daemon plus children). ``profctl ps`` latency: the full ``profctl --json ps`` command as a
-user runs it (a new Python process each time), and the raw control request round trip on
-one connection. The simulated clients run on the same machine and compete for its cores.
+worker processes. The targets are stated at 1 Hz, so the daemon's heartbeat pace is off
+(``max_heartbeats_per_s = 0``); ``--paced`` leaves it at its default, as a new user's daemon
+runs (past 256 clients it tells them a longer interval), and the rows say the interval the
+clients were told. An older tree ignores the key. CPU% of one core = (user+system CPU time
+of the daemon process, children included) / wall time, over the whole window and per 1 s
+slice; RSS sampled every second (daemon plus children). ``profctl ps`` latency: the full
+``profctl --json ps`` command as a user runs it (a new Python process each time), and the
+raw control request round trip on one connection. The simulated clients run on the same
+machine and compete for its cores.
 
 Targets at 1024 clients: <= 5% of one core, <= 150 MB RSS, ``profctl ps`` and ``profctl top
 --once`` <= 100 ms.
@@ -233,6 +237,12 @@ def main() -> None:
         help="run profd and profctl from the source tree TREE (a worktree of the commit to "
         "compare with), the harness and the simulated clients from this one",
     )
+    ap.add_argument(
+        "--paced",
+        action="store_true",
+        help="leave the daemon's heartbeat pace at its default (a new user's daemon) instead "
+        "of keeping every client at 1 Hz as the targets state",
+    )
     args = ap.parse_args()
     daemon_env = B.daemon_from(args.daemon_from)
     started = time.monotonic()
@@ -243,7 +253,8 @@ def main() -> None:
     window = 2.0 if quick else 60.0
     cli_runs, raw_runs = (2, 20) if quick else (20, 200)
     speed_before = host_speed()
-    d = B.Daemon(heartbeat=1.0, extra_env=daemon_env).start()
+    pace = "" if args.paced else "max_heartbeats_per_s = 0\n"
+    d = B.Daemon(heartbeat=1.0, extra_env=daemon_env, daemon_keys=pace).start()
     fleet = None
     try:
         time.sleep(1.0)
@@ -257,6 +268,8 @@ def main() -> None:
         gc0 = d.request("status").get("gc")
         busy = sample(d.pid, window, extra_pids=[w.pid for w in fleet.workers])
         gc_busy = d.request("status").get("gc")
+        # The interval the clients were told (an older daemon does not pace: its own).
+        hb_s = float((d.request("status").get("heartbeat") or {}).get("interval_s", 1.0))
         assert d.request("status")["clients"] >= n
         busy_ps = ps_latency(d, cli_runs, raw_runs)
         busy_top = top_latency(d, cli_runs, raw_runs)
@@ -273,7 +286,7 @@ def main() -> None:
         d.stop()
     # The same number of connections at the same rate, received by a bare ROUTER that does
     # nothing else: what holding them costs any daemon on this machine, in this hour.
-    floor_proc = Floor(n)
+    floor_proc = Floor(n, hb=hb_s)
     try:
         time.sleep(1.0 if quick else 5.0)
         transport = sample(floor_proc.pid, window, extra_pids=floor_proc.peer_pids)
@@ -282,12 +295,14 @@ def main() -> None:
     # The targets are stated for 1024 clients; smaller runs report their numbers unjudged
     # (the comparisons still run, so --quick exercises them).
     at_target = n >= 1024
-    cpu_ok = busy["cpu_percent_of_one_core"] <= 5.0
+    # The target is stated at 1 Hz: a paced run is reported, not judged.
+    cpu_ok = busy["cpu_percent_of_one_core"] <= 5.0 if hb_s == 1.0 else None
     rss_ok = busy["rss_mb"]["max"] <= 150
     ps_ok = busy_ps["cli_ms"]["p50"] <= 100
     rows = [
         B.row(
-            f"daemon CPU, {n} clients @1 Hz heartbeats",
+            f"daemon CPU, {n} clients, heartbeats every {hb_s:g} s"
+            + (" (paced)" if args.paced else ""),
             "<= 5% of one core",
             busy["cpu_percent_of_one_core"],
             "% core",
@@ -385,6 +400,8 @@ def main() -> None:
         "cli_runs": cli_runs,
         "raw_runs": raw_runs,
         "daemon_from": args.daemon_from,
+        "paced": args.paced,
+        "heartbeat_interval_told_s": hb_s,
     }
     B.write_result("daemon", args.out, quick, params, rows, details, started)
 

@@ -271,6 +271,8 @@ class Daemon(DaemonProcess):
     root: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="profd-bench-")))
     heartbeat: float = 1.0
     ctl_timeout: float = 120.0
+    #: More ``[daemon]`` keys for its config (TOML lines).
+    daemon_keys: str = ""
     #: More TOML tables for its config (``[watch]``).
     tables: str = ""
     #: Simulated clients share worker processes (256 ranks in each at 1,024), and the peer
@@ -286,7 +288,8 @@ class Daemon(DaemonProcess):
             else ""
         )
         self.config.write_text(
-            f"[daemon]\nheartbeat_interval = {self.heartbeat}\n{peers}{self.tables}"
+            f"[daemon]\nheartbeat_interval = {self.heartbeat}\n{peers}{self.daemon_keys}"
+            f"{self.tables}"
         )
         self.launch()
         try:

@@ -460,6 +460,9 @@ class Config:
     #: Raw traces larger than this are refused, not read (a sparse or runaway file).
     max_trace_bytes: int = 8 << 30
     heartbeat_interval: float = 1.0
+    #: Heartbeats a second the attached processes send before the daemon paces them (0:
+    #: never): past it, their interval doubles (docs/design.md "Heartbeat pace").
+    max_heartbeats_per_s: float = 256.0
     sample_interval: float = 3.0
     pipeline_workers: int = 2
     max_spool_bytes: int | None = None
@@ -627,6 +630,9 @@ def load(
             max_trace_bytes=_size(daemon.get("max_trace_bytes"), "max_trace_bytes") or (8 << 30),
             heartbeat_interval=_number(
                 daemon.get("heartbeat_interval", 1.0), "heartbeat_interval", float, 0
+            ),
+            max_heartbeats_per_s=_number(
+                daemon.get("max_heartbeats_per_s", 256.0), "max_heartbeats_per_s", float, 0, True
             ),
             sample_interval=_number(
                 daemon.get("sample_interval", 3.0), "sample_interval", float, 0

@@ -409,6 +409,12 @@ STATUS_DOC: Final = _row(
         ),
         _O,
     ),
+    # The clients' heartbeat interval now (paced past ``[daemon] max_heartbeats_per_s``),
+    # the configured one, and that rate.
+    heartbeat=(
+        _row(interval_s=(FINITE, _R), base_s=(FINITE, _R), max_per_s=(FINITE, _R)),
+        _O,
+    ),
     # ``implausible_steps``: step jumps a rank's rate cannot explain, left out of samples.
     watch=(_row(implausible_steps=(COUNT, _R)), _O),
     # The garbage collector's pauses by generation (profd/daemon/runtime/gcpauses.py).

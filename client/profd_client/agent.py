@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -35,6 +36,9 @@ from .waits import Waits
 log = logging.getLogger("profd_client")
 
 MISSED_HEARTBEATS = 3
+#: Heartbeat phases after a new pace: a generator of our own, since training scripts seed
+#: ``random`` alike on every rank, which would give every rank the same phase.
+_PHASES = random.Random()
 #: How long an exiting process waits for a memory snapshot still being written, so that the
 #: report naming it reaches the daemon.
 WRITE_WAIT_S = 30.0
@@ -340,7 +344,12 @@ class Agent(threading.Thread):
         self._last_rx = time.monotonic()
         if type(msg) is P.Welcome:
             # The daemon drops clients after missing *its* heartbeat interval: follow it.
-            self.hb_interval = max(0.05, msg.hb_interval)
+            interval = max(0.05, msg.hb_interval)
+            if self._welcomed and interval != self.hb_interval:
+                # A new pace, told to every client of the node at once: a phase of our own
+                # keeps their heartbeats spread over the new interval instead of together.
+                self._last_tx = self._last_rx - _PHASES.random() * interval
+            self.hb_interval = interval
             # An older daemon answers every heartbeat and says nothing of it.
             acks = 1 if msg.acks is P.UNSET else msg.acks
             self._answer_every = acks * self.hb_interval

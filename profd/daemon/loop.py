@@ -22,10 +22,11 @@ import zmq
 
 from profd import __version__, fsutil
 from profd.config import Config, ConfigError, reload_watch
-from profd.daemon.agent.attach import Attach, Welcome
+from profd.daemon.agent.attach import QUIET_ACKS, Attach, Welcome
 from profd.daemon.agent.handler import AgentHandler
 from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
+from profd.daemon.agent.pace import HeartbeatPace
 from profd.daemon.captures.lanes import Captures
 from profd.daemon.captures.record import CaptureReport
 from profd.daemon.clients.agent_dumps import AgentBlackboxes, AgentStacks
@@ -51,6 +52,7 @@ from profd.daemon.parts import (
     MinuteWriter,
     NsysPolling,
     OwedManifests,
+    Pacing,
     ParkedCaptures,
     Part,
     Parts,
@@ -232,7 +234,8 @@ class Daemon:
             self.reactor,
             self.results.commit,
         )
-        self.liveness = Liveness(cfg.heartbeat_interval, self.registry, self.sessions, self.arms)
+        self.pace = HeartbeatPace(cfg.heartbeat_interval, cfg.max_heartbeats_per_s, QUIET_ACKS)
+        self.liveness = Liveness(self.pace, self.registry, self.sessions, self.arms)
         quota = Quota(cfg.max_spool_bytes, repos.files, self.uploads)
         self.starter = Starter(self.registry, self.sessions, self.arms, self.nsys, quota.check)
 
@@ -296,12 +299,9 @@ class Daemon:
             self.storage,
             self._send_agent,
         )
-        attach = Attach(
-            Welcome(
-                str(spool),
-                cfg.heartbeat_interval,
-                cfg.blackbox.welcome(),
-            ),
+        self.attach = attach = Attach(
+            Welcome(str(spool), cfg.blackbox.welcome()),
+            self.pace,
             self.registry,
             self.sessions,
             self.arms,
@@ -374,6 +374,7 @@ class Daemon:
         publishing: list[Part] = [self.publisher] if self.publisher is not None else []
         return [
             HeartbeatAnswers(self.agents),
+            Pacing(self.attach),
             Housekeeping(self.liveness),
             StackExpiry(self.agent_stacks, self.agent_blackboxes),
             LedgerMinutes(self.ledgers, self.registry),
@@ -437,6 +438,11 @@ class Daemon:
                 "regions_folded": self.ledgers.regions_folded,
                 "heartbeats_coalesced": self.ledgers.coalesced,
                 "peers_refused": self.agents.attach.peers_refused,
+            },
+            "heartbeat": {
+                "interval_s": self.pace.interval,
+                "base_s": self.pace.base,
+                "max_per_s": self.pace.max_rate,
             },
             # Step jumps a rank's rate cannot explain, left out of the samples' steps.
             "watch": {"implausible_steps": self.samples.arming.trust.implausible},

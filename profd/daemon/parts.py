@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 from profd.config import WatchConfig
+from profd.daemon.agent.attach import Attach
 from profd.daemon.agent.handler import AgentHandler
 from profd.daemon.agent.intake import Intake
 from profd.daemon.agent.liveness import Liveness
@@ -118,6 +119,18 @@ class HeartbeatAnswers(Part):
 
     def tick(self, mono: float, wall: float) -> None:
         self.agents.answer_owed()
+
+
+class Pacing(Part):
+    """The heartbeat pace for the processes attached now, told to each when it changes."""
+
+    what = "pacing heartbeats"
+
+    def __init__(self, attach: Attach) -> None:
+        self.attach = attach
+
+    def tick(self, mono: float, wall: float) -> None:
+        self.attach.repace(mono)
 
 
 class Housekeeping(Part):

@@ -34,7 +34,7 @@ def status_text(st: dict[str, Any]) -> str:
         f"runtime  {st['runtime_dir']}",
         f"spool    {st['spool_dir']}  {size(sp['bytes'])} ({size(sp['bytes_not_uploaded'])} not"
         f" uploaded, quota {size(sp['max_bytes']) if sp['max_bytes'] else 'none'})",
-        f"clients  {st['clients']}",
+        f"clients  {st['clients']}" + heartbeat_text(st.get("heartbeat")),
         f"sessions {st['sessions']['live']} live"
         + "".join(f", {n} {k}" for k, n in sorted(st["sessions"]["by_state"].items())),
         pipeline_line(st["pipeline"]),
@@ -104,6 +104,16 @@ def s3_lines(s3: dict[str, Any]) -> list[str]:
             " an earlier daemon left"
         )
     return out
+
+
+def heartbeat_text(hb: dict[str, Any] | None) -> str:
+    """The clients' heartbeat interval, when the daemon paces them past its base."""
+    if not hb or hb["interval_s"] <= hb["base_s"]:
+        return ""
+    return (
+        f"  (heartbeats every {hb['interval_s']:g} s, not {hb['base_s']:g} s: more than"
+        f" [daemon] max_heartbeats_per_s = {hb['max_per_s']:g} at {hb['base_s']:g} s)"
+    )
 
 
 def limits_line(lim: dict[str, Any]) -> str | None:

@@ -12,6 +12,7 @@ from typing import Any
 from profd import __version__
 from profd.config import PeerLimits
 from profd.daemon.agent.liveness import Liveness
+from profd.daemon.agent.pace import HeartbeatPace
 from profd.daemon.agent.send import Send
 from profd.daemon.clients.registry import MAX_MOVES, MOVES_S, Client, Registry
 from profd.daemon.runtime.peers import PeerCred, claim_problem
@@ -35,10 +36,9 @@ QUIET_ACKS = 10
 
 @dataclass(frozen=True)
 class Welcome:
-    """What every client is told on attach."""
+    """What every client is told on attach (its heartbeat interval comes from the pace)."""
 
     spool: str
-    hb_interval: float
     #: ``[blackbox]`` as the welcome carries it (None: the client's defaults).
     blackbox: dict[str, Any] | None = None
 
@@ -47,6 +47,7 @@ class Attach:
     def __init__(
         self,
         welcome: Welcome,
+        pace: HeartbeatPace,
         registry: Registry,
         sessions: Sessions,
         arms: Arms,
@@ -56,6 +57,7 @@ class Attach:
         limits: PeerLimits,
     ) -> None:
         self.welcome = welcome
+        self.pace = pace
         self.limits = limits
         self.peers_refused = 0  # hellos refused for the peer limits, for status
         self._refusals_logged = 0
@@ -144,8 +146,7 @@ class Attach:
             training_tid=m.training_tid,
             flight=m.flight,
             blackbox=m.blackbox,
-            # Half an interval early: a heartbeat sent a little before its time is answered.
-            quiet_s=(QUIET_ACKS - 0.5) * self.welcome.hb_interval if m.quiet else 0.0,
+            quiet=m.quiet,
         )
         old = self.registry.add(c)
         moved = old is not None and old.identity != c.identity
@@ -178,23 +179,45 @@ class Attach:
         finally:
             # Whatever went wrong with the rules, the process must not wait for nothing.
             self.registry.welcomed(c)
-            extra: dict[str, Any] = {}
-            if self.welcome.blackbox is not None:
-                extra["blackbox"] = self.welcome.blackbox
-            if c.quiet_s:
-                extra["acks"] = QUIET_ACKS
-            self.send(
-                ident,
-                P.encode(
-                    P.WELCOME,
-                    v=c.version,
-                    spool=self.welcome.spool,
-                    hb_interval=self.welcome.hb_interval,
-                    daemon=__version__,
-                    protocol=[P.MIN_VERSION, P.VERSION],
-                    **extra,
-                ),
-            )
+            self._welcome(c)
+
+    def _welcome(self, c: Client) -> None:
+        """Tell ``c`` what it needs to heartbeat: again whenever the pace changes (a client
+        takes each welcome's interval and answer period as they come)."""
+        pace = self.pace
+        extra: dict[str, Any] = {}
+        if self.welcome.blackbox is not None:
+            extra["blackbox"] = self.welcome.blackbox
+        if c.quiet:
+            extra["acks"] = pace.acks
+            # Half an interval early: a heartbeat sent a little before its time is answered.
+            c.quiet_s = (pace.acks - 0.5) * pace.interval
+        self.send(
+            c.ident,
+            P.encode(
+                P.WELCOME,
+                v=c.version,
+                spool=self.welcome.spool,
+                hb_interval=pace.interval,
+                daemon=__version__,
+                protocol=[P.MIN_VERSION, P.VERSION],
+                **extra,
+            ),
+        )
+
+    def repace(self, now: float) -> None:
+        """The pace for the processes attached now (monotonic ``now``); when it changed,
+        every one of them is told."""
+        if not self.pace.update(len(self.registry), now):
+            return
+        log.info(
+            "%d processes attached: heartbeats every %g s (answers every %d)",
+            len(self.registry),
+            self.pace.interval,
+            self.pace.acks,
+        )
+        for c in list(self.registry):
+            self._welcome(c)
 
     def _void_stale_targets(self, c: Client) -> None:
         """Targets chosen by an identity the process no longer has, and not yet capturing,

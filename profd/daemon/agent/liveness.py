@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 import psutil
 
+from profd.daemon.agent.pace import HeartbeatPace
 from profd.daemon.clients.procstats import ProcReading
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.sessions.arming import Arms
@@ -15,7 +16,6 @@ from profd.daemon.sessions.state import Sessions
 
 log = logging.getLogger("profd")
 
-MISSED_HEARTBEATS = 3
 #: How long a local process that is alive may stay silent: stopping the profiler and
 #: writing a large trace holds the GIL for many seconds (14-16 s were seen for a 444 MB
 #: trace), and so does a training thread stuck in a C call; that is a stall, not a death.
@@ -26,9 +26,9 @@ RESTORE_GRACE_S = 10.0
 
 class Liveness:
     def __init__(
-        self, hb_interval: float, registry: Registry, sessions: Sessions, arms: Arms
+        self, pace: HeartbeatPace, registry: Registry, sessions: Sessions, arms: Arms
     ) -> None:
-        self.hb_interval = hb_interval
+        self.pace = pace
         self.registry = registry
         self.sessions = sessions
         self.arms = arms
@@ -56,7 +56,7 @@ class Liveness:
     def tick(self, now: float) -> None:
         # Kernel pids: a process in a container claims its own namespace's pid.
         self.read_pids = tuple({c.node_pid for c in self.registry})
-        timeout = MISSED_HEARTBEATS * self.hb_interval
+        timeout = self.pace.timeout(now)
         for c in self.registry.stale(now, timeout):
             if self._stalled(c, now):
                 continue
@@ -99,7 +99,7 @@ class Liveness:
         """
         now = time.time()
         for s in self.sessions.live():
-            if now - s.created_at < self.hb_interval:
+            if now - s.created_at < self.pace.base:
                 continue
             for t in s.targets.values():
                 if t.awaiting_arm:

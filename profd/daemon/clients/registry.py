@@ -67,8 +67,11 @@ class Client:
     flight: bool = False
     #: It keeps a black box (hello ``blackbox``): ``blackbox`` may ask for it.
     blackbox: bool = False
+    #: Its hello asked for ``quiet`` answers: one every few heartbeats (the welcome's
+    #: ``acks``), not every one.
+    quiet: bool = False
     #: Seconds after an answer to its heartbeat before the next one is answered (0: every
-    #: one; a ``quiet`` hello), and when (monotonic) the last one was.
+    #: one), as its last welcome set it, and when (monotonic) the last one was.
     quiet_s: float = 0.0
     answered_at: float = 0.0
     #: When (monotonic) it re-registered as another rank within the last :data:`MOVES_S`.
