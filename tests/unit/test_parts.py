@@ -65,6 +65,7 @@ def test_the_loop_runs_every_periodic_unit_as_a_part(daemon: Daemon) -> None:
     kinds = [type(p) for p in daemon.parts.parts]
     assert kinds == [
         parts.HeartbeatAnswers,
+        parts.Pacing,
         parts.Housekeeping,
         parts.StackExpiry,
         parts.LedgerMinutes,
