@@ -11,6 +11,7 @@ stays around a minute; each test then waits for its own benchmark and checks its
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -74,11 +75,30 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
         )
         procs[lane] = subprocess.Popen(["bash", "-c", script], cwd=ROOT, start_new_session=True)
     yield out
-    for p in procs.values():
-        if p.poll() is None:
-            # The whole lane: its shell and the benchmark (with its daemon) running under it.
+    # Lanes still running (only some benchmarks were selected): SIGTERM first, which a
+    # benchmark takes as Ctrl-C, through the finally blocks that stop what it started in
+    # sessions of its own (bench_trigger's torchrun job, which a SIGKILL to the lane's group
+    # would leave training on); then the rest of the lane.
+    running = [p for p in procs.values() if p.poll() is None]
+    for p in running:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(p.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 30
+    for p in running:
+        # The shell is reaped here; what ran under it may still be stopping.
+        while time.monotonic() < deadline and (p.poll() is None or group_alive(p.pid)):
+            time.sleep(0.2)
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
+        p.wait()
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 @pytest.mark.parametrize("name", NAMES)

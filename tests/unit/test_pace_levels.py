@@ -1,4 +1,5 @@
-"""The heartbeat pace: the interval every attached process is told, from how many attach."""
+"""The heartbeat pace's levels (pure): the interval every attached process is told, from how
+many attach; tests/test_heartbeat_pace.py runs it on a real daemon and a real client."""
 
 from __future__ import annotations
 
