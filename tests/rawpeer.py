@@ -10,7 +10,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,21 @@ def agent_double(
     }
     out.update(PROFD_RUNTIME_DIR=str(rdir), PROFD_HEARTBEAT=str(heartbeat), **env)
     return router, out
+
+
+def from_client(
+    router: zmq.Socket, proc: subprocess.Popen[Any], timeout: float, done: Callable[[], bool]
+) -> Iterator[tuple[bytes, dict[str, Any], float]]:
+    """What a training process sends a daemon double (``agent_double``): (routing id, the
+    message, when it came, monotonic) until ``done()`` or ``timeout`` s; the process must
+    stay alive meanwhile."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and not done():
+        assert proc.poll() is None, "the training process died"
+        if not router.poll(100):
+            continue
+        ident, frame = router.recv_multipart()
+        yield ident, msgpack.unpackb(frame, raw=False), time.monotonic()
 
 
 def pack(m: object) -> bytes:

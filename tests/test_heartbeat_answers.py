@@ -14,11 +14,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import zmq
 from daemonproc import BIN
 from harness import Daemon
-from rawpeer import HELLO, agent_double, dealer, pack, reply
+from rawpeer import HELLO, agent_double, dealer, from_client, pack, reply
 
 from profd.daemon.agent.attach import QUIET_ACKS
 from profd_client import protocol as P
@@ -87,14 +86,7 @@ def test_a_quiet_client_waits_acks_intervals_before_it_calls_the_daemon_silent(
     answered_at = 0.0
     silent_from: float | None = None
     try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and len(hellos) < 2:
-            assert proc.poll() is None, "the training process died"
-            if not router.poll(100):
-                continue
-            ident, frame = router.recv_multipart()
-            m = msgpack.unpackb(frame, raw=False)
-            now = time.monotonic()
+        for ident, m, now in from_client(router, proc, 60, lambda: len(hellos) >= 2):
             if m["t"] == "hello":
                 hellos.append((now, m))
                 router.send_multipart([ident, P.encode(P.WELCOME, v=m["v"], spool=str(tmp_path),

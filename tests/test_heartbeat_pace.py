@@ -15,11 +15,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import zmq
 from daemonproc import BIN
 from harness import Daemon
-from rawpeer import HELLO, agent_double, dealer, pack, reply
+from rawpeer import HELLO, agent_double, dealer, from_client, pack, reply
 
 from profd_client import protocol as P
 
@@ -119,14 +118,7 @@ def test_a_client_told_a_new_pace_takes_it_at_a_phase_of_its_own(tmp_path: Path)
         router.send_multipart([ident, frame])
 
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline and len(delays) < rounds:
-            assert proc.poll() is None, "the training process died"
-            if not router.poll(100):
-                continue
-            ident, frame = router.recv_multipart()
-            m = msgpack.unpackb(frame, raw=False)
-            now = time.monotonic()
+        for ident, m, now in from_client(router, proc, 90, lambda: len(delays) >= rounds):
             if m["t"] == "hello":
                 welcome(ident, m["v"], base)
                 continue
