@@ -33,6 +33,7 @@ and the even jobs' thresholds were the 10 %-of-the-step floor: far from either e
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -186,7 +187,14 @@ def capture_and_report(run: Run, case: Case, k: int) -> dict[str, Any]:
     d.wait_captured(sid, WAIT)
     mode.write_text(REST)
     final = d.wait_ended(sid, WAIT)
-    assert final["state"] == "done", final
+    if final["state"] != "done":
+        # Seen once (partial) in a loaded suite: the whole session and what the daemon said,
+        # where pytest's repr of the dict would cut the targets off.
+        tail = d.log.read_text(errors="replace")[-4000:]
+        raise AssertionError(
+            f"{case.name}: session {final['state']}\n{json.dumps(final, indent=1)[:8000]}\n"
+            f"daemon log:\n{tail}"
+        )
     out = run.root / f"{case.name}-{k}.html"
     doc: dict[str, Any] = d.ctl_json("report", sid, "-o", str(out), timeout=WAIT)
     if case.mode == EVEN:
