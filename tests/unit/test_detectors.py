@@ -38,6 +38,9 @@ class Rig:
         self.slices: list[int] | None = None
         self.steps = {c.key: 0 for c in clients}
         self.epochs = {c.key: 0 for c in clients}
+        #: Seconds between a rank's heartbeats (the daemon's heartbeat pace); each rank at
+        #: a phase of its own, as paced clients are.
+        self.hb_every = 1
 
     def attach(self, c: Client) -> None:
         self.clients.append(c)
@@ -50,12 +53,15 @@ class Rig:
         """``seconds`` ticks; rank r's steps take ``step_ms[r]`` ± ``jitter``; with
         ``wait_ms``, its ledgers say it waits that long a step in collectives (± ``jitter``
         of the step)."""
+        every = self.hb_every
         for _ in range(seconds):
             self.mono += 1.0
             self.unix.t += 1.0
             for c in self.clients:
+                if (round(self.mono) + c.rank) % every:
+                    continue  # paced: not this rank's second
                 base = step_ms[c.rank] / 1000.0
-                n = max(1, round(1.0 / base))
+                n = max(1, round(every / base))
                 ds = [base * (1 + self.rng.uniform(-jitter, jitter)) for _ in range(n)]
                 self.steps[c.key] += n
                 c.step = self.steps[c.key]
@@ -240,3 +246,36 @@ def test_without_every_rank_s_wait_a_lockstep_job_yields_nothing(tmp_path: Path)
     rig.run(60, dict.fromkeys(range(3), 40.0), 0.02)  # no wait at all: samples' business
     rig.run(60, dict.fromkeys(range(3), 40.0), 0.02, wait_ms={0: 13.0, 1: 2.0, 2: 13.0})
     assert rig.found() == [("slow_rank", [1])]
+
+
+#: A node past ``[daemon] max_heartbeats_per_s`` at 1 s: its ranks heartbeat every 4 s, each
+#: at its own phase, so a tick hears from a quarter of them (profd/daemon/agent/pace.py).
+PACED_RANKS, PACED_EVERY = 300, 4
+
+
+def paced_rig(tmp_path: Path) -> Rig:
+    rig = Rig(tmp_path, workers(PACED_RANKS))
+    rig.hb_every = PACED_EVERY
+    return rig
+
+
+def test_paced_heartbeats_of_a_steady_jittery_job_yield_nothing(tmp_path: Path) -> None:
+    rig = paced_rig(tmp_path)
+    rig.run(400, dict.fromkeys(range(PACED_RANKS), 30.0))
+    assert rig.found() == []
+
+
+def test_paced_heartbeats_still_name_one_slow_rank(tmp_path: Path) -> None:
+    rig = paced_rig(tmp_path)
+    rig.run(100, {r: 42.0 if r == 7 else 30.0 for r in range(PACED_RANKS)})
+    assert rig.found() == [("slow_rank", [7])]
+
+
+def test_paced_heartbeats_still_show_a_job_slowing_on_every_rank(tmp_path: Path) -> None:
+    rig = paced_rig(tmp_path)
+    rig.run(90, dict.fromkeys(range(PACED_RANKS), 30.0))
+    assert rig.found() == []
+    rig.run(60, dict.fromkeys(range(PACED_RANKS), 45.0))
+    assert rig.found() == [("regression", [])]
+    (inc,) = rig.incidents.rows()
+    assert 1.4 < inc["evidence"]["ratio"] < 1.6

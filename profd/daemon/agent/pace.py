@@ -5,11 +5,12 @@ Every heartbeat costs the daemon a wake-up of ZeroMQ's I/O thread and of its loo
 it carries: at 1,024 processes on 1 s heartbeats that alone is ~5 % of a core on a small VM
 (docs/benchmarks.md "The transport's floor"). A heartbeat's step ledger summarises every
 step since the last one, so a longer interval loses no step; it only makes ``ps``, ``top``
-and the rules see a rank a little later. Past ``[daemon] max_heartbeats_per_s`` processes a
-second, the interval doubles (1 s, 2 s, 4 s, ..., at most :data:`MAX_PACED_S`); it halves
-again only once the processes would fit in :data:`HYSTERESIS` of the lower pace's budget, so
-a node hovering at a threshold does not re-tell every process each tick. A node with the
-processes of a few training jobs (tens) never leaves its base interval.
+and the rules see a rank a little later. Past ``[daemon] max_heartbeats_per_s`` heartbeats
+a second (256 by default: far above a node's training ranks), the interval doubles (1 s, 2 s,
+4 s, ..., at most :data:`MAX_PACED_S`); it halves again only once the processes would fit in
+:data:`HYSTERESIS` of the lower pace's budget, so a node hovering at a threshold does not
+re-tell every process each tick. A node with the processes of a few training jobs (tens)
+never leaves its base interval.
 """
 
 from __future__ import annotations
@@ -24,8 +25,6 @@ MAX_PACED_S = 8.0
 HYSTERESIS = 0.75
 #: Heartbeats a process may miss before it counts as gone.
 MISSED_HEARTBEATS = 3
-#: The default of ``[daemon] max_heartbeats_per_s``: far above any node's training ranks.
-DEFAULT_MAX_RATE = 256.0
 
 
 class HeartbeatPace:
