@@ -18,6 +18,7 @@ from typing import Any
 
 from profd.blackbox.box import label, steps_of
 from profd.blackbox.summary import slowest
+from profd.watch.kinds import registry as kinds
 from profd.watch.stackgroups import waits_for_peers
 
 #: Steps before the incident's step searched for its slowest step (a rule reports a few
@@ -113,7 +114,7 @@ def onset(
             out["held_up_by"] = [
                 {"host": r["host"], "role": r["role"], "rank": r["rank"]} for r in held
             ]
-    if kind == "regression":
+    if kinds.job_changed(kind):
         changes = [c for c in (change_step(b, ratio) for b in boxes) if c is not None]
         # A regression slows every rank of the job: a change seen by fewer than half of the
         # boxes is those ranks' own noise, and of the ranks that see it the median onset

@@ -170,7 +170,10 @@ class LedgerMinutes(Part):
         self.clients = clients
 
     def tick(self, mono: float, wall: float) -> None:
-        self.ledgers.tick(self.clients)
+        # The tick's monotonic clock: what it holds back over the heartbeat rate is applied
+        # as of the tick the other parts see. Minutes are closed by the ledger's own wall
+        # clock, the one its heartbeats are filed by.
+        self.ledgers.tick(self.clients, mono)
 
 
 class MinuteWriter(Part):

@@ -24,6 +24,7 @@ from profd.report.diff import diff_reports, diff_text
 from profd.report.model import build_report
 from profd.store.index import SessionRepo
 from profd.watch.incident_record import Incident
+from profd.watch.kinds import registry as kinds
 from profd.watch.sampling import LABEL as SAMPLE_LABEL
 
 Who = tuple[str, str, int]
@@ -66,7 +67,7 @@ def compare(
         "notes": [],
     }
     notes: list[str] = out["notes"]
-    if kind == "regression":
+    if kinds.job_changed(kind):
         if sample is None:
             notes.append(
                 "no sample of the job before the capture to compare it with"
@@ -123,7 +124,7 @@ def comparison_from_index(
             "notes": [f"session {session_id} is not in the index"],
         }
     sample = None
-    if inc["kind"] == "regression":
+    if kinds.job_changed(str(inc["kind"])):
         sid = sessions.last_labelled(str(inc["job"]), SAMPLE_LABEL, float(capture["created_at"]))
         sample = sessions.session(sid) if sid is not None else None
     return compare(inc, capture, sample)

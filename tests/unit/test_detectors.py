@@ -4,6 +4,7 @@ synthetic heartbeats, one a second per rank, opening real incidents (SQLite, spo
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from pathlib import Path
 
 import msgspec
@@ -15,12 +16,15 @@ from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.detector_runs import Detectors
 from profd.store.index import Database
+from profd.watch.kinds import registry, regression, spike
+from profd.watch.kinds.kind import Kind
 
 CFG = WatchConfig(window=20.0, baseline=60.0, hold=10.0, cooldown=600.0)
 
 
 class Rig:
-    def __init__(self, tmp_path: Path, clients: list[Client], cfg: WatchConfig = CFG) -> None:
+    def __init__(self, tmp_path: Path, clients: list[Client], cfg: WatchConfig = CFG,
+                 kinds: Sequence[Kind] = registry.ALL) -> None:  # fmt: skip
         self.unix = Clock(1_800_000_000.0)
         self.mono = 1000.0
         self.clients = clients
@@ -32,7 +36,9 @@ class Rig:
         self.registry = Registry()
         for c in clients:
             self.registry.add(c)
-        self.detectors = Detectors(self.ledgers, self.registry, self.incidents, cfg.rules())
+        self.detectors = Detectors(
+            self.ledgers, self.registry, self.incidents, cfg.rules(), kinds=kinds
+        )
         self.rng = random.Random(7)
         #: Tick in slices (as the loop does), counting them; else all at once.
         self.slices: list[int] | None = None
@@ -105,12 +111,30 @@ def test_a_slow_worker_is_one_slow_rank_incident(tmp_path: Path) -> None:
     assert inc["state"] == "resolved"
 
 
+def test_the_detectors_run_the_rule_of_each_kind_they_are_given_and_no_other(
+    tmp_path: Path,
+) -> None:
+    """Which rules run is the kinds' business: without ``slow_rank`` among them, a slow worker
+    that the registry's kinds name (the test above) is nobody's finding."""
+    (tmp_path / "without").mkdir()
+    rig = Rig(tmp_path / "without", workers(3), kinds=(regression.KIND, spike.KIND))
+    rig.run(100, {0: 30.0, 1: 30.0, 2: 42.0})
+    assert rig.found() == []
+    assert {name for name, _ in rig.detectors.jobs["j"].rules} == {"regression", "spike"}
+    (tmp_path / "with").mkdir()
+    rig = Rig(tmp_path / "with", workers(3))
+    rig.run(100, {0: 30.0, 1: 30.0, 2: 42.0})
+    assert rig.found() == [("slow_rank", [2])]
+
+
 def test_a_pass_over_many_ranks_comes_in_slices_and_finds_the_same(tmp_path: Path) -> None:
     """The loop answers operators between slices of a pass; a pass in slices must decide
     exactly what one whole pass decides."""
     from profd.daemon.watch.detector_runs import SLICE
+    from profd.watch.kinds.registry import ALL
 
     n = 2 * SLICE + 44
+    tick_rules = sum(1 for k in ALL if k.tick_rule is not None)
     found = []
     for sliced in (False, True):
         (tmp_path / str(sliced)).mkdir()
@@ -120,8 +144,8 @@ def test_a_pass_over_many_ranks_comes_in_slices_and_finds_the_same(tmp_path: Pat
         rig.run(100, {r: 42.0 if r == 7 else 30.0 for r in range(n)})
         found.append(rig.found())
         if rig.slices is not None:
-            # Three slices of ranks (SLICE, SLICE, 44), then the rules over the role.
-            assert set(rig.slices) == {4}, rig.slices
+            # Three slices of ranks (SLICE, SLICE, 44), then each kind's rule in one of its own.
+            assert set(rig.slices) == {3 + tick_rules}, rig.slices
     assert found[0] == found[1] == [("slow_rank", [7])]
 
 

@@ -196,10 +196,10 @@ def test_minutes_in_memory_and_the_detectors_read_name_what_they_hold() -> None:
     assert all(
         abs(r.p50_s * 1000.0 - (m.p50_ms or 0)) < 1e-9 for r, m in zip(kept, written, strict=True)
     )
-    w = led.watch(c.key, since=1148.0, window_from=1149.0 - 60.0, q=0.5)
+    w = led.watch(c, since=1148.0, window_from=1149.0 - 60.0, q=0.5)
     assert w.tick_steps == 10 and w.tick_ms is not None and abs(w.tick_ms - 100.0) < 1e-6
     assert w.window_steps == 600 and w.window_ms is not None and abs(w.window_ms - 100.0) < 1e-6
     assert w.epoch == 0
     # A shorter window than top's is read from the ring: the same figures.
-    short = led.watch(c.key, since=1148.0, window_from=1149.0 - 10.0, q=0.5)
+    short = led.watch(c, since=1148.0, window_from=1149.0 - 10.0, q=0.5)
     assert short.window_steps == 100 and short.window_ms == w.window_ms

@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 import msgspec
 
 from profd.daemon.clients.registry import Client
+from profd.watch.kinds.kind import TickRank
 from profd.watch.snapshot import RankSeries
 from profd.watch.stats import weighted_quantile
 from profd_client import protocol as P
@@ -99,24 +100,6 @@ class KeptMinute(NamedTuple):
 
 
 _MW = len(KeptMinute._fields)
-
-
-class RankWatch(NamedTuple):
-    """What the detectors read of one rank each tick (see :meth:`Ledgers.watch`)."""
-
-    #: The median p50 (ms) of the intervals since the last tick, and the steps they cover.
-    tick_ms: float | None
-    tick_steps: int
-    #: The ledger's epoch; None: no ledger yet.
-    epoch: int | None
-    #: The window's quantile of the intervals' p50s (ms), and the steps they cover.
-    window_ms: float | None
-    window_steps: int
-    #: The longest step (ms) that ended in the intervals since the last tick (0: none).
-    tick_top_ms: float = 0.0
-    #: The collective wait per step (ms) over the window, and the steps it covers.
-    wait_ms: float | None = None
-    wait_steps: int = 0
 
 
 @dataclass(frozen=True)
@@ -708,8 +691,8 @@ class Ledgers:
         return Figures(p50_ms, None, 60.0, "index", {})
 
     # --- the detectors' read (profd.daemon.watch), once a tick for every rank ----------------
-    def watch(self, key: tuple[str, int], since: float, window_from: float, q: float) -> RankWatch:
-        """What the detectors need of one rank, in one call (they ask it of every rank each
+    def watch(self, c: Client, since: float, window_from: float, q: float) -> TickRank:
+        """What the detectors need of rank ``c``, in one call (they ask it of every rank each
         tick), all times monotonic:
 
         - the median of the p50s (ms) of its intervals that ended after ``since`` (the last
@@ -723,9 +706,10 @@ class Ledgers:
         sorted p50s and running totals ``top`` keeps, in constant time; any other from the
         ring.
         """
-        led = self.by_key.get(key)
+        led = self.by_key.get(c.key)
         if led is None or not led.timed:
-            return RankWatch(None, 0, None if led is None else led.epoch, None, 0)
+            epoch = None if led is None else led.epoch
+            return TickRank(c.host, c.pid, c.role, c.rank, c.step, epoch=epoch)
         ring = led.ring
         i = led.head
         tick_ms: float | None = None
@@ -744,7 +728,12 @@ class Ledgers:
         if intervals > 1:  # several heartbeats in one tick: their median
             tick_ms = _median_after(led, since)
         wq, wn, wait_ms, wait_n = self._window(led, window_from, q)
-        return RankWatch(
+        return TickRank(
+            c.host,
+            c.pid,
+            c.role,
+            c.rank,
+            c.step,
             None if tick_ms is None else tick_ms * 1000.0,
             tick_n,
             led.epoch,

@@ -424,7 +424,7 @@ class Incidents:
             return None
         inc.evidence["blackbox"] = doc
         held = doc.get("held_up_by")
-        if inc.kind == "spike" and held:
+        if held and kinds.suspects_from_blackbox(inc.kind):
             # The rank the others waited for, whether or not its own long step reached the
             # rule in the same tick as theirs.
             inc.suspects = [Suspect(str(h["host"]), str(h["role"]), int(h["rank"])) for h in held]

@@ -40,3 +40,13 @@ def job_wide(name: str) -> bool:
 def captures(name: str) -> bool:
     kind = get(name)
     return kind is not None and kind.captures
+
+
+def job_changed(name: str) -> bool:
+    kind = get(name)
+    return kind is not None and kind.job_changed
+
+
+def suspects_from_blackbox(name: str) -> bool:
+    kind = get(name)
+    return kind is not None and kind.suspects_from_blackbox

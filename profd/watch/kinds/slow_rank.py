@@ -5,9 +5,120 @@
 from __future__ import annotations
 
 from statistics import median
+from typing import Any
 
-from profd.watch.incident_record import Incident
-from profd.watch.kinds.kind import JobTick, Kind, pct, rule_grace, stepped
+from profd.watch.incident_record import Incident, Suspect
+from profd.watch.kinds.kind import (
+    Finding,
+    JobReading,
+    JobTick,
+    Kind,
+    TickRank,
+    pct,
+    rule_grace,
+    stepped,
+)
+from profd.watch.slowdown_rules import SlowRank, SlowRankRule, WaitedFor, WaitRule, WatchRules
+
+#: A rank's figures over the window as the role's rules take them: its step time's quantile
+#: (ms) and the steps it covers, its collective wait per step (ms, None: unknown) and the
+#: steps that covers.
+_Figures = tuple[float, int, float | None, int]
+
+
+class SlowRankTick:
+    """One job's slow-rank rules, one pair per role of two ranks or more: by step time
+    (:class:`SlowRankRule`), and, where every rank of the role sends its collective wait,
+    by who the others wait for in lockstep (:class:`WaitRule`). A rank with no window yet
+    (no ledger, or no interval in the window) is not in its role."""
+
+    def __init__(self, rules: WatchRules) -> None:
+        self.rules = rules
+        self.roles: dict[str, SlowRankRule] = {}
+        self.waits: dict[str, WaitRule] = {}
+
+    def observe(self, job: JobReading) -> list[Finding]:
+        roles: dict[str, dict[int, _Figures]] = {}
+        for r in job.ranks:
+            if r.window_ms is not None:
+                figures = (r.window_ms, r.window_steps, r.wait_ms, r.wait_steps)
+                ranks = roles.get(r.role)
+                if ranks is None:
+                    roles[r.role] = {r.rank: figures}
+                else:
+                    ranks[r.rank] = figures
+        for gone in [g for g in self.roles if g not in roles]:
+            del self.roles[gone]
+        for gone in [g for g in self.waits if g not in roles]:
+            del self.waits[gone]
+        out: list[Finding] = []
+        for role, ranks in roles.items():
+            if len(ranks) < 2:
+                self.roles.pop(role, None)
+                self.waits.pop(role, None)
+                continue
+            rule = self.roles.get(role)
+            if rule is None:
+                rule = self.roles[role] = SlowRankRule(self.rules)
+            slow = rule.observe(job.now, {rank: (q, n) for rank, (q, n, _, _) in ranks.items()})
+            if slow:
+                out += self._found(job, role, _by_steps(slow))
+            waits = self.waits.get(role)
+            if waits is None:
+                if not any(v[2] is not None for v in ranks.values()):
+                    continue  # no rank of the role sends its wait: nothing to keep
+                waits = self.waits[role] = WaitRule(self.rules)
+            waited = waits.observe(job.now, ranks)
+            if waited:
+                out += self._found(job, role, _by_wait(waited))
+        return out
+
+    def _found(self, job: JobReading, role: str, named: dict[int, dict[str, Any]]) -> list[Finding]:
+        """One finding for each rank in ``named`` (its rule's figures), whichever rule found
+        it: step times, or the collective wait of a lockstep role."""
+        by_rank: dict[int, TickRank] = {r.rank: r for r in job.ranks if r.role == role}
+        rules = self.rules
+        out = []
+        for rank, figures in named.items():
+            r = by_rank.get(rank)
+            if r is None:
+                continue
+            evidence = {
+                **figures,
+                "window_s": rules.window,
+                "hold_s": rules.hold,
+                "ranks": len(by_rank),
+            }
+            out.append(Finding(role, [Suspect(r.host, role, rank)], r.step, evidence))
+        return out
+
+
+def _by_steps(slow: list[SlowRank]) -> dict[int, dict[str, Any]]:
+    return {
+        s.rank: {
+            "step_ms": round(s.step_ms, 3),
+            "peers_ms": round(s.peers_ms, 3),
+            "ratio": round(s.ratio, 4),
+            "threshold": round(s.threshold, 4),
+        }
+        for s in slow
+    }
+
+
+def _by_wait(found: list[WaitedFor]) -> dict[int, dict[str, Any]]:
+    return {
+        s.rank: {
+            "by": "wait",
+            "wait_ms": round(s.wait_ms, 3),
+            "peers_wait_ms": round(s.peers_wait_ms, 3),
+            "step_ms": round(s.step_ms, 3),
+            "peers_ms": round(s.step_ms, 3),
+            "ratio": 1.0,
+            "waited": round(s.share, 4),
+            "threshold": round(s.threshold, 4),
+        }
+        for s in found
+    }
 
 
 def _text(inc: Incident, who: str) -> str:
@@ -55,4 +166,5 @@ KIND = Kind(
     grace=rule_grace,
     text=_text,
     loss=_loss,
+    tick_rule=SlowRankTick,
 )

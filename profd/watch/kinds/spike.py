@@ -3,8 +3,61 @@ spike``). The moment is over when it is noticed: no capture; the black box is it
 
 from __future__ import annotations
 
-from profd.watch.incident_record import Incident
-from profd.watch.kinds.kind import JobTick, Kind, num, rule_grace
+from profd.watch.incident_record import Incident, Suspect
+from profd.watch.kinds.kind import (
+    Finding,
+    JobReading,
+    JobTick,
+    Kind,
+    TickRank,
+    num,
+    only_role,
+    rule_grace,
+)
+from profd.watch.slowdown_rules import WatchRules
+from profd.watch.spike_rule import RankTick, is_candidate, spikes
+
+
+class SpikeTick:
+    """The spike rule over one job's tick: pure, it keeps nothing between ticks. A rank's
+    median (a second read of its ledger) is read only where its longest step of the tick is
+    far enough above the window's upper quantile the tick read anyway to be a spike at all:
+    for most ranks, most ticks, never."""
+
+    def __init__(self, rules: WatchRules) -> None:
+        self.threshold = rules.spike
+
+    def observe(self, job: JobReading) -> list[Finding]:
+        candidates: dict[tuple[str, int], RankTick] = {}
+        by_key: dict[tuple[str, int], TickRank] = {}
+        for r in [r for r in job.ranks if is_candidate(r.tick_top_ms, r.window_ms)]:
+            med, med_n = job.median(r)
+            if med is not None:
+                candidates[(r.host, r.pid)] = RankTick(r.tick_top_ms, med, med_n)
+                by_key[(r.host, r.pid)] = r
+        found = spikes(candidates, self.threshold) if candidates else None
+        if found is None:
+            return []
+        spiked = sorted((by_key[k] for k in found.ranks), key=lambda r: (r.role, r.rank))
+        evidence = {
+            "step_ms": round(max(top for top, _ in found.ranks.values()), 3),
+            "median_ms": round(min(med for _, med in found.ranks.values()), 3),
+            "ratio": round(found.ratio, 4),
+            "excess_ms": round(found.excess_ms, 3),
+            "threshold": found.threshold,
+            "spiked": {
+                f"{r.role}:{r.rank}": [round(v, 3) for v in found.ranks[(r.host, r.pid)]]
+                for r in spiked
+            },
+        }
+        return [
+            Finding(
+                only_role(spiked),
+                [Suspect(r.host, r.role, r.rank) for r in spiked],
+                max(r.step for r in spiked),
+                evidence,
+            )
+        ]
 
 
 def _text(inc: Incident, who: str) -> str:
@@ -40,4 +93,6 @@ KIND = Kind(
     grace=rule_grace,
     text=_text,
     loss=_loss,
+    suspects_from_blackbox=True,
+    tick_rule=SpikeTick,
 )
