@@ -114,7 +114,7 @@ def onset(
             out["held_up_by"] = [
                 {"host": r["host"], "role": r["role"], "rank": r["rank"]} for r in held
             ]
-    if kinds.job_changed(kind):
+    if kinds.known(kind).job_changed:
         changes = [c for c in (change_step(b, ratio) for b in boxes) if c is not None]
         # A regression slows every rank of the job: a change seen by fewer than half of the
         # boxes is those ranks' own noise, and of the ranks that see it the median onset

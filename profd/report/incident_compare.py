@@ -67,7 +67,7 @@ def compare(
         "notes": [],
     }
     notes: list[str] = out["notes"]
-    if kinds.job_changed(kind):
+    if kinds.known(kind).job_changed:
         if sample is None:
             notes.append(
                 "no sample of the job before the capture to compare it with"
@@ -124,7 +124,7 @@ def comparison_from_index(
             "notes": [f"session {session_id} is not in the index"],
         }
     sample = None
-    if kinds.job_changed(str(inc["kind"])):
+    if kinds.known(str(inc["kind"])).job_changed:
         sid = sessions.last_labelled(str(inc["job"]), SAMPLE_LABEL, float(capture["created_at"]))
         sample = sessions.session(sid) if sid is not None else None
     return compare(inc, capture, sample)

@@ -95,4 +95,6 @@ def test_describe_is_each_kinds_text_then_the_step_and_capture() -> None:
 def test_capture_and_scope_flags() -> None:
     assert [k.name for k in kinds.ALL if k.job_wide] == ["regression", "hang", "spike"]
     assert [k.name for k in kinds.ALL if not k.captures] == ["hang", "spike"]
-    assert not kinds.job_wide("oom") and not kinds.captures("oom")
+    oom = kinds.known("oom")
+    assert not (oom.job_wide or oom.captures or oom.job_changed or oom.suspects_from_blackbox)
+    assert oom.tick_rule is None and kinds.get("oom") is None

@@ -63,7 +63,7 @@ class IncidentCapture:
         reg = self.registry
         mine = [c for c in reg if c.job == inc.job and c.allowed and reg.owned(c)]
         mine.sort(key=lambda c: (c.role, c.rank, c.host, c.pid))
-        if kinds.job_wide(inc.kind) or not inc.suspects:
+        if kinds.known(inc.kind).job_wide or not inc.suspects:
             return mine[: self.cfg().capture_ranks]
         named = {(s.host, s.role, s.rank) for s in inc.suspects}
         suspects = [c for c in mine if (c.host, c.role, c.rank) in named]

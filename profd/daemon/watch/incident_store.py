@@ -35,7 +35,7 @@ from profd.scheduling.refusal import Refused
 from profd.store.index import IncidentRepo, SessionRepo
 from profd.watch.incident_record import OPEN, Incident, Suspect, figures, new_id
 from profd.watch.kinds import registry as kinds
-from profd.watch.kinds.kind import JobTick, RankSteps, no_loss, plain_text, rule_grace
+from profd.watch.kinds.kind import JobTick, RankSteps
 
 log = logging.getLogger("profd.watch")
 
@@ -135,7 +135,7 @@ class Incidents:
                 held = True
             elif suspect is not None:
                 fresh.append(suspect)
-        if kinds.job_wide(kind) or not suspects:
+        if kinds.known(kind).job_wide or not suspects:
             if held:
                 return None
             fresh = list(suspects)
@@ -232,7 +232,7 @@ class Incidents:
                 self._save(inc)
 
     def _arm_capture(self, inc: Incident, now: float) -> None:
-        if self.capture is None or not self.cfg.capture or not kinds.captures(inc.kind):
+        if self.capture is None or not self.cfg.capture or not kinds.known(inc.kind).captures:
             return
         last = self._captured.get(inc.job)
         if last is not None and now - last < self.cfg.cooldown:
@@ -270,7 +270,7 @@ class Incidents:
 
     @staticmethod
     def _keys(kind: str, job: str, suspects: Sequence[Suspect]) -> list[tuple[Key, Suspect | None]]:
-        if kinds.job_wide(kind) or not suspects:
+        if kinds.known(kind).job_wide or not suspects:
             return [((kind, job, None, None), None)]
         return [((kind, job, s.role, s.rank), s) for s in suspects]
 
@@ -326,9 +326,8 @@ class Incidents:
             if inc.session is not None:
                 self._captured[inc.job] = max(self._captured.get(inc.job, 0.0), inc.detected_at)
             if inc.state == OPEN:
-                kind = kinds.get(inc.kind)
                 self._seen[inc.id] = now
-                self._keep[inc.id] = (kind.grace if kind else rule_grace)(self.cfg)
+                self._keep[inc.id] = kinds.known(inc.kind).grace(self.cfg)
         return sum(1 for i in self.held.values() if i.state == OPEN)
 
     def capture_ended(self, s: Session) -> None:
@@ -424,7 +423,7 @@ class Incidents:
             return None
         inc.evidence["blackbox"] = doc
         held = doc.get("held_up_by")
-        if held and kinds.suspects_from_blackbox(inc.kind):
+        if held and kinds.known(inc.kind).suspects_from_blackbox:
             # The rank the others waited for, whether or not its own long step reached the
             # rule in the same tick as theirs.
             inc.suspects = [Suspect(str(h["host"]), str(h["role"]), int(h["rank"])) for h in held]
@@ -448,16 +447,14 @@ class Incidents:
 
 def _count(inc: Incident, tick: JobTick) -> None:
     """``inc``'s loss counted to ``tick``."""
-    kind = kinds.get(inc.kind)
-    inc.lost_rank_s = (kind.loss if kind else no_loss)(inc, tick)
+    inc.lost_rank_s = kinds.known(inc.kind).loss(inc, tick)
     inc.lost_at = tick.at
 
 
 def describe(inc: Incident) -> str:
     """One line: what was noticed, where, and the capture."""
     who = ", ".join(f"{s.role} rank {s.rank} on {s.host}" for s in inc.suspects)
-    kind = kinds.get(inc.kind)
-    what = (kind.text if kind else plain_text)(inc, who)
+    what = kinds.known(inc.kind).text(inc, who)
     if inc.step is not None:
         what += f" at step {inc.step}"
     if inc.session is not None:

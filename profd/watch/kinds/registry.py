@@ -5,7 +5,7 @@ profctl) reads them here."""
 from __future__ import annotations
 
 from profd.watch.kinds import hang, regression, slow_rank, spike, straggler
-from profd.watch.kinds.kind import Kind
+from profd.watch.kinds.kind import Kind, plain_text, rule_grace
 
 ALL: tuple[Kind, ...] = (
     regression.KIND,
@@ -32,21 +32,11 @@ def get(name: str) -> Kind | None:
     return _BY_NAME.get(name)
 
 
-def job_wide(name: str) -> bool:
-    kind = get(name)
-    return kind is not None and kind.job_wide
-
-
-def captures(name: str) -> bool:
-    kind = get(name)
-    return kind is not None and kind.captures
-
-
-def job_changed(name: str) -> bool:
-    kind = get(name)
-    return kind is not None and kind.job_changed
-
-
-def suspects_from_blackbox(name: str) -> bool:
-    kind = get(name)
-    return kind is not None and kind.suspects_from_blackbox
+def known(name: str) -> Kind:
+    """The kind called ``name``, or for a kind this version does not know (a newer daemon's,
+    in the index) one that is none of the flags: one open per job and rank, no capture, its
+    name as its text, no loss of its own."""
+    kind = _BY_NAME.get(name)
+    if kind is None:
+        kind = Kind(name, name, job_wide=False, captures=False, grace=rule_grace, text=plain_text)
+    return kind
