@@ -15,9 +15,12 @@ from datetime import UTC, datetime
 from typing import Any
 
 from profd.store.index import (
+    Database,
+    IncidentRepo,
     MinuteRow,
+    StepMinuteRepo,
     StoredMinute,
-    WarehouseQueueRepo,
+    TraceRepo,
     history_rows,
     merged_figures,
 )
@@ -33,17 +36,34 @@ class Source:
     range are read once however many of the tables built from them ask: make one Source per
     read snapshot."""
 
-    def __init__(self, repo: WarehouseQueueRepo, node: str, job: str | None = None) -> None:
-        self.repo = repo
+    def __init__(
+        self,
+        trace_rows: TraceRepo,
+        minute_rows: StepMinuteRepo,
+        incident_rows: IncidentRepo,
+        node: str,
+        job: str | None = None,
+    ) -> None:
+        self.trace_rows = trace_rows
+        self.minute_rows = minute_rows
+        self.incident_rows = incident_rows
         self.node = node
         self.job = job
         self._traces: dict[tuple[float, float], list[dict[str, Any]]] = {}
+
+    @classmethod
+    def of(cls, db: Database, node: str, job: str | None = None) -> Source:
+        """The rows of each area from its own repository over ``db``'s connection (read in
+        the caller's snapshot: ``WarehouseQueueRepo.snapshot``)."""
+        return cls(TraceRepo(db), StepMinuteRepo(db), IncidentRepo(db), node, job)
 
     def traces(self, since: float, until: float) -> list[dict[str, Any]]:
         key = (since, until)
         rows = self._traces.get(key)
         if rows is None:
-            rows = self._traces[key] = self.repo.trace_rows(since, until, stats=True, job=self.job)
+            rows = self._traces[key] = self.trace_rows.trace_rows(
+                since, until, stats=True, job=self.job
+            )
         return rows
 
 
@@ -186,7 +206,7 @@ def _rank_minutes(
     history`` merges them (steps summed, quantiles weighted by steps, the longest step,
     region times summed)."""
     by_key: dict[tuple[str, str, str, int, int], list[StoredMinute]] = {}
-    for row in src.repo.minute_rows(since, until, job=src.job):
+    for row in src.minute_rows.minute_rows(since, until, job=src.job):
         by_key.setdefault((row.job, row.host, row.role, row.rank, row.minute), []).append(row)
     out: list[tuple[StoredMinute, dict[str, float]]] = []
     for _, rows in sorted(by_key.items()):
@@ -271,7 +291,7 @@ def _lost(doc: dict[str, Any]) -> float | None:
 
 def incidents(src: Source, since: float, until: float) -> Columns:
     cols = _columns("incidents")
-    for d in src.repo.incident_docs(since, until, job=src.job):
+    for d in src.incident_rows.incident_docs(since, until, job=src.job):
         row = {
             "id": d["id"],
             "kind": d["kind"],

@@ -387,7 +387,7 @@ class Exporter:
         now = self.clock()
         seen: set[tuple[str, str]] = set()
         with repo.snapshot():
-            src = Source(repo, self.node, job)
+            src = Source.of(repo.db, self.node, job)
             sealed = repo.sealed_days()
             for mark in repo.marks():
                 if self._expired(mark.table, mark.part, now):

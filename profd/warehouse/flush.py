@@ -172,7 +172,7 @@ def _write(
 
     built: list[tuple[Mark, Any]] = []
     with repo.snapshot():
-        src = Source(repo, node)
+        src = Source.of(repo.db, node)
         for table in tables:
             gen = repo.gen(table, part)
             if gen is not None:
@@ -216,7 +216,7 @@ def _write_days(
     with repo.snapshot():
         marks = {t: repo.day_marks(t, date) for t in tables}
         for hour in range(24):
-            src = Source(repo, node)  # one hour's traces at a time
+            src = Source.of(repo.db, node)  # one hour's traces at a time
             for t in tables:
                 writers[t].add(arrow_table(t, build(t, f"{date}/{hour:02d}", src)))
     rows = nbytes = 0

@@ -87,7 +87,7 @@ def add_capture(db: Database, s3_uri: str | None) -> None:
 
 
 def rows(db: Database, table: str, part: str) -> list[dict[str, Any]]:
-    t = arrow_table(table, build(table, part, Source(WarehouseQueueRepo(db), "node-a")))
+    t = arrow_table(table, build(table, part, Source.of(db, "node-a")))
     assert t.schema.equals(SCHEMAS[table])
     out: list[dict[str, Any]] = t.to_pylist()
     return out

@@ -18,6 +18,7 @@ from profd.store.index.history import (
     HISTORY_MAX_ROWS,
     MinuteRow,
     StepMinuteRepo,
+    StoredMinute,
     history_rows,
     merged_figures,
 )
@@ -27,7 +28,7 @@ from profd.store.index.schema import SCHEMA, SCHEMA_VERSION, IndexSchemaError
 from profd.store.index.sessions import SessionRepo
 from profd.store.index.traces import PathTaken, TraceFilter, TraceRepo
 from profd.store.index.upload_queue import UploadQueueRepo
-from profd.store.index.warehouse_queue import Mark, StoredMinute, WarehouseQueueRepo
+from profd.store.index.warehouse_queue import Mark, WarehouseQueueRepo
 
 __all__ = [
     "HISTORY_MAX_ROWS",

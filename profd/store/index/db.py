@@ -38,6 +38,12 @@ class Repo:
         self._db = db
         self.conn = db.conn
 
+    @property
+    def db(self) -> Database:
+        """The database it reads: other areas' repositories over the same connection (one
+        read snapshot, one transaction) are made from it."""
+        return self._db
+
     def transaction(self) -> Transaction:
         """One commit for many writes: those through other repositories over the same
         :class:`Database` are part of it too (they share its connection)."""

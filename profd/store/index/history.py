@@ -76,6 +76,36 @@ class StepMinuteRepo(Repo):
             if k < chunk:
                 return n
 
+    def minute_rows(self, since: float, until: float, job: str | None = None) -> list[StoredMinute]:
+        """Step minutes starting in ``[since, until)``, as the index holds them (a rank that
+        re-attached within a minute has a row for each process)."""
+        sql = (
+            "SELECT job, host, role, rank, minute, steps, p50_ms, p90_ms, max_ms, regions"
+            " FROM step_minutes WHERE minute >= ? AND minute < ?"
+        )
+        args: list[Any] = [since, until]
+        if job is not None:
+            sql += " AND job = ?"
+            args.append(job)
+        cur = self.conn.cursor()
+        cur.row_factory = None
+        return list(map(StoredMinute._make, cur.execute(sql, args).fetchall()))
+
+
+class StoredMinute(NamedTuple):
+    """One ``step_minutes`` row, column by column."""
+
+    job: str
+    host: str
+    role: str
+    rank: int
+    minute: int
+    steps: int
+    p50_ms: float | None
+    p90_ms: float | None
+    max_ms: float | None
+    regions: str  # JSON: name -> seconds
+
 
 class MinuteRow(NamedTuple):
     """One rank's minute as ``step_history`` reads it."""

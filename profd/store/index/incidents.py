@@ -73,3 +73,15 @@ class IncidentRepo(Repo):
             (since,),
         ).fetchall()
         return [json.loads(r["doc"]) for r in rows]
+
+    def incident_docs(
+        self, since: float, until: float, job: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Incidents detected in ``[since, until)``, each ``Incident.to_dict()``."""
+        sql = "SELECT doc FROM incidents WHERE detected_at >= ? AND detected_at < ?"
+        args: list[Any] = [since, until]
+        if job is not None:
+            sql += " AND job = ?"
+            args.append(job)
+        rows = self.conn.execute(sql + " ORDER BY detected_at, id", args).fetchall()
+        return [json.loads(r[0]) for r in rows]

@@ -10,9 +10,14 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+
 from profd import globs
 from profd.store.index.db import Repo
 from profd.store.index.files import insert_file
+
+# msgspec's decoder: a day of captures' statistics is some 10^5 documents of a few KiB.
+_decode = msgspec.json.Decoder().decode
 
 _FILE_COLS = ("kind", "path", "bytes", "upload_state", "s3_uri", "last_error", "deleted")
 
@@ -103,6 +108,37 @@ class TraceRepo(Repo):
             r["stats"] = json.loads(r["stats"]) if r.get("stats") else None
         _attach_files(cur, rows)
         return rows
+
+    # --- the warehouse export's read of a partition -----------------------------------------
+    def trace_rows(
+        self, since: float, until: float, stats: bool, job: str | None = None
+    ) -> list[dict[str, Any]]:
+        """Traces created in ``[since, until)`` with their target's world size, their
+        session's backend and label, and their trace file's S3 uri and spool-relative path;
+        ``stats`` parsed when asked for."""
+        sql = (
+            "SELECT t.id, t.session, t.job, t.host, t.role, t.rank, t.cycle, t.steps, t.bytes,"
+            " t.state, t.stall_ms, t.created_at, tg.world_size, s.backend, s.label,"
+            " f.s3_uri, f.rel" + (", t.stats" if stats else "") + " FROM traces t"
+            " LEFT JOIN targets tg ON tg.session = t.session AND tg.host = t.host"
+            " AND tg.pid = t.pid LEFT JOIN sessions s ON s.id = t.session"
+            " LEFT JOIN files f ON f.path = t.path"
+            " WHERE t.created_at >= ? AND t.created_at < ?"
+        )
+        args: list[Any] = [since, until]
+        if job is not None:
+            sql += " AND t.job = ?"
+            args.append(job)
+        cur = self.conn.cursor()
+        cur.row_factory = None
+        cur.execute(sql + " ORDER BY t.id", args)
+        cols = [d[0] for d in cur.description]
+        out = [dict(zip(cols, t, strict=True)) for t in cur.fetchall()]
+        for r in out:
+            r["steps"] = _decode(r["steps"])
+            if stats:
+                r["stats"] = _decode(r["stats"]) if r["stats"] else None
+        return out
 
 
 def _trace_query(flt: TraceFilter) -> tuple[str, list[Any]]:

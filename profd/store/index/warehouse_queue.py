@@ -1,6 +1,7 @@
 """The warehouse export's queue (``warehouse_dirty``: partitions whose rows changed since
-their object was written, marked by the index's own triggers, see :mod:`.schema`) and the
-reads the exporter builds each partition's rows from.
+their object was written, marked by the index's own triggers, see :mod:`.schema`) and its
+days. The rows of a partition are read by each area's own repository (``TraceRepo``,
+``StepMinuteRepo``, ``IncidentRepo``) over the same connection, in :meth:`snapshot`.
 
 The exporter reads a mark's ``gen`` and the partition's rows in one read transaction, writes
 the object, then calls :meth:`WarehouseQueueRepo.written`: the mark goes only if nobody
@@ -10,33 +11,12 @@ next flush, never lost.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, NamedTuple
-
-import msgspec
+from typing import NamedTuple
 
 from profd.store.index.db import Repo
-
-# msgspec's decoder: a day of captures' statistics is some 10^5 documents of a few KiB.
-_decode = msgspec.json.Decoder().decode
-
-
-class StoredMinute(NamedTuple):
-    """One ``step_minutes`` row, column by column."""
-
-    job: str
-    host: str
-    role: str
-    rank: int
-    minute: int
-    steps: int
-    p50_ms: float | None
-    p90_ms: float | None
-    max_ms: float | None
-    regions: str  # JSON: name -> seconds
 
 
 class Mark(NamedTuple):
@@ -176,61 +156,3 @@ class WarehouseQueueRepo(Repo):
             yield
         finally:
             self.conn.execute("COMMIT")
-
-    # --- the rows of one partition ---------------------------------------------------------------
-    def trace_rows(
-        self, since: float, until: float, stats: bool, job: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Traces created in ``[since, until)`` with their target's world size, their
-        session's backend and label, and their trace file's S3 uri and spool-relative path;
-        ``stats`` parsed when asked for."""
-        sql = (
-            "SELECT t.id, t.session, t.job, t.host, t.role, t.rank, t.cycle, t.steps, t.bytes,"
-            " t.state, t.stall_ms, t.created_at, tg.world_size, s.backend, s.label,"
-            " f.s3_uri, f.rel" + (", t.stats" if stats else "") + " FROM traces t"
-            " LEFT JOIN targets tg ON tg.session = t.session AND tg.host = t.host"
-            " AND tg.pid = t.pid LEFT JOIN sessions s ON s.id = t.session"
-            " LEFT JOIN files f ON f.path = t.path"
-            " WHERE t.created_at >= ? AND t.created_at < ?"
-        )
-        args: list[Any] = [since, until]
-        if job is not None:
-            sql += " AND t.job = ?"
-            args.append(job)
-        cur = self.conn.cursor()
-        cur.row_factory = None
-        cur.execute(sql + " ORDER BY t.id", args)
-        cols = [d[0] for d in cur.description]
-        out = [dict(zip(cols, t, strict=True)) for t in cur.fetchall()]
-        for r in out:
-            r["steps"] = _decode(r["steps"])
-            if stats:
-                r["stats"] = _decode(r["stats"]) if r["stats"] else None
-        return out
-
-    def minute_rows(self, since: float, until: float, job: str | None = None) -> list[StoredMinute]:
-        """Step minutes starting in ``[since, until)``, as the index holds them (a rank that
-        re-attached within a minute has a row for each process)."""
-        sql = (
-            "SELECT job, host, role, rank, minute, steps, p50_ms, p90_ms, max_ms, regions"
-            " FROM step_minutes WHERE minute >= ? AND minute < ?"
-        )
-        args: list[Any] = [since, until]
-        if job is not None:
-            sql += " AND job = ?"
-            args.append(job)
-        cur = self.conn.cursor()
-        cur.row_factory = None
-        return list(map(StoredMinute._make, cur.execute(sql, args).fetchall()))
-
-    def incident_docs(
-        self, since: float, until: float, job: str | None = None
-    ) -> list[dict[str, Any]]:
-        """Incidents detected in ``[since, until)``, each ``Incident.to_dict()``."""
-        sql = "SELECT doc FROM incidents WHERE detected_at >= ? AND detected_at < ?"
-        args: list[Any] = [since, until]
-        if job is not None:
-            sql += " AND job = ?"
-            args.append(job)
-        rows = self.conn.execute(sql + " ORDER BY detected_at, id", args).fetchall()
-        return [json.loads(r[0]) for r in rows]
