@@ -228,7 +228,7 @@ class IncidentKeeping(Part):
         self.incidents = incidents
 
     def tick(self, mono: float, wall: float) -> None:
-        self.incidents.tick()
+        self.incidents.tick(wall)
 
     def reconfigure(self, watch: WatchConfig) -> None:
         self.incidents.reconfigure(watch)

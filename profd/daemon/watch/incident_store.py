@@ -275,10 +275,12 @@ class Incidents:
         return [((kind, job, s.role, s.rank), s) for s in suspects]
 
     # --- the loop's side ------------------------------------------------------------------
-    def tick(self) -> None:
-        """Once a tick: resolve the incidents no rule reported for their hold; forget the
-        resolved ones whose cooldown passed; write what could not be written before."""
-        now = self._clock()
+    def tick(self, now: float | None = None) -> None:
+        """Once a tick (unix ``now``: the tick's wall clock; its own clock when None):
+        resolve the incidents no rule reported for their hold; forget the resolved ones
+        whose cooldown passed; write what could not be written before."""
+        if now is None:
+            now = self._clock()
         for inc in list(self.held.values()):
             if inc.state == OPEN:
                 if now - self._seen.get(inc.id, now) > self._keep.get(inc.id, self.cfg.hold):
