@@ -28,8 +28,8 @@ from collections.abc import Iterator, Sequence
 from profd.daemon.clients.ledger import Ledgers
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.watch.incident_store import Incidents
-from profd.watch.kinds import registry as kinds
 from profd.watch.kinds.kind import JobReading, Kind, RankSteps, TickRank, TickRule
+from profd.watch.kinds.registry import ALL as ALL_KINDS
 from profd.watch.slowdown_rules import WINDOW_Q, WatchRules
 
 #: Ranks read in one slice of a pass (~0.6 ms at 5 us a rank): operators are answered between.
@@ -59,7 +59,7 @@ class Detectors:
         incidents: Incidents,
         rules: WatchRules,
         enabled: bool = True,
-        kinds: Sequence[Kind] = kinds.ALL,
+        kinds: Sequence[Kind] = ALL_KINDS,
     ) -> None:
         self.ledgers = ledgers
         self.registry = registry
