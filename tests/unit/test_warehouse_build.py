@@ -160,6 +160,20 @@ def test_an_incident_row(db: Database) -> None:
     assert reason({"kind": "hang", "evidence": {}}) is None
 
 
+def test_a_source_of_one_job_reads_only_that_jobs_rows_of_each_area(db: Database) -> None:
+    add_capture(db, None)
+    StepMinuteRepo(db).add_step_minutes([minute(0, 100.0)])
+    IncidentRepo(db).save_incident({"id": "i1", "kind": "spike", "job": "j", "state": "open",
+                                    "detected_at": T0, "suspects": []})  # fmt: skip
+    for job, n in (("j", 1), ("other", 0), (None, 1)):
+        src = Source.of(db, "node-a", job)
+        assert len(src.traces(T0 - 3600, T0 + 3600)) == n, job
+        assert len(src.minute_rows.minute_rows(T0 - 3600, T0 + 3600, job)) == n, job
+        assert len(src.incident_rows.incident_docs(T0 - 3600, T0 + 3600, job)) == n, job
+    # The range's end is not in it.
+    assert Source.of(db, "node-a", "j").traces(T0 - 3600, T0) == []
+
+
 def test_a_mark_goes_only_if_nothing_marked_its_partition_again(db: Database) -> None:
     q = WarehouseQueueRepo(db)
     IncidentRepo(db).save_incident({"id": "a", "kind": "k", "job": "j", "state": "open",

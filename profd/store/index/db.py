@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from profd import globs
 from profd.store.index.schema import bring_up_to_date, check_readable
@@ -48,6 +49,17 @@ class Repo:
         """One commit for many writes: those through other repositories over the same
         :class:`Database` are part of it too (they share its connection)."""
         return self._db.transaction()
+
+
+def in_range(
+    sql: str, since: float, until: float, job: str | None, job_column: str = "job"
+) -> tuple[str, list[Any]]:
+    """``sql``, whose WHERE clause ends bounding a column by ``>= ? AND < ?``, and its
+    arguments, limited to ``job``'s rows too when one is given (a partition of the warehouse
+    export: one day or hour, of every job or of one)."""
+    if job is None:
+        return sql, [since, until]
+    return f"{sql} AND {job_column} = ?", [since, until, job]
 
 
 class Transaction:

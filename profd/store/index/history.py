@@ -8,7 +8,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, NamedTuple, Protocol
 
-from profd.store.index.db import Repo
+from profd.store.index.db import Repo, in_range
 from profd.watch.stats import sorted_median, weighted_quantile
 
 #: Rank-minutes one ``history`` request reads at most (about 4 hours of 1,024 ranks, a month
@@ -83,10 +83,7 @@ class StepMinuteRepo(Repo):
             "SELECT job, host, role, rank, minute, steps, p50_ms, p90_ms, max_ms, regions"
             " FROM step_minutes WHERE minute >= ? AND minute < ?"
         )
-        args: list[Any] = [since, until]
-        if job is not None:
-            sql += " AND job = ?"
-            args.append(job)
+        sql, args = in_range(sql, since, until, job)
         cur = self.conn.cursor()
         cur.row_factory = None
         return list(map(StoredMinute._make, cur.execute(sql, args).fetchall()))

@@ -7,7 +7,7 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from profd.store.index.db import Repo
+from profd.store.index.db import Repo, in_range
 
 
 class IncidentRepo(Repo):
@@ -78,10 +78,11 @@ class IncidentRepo(Repo):
         self, since: float, until: float, job: str | None = None
     ) -> list[dict[str, Any]]:
         """Incidents detected in ``[since, until)``, each ``Incident.to_dict()``."""
-        sql = "SELECT doc FROM incidents WHERE detected_at >= ? AND detected_at < ?"
-        args: list[Any] = [since, until]
-        if job is not None:
-            sql += " AND job = ?"
-            args.append(job)
+        sql, args = in_range(
+            "SELECT doc FROM incidents WHERE detected_at >= ? AND detected_at < ?",
+            since,
+            until,
+            job,
+        )
         rows = self.conn.execute(sql + " ORDER BY detected_at, id", args).fetchall()
         return [json.loads(r[0]) for r in rows]

@@ -13,7 +13,7 @@ from typing import Any
 import msgspec
 
 from profd import globs
-from profd.store.index.db import Repo
+from profd.store.index.db import Repo, in_range
 from profd.store.index.files import insert_file
 
 # msgspec's decoder: a day of captures' statistics is some 10^5 documents of a few KiB.
@@ -125,10 +125,7 @@ class TraceRepo(Repo):
             " LEFT JOIN files f ON f.path = t.path"
             " WHERE t.created_at >= ? AND t.created_at < ?"
         )
-        args: list[Any] = [since, until]
-        if job is not None:
-            sql += " AND t.job = ?"
-            args.append(job)
+        sql, args = in_range(sql, since, until, job, "t.job")
         cur = self.conn.cursor()
         cur.row_factory = None
         cur.execute(sql + " ORDER BY t.id", args)
