@@ -22,11 +22,14 @@ from clusters import Cluster
 from daemonproc import free_port
 from harness import BIN, JOBS, Daemon, Job, wait_for
 from lines import read_line
+from msgspec.structs import replace
 from users import group_daemon
 
+from profd import control_schema as C
 from profd.daemon.clients.pyspy_reader import StackTarget, find_pyspy, read_one
 from profd.watch import stackgroups
 from profd.watch.rankrow import ReadStatus
+from profd.watch.stackrows import Source, to_maps
 
 #: The torchrun jobs make these end-to-end; the py-spy parsing ones are quick.
 slow = pytest.mark.slow
@@ -66,21 +69,23 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
             [pyspy, "dump", "--pid", str(p.pid), "--json"], capture_output=True, check=True
         )
         threads = stackgroups.parse_pyspy(json.loads(out.stdout))
-        by_name = {t["name"]: t for t in threads}
+        by_name = {t.name: t for t in threads}
         assert set(by_name) == {"MainThread", "helper"}
-        main = by_name["MainThread"]["frames"]
-        assert [f["function"] for f in main] == ["waiting_here", "<module>"]
+        main = by_name["MainThread"].frames
+        assert [f.function for f in main] == ["waiting_here", "<module>"]
         line = _SLEEPER.splitlines().index("    time.sleep(600)") + 1
-        assert main[0]["file"] == "<string>" and main[0]["line"] == line
-        assert by_name["helper"]["tid"] == helper_tid
-        assert by_name["helper"]["frames"][0]["function"] == "helper_loop"
+        assert main[0].file == "<string>" and main[0].line == line
+        assert by_name["helper"].tid == helper_tid
+        assert by_name["helper"].frames[0].function == "helper_loop"
         # The thread the client names is the training thread, whatever the order.
-        stackgroups.mark_training(threads, helper_tid)
-        assert [t["name"] for t in threads if t["training"]] == ["helper"]
+        marked = stackgroups.mark_training(threads, helper_tid)
+        assert [t.name for t in marked if t.training] == ["helper"]
 
-        row = read_one(pyspy, StackTarget("h", "worker", 0, p.pid, p.pid, None)).to_dict()
-        assert row["source"] == "py-spy" and "error" not in row
-        assert [t["name"] for t in row["threads"] if t["training"]] == ["MainThread"]
+        row = read_one(pyspy, StackTarget("h", "worker", 0, p.pid, p.pid, None)).stacks
+        assert row.source is Source.PYSPY and row.error is None
+        assert [t.name for t in row.threads if t.training] == ["MainThread"]
+        # On the wire: the map the protocol's schema checks (an older profctl's too).
+        C.STACK_RANK.check(to_maps(row), "stacks.ranks[0]")
 
         # With native frames: C frames marked as such, the Python frames unchanged, so the
         # two reads group together.
@@ -92,11 +97,11 @@ def test_a_real_pyspy_dump_parses_into_threads_innermost_first() -> None:
             check=True,
             timeout=120,
         )
-        nat = {**row, "rank": 1, "threads": stackgroups.parse_pyspy(json.loads(out.stdout))}
-        stackgroups.mark_training(nat["threads"], None, p.pid)
-        (t,) = [t for t in nat["threads"] if t["training"]]
-        assert any(f.get("native") for f in t["frames"]), t["frames"]
-        assert [f for f in t["frames"] if not f.get("native")] == main
+        native = stackgroups.parse_pyspy(json.loads(out.stdout))
+        nat = replace(row, rank=1, threads=stackgroups.mark_training(native, None, p.pid))
+        (t,) = [t for t in nat.threads if t.training]
+        assert any(f.native for f in t.frames), t.frames
+        assert tuple(f for f in t.frames if not f.native) == main
         assert len(stackgroups.group([row, nat])) == 1
     finally:
         p.kill()
@@ -108,7 +113,7 @@ def test_a_process_that_is_gone_is_reported_not_raised() -> None:
     p.wait()
     got = read_one(find_pyspy(), StackTarget("h", "worker", 3, p.pid, p.pid, None))
     assert got.status is ReadStatus.EXITED  # no agent thread is asked for a gone process
-    row = got.to_dict()
+    row = to_maps(got.stacks)
     assert row["source"] is None and row["threads"] == []
     assert row["error"] == "the process exited while its stacks were read"
 

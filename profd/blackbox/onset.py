@@ -20,6 +20,7 @@ from profd.blackbox.box import label, steps_of
 from profd.blackbox.summary import slowest
 from profd.watch.kinds import registry as kinds
 from profd.watch.stackgroups import waits_for_peers
+from profd.watch.stackrows import Frame
 
 #: Steps before the incident's step searched for its slowest step (a rule reports a few
 #: heartbeats after the step, and the job's step count has moved on by then).
@@ -33,11 +34,11 @@ SUSTAINED = 4 * ROLLING
 KEEP_RANKS = 16
 
 
-def _frame(text: str) -> dict[str, Any]:
+def _frame(text: str) -> Frame:
     # Frames are kept as "function (file:line)".
     function, _, rest = text.partition(" (")
     file = rest.rsplit(":", 1)[0] if rest else ""
-    return {"function": function, "file": file}
+    return Frame(function, file)
 
 
 def waited(box: dict[str, Any], step: int) -> bool | None:

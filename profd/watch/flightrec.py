@@ -15,19 +15,20 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from profd.watch.stackgroups import label
+from profd.watch.stackrows import Member, StackRank
 
 Who = tuple[str, str, int]  # (host, role, rank)
 
 
-def _who(r: dict[str, Any]) -> Who:
-    return (str(r.get("host") or ""), str(r["role"]), int(r["rank"]))
+def _who(r: StackRank) -> Who:
+    return (r.host, r.role, r.rank)
 
 
 def _member(w: Who) -> dict[str, Any]:
     return {"host": w[0], "role": w[1], "rank": w[2]}
 
 
-def divergence(ranks: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
+def divergence(ranks: Iterable[StackRank]) -> dict[str, Any] | None:
     """``{"groups": [per process group where ranks differ], "without": [ranks whose
     recorder is on but gave no summary, with why], "ranks": n}`` or None when no rank sent
     a summary. A group's entry: ``{"pg", "desc", "seq", "kind": "behind" | "mismatch",
@@ -36,10 +37,10 @@ def divergence(ranks: Iterable[dict[str, Any]]) -> dict[str, Any] | None:
     flights: dict[Who, dict[str, Any]] = {}
     without = []
     for r in ranks:
-        if r.get("flight") is not None:
-            flights[_who(r)] = r["flight"]
-        elif r.get("flight_error"):
-            without.append({**_member(_who(r)), "why": r["flight_error"]})
+        if r.flight is not None:
+            flights[_who(r)] = r.flight
+        elif r.flight_error:
+            without.append({**_member(_who(r)), "why": r.flight_error})
     if not flights:
         return None
     pgs: dict[str, dict[Who, int]] = {}
@@ -132,7 +133,7 @@ def text(doc: dict[str, Any] | None) -> list[str]:
     hosts = _hosts(doc)
 
     def _label(members: Sequence[dict[str, Any]]) -> str:
-        return label(members, hosts)
+        return label((Member(m["host"], m["role"], m["rank"]) for m in members), hosts)
 
     lines = []
     for g in doc["groups"]:

@@ -14,9 +14,13 @@ from dataclasses import dataclass
 from statistics import median
 from typing import Any
 
+import msgspec
+from msgspec.structs import replace
+
 from profd.watch import flightrec
 from profd.watch import stackgroups as sg
 from profd.watch.incident_record import is_withheld
+from profd.watch.stackrows import Frame, Group, Member, StackRank, Thread, ranks_of, to_maps
 
 #: The least ``stall_after`` may be by default, and how many of the job's typical steps it
 #: waits (docs/design.md: "the larger of 60 s and 20 x the job's median step time").
@@ -82,39 +86,37 @@ class StallClock:
         return now - max(r.since for r in self.ranks.values())
 
 
-def kept(rank: dict[str, Any]) -> dict[str, Any]:
+def kept(rank: StackRank) -> StackRank:
     """A rank row as an incident keeps it: who, its source (or why none), and its training
     thread's innermost frames."""
-    out: dict[str, Any] = {
-        k: rank[k] for k in ("host", "client_host", "role", "rank", "pid", "source") if k in rank
-    }
-    if rank.get("error"):
-        out["error"] = rank["error"]
-    if rank.get("flight") is not None:
-        out["flight"] = flightrec.kept(rank["flight"])
-    if rank.get("flight_error"):
-        out["flight_error"] = rank["flight_error"]
-    training = next((t for t in rank.get("threads") or () if t.get("training")), None)
-    frames = sg.training_frames(rank)
-    out["threads"] = (
-        []
-        if frames is None or training is None
-        else [
-            {
-                "name": training.get("name", ""),
-                "tid": training.get("tid", 0),
-                "training": True,
-                "frames": _innermost(frames),
-            }
-        ]
+    training = rank.training
+    return StackRank(
+        host=rank.host,
+        role=rank.role,
+        rank=rank.rank,
+        pid=rank.pid,
+        source=rank.source,
+        threads=()
+        if training is None
+        else (
+            Thread(
+                name=training.name,
+                tid=training.tid,
+                frames=_innermost(training.frames),
+                training=True,
+            ),
+        ),
+        error=rank.error or None,
+        flight=None if rank.flight is None else flightrec.kept(rank.flight),
+        flight_error=rank.flight_error or None,
+        client_host=rank.client_host,
     )
-    return out
 
 
-def _innermost(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _innermost(frames: Sequence[Frame]) -> tuple[Frame, ...]:
     out, py, native = [], 0, 0
     for f in frames:
-        if f.get("native"):
+        if f.native:
             native += 1
             if native > KEEP_NATIVE:
                 continue
@@ -123,57 +125,70 @@ def _innermost(frames: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if py > KEEP_FRAMES:
                 break
         out.append(f)
-    return out
+    return tuple(out)
 
 
-def diagnose(ranks: Sequence[dict[str, Any]]) -> dict[str, Any]:
-    """What a stalled job's ranks (rank rows, ``stackgroups``) say: ``{"suspects": [{"host",
-    "role", "rank"}], "groups", "ranks", "summary": [lines], "verdict": str, "flight"}``;
-    suspects are the ranks outside the majority group; ``flight``: where their flight
+class Diagnosis(msgspec.Struct, frozen=True, kw_only=True):
+    """What a stalled job's ranks say: the ranks outside the majority group (``suspects``),
+    the groups (each with ``where``), the ranks as an incident keeps them (:func:`kept`),
+    the summary's lines, the verdict a human reads first, and where the ranks' flight
     recorders part (``flightrec.divergence``; None where none is on)."""
+
+    suspects: tuple[Member, ...]
+    groups: tuple[Group, ...]
+    ranks: tuple[StackRank, ...]
+    summary: list[str]
+    verdict: str
+    flight: dict[str, Any] | None
+
+    def evidence(self) -> dict[str, Any]:
+        """Everything but the suspects (the incident's own field), as a hang incident's
+        evidence keeps it: maps, for its JSON."""
+        out: dict[str, Any] = to_maps(self)
+        del out["suspects"]
+        return out
+
+
+def diagnose(ranks: Sequence[StackRank]) -> Diagnosis:
+    """What a stalled job's ranks say (:class:`Diagnosis`)."""
     rows = [kept(r) for r in ranks]
     groups = sg.group(rows)
-    doc = {"ranks": rows, "groups": groups}
-    suspects = [m for g in groups if not g["majority"] for m in g["ranks"]]
     flight = flightrec.divergence(rows)
-    return {
-        "suspects": suspects,
-        "groups": [{**g, "where": sg.where(g["frames"])} for g in groups],
-        "ranks": rows,
-        "summary": sg.summary(doc) + flightrec.text(flight),
-        "verdict": verdict(groups, rows),
-        "flight": flight,
-    }
+    return Diagnosis(
+        suspects=tuple(m for g in groups if not g.majority for m in g.ranks),
+        groups=tuple(replace(g, where=sg.where(g.frames)) for g in groups),
+        ranks=tuple(rows),
+        summary=sg.summary(rows, groups) + flightrec.text(flight),
+        verdict=verdict(groups, rows),
+        flight=flight,
+    )
 
 
-def verdict(groups: Sequence[dict[str, Any]], rows: Sequence[dict[str, Any]]) -> str:
+def verdict(groups: Sequence[Group], rows: Sequence[StackRank]) -> str:
     """One sentence a human reads first."""
-    hosts = len({r.get("host") for r in rows}) > 1
+    hosts = len({r.host for r in rows}) > 1
     silent = sg.not_answering(rows)
     if not groups:
         return "no rank's stacks could be read: " + (
-            "; ".join(sorted({str(r.get("error") or "no answer") for r in rows})) or "no ranks"
+            "; ".join(sorted({r.error or "no answer" for r in rows})) or "no ranks"
         )
-    who = [{"host": r.get("host"), "role": r["role"], "rank": r["rank"]} for r in silent]
-    unread = f"; {sg.label(who, hosts)} gave no stacks" if silent else ""
+    unread = f"; {sg.label([r.member for r in silent], hosts)} gave no stacks" if silent else ""
     if len(groups) > 1:
-        odd = [g for g in groups if not g["majority"]]
-        names = "; ".join(f"{sg.label(g['ranks'], hosts)} {sg.where(g['frames'])}" for g in odd)
+        odd = [g for g in groups if not g.majority]
+        names = "; ".join(f"{sg.label(g.ranks, hosts)} {sg.where(g.frames)}" for g in odd)
         major = groups[0]
-        return (
-            f"{names}, while {sg.label(major['ranks'], hosts)} {sg.where(major['frames'])}" + unread
-        )
+        return f"{names}, while {sg.label(major.ranks, hosts)} {sg.where(major.frames)}" + unread
     only = groups[0]
-    where = sg.where(only["frames"])
+    where = sg.where(only.frames)
     if silent:
-        return f"{sg.label(only['ranks'], hosts)} {where}{unread}: no majority to compare with"
-    if sg.in_nsys_stop(only["frames"]):
+        return f"{sg.label(only.ranks, hosts)} {where}{unread}: no majority to compare with"
+    if sg.in_nsys_stop(only.frames):
         return (
             f"every rank is inside cudaProfilerStop while nsys flushes ({where}): nsys holds"
             " the call that ends an nsys capture range until it has written or given up on"
             " its capture, which can take minutes; not a hang of the job. No suspect"
         )
-    if sg.waits_for_peers(only["frames"]):
+    if sg.waits_for_peers(only.frames):
         return (
             f"every rank here waits for its peers ({where}): the rank they wait for is not"
             " among them (another node: `profctl --cluster incident ID` merges every node's"
@@ -202,12 +217,23 @@ def merge(incidents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     elsewhere stands out even though it looked uniform alone. ``hosts`` and ``merged`` (the
     node incidents' ids) are added."""
     first = min(incidents, key=lambda i: (i["detected_at"], i["id"]))
-    rows: list[dict[str, Any]] = []
+    rows: list[StackRank] = []
+    unread = 0
     for inc in incidents:
-        for r in (inc.get("evidence") or {}).get("ranks") or ():
-            rows.append({**r, "host": r.get("host") or inc["host"]})
-    found = diagnose(rows)
-    suspects = found.pop("suspects")
+        maps = (inc.get("evidence") or {}).get("ranks") or ()
+        # An older record may name a rank's node only on the incident.
+        got, bad = ranks_of(
+            {**m, "host": m.get("host") or inc["host"]} if isinstance(m, dict) else m for m in maps
+        )
+        rows += got
+        unread += bad
+    diagnosis = diagnose(rows)
+    found = diagnosis.evidence()
+    suspects: list[Any] = to_maps(diagnosis.suspects)
+    if unread:
+        # A node's stored rows that are not rank rows (a lying peer, a damaged record):
+        # left out of the grouping, and said.
+        found["ranks_unread"] = unread
     withheld = [i for i in incidents if is_withheld(i.get("evidence") or {})]
     if withheld:
         # Some nodes' stacks are another user's (``incident.seen_by``): their ranks are not

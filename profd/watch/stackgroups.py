@@ -3,20 +3,20 @@ stack, the largest the majority, every other a suspect group named by its ranks 
 in user code they are. Pure: the daemon (one node) and profctl (``--cluster``, every node's
 ranks together) group with the same functions.
 
-A rank is a map ``{"host", "role", "rank", "pid", "source", "threads", "error"?}``; a thread
-``{"name", "tid", "training", "frames"}``; a frame ``{"function", "file", "line"}``, frames
-innermost first. ``source`` is ``"py-spy"``, ``"agent"`` or None (the rank gave no stacks:
-``error`` says why, and it is in no group).
+A rank is a :class:`~profd.watch.stackrows.StackRank`: its threads, each a list of frames
+innermost first, and who read them (``source`` None: the rank gave no stacks, ``error`` says
+why, and it is in no group).
 """
 
 from __future__ import annotations
 
 import os
 import sysconfig
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
 
-Frame = dict[str, Any]
+from msgspec.structs import replace
+
+from profd.watch.stackrows import Frame, Group, Member, StackRank, Thread, TreeNode
 
 #: Directories whose frames are library code: never what names a group.
 _LIBRARY_DIRS = tuple(
@@ -39,86 +39,81 @@ _WRAPPERS = frozenset({"wrapper", "inner", "_fn", "decorate_context", "wrapped",
 
 
 # --- py-spy ---------------------------------------------------------------------------------------
-def parse_pyspy(doc: object) -> list[dict[str, Any]]:
-    """The threads of ``py-spy dump --json``'s output (a list of traces, one per thread):
-    ``{"name", "tid", "frames"}``, ``tid`` the native thread id (what
-    ``threading.get_native_id()`` says), frames innermost first as py-spy gives them."""
+def parse_pyspy(doc: object) -> list[Thread]:
+    """The threads of ``py-spy dump --json``'s output (a list of traces, one per thread),
+    ``tid`` the native thread id (what ``threading.get_native_id()`` says), frames
+    innermost first as py-spy gives them; none marked the training thread yet."""
     if not isinstance(doc, list):
         raise ValueError(f"py-spy dump: expected a list of threads, got {type(doc).__name__}")
     threads = []
     for t in doc[:MAX_THREADS]:
         if not isinstance(t, dict):
             raise ValueError("py-spy dump: a thread is not a map")
-        tid = t.get("os_thread_id")
-        if not isinstance(tid, int):
-            tid = t.get("thread_id") if isinstance(t.get("thread_id"), int) else 0
+        tid = next(
+            (x for x in (t.get("os_thread_id"), t.get("thread_id")) if isinstance(x, int)), 0
+        )
         frames = []
         for f in (t.get("frames") or ())[:MAX_FRAMES]:
             if not isinstance(f, dict):
                 continue
             line = f.get("line")
-            frame: Frame = {
-                "function": str(f.get("name") or "?")[:MAX_NAME_CHARS],
-                "file": str(f.get("filename") or "?")[:MAX_NAME_CHARS],
-                "line": line if isinstance(line, int) and line >= 0 else 0,
-            }
-            if f.get("module"):  # --native: a frame of a shared object, not Python
-                frame["native"] = True
-            frames.append(frame)
+            frames.append(
+                Frame(
+                    str(f.get("name") or "?")[:MAX_NAME_CHARS],
+                    str(f.get("filename") or "?")[:MAX_NAME_CHARS],
+                    line if isinstance(line, int) and line >= 0 else 0,
+                    # --native: a frame of a shared object, not Python
+                    native=bool(f.get("module")),
+                )
+            )
         name = t.get("thread_name")
-        thread: dict[str, Any] = {
-            "name": name[:MAX_NAME_CHARS] if isinstance(name, str) else "",
-            "tid": tid,
-            "frames": frames,
-        }
-        if isinstance(t.get("owns_gil"), bool):
-            thread["owns_gil"] = t["owns_gil"]
-        threads.append(thread)
+        gil = t.get("owns_gil")
+        threads.append(
+            Thread(
+                name=name[:MAX_NAME_CHARS] if isinstance(name, str) else "",
+                tid=tid,
+                frames=tuple(frames),
+                **({"owns_gil": gil} if isinstance(gil, bool) else {}),
+            )
+        )
     return threads
 
 
 def mark_training(
-    threads: list[dict[str, Any]], training_tid: int | None, pid: int | None = None
-) -> None:
-    """Mark exactly one thread as the training thread (the one the client said counts
-    steps; else the main thread: its native id is the pid on Linux, and it is named
+    threads: Sequence[Thread], training_tid: int | None, pid: int | None = None
+) -> tuple[Thread, ...]:
+    """``threads`` with exactly one marked the training thread (the one the client said
+    counts steps; else the main thread: its native id is the pid on Linux, and it is named
     ``MainThread`` where py-spy finds names; else the first), so grouping never depends on
     the order threads were listed in."""
     if not threads:
-        return
+        return ()
 
-    def first(pred: Any) -> dict[str, Any] | None:
+    def first(pred: Callable[[Thread], bool]) -> Thread | None:
         return next((t for t in threads if pred(t)), None)
 
     chosen = (
-        (first(lambda t: t["tid"] == training_tid) if training_tid is not None else None)
-        or (first(lambda t: t["tid"] == pid) if pid is not None else None)
-        or first(lambda t: t.get("name") == "MainThread")
+        (first(lambda t: t.tid == training_tid) if training_tid is not None else None)
+        or (first(lambda t: t.tid == pid) if pid is not None else None)
+        or first(lambda t: t.name == "MainThread")
         or threads[0]
     )
-    for t in threads:
-        t["training"] = t is chosen
+    return tuple(
+        t if t.training == (t is chosen) else replace(t, training=t is chosen) for t in threads
+    )
 
 
 # --- grouping -------------------------------------------------------------------------------------
-def training_frames(rank: dict[str, Any]) -> list[Frame] | None:
+def training_frames(rank: StackRank) -> tuple[Frame, ...] | None:
     """The rank's training-thread stack, or None when it gave no stacks."""
-    if not rank.get("source"):
-        return None
-    for t in rank.get("threads") or ():
-        if t.get("training"):
-            return list(t["frames"])
-    return None
+    t = rank.training
+    return None if t is None else t.frames
 
 
-def _key(frames: Sequence[Frame]) -> tuple[tuple[str, str, int], ...]:
+def _key(frames: Sequence[Frame]) -> tuple[Frame, ...]:
     # Python frames only: a native frame's function moves while C code runs (a regex
     # engine's recursion, a spin), and the agent thread's stacks have none.
-    return tuple((f["function"], f["file"], f["line"]) for f in frames if not f.get("native"))
-
-
-def _who(r: dict[str, Any]) -> tuple[str, str, int]:
-    return (str(r.get("host") or ""), str(r["role"]), int(r["rank"]))
+    return tuple(f for f in frames if not f.native)
 
 
 #: Where torch waits for other ranks: a collective, or a DDP backward (its reducer's
@@ -131,10 +126,10 @@ def waits_for_peers(frames: Sequence[Frame]) -> bool:
     """The stack is inside a collective (or a DDP backward): a rank there waits for the
     others, so when groups are as large as each other this one is not the odd one."""
     for f in frames:
-        path = str(f["file"]).replace("\\", "/")
+        path = f.file.replace("\\", "/")
         if any(d in path for d in _COLLECTIVE_DIRS):
             return True
-        if f["function"] in _BACKWARD and "torch/" in path:
+        if f.function in _BACKWARD and "torch/" in path:
             return True
     return False
 
@@ -154,35 +149,34 @@ def in_nsys_stop(frames: Sequence[Frame]) -> bool:
     """The stack is inside the ``cudaProfilerStop`` that ends profd's nsys capture range:
     nsys returns from it only once it has flushed what it collected."""
     for i, f in enumerate(frames):
-        path = str(f["file"]).replace("\\", "/")
-        if path.endswith(_NSYS_RANGE_FILE) and _leaf(str(f["function"])) in ("finish", "abandon"):
+        path = f.file.replace("\\", "/")
+        if path.endswith(_NSYS_RANGE_FILE) and _leaf(f.function) in ("finish", "abandon"):
             for inner in frames[:i]:
-                name = str(inner["function"])
+                name = inner.function
                 if "cudaProfilerStop" in name:  # a native frame (py-spy --native)
                     return True
-                where = str(inner["file"]).replace("\\", "/")
+                where = inner.file.replace("\\", "/")
                 if where.endswith(_PROFILER_STOP_FILE) and _leaf(name) == "stop":
                     return True
             return False
     return False
 
 
-def group(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def group(ranks: Iterable[StackRank]) -> list[Group]:
     """Ranks with stacks grouped by their training thread's whole Python stack (function,
-    file and line of every frame but native ones): ``[{"ranks": [{"host", "role",
-    "rank"}], "majority", "frames"}]``,
-    the largest group first and marked majority. Between equal sizes a group waiting for
-    its peers (:func:`waits_for_peers`) comes first: at 2 ranks, or 2 nodes of 8, the rank
-    everyone waits for is the one elsewhere. Then by their lowest (host, role, rank), so the
-    same stacks always give the same answer."""
-    by_key: dict[tuple[tuple[str, str, int], ...], list[tuple[str, str, int]]] = {}
-    frames_of: dict[tuple[tuple[str, str, int], ...], list[Frame]] = {}
+    file and line of every frame but native ones), the largest group first and marked
+    majority. Between equal sizes a group waiting for its peers (:func:`waits_for_peers`)
+    comes first: at 2 ranks, or 2 nodes of 8, the rank everyone waits for is the one
+    elsewhere. Then by their lowest (host, role, rank), so the same stacks always give the
+    same answer."""
+    by_key: dict[tuple[Frame, ...], list[Member]] = {}
+    frames_of: dict[tuple[Frame, ...], tuple[Frame, ...]] = {}
     for r in ranks:
         frames = training_frames(r)
         if frames is None:
             continue
         k = _key(frames)
-        by_key.setdefault(k, []).append(_who(r))
+        by_key.setdefault(k, []).append(r.member)
         frames_of.setdefault(k, frames)
     for members in by_key.values():
         members.sort()
@@ -191,34 +185,28 @@ def group(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         key=lambda kv: (-len(kv[1]), not waits_for_peers(frames_of[kv[0]]), kv[1][0]),
     )
     return [
-        {
-            "ranks": [{"host": h, "role": role, "rank": n} for h, role, n in members],
-            "majority": i == 0,
-            "frames": frames_of[k],
-        }
+        Group(ranks=tuple(members), majority=i == 0, frames=frames_of[k])
         for i, (k, members) in enumerate(ordered)
     ]
 
 
-def tree(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def tree(ranks: Iterable[StackRank]) -> list[TreeNode]:
     """The training threads' Python stacks merged into one call tree, outermost frame at
-    the root, as STAT draws it: ``[{"frame", "ranks": [{"host", "role", "rank"}],
-    "children": [...]}]``; where the ranks' stacks part, the tree branches, and each
+    the root, as STAT draws it; where the ranks' stacks part, the tree branches, and each
     branch says which ranks took it. Children in the order of their lowest rank."""
-    roots: list[dict[str, Any]] = []
-    for r in sorted(ranks, key=_who):
+    roots: list[TreeNode] = []
+    for r in sorted(ranks, key=lambda r: r.member):
         frames = training_frames(r)
         if frames is None:
             continue
-        who = {"host": r.get("host"), "role": r["role"], "rank": r["rank"]}
         level = roots
-        for f in reversed([f for f in frames if not f.get("native")]):
-            node = next((n for n in level if _key([n["frame"]]) == _key([f])), None)
+        for f in reversed(_key(frames)):
+            node = next((n for n in level if n.frame == f), None)
             if node is None:
-                node = {"frame": f, "ranks": [], "children": []}
+                node = TreeNode(frame=f, ranks=[], children=[])
                 level.append(node)
-            node["ranks"].append(who)
-            level = node["children"]
+            node.ranks.append(r.member)
+            level = node.children
     return roots
 
 
@@ -228,40 +216,40 @@ FOLD_FRAMES = 4
 
 
 def _at(f: Frame) -> str:
-    where = "" if f.get("native") else f":{f['line']}"
-    return f"{f['function']} ({os.path.basename(f['file'])}{where})"
+    where = "" if f.native else f":{f.line}"
+    return f"{f.function} ({os.path.basename(f.file)}{where})"
 
 
-def render_tree(roots: Sequence[dict[str, Any]], hosts: bool = False) -> list[str]:
+def render_tree(roots: Sequence[TreeNode], hosts: bool = False) -> list[str]:
     """The call tree as indented lines, a branch's ranks beside its first frame; a run of
     library frames that every rank of a branch shares is folded into one line."""
     lines: list[str] = []
 
-    def walk(nodes: Sequence[dict[str, Any]], depth: int, shown: str) -> None:
+    def walk(nodes: Sequence[TreeNode], depth: int, shown: str) -> None:
         for n in nodes:
-            who = label(n["ranks"], hosts)
+            who = label(n.ranks, hosts)
             chain = [n]
             while (
-                len(chain[-1]["children"]) == 1
-                and not is_user_frame(chain[-1]["frame"])
-                and not is_user_frame(chain[-1]["children"][0]["frame"])
+                len(chain[-1].children) == 1
+                and not is_user_frame(chain[-1].frame)
+                and not is_user_frame(chain[-1].children[0].frame)
             ):
-                chain.append(chain[-1]["children"][0])
+                chain.append(chain[-1].children[0])
             pad = "  " * depth
             tag = f"  [{who}]" if who != shown else ""
-            lines.append(f"{pad}{_at(n['frame'])}{tag}")
+            lines.append(f"{pad}{_at(n.frame)}{tag}")
             last = n
             if len(chain) > FOLD_FRAMES:
                 lines.append(f"{pad}  ... {len(chain) - 2} library frames")
-                lines.append(f"{pad}  {_at(chain[-1]['frame'])}")
+                lines.append(f"{pad}  {_at(chain[-1].frame)}")
                 last = chain[-1]
-            walk(last["children"], depth + 1, who)
+            walk(last.children, depth + 1, who)
 
     walk(roots, 0, "")
     return lines
 
 
-def not_answering(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+def not_answering(ranks: Iterable[StackRank]) -> list[StackRank]:
     """The ranks that gave no stacks (neither source could read them)."""
     return [r for r in ranks if training_frames(r) is None]
 
@@ -270,7 +258,7 @@ def not_answering(ranks: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 def is_user_frame(f: Frame) -> bool:
     """A frame in the job's own code: not the standard library, an installed package, torch,
     profd or a native frame."""
-    path = str(f["file"])
+    path = f.file
     if not path.endswith(".py"):
         return False  # native frames (py-spy --native), <frozen ...>, <string>
     if path.startswith(_LIBRARY_DIRS) or any(p in path for p in _LIBRARY_PARTS):
@@ -288,12 +276,12 @@ def where(frames: Sequence[Frame]) -> str:
     i = next((j for j, f in enumerate(frames) if is_user_frame(f)), None)
     if i is None:
         f = frames[0]
-        return f"in {f['function']} ({os.path.basename(f['file'])}:{f['line']})"
+        return f"in {f.function} ({os.path.basename(f.file)}:{f.line})"
     user = frames[i]
-    text = f"in {user['function']} ({os.path.basename(user['file'])}:{user['line']})"
-    callees = [f for f in reversed(frames[:i]) if f["file"].endswith(".py")]
-    called = next((f for f in callees if f["function"] not in _WRAPPERS), None)
-    return text if called is None else f"{text} -> {called['function']}"
+    text = f"in {user.function} ({os.path.basename(user.file)}:{user.line})"
+    callees = [f for f in reversed(frames[:i]) if f.file.endswith(".py")]
+    called = next((f for f in callees if f.function not in _WRAPPERS), None)
+    return text if called is None else f"{text} -> {called.function}"
 
 
 def _spans(numbers: list[int]) -> str:
@@ -309,14 +297,12 @@ def _spans(numbers: list[int]) -> str:
     return ", ".join(out)
 
 
-def label(members: Sequence[dict[str, Any]], hosts: bool = False, roles: bool = False) -> str:
+def label(members: Iterable[Member], hosts: bool = False, roles: bool = False) -> str:
     """ "rank 1", "ranks 0, 2-5"; per role ("trainer ranks 0-3; ref rank 0") and per host
     ("ranks 0-1 on a; rank 2 on b") when asked."""
     parts: dict[tuple[str, str], list[int]] = {}
     for m in members:
-        parts.setdefault((m["host"] if hosts else "", m["role"] if roles else ""), []).append(
-            int(m["rank"])
-        )
+        parts.setdefault((m.host if hosts else "", m.role if roles else ""), []).append(m.rank)
     out = []
     for (host, role), numbers in sorted(parts.items()):
         numbers = sorted(set(numbers))
@@ -329,24 +315,18 @@ def label(members: Sequence[dict[str, Any]], hosts: bool = False, roles: bool = 
     return "; ".join(out)
 
 
-def summary(doc: dict[str, Any]) -> list[str]:
+def summary(ranks: Sequence[StackRank], groups: Sequence[Group]) -> list[str]:
     """The compact view of one job's grouped stacks, suspects first: one line per group,
     then the ranks that did not answer."""
-    ranks = doc.get("ranks") or []
-    hosts = len({r.get("host") for r in ranks}) > 1
-    roles = len({r.get("role") for r in ranks}) > 1
-    groups = doc.get("groups") or []
+    hosts = len({r.host for r in ranks}) > 1
+    roles = len({r.role for r in ranks}) > 1
     lines = []
-    for g in [*(g for g in groups if not g["majority"]), *(g for g in groups if g["majority"])]:
+    for g in [*(g for g in groups if not g.majority), *(g for g in groups if g.majority)]:
         tag = (
-            "majority"
-            if g["majority"] and len(groups) > 1
-            else "suspect"
-            if not g["majority"]
-            else "all"
+            "majority" if g.majority and len(groups) > 1 else "suspect" if not g.majority else "all"
         )
-        lines.append(f"{tag:8}  {label(g['ranks'], hosts, roles)}: {where(g['frames'])}")
+        lines.append(f"{tag:8}  {label(g.ranks, hosts, roles)}: {where(g.frames)}")
     for r in not_answering(ranks):
-        who = label([{"host": r.get("host"), "role": r["role"], "rank": r["rank"]}], hosts, roles)
-        lines.append(f"{'no stack':8}  {who}: {r.get('error') or 'no answer'}")
+        who = label([r.member], hosts, roles)
+        lines.append(f"{'no stack':8}  {who}: {r.error or 'no answer'}")
     return lines

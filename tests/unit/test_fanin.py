@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import select
 import threading
+from typing import Any
 
+import msgpack
 import pytest
 
 from profd.daemon.clients.agent_dumps import AgentStacks
@@ -16,7 +18,8 @@ from profd.daemon.clients.pyspy_reader import StackReader, job_doc
 from profd.daemon.clients.registry import Client, Registry
 from profd.daemon.clients.stack_sources import RankStacks
 from profd.reactor import Reactor
-from profd.watch.rankrow import RankRow, ReadStatus, Source
+from profd.watch.rankrow import RankRow, ReadStatus
+from profd.watch.stackrows import Source, StackRank, to_maps
 from profd_client import protocol as P
 
 
@@ -32,6 +35,11 @@ def test_done_runs_once_after_the_last_part() -> None:
         fan.arrived()
     with pytest.raises(ValueError):
         FanIn(0, lambda: None)
+
+
+def wire(row: StackRank) -> Any:
+    """The map a ``stacks`` reply carries, as its reader unpacks it."""
+    return msgpack.unpackb(msgpack.packb(to_maps(row)))
 
 
 def test_threads_arriving_at_once_run_done_exactly_once() -> None:
@@ -111,11 +119,11 @@ def test_ranks_py_spy_cannot_read_are_asked_of_their_agent_and_flights_beside(
     (rows,) = got
     no_pyspy = "py-spy not found (or turned off: PROFD_PYSPY empty)"
     assert [r.status for r in rows] == [ReadStatus.READ, ReadStatus.READ, ReadStatus.UNREAD]
-    assert [r.source for r in rows] == [Source.AGENT, Source.AGENT, None]
-    assert rows[1].flight_error == "off" and rows[0].flight_error is None
-    assert rows[2].error == f"{no_pyspy}; its agent thread did not answer in 2s"
+    assert [r.stacks.source for r in rows] == [Source.AGENT, Source.AGENT, None]
+    assert rows[1].stacks.flight_error == "off" and rows[0].stacks.flight_error is None
+    assert rows[2].stacks.error == f"{no_pyspy}; its agent thread did not answer in 2s"
     # The wire's rank map, unchanged by the types.
-    assert rows[0].to_dict() == {
+    assert wire(rows[0].stacks) == {
         "host": "n1",
         "role": "worker",
         "rank": 0,
@@ -124,23 +132,23 @@ def test_ranks_py_spy_cannot_read_are_asked_of_their_agent_and_flights_beside(
         "threads": [{"name": "MainThread", "tid": 4000, "frames": frames, "training": True}],
         "error": f"read by its agent thread ({no_pyspy})",
     }
-    assert rows[1].to_dict()["flight_error"] == "off"
-    assert rows[2].to_dict() == {
+    assert wire(rows[1].stacks)["flight_error"] == "off"
+    assert wire(rows[2].stacks) == {
         "host": "n1",
         "role": "worker",
         "rank": 2,
         "pid": 4002,
         "source": None,
         "threads": [],
-        "error": rows[2].error,
+        "error": rows[2].stacks.error,
     }
     doc = job_doc("j", rows)
     assert [r["rank"] for r in doc["ranks"]] == [0, 1, 2]
     assert len(doc["groups"]) == 1 and doc["groups"][0]["ranks"][1]["rank"] == 1
     # Named by the node that read it, its own host name kept beside.
-    moved = rows[0].on_node("node-a").to_dict()
-    assert moved["host"] == "node-a" and moved["client_host"] == "n1"
-    assert rows[0].on_node("n1") is rows[0]
+    moved = rows[0].on_node("node-a")
+    assert moved.host == "node-a" and moved.client_host == "n1"
+    assert rows[0].on_node("n1") is rows[0].stacks
 
 
 @pytest.mark.parametrize("pyspy", ["", "/bin/true"])
@@ -164,7 +172,7 @@ def test_a_read_that_starts_past_the_budget_says_why_it_has_no_stacks(
     finally:
         reader.close()
     ((row,),) = got
-    assert row.error == (
+    assert row.stacks.error == (
         "py-spy not found (or turned off: PROFD_PYSPY empty)"
         if not pyspy
         else "not read: the request's time ran out"

@@ -12,18 +12,24 @@ import pytest
 
 from profd.watch import flightrec
 from profd.watch import hang_diagnosis as hang
+from profd.watch.stackrows import StackRank
 from profd_client import flight
 from profd_client import protocol as P
 
 DATA = Path(__file__).resolve().parent.parent / "data" / "flightrec"
 
 
-def _row(rank: int, summary: dict[str, Any] | None, host: str = "a", **kw: Any) -> dict[str, Any]:
-    r: dict[str, Any] = {"host": host, "role": "trainer", "rank": rank, "pid": 100 + rank}
-    if summary is not None:
-        r["flight"] = summary
-    r.update(kw)
-    return r
+def _row(rank: int, summary: dict[str, Any] | None, host: str = "a", **kw: Any) -> StackRank:
+    return StackRank(
+        host=host,
+        role="trainer",
+        rank=rank,
+        pid=100 + rank,
+        source=None,
+        threads=(),
+        flight=summary,
+        **kw,
+    )
 
 
 def test_a_constructed_nccl_dump_condenses_and_names_the_rank_behind() -> None:
@@ -33,10 +39,10 @@ def test_a_constructed_nccl_dump_condenses_and_names_the_rank_behind() -> None:
         summary = flight.condense(doc)
         P.FLIGHT.check(summary, "flight")  # what the client sends passes the protocol
         rows.append(_row(rank, summary))
-    assert rows[0]["flight"]["pgs"] == [
+    assert rows[0].flight is not None and rows[0].flight["pgs"] == [
         {"pg": "0", "desc": "default_pg", "enqueued": 42, "started": 42, "completed": 41}
     ]
-    assert rows[0]["flight"]["entries"][-1] == {
+    assert rows[0].flight["entries"][-1] == {
         "pg": "0", "seq": 42, "p2p": False, "op": "nccl:all_reduce", "state": "started",
         "sizes": [[1024, 1024]],
     }  # fmt: skip
@@ -117,7 +123,8 @@ def test_groups_are_judged_apart_and_across_nodes() -> None:
 def test_an_incident_keeps_only_the_newest_entries() -> None:
     s = _summary(100)
     s["entries"] = s["entries"] * 20
-    kept = hang.kept(_row(0, s, source=None, threads=[]))["flight"]
+    kept = hang.kept(_row(0, s)).flight
+    assert kept is not None
     assert len(kept["entries"]) == flightrec.KEEP_ENTRIES and kept["pgs"] == s["pgs"]
 
 

@@ -4,7 +4,9 @@ of grouped stacks, and one job's hang merged across nodes."""
 
 from __future__ import annotations
 
+import json
 import random
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -12,6 +14,7 @@ from test_stackgroups import IN_ALLREDUCE, IN_CHECKPOINT, IN_LOAD, TORCH, fr, ra
 
 from profd.watch import hang_diagnosis as hang
 from profd.watch.incident_record import seen_by
+from profd.watch.stackrows import Frame, Member, StackRank, to_maps
 
 
 def test_stall_after_is_the_config_else_the_larger_of_60s_and_20_steps() -> None:
@@ -100,68 +103,63 @@ def test_a_job_never_seen_stepping_is_not_judged_and_a_late_rank_counts_from_its
 
 def test_ranks_that_gave_no_stacks_are_said_and_never_make_the_others_look_uniform() -> None:
     lone = hang.diagnose([rank(0, None), rank(1, IN_LOAD), rank(2, None)])
-    assert lone["suspects"] == []
-    assert lone["verdict"] == (
+    assert lone.suspects == ()
+    assert lone.verdict == (
         "rank 1 in load_batch (data.py:88) -> read; ranks 0, 2 gave no stacks:"
         " no majority to compare with"
     )
     two = hang.diagnose(
         [rank(0, IN_ALLREDUCE), rank(1, IN_LOAD), rank(2, None), rank(3, IN_ALLREDUCE)]
     )
-    assert [m["rank"] for m in two["suspects"]] == [1]
-    assert two["verdict"].endswith("; rank 2 gave no stacks")
+    assert [m.rank for m in two.suspects] == [1]
+    assert two.verdict.endswith("; rank 2 gave no stacks")
 
 
-def _ids(members: list[dict[str, Any]]) -> list[int]:
-    return [int(m["rank"]) for m in members]
+def _ids(members: Sequence[dict[str, Any] | Member]) -> list[int]:
+    return [m.rank if isinstance(m, Member) else int(m["rank"]) for m in members]
 
 
 @pytest.mark.parametrize("n", [2, 3, 64, 1024, 8192])
 def test_diagnose_names_the_one_rank_elsewhere(n: int) -> None:
     odd = n // 2
     found = hang.diagnose([rank(i, IN_LOAD if i == odd else IN_ALLREDUCE) for i in range(n)])
-    assert _ids(found["suspects"]) == [odd]
-    assert _ids(found["groups"][0]["ranks"]) == [i for i in range(n) if i != odd]
-    assert found["groups"][1]["where"] == "in load_batch (data.py:88) -> read"
-    assert found["verdict"].startswith(f"rank {odd} in load_batch (data.py:88)")
+    assert _ids(found.suspects) == [odd]
+    assert _ids(found.groups[0].ranks) == [i for i in range(n) if i != odd]
+    assert found.groups[1].where == "in load_batch (data.py:88) -> read"
+    assert found.verdict.startswith(f"rank {odd} in load_batch (data.py:88)")
     # Only the training thread is kept, and at most KEEP_FRAMES of it.
-    assert all(len(r["threads"]) == 1 and r["threads"][0]["training"] for r in found["ranks"])
+    assert all(len(r.threads) == 1 and r.threads[0].training for r in found.ranks)
 
 
 def test_diagnose_keeps_only_the_innermost_frames() -> None:
-    deep = [{"function": f"f{i}", "file": "/job/train.py", "line": i} for i in range(500)]
-    (r,) = hang.diagnose([rank(0, deep)])["ranks"]
-    assert [f["function"] for f in r["threads"][0]["frames"]] == [
-        f"f{i}" for i in range(hang.KEEP_FRAMES)
-    ]
+    deep = [Frame(f"f{i}", "/job/train.py", i) for i in range(500)]
+    (r,) = hang.diagnose([rank(0, deep)]).ranks
+    assert [f.function for f in r.threads[0].frames] == [f"f{i}" for i in range(hang.KEEP_FRAMES)]
 
 
 def test_native_frames_are_kept_beside_the_python_ones_and_do_not_split_groups() -> None:
-    native = [
-        {"function": f"sre_{i}", "file": "/lib/libpython3.11.so", "line": 0, "native": True}
-        for i in range(40)
-    ]
+    native = [Frame(f"sre_{i}", "/lib/libpython3.11.so", 0, native=True) for i in range(40)]
     a = hang.diagnose([rank(0, [*native, *IN_LOAD]), rank(1, [*native[1:], *IN_LOAD])])
-    assert len(a["groups"]) == 1  # the native frames differ, the Python ones do not
-    kept = a["ranks"][0]["threads"][0]["frames"]
-    assert sum(1 for f in kept if f.get("native")) == hang.KEEP_NATIVE
-    assert [f["function"] for f in kept if not f.get("native")] == [f["function"] for f in IN_LOAD]
+    assert len(a.groups) == 1  # the native frames differ, the Python ones do not
+    kept = a.ranks[0].threads[0].frames
+    assert sum(1 for f in kept if f.native) == hang.KEEP_NATIVE
+    assert [f.function for f in kept if not f.native] == [f.function for f in IN_LOAD]
 
 
 def test_diagnose_uniform_ranks_say_why_there_is_no_suspect() -> None:
     paused = hang.diagnose([rank(i, IN_CHECKPOINT) for i in range(8)])
-    assert paused["suspects"] == [] and "paused on purpose" in paused["verdict"]
+    assert paused.suspects == () and "paused on purpose" in paused.verdict
     waiting = hang.diagnose([rank(i, IN_ALLREDUCE) for i in range(8)])
-    assert waiting["suspects"] == [] and "another node" in waiting["verdict"]
+    assert waiting.suspects == () and "another node" in waiting.verdict
     unread = hang.diagnose([rank(i, None) for i in range(2)])
-    assert unread["suspects"] == [] and unread["groups"] == []
-    assert unread["verdict"].startswith("no rank's stacks could be read: ")
+    assert unread.suspects == () and unread.groups == ()
+    assert unread.verdict.startswith("no rank's stacks could be read: ")
 
 
 #: The training thread ending an nsys capture range: the step hook, the client's
 #: NsysRange.finish, torch's profiler stop (cudaProfilerStop, native below it).
 IN_NSYS_STOP = [
-    {"function": "cudaProfilerStop", "file": "/usr/lib/libcudart.so.13", "line": 0, "native": True},
+    Frame("cudaProfilerStop", "/usr/lib/libcudart.so.13", 0, native=True),
     fr("stop", "/opt/venv/lib/python3.12/site-packages/torch/cuda/profiler.py", 67),
     fr("NsysRange.finish", "/opt/venv/lib/python3.12/site-packages/profd_client/nsysrange.py", 57),
     fr("StepCounter._advance", "/opt/venv/lib/python3.12/site-packages/profd_client/steps.py", 385),
@@ -171,10 +169,10 @@ IN_NSYS_STOP = [
 
 
 def test_uniform_ranks_inside_cudaprofilerstop_are_named_nsys_flushing_not_a_pause() -> None:
-    for frames in (IN_NSYS_STOP, [f for f in IN_NSYS_STOP if not f.get("native")]):
+    for frames in (IN_NSYS_STOP, [f for f in IN_NSYS_STOP if not f.native]):
         found = hang.diagnose([rank(i, frames) for i in range(2)])
-        assert found["suspects"] == []
-        v = found["verdict"]
+        assert found.suspects == ()
+        v = found.verdict
         assert "inside cudaProfilerStop while nsys flushes" in v, v
         assert "paused on purpose" not in v and "cudajob.py:84" in v
     # Waiting in the CUDA sync before the stop is the GPU's work, not nsys's flush.
@@ -187,30 +185,33 @@ def test_uniform_ranks_inside_cudaprofilerstop_are_named_nsys_flushing_not_a_pau
         ),
         *IN_NSYS_STOP[2:],
     ]
-    assert "cudaProfilerStop" not in hang.diagnose([rank(0, syncing)])["verdict"]
+    assert "cudaProfilerStop" not in hang.diagnose([rank(0, syncing)]).verdict
     # The same torch call outside profd's nsys range (the job's own) is not named so.
     own = [IN_NSYS_STOP[1], fr("profile_window", "/home/u/job/cudajob.py", 70)]
-    assert "paused on purpose" in hang.diagnose([rank(0, own)])["verdict"]
+    assert "paused on purpose" in hang.diagnose([rank(0, own)]).verdict
 
 
-def _incident(host: str, ranks: list[dict[str, Any]], at: float, **kw: Any) -> dict[str, Any]:
+def _incident(host: str, ranks: list[StackRank], at: float, **kw: Any) -> dict[str, Any]:
     found = hang.diagnose(ranks)
-    return {
+    doc = {
         "id": f"{int(at)}-hang-{host}",
         "kind": "hang",
         "job": "j",
         "role": "trainer",
         "host": host,
-        "suspects": found.pop("suspects"),
+        "suspects": to_maps(found.suspects),
         "detected_at": at,
         "step": 30,
-        "evidence": {"stalled_s": 3.5, **found},
+        "evidence": {"stalled_s": 3.5, **found.evidence()},
         "session": None,
         "state": kw.get("state", "open"),
         "resolved_at": kw.get("resolved_at"),
         "comparison": None,
         "notes": [],
     }
+    # As the index holds it, and as profctl gets it: JSON.
+    out: dict[str, Any] = json.loads(json.dumps(doc))
+    return out
 
 
 @pytest.mark.parametrize("nodes", [2, 16, 1024])
@@ -280,3 +281,18 @@ def test_a_verdict_that_reads_like_a_withheld_one_is_not_taken_for_it() -> None:
     (one,) = hang.merged([a, b])
     assert "withheld" not in one["evidence"]
     assert not one["evidence"]["verdict"].startswith("stacks withheld:")
+
+
+def test_a_merge_leaves_out_stored_rows_that_are_not_rank_rows_and_counts_them() -> None:
+    # A lying peer's (or a damaged record's) evidence: one map without a role, one not a
+    # map; the other node's ranks and its good rows are grouped, and the count said.
+    a = _incident("a", [rank(i, IN_ALLREDUCE, host="a") for i in range(4)], 1000.0)
+    b = _incident("b", [rank(4 + i, IN_LOAD if i == 0 else IN_ALLREDUCE, host="b")
+                        for i in range(4)], 1000.5)  # fmt: skip
+    del b["evidence"]["ranks"][1]["role"]
+    b["evidence"]["ranks"].append("not a rank")
+    (one,) = hang.merged([a, b])
+    assert one["evidence"]["ranks_unread"] == 2
+    assert len(one["evidence"]["ranks"]) == 7 and _ids(one["suspects"]) == [4]
+    b2 = _incident("b", [rank(4, IN_LOAD, host="b")], 1000.5)
+    assert "ranks_unread" not in hang.merged([a, b2])[0]["evidence"]

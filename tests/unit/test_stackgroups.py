@@ -4,18 +4,18 @@ on synthetic stacks from 2 to 8,192 ranks."""
 from __future__ import annotations
 
 import sysconfig
-from typing import Any
 
 import pytest
 
 from profd.watch import stackgroups as sg
+from profd.watch.stackrows import Frame, Group, Source, StackRank, Thread, TreeNode
 
 STDLIB = sysconfig.get_paths()["stdlib"]
 TORCH = "/opt/venv/lib/python3.11/site-packages/torch/autograd/graph.py"
 
 
-def fr(function: str, file: str, line: int) -> dict[str, Any]:
-    return {"function": function, "file": file, "line": line}
+def fr(function: str, file: str, line: int) -> Frame:
+    return Frame(function, file, line)
 
 
 #: Innermost first: the all-reduce wait inside torch, called from train.py line 41.
@@ -39,43 +39,37 @@ IN_CHECKPOINT = [
 ]
 
 
-def rank(
-    n: int, frames: list[dict[str, Any]] | None, host: str = "a", role: str = "trainer"
-) -> dict[str, Any]:
+def rank(n: int, frames: list[Frame] | None, host: str = "a", role: str = "trainer") -> StackRank:
     threads = []
     if frames is not None:
         # A helper thread listed before the training thread: grouping must not care.
-        threads.append(
-            {"name": "pin_memory", "tid": 9000 + n, "training": False, "frames": IN_LOAD}
-        )
-        threads.append({"name": "MainThread", "tid": 100 + n, "training": True, "frames": frames})
-    r: dict[str, Any] = {
-        "host": host,
-        "role": role,
-        "rank": n,
-        "pid": 1000 + n,
-        "source": "py-spy" if frames is not None else None,
-        "threads": threads,
-    }
-    if frames is None:
-        r["error"] = "py-spy: Permission denied (os error 13)"
-    return r
+        threads.append(Thread(name="pin_memory", tid=9000 + n, frames=tuple(IN_LOAD)))
+        threads.append(Thread(name="MainThread", tid=100 + n, training=True, frames=tuple(frames)))
+    return StackRank(
+        host=host,
+        role=role,
+        rank=n,
+        pid=1000 + n,
+        source=Source.PYSPY if frames is not None else None,
+        threads=tuple(threads),
+        error=None if frames is not None else "py-spy: Permission denied (os error 13)",
+    )
 
 
-def members(g: dict[str, Any]) -> list[int]:
-    return [m["rank"] for m in g["ranks"]]
+def members(g: Group | TreeNode) -> list[int]:
+    return [m.rank for m in g.ranks]
 
 
 def test_the_odd_rank_is_the_suspect_and_named_in_user_code() -> None:
-    doc = {"job": "j", "ranks": [rank(0, IN_ALLREDUCE), rank(1, IN_LOAD), rank(2, IN_ALLREDUCE)]}
-    doc["groups"] = groups = sg.group(doc["ranks"])
+    ranks = [rank(0, IN_ALLREDUCE), rank(1, IN_LOAD), rank(2, IN_ALLREDUCE)]
+    groups = sg.group(ranks)
     assert [members(g) for g in groups] == [[0, 2], [1]]
-    assert [g["majority"] for g in groups] == [True, False]
-    assert groups[1]["frames"] == IN_LOAD  # the full stack, library frames kept
+    assert [g.majority for g in groups] == [True, False]
+    assert groups[1].frames == tuple(IN_LOAD)  # the full stack, library frames kept
     # Named after the innermost user frame, and the library function it called.
     assert sg.where(IN_LOAD) == "in load_batch (data.py:88) -> read"
     assert sg.where(IN_ALLREDUCE) == "in train_step (train.py:41) -> backward"
-    assert sg.summary(doc) == [
+    assert sg.summary(ranks, groups) == [
         "suspect   rank 1: in load_batch (data.py:88) -> read",
         "majority  ranks 0, 2: in train_step (train.py:41) -> backward",
     ]
@@ -105,7 +99,7 @@ def test_one_rank_elsewhere_among_n(n: int) -> None:
     else:
         assert members(groups[1]) == [odd]
         assert members(groups[0]) == [i for i in range(n) if i != odd]
-    assert [g["majority"] for g in groups] == [True, False]
+    assert [g.majority for g in groups] == [True, False]
 
 
 def test_equal_groups_waiting_first_then_by_their_lowest_rank_whatever_the_input_order() -> None:
@@ -133,18 +127,19 @@ def test_two_nodes_each_uniform_the_node_elsewhere_is_the_suspect() -> None:
 def test_a_whole_node_elsewhere_stands_out_across_nodes() -> None:
     ranks = [rank(i, IN_ALLREDUCE, host=f"n{i // 8}") for i in range(8 * 64)]
     ranks += [rank(8 * 64 + i, IN_LOAD, host="n64") for i in range(8)]
-    doc = {"job": "j", "ranks": ranks, "groups": sg.group(ranks)}
-    assert len(doc["groups"]) == 2
+    groups = sg.group(ranks)
+    assert len(groups) == 2
     assert (
-        sg.summary(doc)[0] == "suspect   ranks 512-519 on n64: in load_batch (data.py:88) -> read"
+        sg.summary(ranks, groups)[0]
+        == "suspect   ranks 512-519 on n64: in load_batch (data.py:88) -> read"
     )
 
 
 def test_ranks_without_stacks_are_in_no_group_and_listed_with_the_reason() -> None:
     ranks = [rank(0, IN_ALLREDUCE), rank(1, None), rank(2, IN_ALLREDUCE)]
-    doc = {"job": "j", "ranks": ranks, "groups": sg.group(ranks)}
-    assert [members(g) for g in doc["groups"]] == [[0, 2]]
-    assert sg.summary(doc) == [
+    groups = sg.group(ranks)
+    assert [members(g) for g in groups] == [[0, 2]]
+    assert sg.summary(ranks, groups) == [
         "all       ranks 0, 2: in train_step (train.py:41) -> backward",
         "no stack  rank 1: py-spy: Permission denied (os error 13)",
     ]
@@ -158,21 +153,18 @@ def test_the_same_function_at_another_line_is_another_group() -> None:
 
 def test_roles_are_named_when_a_job_has_several() -> None:
     ranks = [rank(0, IN_ALLREDUCE), rank(0, IN_LOAD, role="ref"), rank(1, IN_ALLREDUCE)]
-    doc = {"job": "j", "ranks": ranks, "groups": sg.group(ranks)}
-    assert sg.summary(doc)[0] == "suspect   ref rank 0: in load_batch (data.py:88) -> read"
+    summary = sg.summary(ranks, sg.group(ranks))
+    assert summary[0] == "suspect   ref rank 0: in load_batch (data.py:88) -> read"
 
 
 def test_mark_training_prefers_the_told_thread_then_the_main_thread() -> None:
-    threads = [
-        {"name": "trainer", "tid": 7, "frames": []},
-        {"name": "MainThread", "tid": 5, "frames": []},
-    ]
-    sg.mark_training(threads, 7)
-    assert [t["training"] for t in threads] == [True, False]
-    sg.mark_training(threads, None)
-    assert [t["training"] for t in threads] == [False, True]
-    sg.mark_training(threads, 12345)  # a tid no thread has: the main thread
-    assert [t["training"] for t in threads] == [False, True]
+    threads = [Thread(name="trainer", tid=7), Thread(name="MainThread", tid=5)]
+    assert [t.training for t in sg.mark_training(threads, 7)] == [True, False]
+    assert [t.training for t in sg.mark_training(threads, None)] == [False, True]
+    # A tid no thread has: the main thread; marked again, one thread stays marked.
+    assert [t.training for t in sg.mark_training(threads, 12345)] == [False, True]
+    again = sg.mark_training(sg.mark_training(threads, 7), None)
+    assert [t.training for t in again] == [False, True]
 
 
 def test_parse_rejects_what_is_not_a_thread_list() -> None:
@@ -185,11 +177,11 @@ def test_the_call_tree_branches_where_the_stacks_part(n: int) -> None:
     odd = n - 1
     roots = sg.tree([rank(i, IN_LOAD if i == odd else IN_ALLREDUCE) for i in range(n)])
     (root,) = roots
-    assert root["frame"]["function"] == "<module>" and len(root["ranks"]) == n
-    waiting, loading = root["children"]  # two train_step lines: the stacks part there
+    assert root.frame.function == "<module>" and len(root.ranks) == n
+    waiting, loading = root.children  # two train_step lines: the stacks part there
     assert members(waiting) == [i for i in range(n) if i != odd]
     assert members(loading) == [odd]
-    assert loading["children"][0]["frame"]["function"] == "load_batch"
+    assert loading.children[0].frame.function == "load_batch"
     lines = sg.render_tree(roots)
     assert lines[0] == f"<module> (train.py:90)  [ranks 0-{n - 1}]"
     assert f"  train_step (train.py:35)  [rank {odd}]" in lines

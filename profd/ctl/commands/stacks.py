@@ -11,6 +11,7 @@ from profd.ctl.errors import BadUsage
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, line_block, say
 from profd.watch import flightrec, stackgroups
+from profd.watch.stackrows import StackRank, ranks_of, to_maps
 from profd_client import protocol as P
 
 #: Seconds a node has to answer: its daemon reads stacks for up to 8 s (``REQUEST_BUDGET_S``
@@ -18,73 +19,81 @@ from profd_client import protocol as P
 NODE_TIMEOUT_S = 12.0
 
 
-def gather(
-    env: Env, job: str | None, rank: int | None, native: bool = False
-) -> list[dict[str, Any]]:
+class Stacks:
+    """One job's stacks as profctl shows them: every node's ranks, in rank order, grouped
+    together, and where their flight recorders part (None: none is on)."""
+
+    def __init__(self, job: str, ranks: list[StackRank]) -> None:
+        self.job = job
+        self.ranks = sorted(ranks, key=lambda r: (r.role, r.rank, r.host, r.pid))
+        self.groups = stackgroups.group(self.ranks)
+        self.flight = flightrec.divergence(self.ranks)  # across every node's ranks
+
+    def doc(self) -> dict[str, Any]:
+        """The ``--json`` document (the daemon's reply's shape)."""
+        out: dict[str, Any] = {"job": self.job, "groups": self.groups, "ranks": self.ranks}
+        if self.flight is not None:
+            out["flight"] = self.flight
+        maps: dict[str, Any] = to_maps(out)
+        return maps
+
+
+def gather(env: Env, job: str | None, rank: int | None, native: bool = False) -> list[Stacks]:
     """Every node's ranks merged per job and grouped again across nodes (a node's own
-    groups saw only its ranks); one document per job, in job order."""
+    groups saw only its ranks), in job order."""
     env.node_timeout = max(env.node_timeout, NODE_TIMEOUT_S)
     g = env.gather(C.C_STACKS, job=job, rank=rank, native=native)
-    ranks: dict[str, list[dict[str, Any]]] = {}
+    ranks: dict[str, list[StackRank]] = {}
     for a in g.answered():
         for doc in a.data:
-            rows = ranks.setdefault(doc["job"], [])
-            for r in doc["ranks"]:
-                r["node"] = doc.get("node")
-                rows.append(a.node.named(r))
-    out = []
-    for j in sorted(ranks):
-        rows = sorted(ranks[j], key=lambda r: (r["role"], r["rank"], r["host"], r["pid"]))
-        doc = {"job": j, "groups": stackgroups.group(rows), "ranks": rows}
-        flight = flightrec.divergence(rows)  # across every node's ranks
-        if flight is not None:
-            doc["flight"] = flight
-        out.append(doc)
-    return out
+            named = [a.node.named({**r, "node": doc.get("node")}) for r in doc["ranks"]]
+            # The reply was checked against its schema: every row decodes.
+            rows, _ = ranks_of(named)
+            ranks.setdefault(doc["job"], []).extend(rows)
+    return [Stacks(j, ranks[j]) for j in sorted(ranks)]
 
 
-def one_job(docs: list[dict[str, Any]], job: str | None) -> dict[str, Any]:
+def one_job(jobs: list[Stacks], job: str | None) -> Stacks:
     """The one job shown: the one asked for, or the only one attached."""
-    if not docs:
+    if not jobs:
         raise BadUsage(f"no attached ranks{f' of job {job}' if job else ''}")
-    if len(docs) > 1:
-        names = ", ".join(d["job"] for d in docs)
-        raise BadUsage(f"{len(docs)} jobs are attached ({names}): name one with --job")
-    return docs[0]
+    if len(jobs) > 1:
+        names = ", ".join(d.job for d in jobs)
+        raise BadUsage(f"{len(jobs)} jobs are attached ({names}): name one with --job")
+    return jobs[0]
 
 
-def render(doc: dict[str, Any], full: bool, tree: bool = False) -> str:
+def render(doc: Stacks, full: bool, tree: bool = False) -> str:
     """The grouped view (suspect groups first, a line each), then with ``full`` every
     rank's threads, training thread first, frames innermost first."""
-    ranks = doc["ranks"]
-    read = sum(1 for r in ranks if r.get("source"))
+    ranks = doc.ranks
+    read = sum(1 for r in ranks if r.source is not None)
     head = (
-        f"job {doc['job']}: {len(ranks)} rank{'s' * (len(ranks) != 1)},"
-        f" {len(doc['groups'])} group{'s' * (len(doc['groups']) != 1)}"
+        f"job {doc.job}: {len(ranks)} rank{'s' * (len(ranks) != 1)},"
+        f" {len(doc.groups)} group{'s' * (len(doc.groups) != 1)}"
     )
     if read < len(ranks):
         head += f", {len(ranks) - read} without stacks"
-    lines = [head, *("  " + s for s in stackgroups.summary(doc))]
-    lines += ["  " + s for s in flightrec.text(doc.get("flight"))]
+    lines = [head, *("  " + s for s in stackgroups.summary(ranks, doc.groups))]
+    lines += ["  " + s for s in flightrec.text(doc.flight)]
     if tree:
-        hosts = len({r.get("host") for r in ranks}) > 1
+        hosts = len({r.host for r in ranks}) > 1
         lines += ["", "call tree of the training threads (outermost first):"]
         lines += ["  " + s for s in stackgroups.render_tree(stackgroups.tree(ranks), hosts)]
     if full:
         for r in ranks:
             lines.append("")
-            src = r.get("source") or "none"
-            lines.append(f"{r['role']} rank {r['rank']} on {r['host']} pid {r['pid']} ({src})")
-            if r.get("error"):
-                lines.append(f"  {r['error']}")
-            threads = sorted(r["threads"], key=lambda t: not t.get("training"))
-            for t in threads:
-                mark = "  [training]" if t.get("training") else ""
-                mark += "  [holds the GIL]" if t.get("owns_gil") else ""
-                lines.append(f"  thread {t['tid']} {t['name']}{mark}")
-                for f in t["frames"]:
-                    where = f"{f['file']}" if f.get("native") else f"{f['file']}:{f['line']}"
-                    lines.append(f"    {f['function']} ({where})")
+            src = "none" if r.source is None else r.source.value
+            lines.append(f"{r.role} rank {r.rank} on {r.host} pid {r.pid} ({src})")
+            if r.error:
+                lines.append(f"  {r.error}")
+            for t in sorted(r.threads, key=lambda t: not t.training):
+                mark = "  [training]" if t.training else ""
+                mark += "  [holds the GIL]" if t.owns_gil is True else ""
+                lines.append(f"  thread {t.tid} {t.name}{mark}")
+                for f in t.frames:
+                    where = f.file if f.native else f"{f.file}:{f.line}"
+                    lines.append(f"    {f.function} ({where})")
     return line_block(lines)
 
 
@@ -127,6 +136,6 @@ def stacks(
     """
     doc = one_job(gather(env, job, rank, native), job)
     if env.json:
-        emit_json(doc)
+        emit_json(doc.doc())
     else:
         say(render(doc, full, tree))

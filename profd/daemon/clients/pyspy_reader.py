@@ -35,7 +35,8 @@ from typing import Any
 
 from profd.daemon.clients.fanin import FanIn
 from profd.watch import flightrec, stackgroups
-from profd.watch.rankrow import RankRow, ReadStatus, Source, StackThread, threads_of
+from profd.watch.rankrow import RankRow, ReadStatus
+from profd.watch.stackrows import Source, StackRank, Thread, to_maps
 
 log = logging.getLogger("profd.stacks")
 
@@ -72,12 +73,22 @@ class StackTarget:
         self,
         status: ReadStatus,
         source: Source | None = None,
-        threads: tuple[StackThread, ...] = (),
+        threads: tuple[Thread, ...] = (),
         error: str | None = None,
         read_ms: float | None = None,
     ) -> RankRow:
         return RankRow(
-            self.host, self.role, self.rank, self.pid, status, source, threads, error, read_ms
+            status,
+            StackRank(
+                host=self.host,
+                role=self.role,
+                rank=self.rank,
+                pid=self.pid,
+                source=source,
+                threads=threads,
+                error=error,
+                read_ms=read_ms,
+            ),
         )
 
 
@@ -136,8 +147,8 @@ def read_one(
         threads = stackgroups.parse_pyspy(json.loads(done.stdout))
     except ValueError as exc:  # json.JSONDecodeError is one
         return t.unread(f"py-spy's output unreadable: {exc}"[:ERROR_CHARS], read_ms)
-    stackgroups.mark_training(threads, t.training_tid, t.node_pid)
-    return t.row(ReadStatus.READ, source=Source.PYSPY, threads=threads_of(threads), read_ms=read_ms)
+    marked = stackgroups.mark_training(threads, t.training_tid, t.node_pid)
+    return t.row(ReadStatus.READ, source=Source.PYSPY, threads=marked, read_ms=read_ms)
 
 
 #: py-spy's environment: RUST_BACKTRACE set in the daemon's would append py-spy's own Rust
@@ -266,9 +277,10 @@ class StackReader:
 def job_doc(job: str, rows: Sequence[RankRow]) -> dict[str, Any]:
     """One job's reply (``profd.control_schema.STACKS_DOC``): its ranks in rank order and
     their groups, and where their flight recorders part when they sent any."""
-    ranks = [r.to_dict() for r in sorted(rows, key=lambda r: (r.role, r.rank, r.host, r.pid))]
+    ranks = sorted((r.stacks for r in rows), key=lambda r: (r.role, r.rank, r.host, r.pid))
     doc: dict[str, Any] = {"job": job, "groups": stackgroups.group(ranks), "ranks": ranks}
     flight = flightrec.divergence(ranks)
     if flight is not None:
         doc["flight"] = flight
-    return doc
+    maps: dict[str, Any] = to_maps(doc)
+    return maps

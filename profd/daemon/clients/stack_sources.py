@@ -19,7 +19,8 @@ from profd.daemon.clients.fanin import FanIn
 from profd.daemon.clients.pyspy_reader import StackReader, StackTarget
 from profd.daemon.clients.registry import Client, Registry
 from profd.watch import stackgroups
-from profd.watch.rankrow import RankRow, ReadStatus, threads_of
+from profd.watch.rankrow import RankRow, ReadStatus
+from profd.watch.stackrows import threads_of
 
 Rows = list[RankRow]
 
@@ -114,9 +115,10 @@ class RankStacks:
                 if answer is None:
                     out[i] = out[i].unanswered(str(why))
                 else:
-                    threads = answer["threads"]
-                    stackgroups.mark_training(threads, c.training_tid)
-                    out[i] = out[i].read_by_agent(threads_of(threads))
+                    threads = threads_of(answer["threads"])
+                    out[i] = out[i].read_by_agent(
+                        stackgroups.mark_training(threads, c.training_tid)
+                    )
                 answers.arrived()
 
             return got

@@ -125,18 +125,17 @@ class Hangs:
             return  # it left, or stepped while its stacks were read: not stalled after all
         node = self.incidents.host
         # Named by this node, as profctl --cluster names rows, so every node's ranks of one
-        # job group together (a pod's own hostname stays as client_host). As the incident's
-        # evidence keeps them: its JSON.
-        found = hang.diagnose([row.on_node(node).to_dict() for row in rows])
+        # job group together (a pod's own hostname stays as client_host).
+        found = hang.diagnose([row.on_node(node) for row in rows])
         roles = {c.role for c in clients}
-        suspects = [Suspect(node, m["role"], int(m["rank"])) for m in found.pop("suspects")]
+        suspects = [Suspect(node, m.role, m.rank) for m in found.suspects]
         step_s = clock.step_s
         evidence: dict[str, Any] = {
             "stalled_s": round(quiet, 1),
             "stall_after_s": round(limit, 1),
             "step_ms": None if step_s is None else round(step_s * 1000, 3),
             "ranks_here": len(clients),
-            **found,
+            **found.evidence(),
         }
         self.incidents.open(
             "hang",
