@@ -222,11 +222,11 @@ def merge(incidents: Sequence[dict[str, Any]]) -> dict[str, Any]:
     for inc in incidents:
         maps = (inc.get("evidence") or {}).get("ranks") or ()
         # An older record may name a rank's node only on the incident.
-        got, bad = ranks_of(
+        got = ranks_of(
             {**m, "host": m.get("host") or inc["host"]} if isinstance(m, dict) else m for m in maps
         )
-        rows += got
-        unread += bad
+        rows += (r for r in got if r is not None)
+        unread += got.count(None)
     diagnosis = diagnose(rows)
     found = diagnosis.evidence()
     suspects: list[Any] = to_maps(diagnosis.suspects)

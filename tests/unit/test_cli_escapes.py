@@ -72,11 +72,13 @@ def test_incident_and_stacks_text_escape_hostile_names_and_json_stays_exact() ->
     assert "\x1b" not in text and "\u202e" not in text
     assert all(not line.startswith("forged") for line in text.split("\n"))
     frames = [{"function": "f\x1b]0;title\x07\nforged", "file": "a.py", "line": 1}]
-    ranks, _ = ranks_of([{
+    row = {
         "host": EVIL_HOST, "role": "r", "rank": 0, "pid": 1, "source": "py-spy",
         "threads": [{"tid": 1, "name": "t\x1b", "training": True, "frames": frames}],
-    }])  # fmt: skip
-    text = stacks.render(stacks.Stacks("j", ranks), full=True, tree=False)
+    }  # fmt: skip
+    (typed,) = ranks_of([row])
+    assert typed is not None
+    text = stacks.render(stacks.Stacks("j", [(row, typed)]), full=True, tree=False)
     assert "\x1b" not in text and "\x07" not in text
     assert all(not line.startswith("forged") for line in text.split("\n"))
     row = {"host": EVIL_HOST, "regions": {EVIL_REGION: 0.5}}

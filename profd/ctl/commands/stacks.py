@@ -21,21 +21,24 @@ NODE_TIMEOUT_S = 12.0
 
 class Stacks:
     """One job's stacks as profctl shows them: every node's ranks, in rank order, grouped
-    together, and where their flight recorders part (None: none is on)."""
+    together, and where their flight recorders part (None: none is on). Each rank both as
+    its node sent it (``maps``, named by node: what ``--json`` prints, a newer daemon's
+    fields kept) and decoded (``ranks``: what the grouping reads)."""
 
-    def __init__(self, job: str, ranks: list[StackRank]) -> None:
+    def __init__(self, job: str, rows: list[tuple[dict[str, Any], StackRank]]) -> None:
+        rows = sorted(rows, key=lambda mr: (mr[1].role, mr[1].rank, mr[1].host, mr[1].pid))
         self.job = job
-        self.ranks = sorted(ranks, key=lambda r: (r.role, r.rank, r.host, r.pid))
+        self.maps = [m for m, _ in rows]
+        self.ranks = [r for _, r in rows]
         self.groups = stackgroups.group(self.ranks)
         self.flight = flightrec.divergence(self.ranks)  # across every node's ranks
 
     def doc(self) -> dict[str, Any]:
         """The ``--json`` document (the daemon's reply's shape)."""
-        out: dict[str, Any] = {"job": self.job, "groups": self.groups, "ranks": self.ranks}
+        out: dict[str, Any] = {"job": self.job, "groups": to_maps(self.groups), "ranks": self.maps}
         if self.flight is not None:
             out["flight"] = self.flight
-        maps: dict[str, Any] = to_maps(out)
-        return maps
+        return out
 
 
 def gather(env: Env, job: str | None, rank: int | None, native: bool = False) -> list[Stacks]:
@@ -43,13 +46,13 @@ def gather(env: Env, job: str | None, rank: int | None, native: bool = False) ->
     groups saw only its ranks), in job order."""
     env.node_timeout = max(env.node_timeout, NODE_TIMEOUT_S)
     g = env.gather(C.C_STACKS, job=job, rank=rank, native=native)
-    ranks: dict[str, list[StackRank]] = {}
+    ranks: dict[str, list[tuple[dict[str, Any], StackRank]]] = {}
     for a in g.answered():
         for doc in a.data:
             named = [a.node.named({**r, "node": doc.get("node")}) for r in doc["ranks"]]
             # The reply was checked against its schema: every row decodes.
-            rows, _ = ranks_of(named)
-            ranks.setdefault(doc["job"], []).extend(rows)
+            pairs = zip(named, ranks_of(named), strict=True)
+            ranks.setdefault(doc["job"], []).extend((m, r) for m, r in pairs if r is not None)
     return [Stacks(j, ranks[j]) for j in sorted(ranks)]
 
 
