@@ -234,9 +234,12 @@ def check_daemon(res: dict[str, Any]) -> None:
     # told apart in the round trip's row.
     assert all(len(d["gc"][k]["passes"]) == 3 for k in ("busy_start", "busy_end", "after_requests"))
     assert "over the requests" in res["rows"][-1]["spread"], metrics(res)
-    # The transport's floor in the same run: a bare ROUTER that received the same traffic.
+    # The transport's floor in the same run: a bare ROUTER that received the same traffic,
+    # sampled over the same window. (At the quick run's handful of clients its CPU over the
+    # window can be under one clock tick of the kernel's accounting: 0.0 is a measurement.)
     floor = d["transport_floor"]
-    assert floor["cpu_percent_of_one_core"] > 0 and floor["clients_cpu_percent"] is not None
+    assert floor["window_s"] > 0 and floor["cpu_percent_of_one_core"] >= 0
+    assert floor["clients_cpu_percent"] is not None and floor["cpu_percent_per_1s"]["n"] > 0
     assert res["rows"][1]["baseline"] == round(floor["cpu_percent_of_one_core"], 4)
     assert len(res["rows"]) == 6, metrics(res)
 

@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -176,6 +177,10 @@ def test_trend_matches_polars(where: Where) -> None:
     assert all(r["job"].startswith("train-") for r in mine)
 
 
+def _utc_day(t: float) -> str:
+    return time.strftime("%Y-%m-%d", time.gmtime(t))
+
+
 def test_each_row_is_read_once_across_sealed_days(where: Where, fleet: tuple[Path, Fleet]) -> None:
     root, f = fleet
     out = WRITTEN[root]
@@ -196,10 +201,12 @@ def test_each_row_is_read_once_across_sealed_days(where: Where, fleet: tuple[Pat
     if f.merged:
         # Merged days, the kept nodes' day objects still beside the fleet objects.
         fleets = list(root.glob("*/date=*/~fleet~00000001.parquet"))
-        # (rank minutes: today's hour only, nothing closed to merge)
-        assert {p.parent.parent.name for p in fleets} == set(want) - {"rank_minutes"} | {
-            "incidents"
-        }
+        # Rank minutes are the hour before the fleet's end: merged only where that hour is a
+        # closed day's (the fleet made in the first hour of a UTC day), else nothing closed.
+        merged = set(want) | {"incidents"}
+        if _utc_day(f.end - 3600 * f.rank_minute_hours) == _utc_day(f.end):
+            merged.discard("rank_minutes")
+        assert {p.parent.parent.name for p in fleets} == merged
         assert any((p.parent / f"{kept}.parquet").exists() for p in fleets)
     sql = "SELECT " + ", ".join(f"(SELECT count(*) FROM {t}) AS {t}" for t in want)
     assert rows(where, "query", sql) == [want]
