@@ -33,6 +33,7 @@ from profd.control_rows import pack
 from profd.daemon.clients.pyspy_reader import job_doc
 from profd.daemon.clients.registry import Client
 from profd.daemon.clients.stack_sources import target
+from profd.watch import stackgroups
 from profd.watch.rankrow import ReadStatus
 from profd.watch.stackrows import Source, threads_of
 from profd_client import protocol as P
@@ -118,7 +119,7 @@ def stacks_doc(node: str, clients: list[Client], stuck: bool) -> dict[str, Any]:
             {"name": name, "tid": c.pid + 1 + i, "training": False, "frames": frames}
             for i, (name, frames) in enumerate(OTHER_THREADS)
         ]
-        marked = tuple(threads_of(threads))
+        marked = stackgroups.mark_training(threads_of(threads), c.pid)
         read = target(c).row(ReadStatus.READ, Source.PYSPY, marked, read_ms=6.0)
         rows.append(read)
     doc = job_doc(clients[0].job, rows)

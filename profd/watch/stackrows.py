@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import enum
 import gc
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import msgspec
@@ -145,7 +145,14 @@ def ranks_of(maps: Iterable[object]) -> list[StackRank | None]:
             gc.enable()
 
 
-def threads_of(maps: Iterable[object]) -> list[Thread]:
-    """Threads as py-spy's parser or an agent thread's answer gives them, as maps (the
-    protocol checked an agent's against ``AGENT_STACK_THREAD``)."""
-    return msgspec.convert(list(maps), list[Thread])
+def threads_of(maps: Iterable[Mapping[str, Any]]) -> list[Thread]:
+    """An agent thread's answer's threads, none marked the training thread yet. Only what
+    the protocol checked of each (``AGENT_STACK_THREAD``: its name, tid and frames) is read:
+    the rest of an open map is the peer's, unchecked."""
+    return [
+        Thread(name=t["name"], tid=t["tid"], frames=msgspec.convert(t["frames"], _Frames))
+        for t in maps
+    ]
+
+
+_Frames = tuple[Frame, ...]

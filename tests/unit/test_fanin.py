@@ -105,7 +105,10 @@ def test_ranks_py_spy_cannot_read_are_asked_of_their_agent_and_flights_beside(
         assert set(asked) == {b"peer-0", b"peer-1", b"peer-2"}
         frames = [{"function": "train_step", "file": "/home/u/train.py", "line": 41}]
         threads = [{"name": "MainThread", "tid": 4000, "frames": frames}]
-        agent.result(clients[0], P.StacksResult(v=3, id=asked[b"peer-0"], threads=threads))
+        # Fields of an agent's thread map beyond what the protocol checks are not read: a
+        # peer's claim to be the training thread, or a GIL flag that is not a bool.
+        odd = [{**threads[0], "training": "yes", "owns_gil": 7}]
+        agent.result(clients[0], P.StacksResult(v=3, id=asked[b"peer-0"], threads=odd))
         agent.result(clients[1], P.StacksResult(v=3, id=asked[b"peer-1"], threads=threads))
         assert got == []  # rank 2 and rank 1's flight recorder have not answered
         agent.result(

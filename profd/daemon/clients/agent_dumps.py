@@ -16,9 +16,9 @@ from profd_client import protocol as P
 #: Seconds a client's agent thread has to answer.
 ANSWER_S = 2.0
 
-#: ``(answer, None)`` on an answer (``threads``, and ``flight`` or ``flight_error`` when
-#: asked), ``(None, why)`` without one.
-Answered = Callable[[dict[str, Any] | None, str | None], None]
+#: ``(answer, None)`` on an answer (the client's ``stacks_result`` as sent: its ``threads``,
+#: and ``flight`` or ``flight_error`` when asked), ``(None, why)`` without one.
+Answered = Callable[[P.StacksResult | None, str | None], None]
 
 A = TypeVar("A")
 
@@ -65,7 +65,7 @@ class AgentStacks:
     def __init__(self, send: Callable[[bytes, bytes], None], timeout: float = ANSWER_S) -> None:
         self.send = send
         self.timeout = timeout
-        self.questions: Questions[dict[str, Any]] = Questions()
+        self.questions: Questions[P.StacksResult] = Questions()
 
     def ask(
         self,
@@ -86,18 +86,8 @@ class AgentStacks:
     def result(self, c: Client, m: P.StacksResult) -> None:
         """A client's ``stacks_result``: only the client asked may answer its request."""
         done = self.questions.close(c, m.id)
-        if done is None:
-            return
-        answer: dict[str, Any] = {
-            "threads": [
-                {"name": t["name"], "tid": t["tid"], "frames": t["frames"]} for t in m.threads
-            ]
-        }
-        if m.flight is not P.UNSET:
-            answer["flight"] = m.flight
-        if m.flight_error is not P.UNSET:
-            answer["flight_error"] = m.flight_error
-        done(answer, None)
+        if done is not None:
+            done(m, None)
 
     def expire(self, now: float) -> None:
         self.questions.expire(now)

@@ -21,6 +21,7 @@ from profd.daemon.clients.registry import Client, Registry
 from profd.watch import stackgroups
 from profd.watch.rankrow import RankRow, ReadStatus
 from profd.watch.stackrows import threads_of
+from profd_client import protocol as P
 
 Rows = list[RankRow]
 
@@ -64,11 +65,15 @@ class RankStacks:
         parts = FanIn(1 + len(flying), all_in)
 
         def flight_of(i: int) -> Callable[..., None]:
-            def got(answer: dict[str, Any] | None, why: str | None) -> None:
+            def got(answer: P.StacksResult | None, why: str | None) -> None:
                 if answer is None:
                     flights[i] = (None, f"no flight recorder: {why}")
                 else:
-                    flights[i] = (answer.get("flight"), answer.get("flight_error"))
+                    flight, error = answer.flight, answer.flight_error
+                    flights[i] = (
+                        None if flight is P.UNSET else flight,
+                        None if error is P.UNSET else error,
+                    )
                 parts.arrived()
 
             return got
@@ -111,11 +116,11 @@ class RankStacks:
         answers = FanIn(len(ask), lambda: done(out))
 
         def answered(i: int, c: Client) -> Callable[..., None]:
-            def got(answer: dict[str, Any] | None, why: str | None) -> None:
+            def got(answer: P.StacksResult | None, why: str | None) -> None:
                 if answer is None:
                     out[i] = out[i].unanswered(str(why))
                 else:
-                    threads = threads_of(answer["threads"])
+                    threads = threads_of(answer.threads)
                     out[i] = out[i].read_by_agent(
                         stackgroups.mark_training(threads, c.training_tid)
                     )
