@@ -78,7 +78,7 @@ def test_incident_and_stacks_text_escape_hostile_names_and_json_stays_exact() ->
     }  # fmt: skip
     (typed,) = ranks_of([row])
     assert typed is not None
-    text = stacks.render(stacks.Stacks("j", [(row, typed)]), full=True, tree=False)
+    text = stacks.render(stacks.Stacks("j", [(row, typed)], []), full=True, tree=False)
     assert "\x1b" not in text and "\x07" not in text
     assert all(not line.startswith("forged") for line in text.split("\n"))
     row = {"host": EVIL_HOST, "regions": {EVIL_REGION: 0.5}}

@@ -192,3 +192,21 @@ def test_the_call_tree_folds_long_runs_of_library_frames() -> None:
     deep = [fr(f"lib{i}", TORCH, i) for i in range(6)] + IN_ALLREDUCE
     lines = sg.render_tree(sg.tree([rank(0, deep)]))
     assert "      ... 7 library frames" in lines and "      lib0 (graph.py:0)" in lines
+
+
+def test_profctl_leaves_out_and_says_the_rank_rows_it_cannot_read() -> None:
+    from profd.ctl.commands import stacks
+    from profd.watch.stackrows import ranks_of, to_maps
+
+    good = [to_maps(rank(i, IN_ALLREDUCE)) for i in range(2)]
+    # Past the reply's schema, which leaves a row's other fields open: a peer's lie.
+    lying = {**to_maps(rank(2, IN_LOAD)), "client_host": 7}
+    decoded = ranks_of([*good, lying])
+    assert decoded[2] is None and all(r is not None for r in decoded[:2])
+    rows = [(m, r) for m, r in zip(good, decoded, strict=False) if r is not None]
+    doc = stacks.Stacks("j", rows, ["10.0.0.2"])
+    assert [g.majority for g in doc.groups] == [True]  # the lying row is in no group
+    assert doc.doc()["ranks_unread"] == 1 and len(doc.doc()["ranks"]) == 2
+    head = stacks.render(doc, full=False).split("\n")[0]
+    assert head == "job j: 2 ranks, 1 group, 1 unreadable rank row (10.0.0.2)"
+    assert "ranks_unread" not in stacks.Stacks("j", rows, []).doc()

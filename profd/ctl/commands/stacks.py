@@ -23,11 +23,16 @@ class Stacks:
     """One job's stacks as profctl shows them: every node's ranks, in rank order, grouped
     together, and where their flight recorders part (None: none is on). Each rank both as
     its node sent it (``maps``, named by node: what ``--json`` prints, a newer daemon's
-    fields kept) and decoded (``ranks``: what the grouping reads)."""
+    fields kept) and decoded (``ranks``: what the grouping reads). ``unread``: the nodes
+    whose rows did not decode as rank rows (a lying peer), once per such row: left out of
+    the grouping, and said."""
 
-    def __init__(self, job: str, rows: list[tuple[dict[str, Any], StackRank]]) -> None:
+    def __init__(
+        self, job: str, rows: list[tuple[dict[str, Any], StackRank]], unread: list[str]
+    ) -> None:
         rows = sorted(rows, key=lambda mr: (mr[1].role, mr[1].rank, mr[1].host, mr[1].pid))
         self.job = job
+        self.unread = sorted(unread)
         self.maps = [m for m, _ in rows]
         self.ranks = [r for _, r in rows]
         self.groups = stackgroups.group(self.ranks)
@@ -38,6 +43,8 @@ class Stacks:
         out: dict[str, Any] = {"job": self.job, "groups": to_maps(self.groups), "ranks": self.maps}
         if self.flight is not None:
             out["flight"] = self.flight
+        if self.unread:
+            out["ranks_unread"] = len(self.unread)
         return out
 
 
@@ -47,13 +54,19 @@ def gather(env: Env, job: str | None, rank: int | None, native: bool = False) ->
     env.node_timeout = max(env.node_timeout, NODE_TIMEOUT_S)
     g = env.gather(C.C_STACKS, job=job, rank=rank, native=native)
     ranks: dict[str, list[tuple[dict[str, Any], StackRank]]] = {}
+    unread: dict[str, list[str]] = {}
     for a in g.answered():
         for doc in a.data:
             named = [a.node.named({**r, "node": doc.get("node")}) for r in doc["ranks"]]
-            # The reply was checked against its schema: every row decodes.
-            pairs = zip(named, ranks_of(named), strict=True)
-            ranks.setdefault(doc["job"], []).extend((m, r) for m, r in pairs if r is not None)
-    return [Stacks(j, ranks[j]) for j in sorted(ranks)]
+            rows = ranks.setdefault(doc["job"], [])
+            bad = unread.setdefault(doc["job"], [])
+            # The reply passed its schema, which leaves a row's other fields open.
+            for m, r in zip(named, ranks_of(named), strict=True):
+                if r is None:
+                    bad.append(str(a.node.address))
+                else:
+                    rows.append((m, r))
+    return [Stacks(j, ranks[j], unread[j]) for j in sorted(ranks)]
 
 
 def one_job(jobs: list[Stacks], job: str | None) -> Stacks:
@@ -77,6 +90,9 @@ def render(doc: Stacks, full: bool, tree: bool = False) -> str:
     )
     if read < len(ranks):
         head += f", {len(ranks) - read} without stacks"
+    if doc.unread:
+        nodes = ", ".join(sorted(set(doc.unread)))
+        head += f", {len(doc.unread)} unreadable rank row{'s' * (len(doc.unread) != 1)} ({nodes})"
     lines = [head, *("  " + s for s in stackgroups.summary(ranks, doc.groups))]
     lines += ["  " + s for s in flightrec.text(doc.flight)]
     if tree:
