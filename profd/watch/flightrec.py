@@ -11,8 +11,10 @@ protocol checked that); a rank whose summary is missing is listed, not guessed.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import msgspec
 
 from profd.watch.stackgroups import label
 from profd.watch.stackrows import Member, StackRank
@@ -20,27 +22,57 @@ from profd.watch.stackrows import Member, StackRank
 Who = tuple[str, str, int]  # (host, role, rank)
 
 
+class Behind(Member, frozen=True, gc=False):
+    """A rank that never enqueued a group's collective, and the last one it did."""
+
+    last: int
+
+
+class Without(Member, frozen=True, gc=False):
+    """A rank whose recorder is on but that gave no summary, and why."""
+
+    why: str
+
+
+class PgDivergence(msgspec.Struct, frozen=True, kw_only=True):
+    """Where one process group's ranks first differ: at collective ``seq``, some ranks never
+    enqueued it (``behind``: the ones everyone waits for; ``ahead``: those at or past it;
+    ``op``: what it was) or they enqueued different operations or sizes under it
+    (``mismatch``: ``ops``, each operation and sizes with its ranks)."""
+
+    pg: str
+    desc: str
+    seq: int
+    kind: Literal["behind", "mismatch"]
+    op: str | None
+    ahead: tuple[Member, ...]
+    behind: tuple[Behind, ...]
+    ops: dict[str, tuple[Member, ...]]
+
+
+class Divergence(msgspec.Struct, frozen=True, kw_only=True):
+    """Where the ranks' flight recorders part: the groups that differ (lowest ``seq``
+    first), the ranks whose recorder is on but gave no summary, and how many sent one."""
+
+    groups: tuple[PgDivergence, ...]
+    without: tuple[Without, ...]
+    ranks: int
+
+
 def _who(r: StackRank) -> Who:
     return (r.host, r.role, r.rank)
 
 
-def _member(w: Who) -> dict[str, Any]:
-    return {"host": w[0], "role": w[1], "rank": w[2]}
-
-
-def divergence(ranks: Iterable[StackRank]) -> dict[str, Any] | None:
-    """``{"groups": [per process group where ranks differ], "without": [ranks whose
-    recorder is on but gave no summary, with why], "ranks": n}`` or None when no rank sent
-    a summary. A group's entry: ``{"pg", "desc", "seq", "kind": "behind" | "mismatch",
-    "op", "ahead": [ranks at or past seq], "behind": [{rank..., "last"}], "ops": {op:
-    [ranks]}}`` (``ops`` for a mismatch), the lowest such ``seq`` of the group."""
+def divergence(ranks: Iterable[StackRank]) -> Divergence | None:
+    """Where the ranks' flight recorders part (:class:`Divergence`), or None when no rank
+    sent a summary; each group's lowest ``seq`` where its ranks differ."""
     flights: dict[Who, dict[str, Any]] = {}
     without = []
     for r in ranks:
         if r.flight is not None:
             flights[_who(r)] = r.flight
         elif r.flight_error:
-            without.append({**_member(_who(r)), "why": r.flight_error})
+            without.append(Without(*_who(r), r.flight_error))
     if not flights:
         return None
     pgs: dict[str, dict[Who, int]] = {}
@@ -57,18 +89,18 @@ def divergence(ranks: Iterable[StackRank]) -> dict[str, Any] | None:
             seen[int(e["seq"])] = (str(e["op"]), repr(e.get("sizes")))
             last = pgs.setdefault(e["pg"], {})
             last[who] = max(last.get(who, -1), int(e["seq"]))
-    out = []
-    for pg in sorted(pgs):
-        found = _first_difference(pgs[pg], ops.get(pg, {}), len(flights))
-        if found is not None:
-            out.append({"pg": pg, "desc": desc.get(pg, ""), **found})
-    out.sort(key=lambda g: (g["seq"], g["pg"]))
-    return {"groups": out, "without": without, "ranks": len(flights)}
+    out = [
+        found
+        for pg in sorted(pgs)
+        if (found := _first_difference(pg, desc.get(pg, ""), pgs[pg], ops.get(pg, {}))) is not None
+    ]
+    out.sort(key=lambda g: (g.seq, g.pg))
+    return Divergence(groups=tuple(out), without=tuple(without), ranks=len(flights))
 
 
 def _first_difference(
-    last: dict[Who, int], ops: dict[Who, dict[int, tuple[str, str]]], n: int
-) -> dict[str, Any] | None:
+    pg: str, desc: str, last: dict[Who, int], ops: dict[Who, dict[int, tuple[str, str]]]
+) -> PgDivergence | None:
     """One process group: where its ranks (those that reported it) first differ."""
     if len(last) < 2:
         return None
@@ -81,30 +113,35 @@ def _first_difference(
         for w, k in at.items():
             kinds.setdefault(k, []).append(w)
         if len(kinds) > 1:
-            return {
-                "seq": s,
-                "kind": "mismatch",
-                "op": None,
-                "ops": {
-                    f"{k[0]} {k[1]}": [_member(w) for w in sorted(ws)] for k, ws in kinds.items()
+            return PgDivergence(
+                pg=pg,
+                desc=desc,
+                seq=s,
+                kind="mismatch",
+                op=None,
+                ops={
+                    f"{k[0]} {k[1]}": tuple(Member(*w) for w in sorted(ws))
+                    for k, ws in kinds.items()
                 },
-                "ahead": [],
-                "behind": [],
-            }
+                ahead=(),
+                behind=(),
+            )
     top = max(last.values())
     low = min(last.values())
     if top == low:
         return None
     seq = low + 1  # the first collective some ranks enqueued and the others never did
     op = next((per[seq][0] for per in ops.values() if seq in per), None)
-    return {
-        "seq": seq,
-        "kind": "behind",
-        "op": op,
-        "ops": {},
-        "ahead": [_member(w) for w in sorted(w for w, s in last.items() if s >= seq)],
-        "behind": [{**_member(w), "last": s} for w, s in sorted(last.items()) if s < seq],
-    }
+    return PgDivergence(
+        pg=pg,
+        desc=desc,
+        seq=seq,
+        kind="behind",
+        op=op,
+        ops={},
+        ahead=tuple(Member(*w) for w in sorted(w for w, s in last.items() if s >= seq)),
+        behind=tuple(Behind(*w, s) for w, s in sorted(last.items()) if s < seq),
+    )
 
 
 #: Entries a hang incident keeps of each rank's summary (the newest): enough to see where
@@ -117,45 +154,40 @@ def kept(flight: dict[str, Any]) -> dict[str, Any]:
     return {**flight, "entries": list(flight.get("entries") or ())[-KEEP_ENTRIES:]}
 
 
-def _hosts(doc: dict[str, Any]) -> bool:
+def _hosts(doc: Divergence) -> bool:
     """Whether the ranks compared span several nodes (labels then name them)."""
-    seen = {w["host"] for w in doc["without"]}
-    for g in doc["groups"]:
-        seen.update(m["host"] for m in (*g["ahead"], *g["behind"]))
-        seen.update(m["host"] for ms in g["ops"].values() for m in ms)
+    seen = {w.host for w in doc.without}
+    for g in doc.groups:
+        seen.update(m.host for m in (*g.ahead, *g.behind))
+        seen.update(m.host for ms in g.ops.values() for m in ms)
     return len(seen) > 1
 
 
-def text(doc: dict[str, Any] | None) -> list[str]:
+def text(doc: Divergence | None) -> list[str]:
     """The divergence as lines a human reads: one per process group that differs."""
     if doc is None:
         return []
     hosts = _hosts(doc)
-
-    def _label(members: Sequence[dict[str, Any]]) -> str:
-        return label((Member(m["host"], m["role"], m["rank"]) for m in members), hosts)
-
     lines = []
-    for g in doc["groups"]:
-        pg = g["pg"] + (f" ({g['desc']})" if g.get("desc") else "")
-        if g["kind"] == "behind":
-            behind = _label(g["behind"])
+    for g in doc.groups:
+        pg = g.pg + (f" ({g.desc})" if g.desc else "")
+        if g.kind == "behind":
             lines.append(
-                f"flight recorder: process group {pg}: {behind} never reached collective"
-                f" #{g['seq']}"
-                + (f" ({g['op']})" if g.get("op") else "")
-                + f" that {_label(g['ahead'])} entered"
+                f"flight recorder: process group {pg}: {label(g.behind, hosts)} never reached"
+                f" collective #{g.seq}"
+                + (f" ({g.op})" if g.op else "")
+                + f" that {label(g.ahead, hosts)} entered"
             )
         else:
-            parts = "; ".join(f"{_label(ms)}: {op}" for op, ms in g["ops"].items())
+            parts = "; ".join(f"{label(ms, hosts)}: {op}" for op, ms in g.ops.items())
             lines.append(
                 f"flight recorder: process group {pg}: ranks disagree on collective"
-                f" #{g['seq']}: {parts}"
+                f" #{g.seq}: {parts}"
             )
-    if not doc["groups"]:
+    if not doc.groups:
         lines.append(
-            f"flight recorder: the {doc['ranks']} ranks that sent one agree on every collective"
+            f"flight recorder: the {doc.ranks} ranks that sent one agree on every collective"
         )
-    for w in doc["without"]:
-        lines.append(f"flight recorder: none from {_label([w])}: {w['why']}")
+    for w in doc.without:
+        lines.append(f"flight recorder: none from {label([w], hosts)}: {w.why}")
     return lines

@@ -139,7 +139,7 @@ class Diagnosis(msgspec.Struct, frozen=True, kw_only=True):
     ranks: tuple[StackRank, ...]
     summary: list[str]
     verdict: str
-    flight: dict[str, Any] | None
+    flight: flightrec.Divergence | None
 
     def evidence(self) -> dict[str, Any]:
         """Everything but the suspects (the incident's own field), as a hang incident's

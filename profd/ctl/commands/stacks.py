@@ -42,7 +42,7 @@ class Stacks:
         """The ``--json`` document (the daemon's reply's shape)."""
         out: dict[str, Any] = {"job": self.job, "groups": to_maps(self.groups), "ranks": self.maps}
         if self.flight is not None:
-            out["flight"] = self.flight
+            out["flight"] = to_maps(self.flight)
         if self.unread:
             out["ranks_unread"] = len(self.unread)
         return out
