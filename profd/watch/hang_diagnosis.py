@@ -88,15 +88,10 @@ class StallClock:
 
 def kept(rank: StackRank) -> StackRank:
     """A rank row as an incident keeps it: who, its source (or why none), and its training
-    thread's innermost frames."""
+    thread's innermost frames (not how long the read took, nor which daemon listed it)."""
     training = rank.training
-    return StackRank(
-        host=rank.host,
-        role=rank.role,
-        rank=rank.rank,
-        pid=rank.pid,
-        source=rank.source,
-        threads=()
+    threads = (
+        ()
         if training is None
         else (
             Thread(
@@ -105,11 +100,16 @@ def kept(rank: StackRank) -> StackRank:
                 frames=_innermost(training.frames),
                 training=True,
             ),
-        ),
+        )
+    )
+    return replace(
+        rank,
+        threads=threads,
         error=rank.error or None,
+        read_ms=None,
         flight=None if rank.flight is None else flightrec.kept(rank.flight),
         flight_error=rank.flight_error or None,
-        client_host=rank.client_host,
+        node=None,
     )
 
 
