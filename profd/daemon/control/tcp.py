@@ -23,9 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import zmq
-import zmq.auth
 from zmq.utils import z85
-from zmq.utils.monitor import parse_monitor_message
 
 from profd.config import ClusterConfig, ConfigError
 from profd_client import protocol as P
@@ -51,8 +49,19 @@ class ServerKeys:
     secret: bytes
 
 
+def _monitor_message(frames: list[bytes]) -> dict[str, Any]:
+    # zmq.auth and zmq.utils.monitor (which loads asyncio) are loaded by a daemon that
+    # listens on TCP only: imported at the top they were ~10 ms of every daemon's start
+    # (importing the loop: 212 -> 205 ms p50 of 8 runs each, docs/benchmarks.md).
+    from zmq.utils.monitor import parse_monitor_message
+
+    return dict(parse_monitor_message(frames))
+
+
 def load_server_key(path: Path) -> ServerKeys:
     """The daemon's key pair; refused unless the file is a secret key only its owner reads."""
+    import zmq.auth  # only with TCP: _monitor_message says why
+
     try:
         st = path.stat()
         public, secret = zmq.auth.load_certificate(path)
@@ -73,6 +82,8 @@ def load_server_key(path: Path) -> ServerKeys:
 
 def load_authorized(directory: Path) -> dict[bytes, str]:
     """Public keys (z85) allowed to connect, each with its file's name for the log."""
+    import zmq.auth  # only with TCP: _monitor_message says why
+
     try:
         st = directory.stat()
         names = sorted(os.listdir(directory))
@@ -218,7 +229,7 @@ class TcpControl:
                 frames = self.monitor.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            ev = parse_monitor_message(frames)
+            ev = _monitor_message(frames)
             # libzmq names the listening endpoint here, not the peer.
             if ev["event"] == zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL:
                 self._refusal("a TCP client", "handshake failed", "(closed during the handshake)")
