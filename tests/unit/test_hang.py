@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from test_stackgroups import IN_ALLREDUCE, IN_CHECKPOINT, IN_LOAD, TORCH, fr, rank
 
+from profd.ctl.commands import incidents
 from profd.watch import hang_diagnosis as hang
 from profd.watch.incident_record import seen_by
 from profd.watch.stackrows import Frame, Member, StackRank, to_maps
@@ -294,5 +295,7 @@ def test_a_merge_leaves_out_stored_rows_that_are_not_rank_rows_and_counts_them()
     (one,) = hang.merged([a, b])
     assert one["evidence"]["ranks_unread"] == 2
     assert len(one["evidence"]["ranks"]) == 7 and _ids(one["suspects"]) == [4]
+    said = incidents.text({**one, "hosts": ["a", "b"]})
+    assert "2 stored rank rows did not read as rank rows: left out above" in said
     b2 = _incident("b", [rank(4, IN_LOAD, host="b")], 1000.5)
     assert "ranks_unread" not in hang.merged([a, b2])[0]["evidence"]

@@ -184,6 +184,11 @@ def _hang_lines(d: dict[str, Any]) -> list[str]:
         "stacks",
     ]
     lines += [f"  {line}" for line in ev.get("summary") or ()]
+    if ev.get("ranks_unread"):
+        n = ev["ranks_unread"]
+        lines.append(
+            f"  {n} stored rank row{'s' * (n != 1)} did not read as rank rows: left out above"
+        )
     return lines
 
 
