@@ -126,9 +126,10 @@ _unpack = msgspec.msgpack.Decoder().decode
 
 def ranks_of(maps: Iterable[object]) -> list[StackRank | None]:
     """Rank maps (a reply's or a stored hang's) as rows, in their order; None for a map that
-    does not decode. The collector is paused meanwhile: the maps' reply (100,000s of maps and
-    lists at a cluster's 4,096 ranks) is alive, and each pass would walk it all again (three
-    quarters of decoding 4,096 ranks, as it is of unpacking the reply: ``envelope.unpack``)."""
+    does not decode. The collector is paused meanwhile, as it is while the reply is unpacked
+    (``envelope.unpack``): the reply (100,000s of maps and lists at a cluster's 4,096 ranks)
+    is alive, and each of its passes would walk it all again (docs/benchmarks.md, "Typed
+    stack rows")."""
     paused = gc.isenabled()
     if paused:
         gc.disable()
