@@ -19,8 +19,6 @@ import msgspec
 from profd.watch.stackgroups import label
 from profd.watch.stackrows import Member, StackRank
 
-Who = tuple[str, str, int]  # (host, role, rank)
-
 
 class Behind(Member, frozen=True, gc=False):
     """A rank that never enqueued a group's collective, and the last one it did."""
@@ -59,25 +57,21 @@ class Divergence(msgspec.Struct, frozen=True, kw_only=True):
     ranks: int
 
 
-def _who(r: StackRank) -> Who:
-    return (r.host, r.role, r.rank)
-
-
 def divergence(ranks: Iterable[StackRank]) -> Divergence | None:
     """Where the ranks' flight recorders part (:class:`Divergence`), or None when no rank
     sent a summary; each group's lowest ``seq`` where its ranks differ."""
-    flights: dict[Who, dict[str, Any]] = {}
+    flights: dict[Member, dict[str, Any]] = {}
     without = []
     for r in ranks:
         if r.flight is not None:
-            flights[_who(r)] = r.flight
+            flights[r.member] = r.flight
         elif r.flight_error:
-            without.append(Without(*_who(r), r.flight_error))
+            without.append(Without(r.host, r.role, r.rank, r.flight_error))
     if not flights:
         return None
-    pgs: dict[str, dict[Who, int]] = {}
+    pgs: dict[str, dict[Member, int]] = {}
     desc: dict[str, str] = {}
-    ops: dict[str, dict[Who, dict[int, tuple[str, str]]]] = {}
+    ops: dict[str, dict[Member, dict[int, tuple[str, str]]]] = {}
     for who, f in flights.items():
         for pg in f.get("pgs") or ():
             pgs.setdefault(pg["pg"], {})[who] = int(pg["enqueued"])
@@ -99,7 +93,7 @@ def divergence(ranks: Iterable[StackRank]) -> Divergence | None:
 
 
 def _first_difference(
-    pg: str, desc: str, last: dict[Who, int], ops: dict[Who, dict[int, tuple[str, str]]]
+    pg: str, desc: str, last: dict[Member, int], ops: dict[Member, dict[int, tuple[str, str]]]
 ) -> PgDivergence | None:
     """One process group: where its ranks (those that reported it) first differ."""
     if len(last) < 2:
@@ -109,7 +103,7 @@ def _first_difference(
     # both still in their rings.
     for s in seqs:
         at = {w: per[s] for w, per in ops.items() if s in per}
-        kinds: dict[tuple[str, str], list[Who]] = {}
+        kinds: dict[tuple[str, str], list[Member]] = {}
         for w, k in at.items():
             kinds.setdefault(k, []).append(w)
         if len(kinds) > 1:
@@ -119,10 +113,7 @@ def _first_difference(
                 seq=s,
                 kind="mismatch",
                 op=None,
-                ops={
-                    f"{k[0]} {k[1]}": tuple(Member(*w) for w in sorted(ws))
-                    for k, ws in kinds.items()
-                },
+                ops={f"{k[0]} {k[1]}": tuple(sorted(ws)) for k, ws in kinds.items()},
                 ahead=(),
                 behind=(),
             )
@@ -139,8 +130,8 @@ def _first_difference(
         kind="behind",
         op=op,
         ops={},
-        ahead=tuple(Member(*w) for w in sorted(w for w, s in last.items() if s >= seq)),
-        behind=tuple(Behind(*w, s) for w, s in sorted(last.items()) if s < seq),
+        ahead=tuple(sorted(w for w, s in last.items() if s >= seq)),
+        behind=tuple(Behind(w.host, w.role, w.rank, s) for w, s in sorted(last.items()) if s < seq),
     )
 
 

@@ -94,6 +94,12 @@ class StackRank(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
         return next((t for t in self.threads if t.training), None)
 
 
+def rank_order(r: StackRank) -> tuple[str, int, str, int]:
+    """The order a ``stacks`` reply and profctl list a job's ranks in: by role, then rank
+    (then host and pid, where two processes claim one rank)."""
+    return (r.role, r.rank, r.host, r.pid)
+
+
 class Group(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """Ranks whose training threads have the same Python stack (``frames``, innermost
     first); the largest group is the ``majority``. ``where``: that stack for a human, in a

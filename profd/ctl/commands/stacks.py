@@ -11,7 +11,7 @@ from profd.ctl.errors import BadUsage
 from profd.ctl.main import Env, command
 from profd.ctl.render import emit_json, line_block, say
 from profd.watch import flightrec, stackgroups
-from profd.watch.stackrows import StackRank, ranks_of, to_maps
+from profd.watch.stackrows import StackRank, rank_order, ranks_of, to_maps
 from profd_client import protocol as P
 
 #: Seconds a node has to answer: its daemon reads stacks for up to 8 s (``REQUEST_BUDGET_S``
@@ -30,7 +30,7 @@ class Stacks:
     def __init__(
         self, job: str, rows: list[tuple[dict[str, Any], StackRank]], unread: list[str]
     ) -> None:
-        rows = sorted(rows, key=lambda mr: (mr[1].role, mr[1].rank, mr[1].host, mr[1].pid))
+        rows = sorted(rows, key=lambda mr: rank_order(mr[1]))
         self.job = job
         self.unread = sorted(unread)
         self.maps = [m for m, _ in rows]
@@ -151,7 +151,9 @@ def stacks(
     One job at a time: with several attached, --job names it. --json prints that job's
     document: {"job", "groups": [{"ranks", "majority", "frames"}], "ranks": [{"host",
     "role", "rank", "pid", "source", "threads": [{"name", "tid", "training", "frames"}]}]}.
-    With --cluster, ranks of every node are grouped together and rows carry their node.
+    With --cluster, ranks of every node are grouped together and rows carry their node; a
+    node's row that does not read as a rank row is left out, counted in "ranks_unread" and
+    named with its node on the first line.
     """
     doc = one_job(gather(env, job, rank, native), job)
     if env.json:

@@ -36,7 +36,7 @@ from typing import Any
 from profd.daemon.clients.fanin import FanIn
 from profd.watch import flightrec, stackgroups
 from profd.watch.rankrow import RankRow, ReadStatus
-from profd.watch.stackrows import Source, StackRank, Thread, to_maps
+from profd.watch.stackrows import Source, StackRank, Thread, rank_order, to_maps
 
 log = logging.getLogger("profd.stacks")
 
@@ -277,7 +277,7 @@ class StackReader:
 def job_doc(job: str, rows: Sequence[RankRow]) -> dict[str, Any]:
     """One job's reply (``profd.control_schema.STACKS_DOC``): its ranks in rank order and
     their groups, and where their flight recorders part when they sent any."""
-    ranks = sorted((r.stacks for r in rows), key=lambda r: (r.role, r.rank, r.host, r.pid))
+    ranks = sorted((r.stacks for r in rows), key=rank_order)
     doc: dict[str, Any] = {"job": job, "groups": stackgroups.group(ranks), "ranks": ranks}
     flight = flightrec.divergence(ranks)
     if flight is not None:
