@@ -460,7 +460,8 @@ class Daemon:
         (read on the loop's connection, so they include everything indexed so far)."""
         if self.warehouse is None:
             raise Refused(
-                "unsupported", "the warehouse export is off here ([warehouse] enabled = false)"
+                P.ErrorCode.UNSUPPORTED,
+                "the warehouse export is off here ([warehouse] enabled = false)",
             )
         rows = WarehouseQueueRepo(self.index)
         return {**self.warehouse.describe(), "overlays": self.warehouse.overlays(rows)}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
-from profd_client.protocol import MAX_STEP
+from profd_client.protocol import MAX_STEP, ErrorCode
 
 #: How far ahead ``--next`` looks, in seconds of each target's step rate, so the arm message
 #: reaches every rank before its first step starts, even on a loaded node.
@@ -78,15 +78,15 @@ def plan(
     for t, need in zip(targets, needs, strict=True):
         earliest = max(earliest, need, t.busy_until)
     if earliest > MAX_STEP:
-        raise Refused("bad_request", f"targets report steps beyond {MAX_STEP}")
+        raise Refused(ErrorCode.BAD_REQUEST, f"targets report steps beyond {MAX_STEP}")
     if not sched.explicit:
         _check_waits(targets, needs, now)
     try:
         cycles = sch.resolve(sched, earliest)
     except sch.ScheduleError as exc:
-        raise Refused("bad_request", str(exc)) from None
+        raise Refused(ErrorCode.BAD_REQUEST, str(exc)) from None
     if cycles[-1][2] > MAX_STEP:
-        raise Refused("bad_request", f"steps {sch.describe(cycles)} go beyond {MAX_STEP}")
+        raise Refused(ErrorCode.BAD_REQUEST, f"steps {sch.describe(cycles)} go beyond {MAX_STEP}")
     if sched.explicit:
         check_reachable(cycles, targets, now, warmup=bool(sched.warmup))
     return cycles
@@ -106,7 +106,7 @@ def _check_waits(targets: Sequence[TargetState], needs: Sequence[int], now: floa
         if wait <= max(t.sps * MAX_NEXT_WAIT_S, MAX_NEXT_WAIT_STEPS):
             continue
         raise Refused(
-            "unreachable",
+            ErrorCode.UNREACHABLE,
             f"--next: {t.name} ({_where(t, now)}) would wait {wait} steps for {top.name}"
             f" ({_where(top, now)}); a --next plan makes no rank wait more than"
             f" {MAX_NEXT_WAIT_STEPS} steps or {MAX_NEXT_WAIT_S:.0f} s: select them apart"
@@ -138,13 +138,14 @@ def check_reachable(
                 else ""
             )
             raise Refused(
-                "steps_passed",
+                ErrorCode.STEPS_PASSED,
                 f"steps {sch.describe(list(cycles))} {what} for {t.name} (at step {int(est)}; the"
                 f" earliest step is {earliest_step}){warm}{hint}",
             )
         if t.busy_until > first:
             raise Refused(
-                "busy", f"{t.name} is busy until step {t.busy_until}; use --next to queue after it"
+                ErrorCode.BUSY,
+                f"{t.name} is busy until step {t.busy_until}; use --next to queue after it",
             )
 
 

@@ -6,7 +6,7 @@ from profd_client.protocol import ErrorCode
 
 
 class Refused(Exception):
-    def __init__(self, code: ErrorCode | str, message: str) -> None:
+    def __init__(self, code: ErrorCode, message: str) -> None:
         super().__init__(message)
-        # A code the protocol does not list is a bug here, caught where it is raised.
-        self.code = ErrorCode(code)
+        # The enum, not its string: a code the protocol does not list fails ``mypy``.
+        self.code = code

@@ -43,7 +43,7 @@ class Recorder:
 
     def __call__(self, inc: Incident) -> str:
         if self.refuse:
-            raise Refused("spool_full", self.refuse)
+            raise Refused(P.ErrorCode.SPOOL_FULL, self.refuse)
         self.asked.append(inc.id)
         return f"sess-{len(self.asked)}"
 

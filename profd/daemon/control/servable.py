@@ -58,7 +58,7 @@ def repair(t: str, data: Any) -> Any:
         doc = row({**data, "targets": rows(data["targets"], C.TARGET_ROW)}, C.SESSION_DOC)
         if doc is None:
             why = f"session {data['id']!r} holds values beyond the protocol's"
-            raise Refused("unservable", why)
+            raise Refused(P.ErrorCode.UNSERVABLE, why)
         return doc
     return data
 

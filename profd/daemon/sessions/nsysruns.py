@@ -104,27 +104,30 @@ class NsysRuns:
         """Refuse what the nsys backend cannot do, with the reason, before anything starts."""
         if self.binary is None:
             where = self.cfg.path or "nsys on PATH"
-            raise Refused("unsupported", f"nsys not found ({where}): set [nsys] path or PROFD_NSYS")
+            raise Refused(
+                P.ErrorCode.UNSUPPORTED, f"nsys not found ({where}): set [nsys] path or PROFD_NSYS"
+            )
         cannot = nsys.import_problem(self.binary)
         if cannot is not None:
             # Refused before anything is armed: such an nsys holds every armed rank's
             # training thread inside cudaProfilerStop for about two minutes and then leaves
             # only a raw .qdstrm, so the capture would cost the job and give nothing.
-            raise Refused("unsupported", f"{cannot}; {nsys.INSTALL}")
+            raise Refused(P.ErrorCode.UNSUPPORTED, f"{cannot}; {nsys.INSTALL}")
         if spec.get("region"):
             raise Refused(
-                "unsupported",
+                P.ErrorCode.UNSUPPORTED,
                 "--region is torch-only for now; use --backend torch --region NAME",
             )
         if spec.get("warmup"):
             raise Refused(
-                "bad_request", "--warmup is torch.profiler's; nsys records from the first step"
+                P.ErrorCode.BAD_REQUEST,
+                "--warmup is torch.profiler's; nsys records from the first step",
             )
         torch_only = sorted(k for k in P.BOOL_OPTIONS if options.get(k))
         if torch_only:
             flag = "--" + torch_only[0].replace("_", "-")
             raise Refused(
-                "bad_request",
+                P.ErrorCode.BAD_REQUEST,
                 f"{flag} is a torch.profiler option; choose nsys's tracing with"
                 " `profctl run --nsys --nsys-trace ...`",
             )
@@ -137,13 +140,13 @@ class NsysRuns:
         for c in targets:
             if c.nsys_session in busy:
                 raise Refused(
-                    "busy",
+                    P.ErrorCode.BUSY,
                     f"nsys session {c.nsys_session} (pid {c.pid}) is collecting for session"
                     f" {busy[c.nsys_session]}: nsys runs one collection per launch at a time",
                 )
             if not c.nsys_session:
                 raise Refused(
-                    "unsupported",
+                    P.ErrorCode.UNSUPPORTED,
                     f"{c.role} rank {c.rank} (pid {c.pid}) does not run under nsys: launch"
                     " the job with `profctl run --nsys -- <command>`",
                 )

@@ -7,6 +7,7 @@ from typing import Protocol
 from profd.scheduling.refusal import Refused
 from profd.store.index import FileRepo
 from profd.textfmt import human_bytes
+from profd_client.protocol import ErrorCode
 
 
 class Pruner(Protocol):
@@ -28,7 +29,7 @@ class Quota:
         _, unsafe = self.files.spool_usage()
         if unsafe >= cap:
             raise Refused(
-                "spool_full",
+                ErrorCode.SPOOL_FULL,
                 f"spool quota full: {human_bytes(unsafe)} not yet uploaded >= max_spool_bytes"
                 f" {human_bytes(cap)};"
                 " nothing will be deleted until it is uploaded (check S3 with profctl status)",

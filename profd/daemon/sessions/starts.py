@@ -63,7 +63,7 @@ class StartRequest:
                 cycles=[(w, a, b) for w, a, b in spec["cycles"]] if spec.get("cycles") else None,
             )
         except (SelectorError, sch.ScheduleError, P.ProtocolError) as exc:
-            raise Refused("bad_request", str(exc)) from None
+            raise Refused(P.ErrorCode.BAD_REQUEST, str(exc)) from None
 
 
 def single(uids: set[int]) -> int | None:
@@ -105,14 +105,15 @@ class Starter:
         sel = req.selector
         if not targets:
             raise Refused(
-                "no_match",
+                P.ErrorCode.NO_MATCH,
                 f"no attached process matches {sel.describe()}; "
                 + describe_attached(self.registry),
             )
         jobs = sorted({c.job for c in targets})
         if len(jobs) > 1:
             raise Refused(
-                "no_match", f"selector matches several jobs ({', '.join(jobs)}): add --job"
+                P.ErrorCode.NO_MATCH,
+                f"selector matches several jobs ({', '.join(jobs)}): add --job",
             )
         if req.cycles is not None:
             # A coordinator planned them for every node: not ours to move, only to check.
@@ -124,9 +125,9 @@ class Starter:
         try:
             sch.check_work(cycles, len(targets))
         except sch.ScheduleError as exc:
-            raise Refused("bad_request", str(exc)) from None
+            raise Refused(P.ErrorCode.BAD_REQUEST, str(exc)) from None
         if req.session is not None and self.sessions.taken(req.session):
-            raise Refused("bad_request", f"session {req.session} exists on this node")
+            raise Refused(P.ErrorCode.BAD_REQUEST, f"session {req.session} exists on this node")
         s = Session(
             id=req.session or new_session_id(),
             job=jobs[0],
@@ -186,13 +187,13 @@ class Starter:
         try:
             targets = sel.select(self.registry)
         except SelectorError as exc:
-            raise Refused("no_match", str(exc)) from None
+            raise Refused(P.ErrorCode.NO_MATCH, str(exc)) from None
         if by is not None and not by.privileged:
             theirs = [c for c in targets if not by.may_act_on(c.uid)]
             if theirs:
                 c = theirs[0]
                 raise Refused(
-                    "permission",
+                    P.ErrorCode.PERMISSION,
                     f"{sel.describe()} matches processes of other users ({c.role} rank"
                     f" {c.rank}, pid {c.pid}, uid {c.uid}); profctl as uid {by.uid} may act"
                     " only on its own processes",
@@ -202,7 +203,7 @@ class Starter:
             if no_cuda:
                 c = no_cuda[0]
                 raise Refused(
-                    "unsupported",
+                    P.ErrorCode.UNSUPPORTED,
                     f"--memory-snapshot needs CUDA: {c.role} rank {c.rank} (pid {c.pid})"
                     f" runs on {c.device or 'cpu'}",
                 )
@@ -273,7 +274,7 @@ class Starter:
         if by is not None and not by.may_act_on(s.owner):
             whose = f"uid {s.owner}" if s.owner is not None else "several users"
             raise Refused(
-                "permission",
+                P.ErrorCode.PERMISSION,
                 f"session {s.id} captures processes of {whose}; profctl as uid {by.uid}"
                 " may act only on its own",
             )

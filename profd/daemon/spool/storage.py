@@ -27,8 +27,8 @@ def is_disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in _FULL_ERRNOS
     if isinstance(exc, sqlite3.OperationalError):
-        code = getattr(exc, "sqlite_errorcode", None)
-        return code == sqlite3.SQLITE_FULL or "disk is full" in str(exc)
+        # The result code (Python 3.11+), its primary part: never the message's text.
+        return exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_FULL
     return False
 
 

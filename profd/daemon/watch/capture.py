@@ -21,6 +21,7 @@ from profd.daemon.watch.incident_store import LABEL
 from profd.scheduling.refusal import Refused
 from profd.watch.incident_record import Incident
 from profd.watch.kinds import registry as kinds
+from profd_client.protocol import ErrorCode
 
 #: Steps an incident's capture records.
 ACTIVE_STEPS = 2
@@ -43,7 +44,7 @@ class IncidentCapture:
         """Arm ``inc``'s capture; its session id (:class:`Refused`: why not)."""
         chosen = self.choose(inc)
         if not chosen:
-            raise Refused("no_match", f"no rank of job {inc.job} to capture is attached")
+            raise Refused(ErrorCode.NO_MATCH, f"no rank of job {inc.job} to capture is attached")
         spec: dict[str, object] = {
             "job": inc.job,
             "pids": sorted({c.pid for c in chosen}),

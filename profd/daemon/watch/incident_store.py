@@ -36,6 +36,7 @@ from profd.store.index import IncidentRepo, SessionRepo
 from profd.watch.incident_record import OPEN, Incident, Suspect, figures, new_id
 from profd.watch.kinds import registry as kinds
 from profd.watch.kinds.kind import JobTick, RankSteps
+from profd_client.protocol import ErrorCode
 
 log = logging.getLogger("profd.watch")
 
@@ -407,13 +408,13 @@ class Incidents:
             return row
         ids = self.store.incident_ids(text, 6)
         if not ids:
-            raise Refused("not_found", f"no incident {text!r}")
+            raise Refused(ErrorCode.NOT_FOUND, f"no incident {text!r}")
         if len(ids) > 1:
             shown = ", ".join(ids[:5])
-            raise Refused("ambiguous", f"incident {text!r} is ambiguous: {shown}")
+            raise Refused(ErrorCode.AMBIGUOUS, f"incident {text!r} is ambiguous: {shown}")
         found = self.store.incident(ids[0])
         if found is None:
-            raise Refused("not_found", f"no incident {text!r}")
+            raise Refused(ErrorCode.NOT_FOUND, f"no incident {text!r}")
         return found
 
     def attach_blackbox(self, iid: str, doc: dict[str, Any]) -> Incident | None:

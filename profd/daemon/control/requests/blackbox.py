@@ -12,12 +12,13 @@ from profd.daemon.clients.blackbox_collect import Collected
 from profd.daemon.control.requests.context import Context, Handler, Later
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
+from profd_client.protocol import ErrorCode
 
 
 def blackbox(ctx: Context, m: dict[str, Any], by: Requester) -> Later:
     collector = ctx.blackboxes
     if collector is None:
-        raise Refused("unsupported", "this daemon collects no black boxes")
+        raise Refused(ErrorCode.UNSUPPORTED, "this daemon collects no black boxes")
     job = m["job"]
     ranks = m.get("ranks")
     clients = [

@@ -12,6 +12,7 @@ from profd.daemon.runtime.peers import Requester
 from profd.daemon.sessions.starts import StartRequest, started
 from profd.scheduling import schedule as sch
 from profd.scheduling.refusal import Refused
+from profd_client.protocol import ErrorCode
 
 #: Ids an ambiguous session name lists.
 SHOWN_AMBIGUOUS = 5
@@ -34,8 +35,8 @@ def stop(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
     if s is None:
         row = ctx.session_rows.session(sid)
         if row is None:
-            raise Refused("unknown_session", f"no session {m['session']!r}")
-        raise Refused("finished", f"session {row['id']} already ended: {row['state']}")
+            raise Refused(ErrorCode.UNKNOWN_SESSION, f"no session {m['session']!r}")
+        raise Refused(ErrorCode.FINISHED, f"session {row['id']} already ended: {row['state']}")
     return {"session": s.id, "state": s.state}
 
 
@@ -56,7 +57,7 @@ def show(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
     else:
         row = ctx.session_rows.session(sid)
         if row is None:
-            raise Refused("unknown_session", f"no session {m['session']!r}")
+            raise Refused(ErrorCode.UNKNOWN_SESSION, f"no session {m['session']!r}")
         s = row
         s["steps"] = sch.steps_of([tuple(c) for c in s["cycles"]])
         for t in s["targets"]:
@@ -75,12 +76,13 @@ def retry(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
 def _check_owner(ctx: Context, sid: str | None, by: Requester) -> None:
     if sid is None:
         raise Refused(
-            "permission", f"profctl as uid {by.uid} may retry only its own sessions: name one"
+            ErrorCode.PERMISSION,
+            f"profctl as uid {by.uid} may retry only its own sessions: name one",
         )
     row = ctx.session_rows.session(sid)
     if row is not None and not by.may_act_on(row.get("owner")):
         raise Refused(
-            "permission", f"session {row['id']} is not uid {by.uid}'s; ask root to retry it"
+            ErrorCode.PERMISSION, f"session {row['id']} is not uid {by.uid}'s; ask root to retry it"
         )
 
 
@@ -95,11 +97,11 @@ def session_id(ctx: Context, text: str) -> str:
     if len(hits) == 1:
         return hits.pop()
     if not hits:
-        raise Refused("unknown_session", f"no session {text!r}")
+        raise Refused(ErrorCode.UNKNOWN_SESSION, f"no session {text!r}")
     ids = sorted(hits, reverse=True)
     more = ", ..." if len(ids) > SHOWN_AMBIGUOUS else ""
     raise Refused(
-        "ambiguous",
+        ErrorCode.AMBIGUOUS,
         f"session {text!r} is ambiguous: it is part of {', '.join(ids[:SHOWN_AMBIGUOUS])}"
         f"{more}; give more of the id",
     )

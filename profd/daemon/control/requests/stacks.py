@@ -12,13 +12,14 @@ from profd.daemon.clients.stack_sources import Rows
 from profd.daemon.control.requests.context import Context, Handler, Later
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
+from profd_client.protocol import ErrorCode
 
 
 def stacks(ctx: Context, m: dict[str, Any], by: Requester) -> Later:
     clients = stack_clients(ctx, m.get("job"), m.get("rank"), by)
     reader = ctx.stacks
     if reader is None:
-        raise Refused("unsupported", "this daemon reads no stacks")
+        raise Refused(ErrorCode.UNSUPPORTED, "this daemon reads no stacks")
     node = ctx.facts.host
     jobs = [c.job for c in clients]
 

@@ -9,6 +9,7 @@ from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
 from profd.store.index import TraceFilter
+from profd_client.protocol import ErrorCode
 
 
 def traces(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any]]:
@@ -16,7 +17,7 @@ def traces(ctx: Context, m: dict[str, Any], by: Requester) -> list[dict[str, Any
     try:
         flt = TraceFilter.from_map(m["filters"])
     except (TypeError, ValueError) as exc:
-        raise Refused("bad_request", str(exc)) from None
+        raise Refused(ErrorCode.BAD_REQUEST, str(exc)) from None
     rows = ctx.traces.traces(flt)
     ctx.stamp(rows)
     return rows

@@ -10,11 +10,12 @@ from profd import control_schema as C
 from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
+from profd_client.protocol import ErrorCode
 
 
 def warehouse(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
     if ctx.warehouse is None:
-        raise Refused("unsupported", "this daemon exports no warehouse")
+        raise Refused(ErrorCode.UNSUPPORTED, "this daemon exports no warehouse")
     ctx.flush()
     return ctx.warehouse()
 

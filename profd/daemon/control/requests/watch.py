@@ -11,6 +11,7 @@ from profd.daemon.control.requests.context import Context, Handler
 from profd.daemon.runtime.peers import Requester
 from profd.scheduling.refusal import Refused
 from profd.watch.incident_record import seen_by
+from profd_client.protocol import ErrorCode
 
 #: What ``history`` covers when the request gives no ``since``: the last hour.
 HISTORY_DEFAULT_S = 3600.0
@@ -24,7 +25,7 @@ def history(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
     since = now - HISTORY_DEFAULT_S if since is None else since
     until = now if until is None else until
     if since >= until:
-        raise Refused("bad_request", "history: since must be before until")
+        raise Refused(ErrorCode.BAD_REQUEST, "history: since must be before until")
     minutes, since = ctx.minutes.step_history(m["job"], since, until)
     return {
         "job": m["job"],
