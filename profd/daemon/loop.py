@@ -86,7 +86,6 @@ from profd.daemon.watch.incident_store import Incidents
 from profd.daemon.watch.sinks import IncidentCounts, record_sinks
 from profd.daemon.watch.stall_watch import Hangs
 from profd.reactor import Reactor
-from profd.scheduling.refusal import Refused
 from profd.store import layout
 from profd.store.index import (
     Database,
@@ -354,7 +353,8 @@ class Daemon:
             self.incidents,
             stacks=self.rank_stacks,
             blackboxes=self.blackboxes,
-            warehouse=self._warehouse_answer,
+            warehouse=self.warehouse,
+            warehouse_rows=WarehouseQueueRepo(self.index),
         )
 
     def _build_publisher(self) -> MetricsPublisher | None:
@@ -454,17 +454,6 @@ class Daemon:
                 else {"enabled": False}
             ),
         }
-
-    def _warehouse_answer(self) -> dict[str, Any]:
-        """The ``warehouse`` request: where the export writes, and the rows not written yet
-        (read on the loop's connection, so they include everything indexed so far)."""
-        if self.warehouse is None:
-            raise Refused(
-                P.ErrorCode.UNSUPPORTED,
-                "the warehouse export is off here ([warehouse] enabled = false)",
-            )
-        rows = WarehouseQueueRepo(self.index)
-        return {**self.warehouse.describe(), "overlays": self.warehouse.overlays(rows)}
 
     # --- lifecycle ------------------------------------------------------------------------------
     def bind(self) -> None:

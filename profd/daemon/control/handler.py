@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profd import control_schema as C
 from profd.daemon.clients.blackbox_collect import BlackboxCollector
@@ -32,8 +32,12 @@ from profd.store.index import (
     StepMinuteRepo,
     TraceRepo,
     UploadQueueRepo,
+    WarehouseQueueRepo,
 )
 from profd_client import protocol as P
+
+if TYPE_CHECKING:  # pyarrow, imported by a daemon that exports only
+    from profd.warehouse.export import Exporter
 
 __all__ = ["HANDLERS", "ControlHandler", "DaemonFacts", "Later", "bounded_reply"]
 
@@ -62,7 +66,8 @@ class ControlHandler:
         incidents: Incidents,
         stacks: RankStacks | None = None,
         blackboxes: BlackboxCollector | None = None,
-        warehouse: Callable[[], dict[str, Any]] | None = None,
+        warehouse: Exporter | None = None,
+        warehouse_rows: WarehouseQueueRepo | None = None,
     ) -> None:
         self.facts = facts
         self.send = send
@@ -86,6 +91,7 @@ class ControlHandler:
             rejected=lambda: self.rejected,
             blackboxes=blackboxes,
             warehouse=warehouse,
+            warehouse_rows=warehouse_rows,
         )
         self.own_uid = os.geteuid()
         self.rejected = 0

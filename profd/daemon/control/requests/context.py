@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from profd.daemon.clients.blackbox_collect import BlackboxCollector
 from profd.daemon.clients.ledger import Ledgers
@@ -22,7 +22,11 @@ from profd.store.index import (
     StepMinuteRepo,
     TraceRepo,
     UploadQueueRepo,
+    WarehouseQueueRepo,
 )
+
+if TYPE_CHECKING:  # the export imports pyarrow: only a daemon that exports loads it
+    from profd.warehouse.export import Exporter
 
 
 @dataclass(frozen=True)
@@ -70,8 +74,10 @@ class Context:
     rejected: Callable[[], int]
     #: Collects ranks' black boxes (``blackbox``); None: this daemon asks for none.
     blackboxes: BlackboxCollector | None = None
-    #: The ``warehouse`` request's answer (owned by the export); None: no export here.
-    warehouse: Callable[[], dict[str, Any]] | None = None
+    #: The fleet warehouse's export (``warehouse``); None: no export here.
+    warehouse: Exporter | None = None
+    #: The index rows the export has not written yet, on the loop's connection.
+    warehouse_rows: WarehouseQueueRepo | None = None
 
     def stamp(self, rows: Iterable[dict[str, Any]]) -> None:
         # Which daemon a row came from, for profctl --cluster: a row's own ``host`` is what

@@ -14,10 +14,15 @@ from profd_client.protocol import ErrorCode
 
 
 def warehouse(ctx: Context, m: dict[str, Any], by: Requester) -> dict[str, Any]:
-    if ctx.warehouse is None:
-        raise Refused(ErrorCode.UNSUPPORTED, "this daemon exports no warehouse")
+    export, rows = ctx.warehouse, ctx.warehouse_rows
+    if export is None or rows is None:
+        raise Refused(
+            ErrorCode.UNSUPPORTED, "the warehouse export is off here ([warehouse] enabled = false)"
+        )
+    # Read on the loop's connection after its changes are written: the overlays hold
+    # everything indexed so far.
     ctx.flush()
-    return ctx.warehouse()
+    return {**export.describe(), "overlays": export.overlays(rows)}
 
 
 HANDLERS: dict[str, Handler] = {C.C_WAREHOUSE: warehouse}
