@@ -20,6 +20,7 @@ from msgspec.structs import replace
 from profd.watch import flightrec
 from profd.watch import stackgroups as sg
 from profd.watch.incident_record import is_withheld
+from profd.watch.kinds.hang import KIND as HANG
 from profd.watch.stackrows import Frame, Group, Member, StackRank, Thread, ranks_of, to_maps
 
 #: The least ``stall_after`` may be by default, and how many of the job's typical steps it
@@ -272,7 +273,7 @@ def merged(incidents: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     out: list[dict[str, Any]] = []
     hangs: dict[str, list[dict[str, Any]]] = {}
     for inc in incidents:
-        if inc["kind"] == "hang":
+        if inc["kind"] == HANG.name:
             hangs.setdefault(inc["job"], []).append(inc)
         else:
             out.append(inc)

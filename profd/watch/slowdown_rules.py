@@ -14,6 +14,7 @@ from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from statistics import median
+from typing import Protocol
 
 from profd.watch.stats import others_medians, sorted_median
 
@@ -163,6 +164,23 @@ class RegressionRule:
         return None
 
 
+class RankWindow(Protocol):
+    """One rank's figures over the window, as :class:`SlowRankRule` and :class:`WaitRule`
+    read them (a detector tick's ``TickRank`` is one: read in place, nothing made per rank)."""
+
+    @property
+    def window_ms(self) -> float | None: ...  # its step time's quantile (ms); None: none yet
+
+    @property
+    def window_steps(self) -> int: ...  # the steps that covers
+
+    @property
+    def wait_ms(self) -> float | None: ...  # its collective wait per step (ms); None: unsent
+
+    @property
+    def wait_steps(self) -> int: ...  # the steps the wait covers
+
+
 @dataclass(frozen=True)
 class SlowRank:
     """A rank slower than the other ranks of its role."""
@@ -197,9 +215,13 @@ class SlowRankRule:
     def forget(self, rank: int) -> None:
         self._holds.pop(rank, None)
 
-    def observe(self, now: float, ranks: Mapping[int, tuple[float, int]]) -> list[SlowRank]:
+    def observe(self, now: float, ranks: Mapping[int, RankWindow]) -> list[SlowRank]:
         r = self.rules
-        ready = sorted((rank, ms) for rank, (ms, n) in ranks.items() if n >= MIN_STEPS and ms > 0)
+        ready = sorted(
+            (rank, w.window_ms)
+            for rank, w in ranks.items()
+            if w.window_ms is not None and w.window_steps >= MIN_STEPS and w.window_ms > 0
+        )
         present = {rank for rank, _ in ready}
         for rank in [k for k in self._holds if k not in present]:
             del self._holds[rank]
@@ -265,14 +287,12 @@ class WaitRule:
     rules: WatchRules
     _holds: dict[int, _Hold] = field(default_factory=dict)
 
-    def observe(
-        self, now: float, ranks: Mapping[int, tuple[float, int, float | None, int]]
-    ) -> list[WaitedFor]:
+    def observe(self, now: float, ranks: Mapping[int, RankWindow]) -> list[WaitedFor]:
         r = self.rules
         ready = sorted(
-            (rank, ms, wait, wn)
-            for rank, (ms, n, wait, wn) in ranks.items()
-            if n >= MIN_STEPS and ms > 0
+            (rank, w.window_ms, w.wait_ms, w.wait_steps)
+            for rank, w in ranks.items()
+            if w.window_ms is not None and w.window_steps >= MIN_STEPS and w.window_ms > 0
         )
         steps = [ms for _, ms, _, _ in ready]
         step_ms = median(steps) if steps else 0.0

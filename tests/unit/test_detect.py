@@ -11,6 +11,7 @@ import math
 import random
 from collections.abc import Iterator
 from statistics import median
+from typing import NamedTuple
 
 import pytest
 
@@ -22,6 +23,16 @@ from profd.watch.slowdown_rules import (
     WatchRules,
     relative_spread,
 )
+
+
+class W(NamedTuple):
+    """A rank's window figures as the rules read them (in the daemon, its ``TickRank``)."""
+
+    window_ms: float | None
+    window_steps: int
+    wait_ms: float | None = None
+    wait_steps: int = 0
+
 
 RULES = WatchRules()  # the defaults: window 60 s, baseline 600 s, hold 30 s, 20 %, 25 %
 
@@ -115,14 +126,14 @@ def test_the_noise_floor_follows_a_noisy_job() -> None:
 
 
 def rank_medians(n_ranks: int, steps_in_window: int, jitter: float, rng: random.Random,
-                 slow: dict[int, float]) -> dict[int, tuple[float, int]]:  # fmt: skip
+                 slow: dict[int, float]) -> dict[int, W]:  # fmt: skip
     """Each rank's median step over a window of ``steps_in_window`` steps (odd): the median
     of k = 2m+1 uniform draws is Beta(m+1, m+1), drawn directly."""
     m = steps_in_window // 2
     out = {}
     for r in range(n_ranks):
         u = rng.betavariate(m + 1, m + 1)
-        out[r] = (30.0 * slow.get(r, 1.0) * (1 + jitter * (2 * u - 1)), steps_in_window)
+        out[r] = W(30.0 * slow.get(r, 1.0) * (1 + jitter * (2 * u - 1)), steps_in_window)
     return out
 
 
@@ -157,13 +168,13 @@ def test_slow_rank_leaves_out_late_and_idle_ranks_and_forgets_gone_ones() -> Non
     rule = SlowRankRule(RULES)
     for k in range(40):
         # Rank 2 attached late: too few steps in its window to compare.
-        found = rule.observe(float(k), {0: (30.0, 60), 1: (30.5, 60), 2: (60.0, MIN_STEPS - 1)})
+        found = rule.observe(float(k), {0: W(30.0, 60), 1: W(30.5, 60), 2: W(60.0, MIN_STEPS - 1)})
         assert found == []
     # Lockstep ranks (DDP) all step at the slowest one's pace: nobody differs.
-    assert rule.observe(100.0, {r: (42.0, 60) for r in range(8)}) == []
-    rule.observe(101.0, {0: (30.0, 60), 1: (50.0, 60)})
+    assert rule.observe(100.0, {r: W(42.0, 60) for r in range(8)}) == []
+    rule.observe(101.0, {0: W(30.0, 60), 1: W(50.0, 60)})
     rule.forget(1)
-    assert rule.observe(102.0 + RULES.hold, {0: (30.0, 60), 1: (50.0, 60)}) == []
+    assert rule.observe(102.0 + RULES.hold, {0: W(30.0, 60), 1: W(50.0, 60)}) == []
 
 
 def test_relative_spread() -> None:
@@ -174,17 +185,17 @@ def test_relative_spread() -> None:
 
 def lockstep_waits(n_ranks: int, rng: random.Random, waited_for: int = -1, share: float = 0.0,
                    wait_ms: float = 12.0, window: bool = False,
-                   ) -> dict[int, tuple[float, int, float | None, int]]:  # fmt: skip
+                   ) -> dict[int, W]:  # fmt: skip
     """A lockstep role's window figures: every rank steps in 30 ms (±1 %), each waits
     ``wait_ms`` a step in collectives ±10 % of the step (the whole ±10 % on each window's
     figure; with ``window``, as the mean over the window's 61 steps of waits that jitter so);
     the others wait ``share`` of a step more for ``waited_for``."""
-    out: dict[int, tuple[float, int, float | None, int]] = {}
+    out: dict[int, W] = {}
     sd = 0.1 / math.sqrt(3 * 61)  # the mean of 61 draws of U(-0.1, 0.1)
     for r in range(n_ranks):
         jitter = rng.gauss(0.0, sd) if window else rng.uniform(-0.1, 0.1)
         wait = wait_ms + 30.0 * (share * (r != waited_for) + jitter)
-        out[r] = (30.0 * (1 + rng.uniform(-0.01, 0.01)), 61, max(0.0, wait), 61)
+        out[r] = W(30.0 * (1 + rng.uniform(-0.01, 0.01)), 61, max(0.0, wait), 61)
     return out
 
 
@@ -222,12 +233,12 @@ def test_the_wait_rule_needs_every_rank_s_wait_and_lockstep() -> None:
     rule = WaitRule(RULES)
     for k in range(40):
         # One rank without a wait (its recorder off, or a backend that does not time): nothing.
-        rule.observe(float(k), {**steady, 3: (30.0, 61, None, 0)})
-    assert rule.observe(40.0, {**steady, 3: (30.0, 61, None, 0)}) == []
+        rule.observe(float(k), {**steady, 3: W(30.0, 61, None, 0)})
+    assert rule.observe(40.0, {**steady, 3: W(30.0, 61, None, 0)}) == []
     # Steps that differ (not lockstep): the step-time rule's business.
-    assert rule.observe(41.0, {**steady, 2: (40.0, 61, 12.0, 61)}) == []
+    assert rule.observe(41.0, {**steady, 2: W(40.0, 61, 12.0, 61)}) == []
     # Waits over too few steps are no figure.
-    thin = {r: (ms, n, w, MIN_STEPS - 1) for r, (ms, n, w, _) in steady.items()}
+    thin = {r: w._replace(wait_steps=MIN_STEPS - 1) for r, w in steady.items()}
     assert rule.observe(42.0, thin) == []
     # Holds started again after each of those: a full hold from now.
     for k in range(43, 43 + int(RULES.hold)):

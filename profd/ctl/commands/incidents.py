@@ -16,6 +16,7 @@ from profd.ctl.render import Column, ago, emit_json, line_block, opt, say, table
 from profd.report.incident_compare import comparison_text
 from profd.watch import hang_diagnosis as hang
 from profd.watch.kinds import registry as kinds
+from profd.watch.kinds.hang import KIND as HANG
 
 
 def suspects_text(r: dict[str, Any]) -> str:
@@ -87,11 +88,11 @@ def incident(env: Env, incident_id: str) -> None:
 
     ID: the id or any unique part of it."""
     doc = fetch_incident(env, incident_id)
-    if doc["kind"] == "hang" and env.nodes.remote:
+    if doc["kind"] == HANG.name and env.nodes.remote:
         peers = env.rows(
             C.C_INCIDENTS,
             job=doc["job"],
-            kind="hang",
+            kind=HANG.name,
             since=doc["detected_at"] - 2 * hang.MERGE_S,
             limit=10000,
         )
@@ -126,7 +127,7 @@ def text(d: dict[str, Any]) -> str:
             or "the job (every rank)"
         ),
     ]
-    if d["kind"] == "hang":
+    if d["kind"] == HANG.name:
         lines += _hang_lines(d)
     else:
         ev = d["evidence"]

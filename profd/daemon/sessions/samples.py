@@ -38,6 +38,7 @@ from profd.scheduling.refusal import Refused
 from profd.store.index import FileRepo, SessionRepo
 from profd.watch import sampling
 from profd.watch.incident_record import Incident, Suspect
+from profd.watch.kinds.straggler import KIND as STRAGGLER
 from profd.watch.sampling import LABEL, SampleRules
 
 log = logging.getLogger("profd.samples")
@@ -279,10 +280,10 @@ class SampleStragglers:
             return []
         opened = []
         for role, suspects, step, evidence in straggler_findings(s):
-            self.clear_incident("straggler", s["job"], role, {x.rank for x in suspects})
+            self.clear_incident(STRAGGLER.name, s["job"], role, {x.rank for x in suspects})
             if not suspects:
                 continue
-            i = self.open_incident("straggler", s["job"], role, suspects, step, evidence)
+            i = self.open_incident(STRAGGLER.name, s["job"], role, suspects, step, evidence)
             if i is not None:
                 opened.append(i)
         return opened

@@ -24,6 +24,7 @@ from profd.daemon.clients.stack_sources import RankStacks, Rows
 from profd.daemon.watch.incident_store import Incidents
 from profd.watch import hang_diagnosis as hang
 from profd.watch.incident_record import Suspect
+from profd.watch.kinds.hang import KIND as HANG
 
 log = logging.getLogger("profd.watch")
 
@@ -85,11 +86,11 @@ class Hangs:
             self.stalled.discard(job)
             # Whether this daemon opened the incident or restored it from the index (a
             # restart while the job was stalled): a job seen stepping here is not stalled.
-            if self.incidents.clear("hang", job):
+            if self.incidents.clear(HANG.name, job):
                 log.info("job %s steps again", job)
             return
         if job in self.stalled:
-            self.incidents.still("hang", job)
+            self.incidents.still(HANG.name, job)
             return
         if job in self.reading:
             return
@@ -138,7 +139,7 @@ class Hangs:
             **found.evidence(),
         }
         self.incidents.open(
-            "hang",
+            HANG.name,
             job,
             next(iter(roles)) if len(roles) == 1 else None,
             suspects,

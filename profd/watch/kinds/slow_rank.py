@@ -20,11 +20,6 @@ from profd.watch.kinds.kind import (
 )
 from profd.watch.slowdown_rules import SlowRank, SlowRankRule, WaitedFor, WaitRule, WatchRules
 
-#: A rank's figures over the window as the role's rules take them: its step time's quantile
-#: (ms) and the steps it covers, its collective wait per step (ms, None: unknown) and the
-#: steps that covers.
-_Figures = tuple[float, int, float | None, int]
-
 
 class SlowRankTick:
     """One job's slow-rank rules, one pair per role of two ranks or more: by step time
@@ -38,15 +33,14 @@ class SlowRankTick:
         self.waits: dict[str, WaitRule] = {}
 
     def observe(self, job: JobReading) -> list[Finding]:
-        roles: dict[str, dict[int, _Figures]] = {}
+        roles: dict[str, dict[int, TickRank]] = {}
         for r in job.ranks:
             if r.window_ms is not None:
-                figures = (r.window_ms, r.window_steps, r.wait_ms, r.wait_steps)
                 ranks = roles.get(r.role)
                 if ranks is None:
-                    roles[r.role] = {r.rank: figures}
+                    roles[r.role] = {r.rank: r}
                 else:
-                    ranks[r.rank] = figures
+                    ranks[r.rank] = r
         for gone in [g for g in self.roles if g not in roles]:
             del self.roles[gone]
         for gone in [g for g in self.waits if g not in roles]:
@@ -60,12 +54,12 @@ class SlowRankTick:
             rule = self.roles.get(role)
             if rule is None:
                 rule = self.roles[role] = SlowRankRule(self.rules)
-            slow = rule.observe(job.now, {rank: (q, n) for rank, (q, n, _, _) in ranks.items()})
+            slow = rule.observe(job.now, ranks)
             if slow:
                 out += self._found(job, role, _by_steps(slow))
             waits = self.waits.get(role)
             if waits is None:
-                if not any(v[2] is not None for v in ranks.values()):
+                if all(w.wait_ms is None for w in ranks.values()):
                     continue  # no rank of the role sends its wait: nothing to keep
                 waits = self.waits[role] = WaitRule(self.rules)
             waited = waits.observe(job.now, ranks)
