@@ -23,7 +23,7 @@ from profd.watch.stats import others_medians, sorted_median
 NOISE_K = 3.0
 #: A change of exactly the threshold must fire, yet a changed job's ticks scatter around it:
 #: a condition starts to hold at this much of the threshold (20 % from 15 %), which steady
-#: jitter of ±10 % cannot reach (``tests/unit/test_detect.py`` measures both).
+#: jitter of ±10 % cannot reach (``tests/unit/test_slowdown_rules.py`` measures both).
 MARGIN = 0.75
 #: Once a condition holds, it keeps holding while the change stays above this much of the
 #: threshold (hysteresis): medians of a job that really changed scatter around the threshold,

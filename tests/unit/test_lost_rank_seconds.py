@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from incidentstore import incidents_on
-from test_detectors import Rig, workers
+from test_detector_runs import Rig, workers
 
 from profd.config import WatchConfig
 from profd.ctl.commands.incidents import lost_text, text

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_ledger_daemon import Clock, client, ledger
+from test_daemon_ledger import Clock, client, ledger
 
 from profd import control_schema as C
 from profd.ctl.cluster import Node

@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from test_ledger_daemon import Clock, client, ledger
+from test_daemon_ledger import Clock, client, ledger
 
 from profd.daemon.clients.ledger import FULL, TOP_WINDOW_S, Ledgers
 from profd.daemon.clients.registry import FRESH_HEARTBEATS, Registry, step_now

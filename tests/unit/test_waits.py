@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from test_ledger_stepper import Clock
+from test_client_ledger import Clock
 
 from profd_client import protocol as P
 from profd_client.steps import Stepper

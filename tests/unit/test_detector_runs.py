@@ -9,7 +9,7 @@ from pathlib import Path
 
 import msgspec
 from incidentstore import incidents_on
-from test_ledger_daemon import Clock, client, ledger
+from test_daemon_ledger import Clock, client, ledger
 
 from profd.config import WatchConfig
 from profd.daemon.clients.ledger import Ledgers
