@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from pipeline_paths import process_trace
 
-from profd.pipeline.memory import Sample
+from profd.pipeline.memory import MemoryReading
 from profd.pipeline.memory_report import downsample, render_memory_html
 from profd.pipeline.parsed import ParsedTrace
 from profd.pipeline.process import PipelineError, ProcessedTrace, inject_rank
@@ -390,15 +390,15 @@ def test_memory_report_absent_without_memory_events(raw: Path, tmp_path: Path) -
 
 
 def test_memory_downsample_keeps_the_peak() -> None:
-    samples = [Sample(float(t), 100 + (5000 if t == 4321 else 0), 0) for t in range(10_000)]
+    samples = [MemoryReading(float(t), 100 + (5000 if t == 4321 else 0), 0) for t in range(10_000)]
     thin = downsample(samples, 100)
     assert len(thin) == 100 and max(s.allocated for s in thin) == 5100
     assert [s.ts_us for s in thin] == sorted(s.ts_us for s in thin)
 
 
 def test_memory_page_draws_reserved_only_where_it_means_something() -> None:
-    cpu = {"cpu": [Sample(float(t), 1000 * t, 0) for t in range(1, 5)]}
-    cuda = {"cuda:0": [Sample(float(t), 1000 * t, 4096 * t) for t in range(1, 5)]}
+    cpu = {"cpu": [MemoryReading(float(t), 1000 * t, 0) for t in range(1, 5)]}
+    cuda = {"cuda:0": [MemoryReading(float(t), 1000 * t, 4096 * t) for t in range(1, 5)]}
     page = render_memory_html("t", cpu, [])
     assert page is not None and '<polyline class="allocated"' in page
     # CPU has no caching allocator: reserved is 0 all along, no flat line, no legend.

@@ -28,7 +28,7 @@ from kineto_synth import write_trace
 from pipeline_paths import process_trace
 
 from profd.pipeline import columns, process, stream
-from profd.pipeline.memory import MEMORY_EVENT, Sample, device_name
+from profd.pipeline.memory import MEMORY_EVENT, MemoryReading, device_name
 from profd.pipeline.memory_report import render_memory_html
 from profd.pipeline.ops import CPU_OP_CATS, GPU_OP_CATS, OpStat
 from profd.pipeline.parsed import ParsedTrace
@@ -406,8 +406,8 @@ def ref_sorted(
     return stats
 
 
-def ref_memory(events: list[Mapping[str, Any]]) -> dict[str, list[Sample]]:
-    out: dict[str, list[Sample]] = {}
+def ref_memory(events: list[Mapping[str, Any]]) -> dict[str, list[MemoryReading]]:
+    out: dict[str, list[MemoryReading]] = {}
     for ev in events:
         args, ts = ev.get("args"), ev.get("ts")
         if not isinstance(args, dict) or not isinstance(ts, int | float):
@@ -415,7 +415,7 @@ def ref_memory(events: list[Mapping[str, Any]]) -> dict[str, list[Sample]]:
         alloc, reserved = args.get("Total Allocated"), args.get("Total Reserved")
         if not isinstance(alloc, int) or not isinstance(reserved, int):
             continue
-        out.setdefault(device_name(args), []).append(Sample(float(ts), alloc, reserved))
+        out.setdefault(device_name(args), []).append(MemoryReading(float(ts), alloc, reserved))
     for samples in out.values():
         samples.sort(key=lambda s: s.ts_us)
     return out

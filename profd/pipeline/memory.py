@@ -3,7 +3,7 @@
 torch.profiler with ``profile_memory=True`` writes one ``[memory]`` instant event per
 allocation and free, carrying the device's running ``Total Allocated`` and ``Total Reserved``.
 A long capture holds millions of them, so they are kept as three columns per device
-(:class:`SampleSeries`, 24 bytes a sample), filled one event at a time (:class:`MemoryEvents`).
+(:class:`MemorySeries`, 24 bytes a reading), filled one event at a time (:class:`MemoryEvents`).
 """
 
 from __future__ import annotations
@@ -21,14 +21,18 @@ _INT64 = range(-(1 << 63), 1 << 63)
 
 
 @dataclass(frozen=True)
-class Sample:
+class MemoryReading:
+    """One ``[memory]`` event of the trace: a device's allocated and reserved bytes at a
+    time (not a profiling "sample": those are the daemon's sample sessions)."""
+
     ts_us: float
     allocated: int
     reserved: int
 
 
-class SampleSeries(Sequence[Sample]):
-    """One device's samples as columns; indexing makes :class:`Sample` objects on the fly."""
+class MemorySeries(Sequence[MemoryReading]):
+    """One device's readings as columns; indexing makes :class:`MemoryReading` objects on the
+    fly."""
 
     __slots__ = ("allocated", "reserved", "ts_us")
 
@@ -41,30 +45,30 @@ class SampleSeries(Sequence[Sample]):
         return len(self.ts_us)
 
     @overload
-    def __getitem__(self, i: int) -> Sample: ...
+    def __getitem__(self, i: int) -> MemoryReading: ...
 
     @overload
-    def __getitem__(self, i: slice) -> list[Sample]: ...
+    def __getitem__(self, i: slice) -> list[MemoryReading]: ...
 
-    def __getitem__(self, i: int | slice) -> Sample | list[Sample]:
+    def __getitem__(self, i: int | slice) -> MemoryReading | list[MemoryReading]:
         if isinstance(i, slice):
             return [
-                Sample(*s)
+                MemoryReading(*s)
                 for s in zip(self.ts_us[i], self.allocated[i], self.reserved[i], strict=True)
             ]
-        return Sample(self.ts_us[i], self.allocated[i], self.reserved[i])
+        return MemoryReading(self.ts_us[i], self.allocated[i], self.reserved[i])
 
     def append(self, ts_us: float, allocated: int, reserved: int) -> None:
         self.ts_us.append(ts_us)
         self.allocated.append(allocated)
         self.reserved.append(reserved)
 
-    def in_time_order(self) -> SampleSeries:
-        """The samples sorted by time (stable); itself when they already are."""
+    def in_time_order(self) -> MemorySeries:
+        """The readings sorted by time (stable); itself when they already are."""
         order = sorted_order(self.ts_us)
         if isinstance(order, range):
             return self
-        out = SampleSeries()
+        out = MemorySeries()
         out.ts_us = array("d", (self.ts_us[i] for i in order))
         out.allocated = array("q", (self.allocated[i] for i in order))
         out.reserved = array("q", (self.reserved[i] for i in order))
@@ -84,7 +88,7 @@ class MemoryEvents:
     """The trace's ``[memory]`` events (``EventGroups.memory``), one series per device."""
 
     def __init__(self) -> None:
-        self._series: dict[str, SampleSeries] = {}
+        self._series: dict[str, MemorySeries] = {}
 
     def __len__(self) -> int:
         return sum(len(s) for s in self._series.values())
@@ -107,7 +111,7 @@ class MemoryEvents:
         dev = device_name(args)
         series = self._series.get(dev)
         if series is None:
-            series = self._series[dev] = SampleSeries()
+            series = self._series[dev] = MemorySeries()
         series.append(ts_us, alloc, reserved)
 
     def peaks(self) -> dict[str, tuple[int, int]]:
@@ -116,6 +120,6 @@ class MemoryEvents:
             dev: (max(s.allocated), max(s.reserved)) for dev, s in self._series.items() if len(s)
         }
 
-    def series(self) -> dict[str, SampleSeries]:
+    def series(self) -> dict[str, MemorySeries]:
         """Per device, the running totals in time order (empty without ``profile_memory``)."""
         return {dev: s.in_time_order() for dev, s in self._series.items()}

@@ -12,7 +12,7 @@ import bisect
 import html
 from collections.abc import Mapping, Sequence
 
-from profd.pipeline.memory import Sample
+from profd.pipeline.memory import MemoryReading
 from profd.pipeline.parsed import ParsedTrace
 from profd.pipeline.spans import StepSpan
 from profd.textfmt import human_bytes
@@ -23,18 +23,18 @@ MAX_POINTS = 2000
 _W, _H, _PAD = 960, 260, 50
 
 
-def downsample(samples: Sequence[Sample], limit: int = MAX_POINTS) -> list[Sample]:
-    if len(samples) <= limit:
-        return list(samples)
-    size = len(samples) / limit
+def downsample(readings: Sequence[MemoryReading], limit: int = MAX_POINTS) -> list[MemoryReading]:
+    if len(readings) <= limit:
+        return list(readings)
+    size = len(readings) / limit
     out = []
     for i in range(limit):
-        bucket = samples[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)]
+        bucket = readings[int(i * size) : max(int((i + 1) * size), int(i * size) + 1)]
         out.append(max(bucket, key=lambda s: s.allocated))
     return out
 
 
-def _ts(s: Sample) -> float:
+def _ts(s: MemoryReading) -> float:
     return s.ts_us
 
 
@@ -42,18 +42,18 @@ def _size(n: float) -> str:
     return human_bytes(int(n), digits=2)
 
 
-def has_reserved(samples: Sequence[Sample]) -> bool:
-    """Whether the samples' reserved memory means anything: it is the CUDA caching
+def has_reserved(readings: Sequence[MemoryReading]) -> bool:
+    """Whether the readings' reserved memory means anything: it is the CUDA caching
     allocator's, and 0 all along on CPU."""
-    return any(s.reserved for s in samples)
+    return any(s.reserved for s in readings)
 
 
-def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepSpan]) -> str:
-    pts = downsample(samples)
+def _svg(readings: Sequence[MemoryReading], t0: float, windows: Sequence[StepSpan]) -> str:
+    pts = downsample(readings)
     t_end = max(pts[-1].ts_us, windows[-1].end_us if windows else 0.0)
     span = max(t_end - t0, 1.0)
     top = max(max(s.reserved, s.allocated) for s in pts) or 1
-    reserved = has_reserved(samples)
+    reserved = has_reserved(readings)
 
     def x(ts: float) -> float:
         return _PAD + (ts - t0) / span * (_W - 2 * _PAD)
@@ -93,24 +93,24 @@ def _svg(samples: Sequence[Sample], t0: float, windows: Sequence[StepSpan]) -> s
     return "".join(parts)
 
 
-def _step_rows(samples: Sequence[Sample], windows: Sequence[StepSpan]) -> list[str]:
-    """One row per step window; ``samples`` are in time order, so each window is a slice."""
+def _step_rows(readings: Sequence[MemoryReading], windows: Sequence[StepSpan]) -> list[str]:
+    """One row per step window; ``readings`` are in time order, so each window is a slice."""
     rows = []
     for w in windows:
-        lo = bisect.bisect_left(samples, w.start_us, key=_ts)
-        hi = bisect.bisect_right(samples, w.end_us, lo=lo, key=_ts)
-        inside = [s.allocated for s in samples[lo:hi]]
+        lo = bisect.bisect_left(readings, w.start_us, key=_ts)
+        hi = bisect.bisect_right(readings, w.end_us, lo=lo, key=_ts)
+        inside = [s.allocated for s in readings[lo:hi]]
         peak = _size(max(inside)) if inside else "-"
         rows.append(f"<tr><td>{w.step}</td><td>{peak}</td><td>{len(inside)}</td></tr>")
     return rows
 
 
 def render_memory_html(
-    title: str, series: Mapping[str, Sequence[Sample]], windows: Sequence[StepSpan]
+    title: str, series: Mapping[str, Sequence[MemoryReading]], windows: Sequence[StepSpan]
 ) -> str | None:
     """The report, or None when the trace has no ``[memory]`` events.
 
-    ``series`` holds each device's samples in time order, as :meth:`.MemoryEvents.series`
+    ``series`` holds each device's readings in time order, as :meth:`.MemoryEvents.series`
     gives them.
     """
     if not series:
@@ -119,23 +119,23 @@ def render_memory_html(
         [s[0].ts_us for s in series.values() if s] + [w.start_us for w in windows[:1]],
     )
     body = [f"<h1>{html.escape(title)}</h1>"]
-    for dev, samples in sorted(series.items()):
-        peak = max(samples, key=lambda s: s.allocated)
-        reserved = has_reserved(samples)
+    for dev, readings in sorted(series.items()):
+        peak = max(readings, key=lambda s: s.allocated)
+        reserved = has_reserved(readings)
         body += [
             f"<h2>{html.escape(dev)}</h2>",
             f"<p>peak allocated {_size(peak.allocated)} at {(peak.ts_us - t0) / 1000:,.1f} ms;"
-            + (f" peak reserved {_size(max(s.reserved for s in samples))};" if reserved else "")
-            + f" {len(samples)} allocation events."
+            + (f" peak reserved {_size(max(s.reserved for s in readings))};" if reserved else "")
+            + f" {len(readings)} allocation events."
             ' <span class="allocated">allocated</span>'
             + (', <span class="reserved">reserved</span>' if reserved else "")
             + "; shaded: profiled steps.</p>",
-            _svg(samples, t0, windows),
+            _svg(readings, t0, windows),
         ]
         if windows:
             body += [
                 "<table><tr><th>step</th><th>peak allocated</th><th>events</th></tr>",
-                *_step_rows(samples, windows),
+                *_step_rows(readings, windows),
                 "</table>",
             ]
     style = (

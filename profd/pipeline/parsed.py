@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from profd.pipeline.memory import MEMORY_EVENT, MemoryEvents, SampleSeries
+from profd.pipeline.memory import MEMORY_EVENT, MemoryEvents, MemorySeries
 from profd.pipeline.ops import (
     CPU_OP_CATS,
     GPU_OP_CATS,
@@ -152,5 +152,5 @@ class ParsedTrace:
         return self.groups.gpu.stats()
 
     @cached_property
-    def memory(self) -> Mapping[str, SampleSeries]:
+    def memory(self) -> Mapping[str, MemorySeries]:
         return self.groups.memory.series()
