@@ -272,12 +272,12 @@ class FrozenBoxes(Part):
         self.uploads = uploads
 
     def tick(self, mono: float, wall: float) -> None:
-        for iid, doc, path in self.freezer.take():
-            inc = self.incidents.attach_blackbox(iid, doc)
+        for box in self.freezer.take():
+            inc = self.incidents.attach_blackbox(box.incident, box.evidence)
             if inc is None:
-                log.info("incident %s: forgotten before its black box was frozen", iid)
+                log.info("incident %s: forgotten before its black box was frozen", box.incident)
                 continue
-            self.files.add_file(file_row(inc.job, iid, path, self.uploads is not None))
+            self.files.add_file(file_row(inc.job, box.incident, box.path, self.uploads is not None))
             if self.uploads is not None:
                 self.uploads.kick()
 

@@ -20,7 +20,7 @@ import pytest
 from profd.blackbox import perfetto, summary
 from profd.blackbox.box import from_result
 from profd.daemon.clients.agent_dumps import AgentBlackboxes
-from profd.daemon.clients.blackbox_collect import BlackboxCollector
+from profd.daemon.clients.blackbox_collect import BlackboxCollector, Collected
 from profd.daemon.clients.registry import Client
 from profd_client import protocol as P
 from profd_client.blackbox import (
@@ -367,7 +367,7 @@ def test_the_collector_names_ranks_without_a_box_gone_or_silent() -> None:
     agent = AgentBlackboxes(
         lambda ident, frame: asked.append((ident, frame)), lambda i: i not in here
     )
-    got: list[dict[str, Any]] = []
+    got: list[Collected] = []
     c0, c1, c2 = client(b"a", 0), client(b"b", 1, blackbox=False), client(b"c", 2)
     BlackboxCollector(agent, "node0").collect([c0, c1, c2], got.append, first=[2])
     assert [i for i, _ in asked] == [b"c", b"a"]  # the ranks named first
@@ -383,8 +383,8 @@ def test_the_collector_names_ranks_without_a_box_gone_or_silent() -> None:
     here.discard(b"c")
     agent.expire(time.monotonic())  # well before the deadline
     (doc,) = got
-    assert [b["rank"] for b in doc["boxes"]] == [0]
-    why = {m["rank"]: m["why"] for m in doc["missing"]}
+    assert [b["rank"] for b in doc.boxes] == [0]
+    why = {m.rank: m.why for m in doc.missing}
     assert "no black box" in why[1] and "exited" in why[2]
 
 

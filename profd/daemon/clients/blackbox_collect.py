@@ -11,6 +11,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgspec
+
 from profd.blackbox.box import from_result
 from profd.daemon.clients.agent_dumps import AgentBlackboxes
 from profd.daemon.clients.fanin import FanIn
@@ -20,8 +22,32 @@ from profd_client import protocol as P
 #: Seconds the ranks have, together, to send their black boxes.
 COLLECT_S = 5.0
 
-#: ``{"boxes": [box, ...], "missing": [{"host", "role", "rank", "pid", "why"}]}``.
-Collected = dict[str, Any]
+
+class Missing(msgspec.Struct, frozen=True, kw_only=True):
+    """A rank asked for its black box that gave none, and why."""
+
+    job: str
+    node: str
+    host: str
+    role: str
+    rank: int
+    pid: int
+    world_size: int
+    why: str
+
+
+class Collected(msgspec.Struct, frozen=True):
+    """What one collection got: the boxes in rank order (each a map as
+    :func:`profd.blackbox.box.from_result` makes it, the form a Perfetto trace and an
+    incident keep) and the ranks without one."""
+
+    boxes: list[dict[str, Any]]
+    missing: list[Missing]
+
+    def missing_maps(self) -> list[dict[str, Any]]:
+        """The ranks without a box as the ``blackbox`` reply and an incident's evidence
+        name them."""
+        return [msgspec.structs.asdict(m) for m in self.missing]
 
 
 def who(c: Client, node: str) -> dict[str, Any]:
@@ -53,22 +79,22 @@ class BlackboxCollector:
         front = set(first)
         order = sorted(clients, key=lambda c: (c.rank not in front, c.role, c.rank, c.pid))
         boxes: list[dict[str, Any]] = []
-        missing: list[dict[str, Any]] = []
+        missing: list[Missing] = []
 
         def finish() -> None:
             boxes.sort(key=lambda b: (b["role"], b["rank"], b["host"], b["pid"]))
-            missing.sort(key=lambda m: (m["role"], m["rank"], m["host"], m["pid"]))
-            done({"boxes": boxes, "missing": missing})
+            missing.sort(key=lambda m: (m.role, m.rank, m.host, m.pid))
+            done(Collected(boxes, missing))
 
         asked = [c for c in order if c.blackbox]
         for c in order:
             if not c.blackbox:
                 missing.append(
-                    {
+                    Missing(
                         **who(c, self.node),
-                        "why": "its client keeps no black box (an older"
-                        " profd_client, or PROFD_BLACKBOX=0)",
-                    }
+                        why="its client keeps no black box (an older profd_client, or"
+                        " PROFD_BLACKBOX=0)",
+                    )
                 )
         if not asked:
             finish()
@@ -80,12 +106,12 @@ class BlackboxCollector:
 
             def got(m: P.BlackboxResult | None, why: str | None) -> None:
                 if m is None:
-                    missing.append({**named, "why": str(why)})
+                    missing.append(Missing(**named, why=str(why)))
                 else:
                     try:
                         boxes.append(from_result(m, named))
                     except Exception as exc:  # one rank's bad box must not lose the others
-                        missing.append({**named, "why": f"unreadable black box: {exc!r}"})
+                        missing.append(Missing(**named, why=f"unreadable black box: {exc!r}"))
                 parts.arrived()
 
             return got

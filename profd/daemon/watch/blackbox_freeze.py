@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from profd.blackbox import perfetto
 from profd.blackbox.onset import onset
@@ -36,8 +36,13 @@ from profd.watch.incident_record import Incident
 
 log = logging.getLogger("profd")
 
-#: A frozen black box: (incident id, what to add to its evidence, the trace's path).
-Frozen = tuple[str, dict[str, Any], Path]
+
+class Frozen(NamedTuple):
+    """A black box written and read, waiting for the loop to add it to its incident."""
+
+    incident: str  # the incident's id
+    evidence: dict[str, Any]  # what goes into the incident's evidence, as ``blackbox``
+    path: Path  # the Perfetto trace written
 
 
 class Freezer:
@@ -96,22 +101,22 @@ class Freezer:
         faults.point("blackbox-collected")
         try:
             path = self._path(job, iid)
-            size = perfetto.write(got["boxes"], path, 0o600)
+            size = perfetto.write(got.boxes, path, 0o600)
             if owner is not None and owner >= 0 and os.geteuid() == 0:
                 os.chown(path, owner, -1)
-            shown = onset(got["boxes"], step, kind, ratio)
+            shown = onset(got.boxes, step, kind, ratio)
             doc = {
                 "file": layout.key(layout.blackbox_parts(job, iid)),
                 "bytes": size,
                 "collect_s": round(collect_s, 3),
                 "frozen_s": round(time.monotonic() - asked, 3),
-                "missing": got["missing"],
+                "missing": got.missing_maps(),
                 **shown,
             }
         except Exception as exc:  # a full disk: the incident stays, without its black box
             log.warning("incident %s: cannot keep its black box: %s", iid, exc)
             return
-        self.reactor.call_soon(self.frozen.append, (iid, doc, path))
+        self.reactor.call_soon(self.frozen.append, Frozen(iid, doc, path))
 
     def _path(self, job: str, iid: str) -> Path:
         parts = layout.blackbox_parts(job, iid)

@@ -32,7 +32,15 @@ def blackbox(ctx: Context, m: dict[str, Any], by: Requester) -> Later:
         t0 = time.monotonic()
 
         def finish(got: Collected) -> None:
-            reply({"job": job, "node": node, **got, "collect_s": time.monotonic() - t0})
+            reply(
+                {
+                    "job": job,
+                    "node": node,
+                    "boxes": got.boxes,
+                    "missing": got.missing_maps(),
+                    "collect_s": time.monotonic() - t0,
+                }
+            )
 
         collector.collect(clients, finish, first=ranks or ())
 
