@@ -39,6 +39,13 @@ def test_another_sqlite_error_is_not_a_full_disk_whatever_its_text_says(tmp_path
     assert not is_disk_full(got.value)
 
 
+def test_a_sqlite_error_raised_by_python_code_has_no_result_code_and_is_no_full_disk() -> None:
+    exc = sqlite3.OperationalError("database or disk is full")  # as a test double raises it
+    assert not hasattr(exc, "sqlite_errorcode")
+    assert not is_disk_full(exc)
+    assert describe(exc) == "OperationalError: database or disk is full"
+
+
 @pytest.mark.parametrize("code", [errno.ENOSPC, errno.EDQUOT])
 def test_no_space_or_no_quota_is_a_full_disk(code: int) -> None:
     assert is_disk_full(OSError(code, "whatever"))

@@ -27,8 +27,10 @@ def is_disk_full(exc: BaseException) -> bool:
     if isinstance(exc, OSError):
         return exc.errno in _FULL_ERRNOS
     if isinstance(exc, sqlite3.OperationalError):
-        # The result code (Python 3.11+), its primary part: never the message's text.
-        return exc.sqlite_errorcode & 0xFF == sqlite3.SQLITE_FULL
+        # The result code, its primary part: never the message's text. SQLite's own errors
+        # carry it (Python 3.11+); one raised by Python code has none, and is no full disk.
+        code = getattr(exc, "sqlite_errorcode", None)
+        return code is not None and code & 0xFF == sqlite3.SQLITE_FULL
     return False
 
 
